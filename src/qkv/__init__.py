@@ -1,0 +1,20 @@
+"""qkv: the attention family on PyTorch — correct against its papers, interchangeable by name,
+fast, and usable from the ``qkv`` command line."""
+
+from __future__ import annotations
+
+from . import functional, masks, positional, registry
+from .attention import (
+    AttentionKernel,
+    MultiHeadAttention,
+    build_attention,
+    list_attention,
+)
+from .types import AttentionOutput, KVCache
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionOutput", "KVCache", "AttentionKernel", "MultiHeadAttention", "build_attention",
+    "list_attention", "functional", "masks", "positional", "registry",
+]

@@ -1,0 +1,62 @@
+"""Input validation at the public boundary: every message names the argument, what was expected
+and what was given."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+
+def tensor(name: str, x: object, ndim: Optional[int | Iterable[int]] = None, floating: bool = False) -> Tensor:
+    """Check that ``x`` is a tensor (of rank ``ndim``, floating point when asked)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if x.dim() not in allowed:
+            want = " or ".join(f"{d}-D" for d in allowed)
+            raise ValueError(f"{name} must be {want}, got shape {tuple(x.shape)}")
+    if floating and not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    return x
+
+
+def same(name_a: str, a: int, name_b: str, b: int, what: str) -> None:
+    """Check that two sizes agree."""
+    if a != b:
+        raise ValueError(f"{what} of {name_a} ({a}) and {name_b} ({b}) must match")
+
+
+def positive_int(name: str, value: object, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+    return value
+
+
+def probability(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    if not 0.0 <= float(value) < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
+    return float(value)
+
+
+def mask(name: str, m: Optional[Tensor], shape: Sequence[int]) -> Optional[Tensor]:
+    """Check a boolean mask that must broadcast to ``shape``; returns it unchanged."""
+    if m is None:
+        return None
+    if not isinstance(m, Tensor):
+        raise TypeError(f"{name} must be a bool torch.Tensor or None, got {type(m).__name__}")
+    if m.dtype != torch.bool:
+        raise TypeError(f"{name} must have dtype torch.bool (True = may attend), got {m.dtype}")
+    try:
+        torch.broadcast_shapes(tuple(m.shape), tuple(shape))
+    except RuntimeError:
+        raise ValueError(f"{name} of shape {tuple(m.shape)} does not broadcast to {tuple(shape)}") from None
+    if m.dim() > len(shape):
+        raise ValueError(f"{name} has {m.dim()} dims; expected at most {len(shape)} (shape {tuple(shape)})")
+    return m

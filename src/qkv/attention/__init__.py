@@ -1,0 +1,23 @@
+"""Attention mechanisms: the self-attention kernel registry, multi-head attention and the
+alignment (RNN-era) attention modules.
+
+Every kernel module is imported here explicitly so that ``import qkv`` registers it.
+"""
+
+from __future__ import annotations
+
+from ..registry import describe, lookup, names
+from .base import AttentionKernel, normalize_mask
+from .multihead import MultiHeadAttention, build_attention
+from .softmax import SoftmaxAttention
+from .window import WindowAttention
+
+__all__ = [
+    "AttentionKernel", "MultiHeadAttention", "build_attention", "list_attention", "normalize_mask",
+    "SoftmaxAttention", "WindowAttention",
+]
+
+
+def list_attention() -> dict[str, str]:
+    """The registered kernel names, each with its one-line description."""
+    return {name: describe(lookup("attention", name)) for name in names("attention")}

@@ -1,0 +1,137 @@
+"""The self-attention kernel interface shared by every registered mechanism.
+
+A kernel sees projected heads — ``q (B, H, M, E)``, ``k (B, H, N, E)``, ``v (B, H, N, Ev)`` — and
+returns ``AttentionOutput(output (B, H, M, Ev), weights (B, H, M, N) or None, state or None)``.
+``MultiHeadAttention`` owns projections, head split/merge and the output projection.
+
+Conventions (design.md §2–3): boolean masks, True = may attend, broadcastable to
+``(B, H, M, N)``; a 2-D mask is a key-padding mask ``(B, N)``. Queries are aligned to the end of
+the keys: query ``i`` of ``M`` sits at key position ``N - M + i``. A query row whose keys are all
+masked returns zeros.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Optional
+
+import torch
+from torch import Tensor, nn
+
+from .. import _checks
+from ..types import AttentionOutput
+
+__all__ = ["AttentionKernel", "normalize_mask"]
+
+
+def normalize_mask(mask: Optional[Tensor], B: int, H: int, M: int, N: int, name: str = "mask") -> Optional[Tensor]:
+    """Check ``mask`` and return it as a 4-D bool tensor broadcastable to ``(B, H, M, N)``.
+
+    Accepts ``(B, N)`` (key padding), ``(B, M, N)`` or ``(B|1, H|1, M|1, N)``.
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a bool torch.Tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name} must have dtype torch.bool (True = may attend), got {mask.dtype}")
+    if mask.dim() == 2:
+        if tuple(mask.shape) != (B, N) and not (mask.shape[0] == 1 and mask.shape[1] == N):
+            raise ValueError(f"a 2-D {name} is a key-padding mask and must be (batch={B}, n_keys={N}), got {tuple(mask.shape)}; "
+                             f"pass an (M, N) pattern as mask[None, None]")
+        mask = mask[:, None, None, :]  # (B, 1, 1, N)
+    elif mask.dim() == 3:
+        mask = mask[:, None]  # (B, 1, M, N)
+    elif mask.dim() != 4:
+        raise ValueError(f"{name} must be 2-D (B, N), 3-D (B, M, N) or 4-D (B, H, M, N), got shape {tuple(mask.shape)}")
+    for size, full, what in zip(mask.shape, (B, H, M, N), ("batch", "heads", "queries", "keys")):
+        if size not in (1, full):
+            raise ValueError(f"{name} of shape {tuple(mask.shape)} does not broadcast to (B={B}, H={H}, M={M}, N={N}): "
+                             f"its {what} size is {size}")
+    return mask
+
+
+class AttentionKernel(nn.Module):
+    """Base class of the registered self-attention kernels.
+
+    Subclasses implement ``_attend(q, k, v, mask, state, need_weights, return_state)`` on validated
+    inputs and set the capability flags below, which ``MultiHeadAttention`` and the contract tests
+    read.
+    """
+
+    #: "full" (any mask broadcastable to (B, H, M, N)), "key_padding" (only (B, 1, 1, N)) or "none".
+    supports_mask: ClassVar[str] = "full"
+    #: continues a sequence from a returned ``state`` (causal kernels only).
+    supports_state: ClassVar[bool] = False
+    #: may be built with ``causal=True``.
+    supports_causal: ClassVar[bool] = True
+    #: computes softmax attention exactly (approximations document their error knob).
+    exact: ClassVar[bool] = True
+    #: needs the sequence length at construction (e.g. Linformer's projections).
+    needs_seq_len: ClassVar[bool] = False
+    #: weights are returned only when they are computed anyway or asked for.
+    registry_name: ClassVar[str] = ""
+
+    def __init__(self, *, causal: bool = False, dropout: float = 0.0) -> None:
+        super().__init__()
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        if causal and not self.supports_causal:
+            raise ValueError(f"attention {self.registry_name!r} cannot be causal (causal=True given)")
+        self.causal = causal
+        self.dropout = _checks.probability("dropout", dropout)
+
+    def extra_repr(self) -> str:
+        return f"causal={self.causal}, dropout={self.dropout}"
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Optional[Tensor] = None,
+        state: Any = None,
+        need_weights: bool = False,
+        return_state: bool = False,
+    ) -> AttentionOutput:
+        """Attend ``q (B, H, M, E)`` to ``k (B, H, N, E)``, ``v (B, H, N, Ev)``.
+
+        Args:
+            mask: bool, True = may attend; ``(B, N)`` key padding or broadcastable to
+                ``(B, H, M, N_total)`` where ``N_total`` counts the cached keys when ``state`` is given.
+            state: what a previous call returned with ``return_state=True`` (causal kernels).
+            need_weights: also return the ``(B, H, M, N)`` attention weights.
+            return_state: return the state that continues the sequence.
+        """
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            _checks.tensor(name, x, ndim=4, floating=True)
+        B, H, M, E = q.shape
+        if k.shape[:2] != (B, H) or v.shape[:2] != (B, H):
+            raise ValueError(f"q, k and v must share (batch, heads); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        _checks.same("q", E, "k", k.shape[-1], "the head size (dim -1)")
+        _checks.same("k", k.shape[-2], "v", v.shape[-2], "the number of keys (dim -2)")
+        if not (q.dtype == k.dtype == v.dtype):
+            raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        if (state is not None or return_state) and not self.supports_state:
+            what = "is not causal" if not self.causal else "keeps no state"
+            raise ValueError(f"attention {self.registry_name!r} {what}: state/return_state need a causal kernel "
+                             f"with incremental decoding")
+        if (state is not None or return_state) and not self.causal:
+            raise ValueError(f"state/return_state need causal=True (attention {self.registry_name!r} was built with causal=False)")
+        n_total = k.shape[-2] + (self._state_length(state) if state is not None else 0)
+        mask = normalize_mask(mask, B, H, M, n_total)
+        if mask is not None:
+            if self.supports_mask == "none":
+                raise ValueError(f"attention {self.registry_name!r} does not support masks")
+            if self.supports_mask == "key_padding" and mask.shape[-2] != 1:
+                raise ValueError(f"attention {self.registry_name!r} supports only key-padding masks (B, N) or (B, 1, 1, N); "
+                                 f"got a mask with {mask.shape[-2]} query rows — use causal=True or the kernel's own knobs "
+                                 f"for structured patterns")
+        return self._attend(q, k, v, mask, state, need_weights, return_state)
+
+    def _state_length(self, state: Any) -> int:
+        """Number of cached key positions in ``state`` (masks cover cached + new keys)."""
+        return 0
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], state: Any,
+                need_weights: bool, return_state: bool) -> AttentionOutput:
+        raise NotImplementedError  # abstract: every registered kernel implements it

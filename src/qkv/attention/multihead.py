@@ -1,0 +1,137 @@
+"""Multi-head attention (Vaswani et al. 2017): projections, head split/merge and the output
+projection around any registered kernel.
+
+``MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O``, ``head_i = Kernel(Q W_i^Q, K W_i^K, V W_i^V)``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+from .. import _checks
+from ..registry import build as _build, check_kwargs, lookup
+from ..types import AttentionOutput
+from .base import AttentionKernel
+
+__all__ = ["MultiHeadAttention", "build_attention"]
+
+
+def build_attention(name: str, **kwargs: Any) -> AttentionKernel:
+    """Build the kernel registered as ``name`` (see ``qkv.list_attention()``); unknown kwargs raise."""
+    return _build("attention", name, **kwargs)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention around a registered kernel (Vaswani et al. 2017, §3.2.2).
+
+    Args:
+        d_model: model width; split into ``n_heads`` heads of ``d_head = d_model // n_heads``.
+        n_heads: number of heads (must divide ``d_model``).
+        attention: a registry name (``qkv.list_attention()``) or an ``AttentionKernel`` instance.
+        causal, dropout: passed to the kernel (dropout acts on the attention weights).
+        bias: biases in the four projections.
+        kdim, vdim: feature sizes of ``key`` and ``value`` inputs (default ``d_model``).
+        **kernel_kwargs: the kernel's own knobs (e.g. ``radius=``); a kernel that takes
+            ``n_heads``/``d_head`` gets them filled in.
+
+    Parameter mapping to ``torch.nn.MultiheadAttention``: ``in_proj_weight`` is
+    ``cat([q_proj.weight, k_proj.weight, v_proj.weight])`` (and likewise ``in_proj_bias``);
+    ``out_proj`` is ``out_proj``. ``MultiHeadAttention.from_torch(m)`` copies them.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        attention: Union[str, AttentionKernel] = "softmax",
+        *,
+        causal: bool = False,
+        dropout: float = 0.0,
+        bias: bool = True,
+        kdim: Optional[int] = None,
+        vdim: Optional[int] = None,
+        **kernel_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        _checks.positive_int("d_model", d_model)
+        _checks.positive_int("n_heads", n_heads)
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        kdim = d_model if kdim is None else _checks.positive_int("kdim", kdim)
+        vdim = kdim if vdim is None else _checks.positive_int("vdim", vdim)
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(kdim, d_model, bias=bias)
+        self.v_proj = nn.Linear(vdim, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        if isinstance(attention, AttentionKernel):
+            if kernel_kwargs:
+                raise TypeError(f"kernel kwargs {sorted(kernel_kwargs)} given with a built kernel instance")
+            self.kernel = attention
+        elif isinstance(attention, str):
+            cls = lookup("attention", attention)
+            params = inspect.signature(cls.__init__).parameters
+            for key, value in (("n_heads", n_heads), ("d_head", self.d_head)):
+                if key in params and key not in kernel_kwargs:
+                    kernel_kwargs[key] = value
+            check_kwargs(cls, kernel_kwargs, f"attention {attention!r}")
+            self.kernel = cls(causal=causal, dropout=dropout, **kernel_kwargs)
+        else:
+            raise TypeError(f"attention must be a registry name or an AttentionKernel, got {type(attention).__name__}")
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention, **kwargs: Any) -> "MultiHeadAttention":
+        """A softmax ``MultiHeadAttention`` with the weights of ``torch.nn.MultiheadAttention``."""
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(f"module must be torch.nn.MultiheadAttention, got {type(module).__name__}")
+        if not module._qkv_same_embed_dim:
+            raise ValueError("from_torch supports nn.MultiheadAttention with kdim == vdim == embed_dim")
+        d = module.embed_dim
+        mha = cls(d, module.num_heads, bias=module.in_proj_bias is not None, dropout=module.dropout, **kwargs)
+        with torch.no_grad():
+            for i, proj in enumerate((mha.q_proj, mha.k_proj, mha.v_proj)):
+                proj.weight.copy_(module.in_proj_weight[i * d:(i + 1) * d])
+                if module.in_proj_bias is not None:
+                    proj.bias.copy_(module.in_proj_bias[i * d:(i + 1) * d])
+            mha.out_proj.load_state_dict(module.out_proj.state_dict())
+        return mha
+
+    def _split(self, x: Tensor) -> Tensor:
+        B, L, _ = x.shape
+        return x.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, L, E)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor] = None,
+        value: Optional[Tensor] = None,
+        mask: Optional[Tensor] = None,
+        state: Any = None,
+        need_weights: bool = False,
+        return_state: bool = False,
+    ) -> AttentionOutput:
+        """Attend ``query (B, M, d_model)`` to ``key (B, N, kdim)`` / ``value (B, N, vdim)``.
+
+        ``key`` defaults to ``query`` (self-attention) and ``value`` to ``key``. ``mask``: bool,
+        True = may attend, ``(B, N)`` key padding or broadcastable to ``(B, H, M, N)``.
+        Returns ``AttentionOutput(output (B, M, d_model), weights (B, H, M, N) or None, state)``.
+        """
+        _checks.tensor("query", query, ndim=3, floating=True)
+        key = query if key is None else _checks.tensor("key", key, ndim=3, floating=True)
+        value = key if value is None else _checks.tensor("value", value, ndim=3, floating=True)
+        _checks.same("query", query.shape[-1], "d_model", self.d_model, "the feature size")
+        _checks.same("key", key.shape[-1], "kdim", self.k_proj.in_features, "the feature size")
+        _checks.same("value", value.shape[-1], "vdim", self.v_proj.in_features, "the feature size")
+        _checks.same("query", query.shape[0], "key", key.shape[0], "the batch size")
+        _checks.same("key", key.shape[1], "value", value.shape[1], "the number of positions")
+        q = self._split(self.q_proj(query))  # (B, H, M, E)
+        k = self._split(self.k_proj(key))  # (B, H, N, E)
+        v = self._split(self.v_proj(value))  # (B, H, N, E)
+        out = self.kernel(q, k, v, mask=mask, state=state, need_weights=need_weights, return_state=return_state)
+        B, H, M, E = out.output.shape
+        merged = out.output.transpose(1, 2).reshape(B, M, H * E)  # (B, M, d_model)
+        return AttentionOutput(self.out_proj(merged), out.weights, out.state)

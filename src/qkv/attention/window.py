@@ -1,0 +1,103 @@
+"""Restricted (windowed) self-attention: each query attends to the keys within distance ``r``
+(Vaswani et al. 2017, "Attention Is All You Need", Table 1: O(r n d) per layer).
+
+``out_i = sum_{j : |i - j| <= r} softmax_j(q_i . k_j / sqrt(d)) v_j``; causal: ``0 <= i - j <= r``.
+
+Computed in query blocks of ``b`` positions, each against the ``b + 2r`` (causal: ``b + r``) keys
+it can see, gathered with ``Tensor.unfold`` — time and memory grow as ``O(n (b + 2r))`` = O(n r),
+never O(n^2). No dense mask is built; only a ``(b, b + 2r)`` band that all blocks share.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import _checks
+from ..functional import masked_softmax
+from ..registry import register
+from ..types import AttentionOutput, KVCache
+from .base import AttentionKernel
+from .softmax import append_cache
+
+__all__ = ["WindowAttention"]
+
+
+@register("attention", "window", "restricted", "sliding-window")
+class WindowAttention(AttentionKernel):
+    """Restricted self-attention over |i-j| <= radius (Vaswani et al. 2017, Table 1), O(n r) in blocks.
+
+    Args:
+        radius: ``r >= 0``; a query sees ``2r + 1`` keys (causal: ``r + 1``).
+        block: query block length ``b`` (default ``max(r, 64)``): larger blocks mean fewer, larger
+            matrix products at the cost of ``b`` extra key columns per block.
+    Incremental decoding keeps only the last ``r`` keys (a bounded ``KVCache``).
+    """
+
+    supports_mask = "key_padding"
+    supports_state = True
+
+    def __init__(self, *, radius: int, causal: bool = False, dropout: float = 0.0, block: Optional[int] = None) -> None:
+        super().__init__(causal=causal, dropout=dropout)
+        self.radius = _checks.positive_int("radius", radius, allow_zero=True)
+        self.block = None if block is None else _checks.positive_int("block", block)
+
+    def extra_repr(self) -> str:
+        return f"radius={self.radius}, {super().extra_repr()}"
+
+    def _state_length(self, state) -> int:
+        return state.length if isinstance(state, KVCache) else 0
+
+    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        cache = None
+        if state is not None or return_state:
+            k, v, cache = append_cache(state, k, v, keep=self.radius)
+        B, H, M, E = q.shape
+        N = k.shape[-2]
+        r = min(self.radius, N + M)  # no pair of positions is further apart: a wider band only wastes work
+        right = 0 if self.causal else r  # keys a query may see after itself
+        o = N - M  # query i sits at key position o + i
+        b = min(M, self.block or max(r, 64)) if M > 0 else 1
+        nb = -(-M // b)  # number of query blocks
+        W = b + r + right  # keys seen by one query block
+
+        pad_left = r + max(0, -o)
+        base = o - r + pad_left  # padded index of block 0's first key
+        pad_right = max(0, base + (nb - 1) * b + W - (N + pad_left))
+        q_blocks = F.pad(q, (0, 0, 0, nb * b - M)).view(B, H, nb, b, E)  # (B, H, nb, b, E)
+        k_blocks = F.pad(k, (0, 0, pad_left, pad_right))[:, :, base:].unfold(2, W, b)  # (B, H, nb, E, W)
+        v_blocks = F.pad(v, (0, 0, pad_left, pad_right))[:, :, base:].unfold(2, W, b)  # (B, H, nb, Ev, W)
+
+        scale = 1.0 / math.sqrt(E)
+        scores = (q_blocks @ k_blocks) * scale  # (B, H, nb, b, W)
+
+        # Query qi of block t is at o + t b + qi; key column kj at o + t b - r + kj: d = qi - kj + r.
+        qi = torch.arange(b, device=q.device).view(b, 1)
+        kj = torch.arange(W, device=q.device).view(1, W)
+        d = qi - kj + r
+        band = (d <= r) & (d >= (0 if self.causal else -r))  # (b, W), shared by all blocks
+        key_pos = (torch.arange(nb, device=q.device).view(nb, 1) * b + kj + (o - r))  # (nb, W)
+        valid = band & ((key_pos >= 0) & (key_pos < N)).view(nb, 1, W)  # (nb, b, W)
+        if mask is not None:
+            kpm = mask[:, :, 0, :]  # (B|1, H|1, N)
+            kpm = F.pad(kpm, (pad_left, pad_right), value=False)[:, :, base:].unfold(2, W, b)  # (B|1, H|1, nb, W)
+            valid = valid & kpm.unsqueeze(-2)  # (B|1, H|1, nb, b, W)
+
+        weights = masked_softmax(scores, valid)  # (B, H, nb, b, W)
+        dropout_p = self.dropout if self.training else 0.0
+        dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+        out = (dropped @ v_blocks.transpose(-1, -2)).reshape(B, H, nb * b, -1)[:, :, :M]  # (B, H, M, Ev)
+
+        dense = None
+        if need_weights:
+            # Scatter the band back into (B, H, M, N) for inspection and plots (O(M N): on request only).
+            n_pad = N + pad_left + pad_right
+            cols = (base + torch.arange(nb, device=q.device).view(nb, 1, 1) * b + kj.view(1, 1, W)).expand(nb, b, W)
+            dense = weights.new_zeros(B, H, nb, b, n_pad)
+            dense.scatter_(-1, cols.expand(B, H, nb, b, W), weights)
+            dense = dense.view(B, H, nb * b, n_pad)[:, :, :M, pad_left:pad_left + N]
+        return AttentionOutput(out, dense, cache)

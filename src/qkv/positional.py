@@ -1,0 +1,75 @@
+"""Absolute positional schemes (Vaswani et al. 2017, §3.5).
+
+``PE(pos, 2i) = sin(pos / 10000^(2i / d))``, ``PE(pos, 2i+1) = cos(pos / 10000^(2i / d))``.
+Relative (Transformer-XL) and timestep (Universal Transformer) encodings build on
+``sinusoid_table``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from . import _checks
+
+__all__ = ["sinusoid_table", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding"]
+
+
+def sinusoid_table(positions: Tensor, d_model: int) -> Tensor:
+    """Sinusoids of ``positions`` (any float/int tensor ``(...)``) -> ``(..., d_model)``;
+    even features are sines, odd features cosines (an odd ``d_model`` drops the last cosine)."""
+    _checks.positive_int("d_model", d_model)
+    i = torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float32)  # (ceil(d/2),)
+    inv_freq = torch.exp(-math.log(10000.0) * i / d_model)  # 1 / 10000^(2i/d)
+    angles = positions.float().unsqueeze(-1) * inv_freq  # (..., ceil(d/2))
+    table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # (..., 2 ceil(d/2)) interleaved
+    return table[..., :d_model]
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Fixed sinusoidal encoding added to ``x (B, L, d_model)`` (Vaswani et al. 2017).
+
+    ``offset`` shifts positions (incremental decoding: the position of the first new token).
+    Works for any length (no ``max_len`` table limit); a buffer caches the first ``max_len`` rows.
+    """
+
+    def __init__(self, d_model: int, max_len: int = 4096, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.d_model = _checks.positive_int("d_model", d_model)
+        self.max_len = _checks.positive_int("max_len", max_len)
+        self.dropout = nn.Dropout(_checks.probability("dropout", dropout))
+        self.register_buffer("table", sinusoid_table(torch.arange(max_len), d_model), persistent=False)
+
+    def encoding(self, length: int, offset: int = 0, device=None) -> Tensor:
+        """``(length, d_model)`` encodings of positions ``offset .. offset + length - 1``."""
+        if offset + length <= self.max_len:
+            return self.table[offset:offset + length]
+        return sinusoid_table(torch.arange(offset, offset + length, device=device or self.table.device), self.d_model)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        _checks.tensor("x", x, ndim=3, floating=True)
+        _checks.same("x", x.shape[-1], "d_model", self.d_model, "the feature size")
+        return self.dropout(x + self.encoding(x.shape[1], offset, x.device).to(x.dtype))
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Learned absolute position embeddings (Gehring et al. 2017; BERT, GPT) added to ``x``."""
+
+    def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.d_model = _checks.positive_int("d_model", d_model)
+        self.max_len = _checks.positive_int("max_len", max_len)
+        self.embedding = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.embedding.weight, std=0.02)
+        self.dropout = nn.Dropout(_checks.probability("dropout", dropout))
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        _checks.tensor("x", x, ndim=3, floating=True)
+        _checks.same("x", x.shape[-1], "d_model", self.d_model, "the feature size")
+        L = x.shape[1]
+        if offset + L > self.max_len:
+            raise ValueError(f"positions up to {offset + L} exceed max_len={self.max_len} of the learned embedding")
+        pos = torch.arange(offset, offset + L, device=x.device)
+        return self.dropout(x + self.embedding(pos).to(x.dtype))
