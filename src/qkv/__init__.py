@@ -3,7 +3,7 @@ fast, and usable from the ``qkv`` command line."""
 
 from __future__ import annotations
 
-from . import functional, masks, positional, registry
+from . import functional, masks, models, positional, registry
 from .attention import (
     AttentionKernel,
     MultiHeadAttention,

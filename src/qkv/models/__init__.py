@@ -1,0 +1,10 @@
+"""qkv's models: one module per system of the literature, built from the shared parts.
+
+Each model module is imported here explicitly so that ``import qkv`` registers it.
+"""
+
+from __future__ import annotations
+
+from .base import ModelOutput, QKVModel, load_pretrained
+
+__all__ = ["ModelOutput", "QKVModel", "load_pretrained"]
