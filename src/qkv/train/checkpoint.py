@@ -1,0 +1,456 @@
+"""Checkpoints as safetensors: written atomically, read without unpickling.
+
+A *training checkpoint* is one ``.safetensors`` file holding everything needed to continue a run
+exactly: model parameters and buffers (``model/<name>``), the optimizer's state tensors
+(``optim/<param index>/<name>``, e.g. AdamW's ``exp_avg``, ``exp_avg_sq``, ``step``), the random
+number generators' states (``rng/<rank>/...``) and, as JSON in the safetensors header metadata
+(key ``"qkv"``), the step, the optimizer's param groups and scalar state, the scheduler's state,
+Python's and NumPy's scalar RNG state and caller-supplied ``extra`` data. One file means one
+atomic ``os.replace``: a reader sees the old checkpoint or the new one, never half of each.
+
+A *model directory* (``save_model`` / ``load_model_state``) is what ``save_pretrained`` /
+``from_pretrained`` use: ``config.json`` + ``model.safetensors``.
+
+Tied weights (one tensor reachable under two names, e.g. an embedding shared with the output
+layer) are stored once; the header lists the aliases and loading gives every name its tensor
+back, so ``model.load_state_dict(state)`` re-fills both names and the tie survives.
+
+Nothing here calls ``torch.load``: a checkpoint cannot execute code when it is read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from .._io import atomic_path
+
+__all__ = [
+    "CheckpointError",
+    "atomic_write",
+    "atomic_write_text",
+    "capture_rng_state",
+    "restore_rng_state",
+    "save_checkpoint",
+    "load_checkpoint",
+    "read_checkpoint_meta",
+    "CheckpointManager",
+    "save_model",
+    "load_model_state",
+]
+
+FORMAT = "qkv-train-checkpoint/1"
+_META_KEY = "qkv"
+_ALIASES_KEY = "qkv_aliases"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, truncated, corrupt, or does not match what loads it."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Atomic writes
+# ----------------------------------------------------------------------------------------------
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
+    """Write ``path`` atomically: ``write(tmp_path)`` fills a temporary file in the same directory,
+    which is fsynced and renamed over ``path`` (``qkv._io.atomic_path``). If anything fails, or
+    the process dies, before the rename, ``path`` keeps its old content."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        write(str(tmp))
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a checkpoint is an ordinary file
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write a UTF-8 text file atomically (see ``atomic_write``)."""
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensor dicts with shared storage
+# ----------------------------------------------------------------------------------------------
+
+
+def _dedupe(tensors: Mapping[str, Tensor]) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
+    """Split ``tensors`` into unique CPU tensors and ``{alias: canonical name}`` for exact repeats.
+
+    safetensors refuses tensors that share memory; an identical view (same storage, offset, shape,
+    stride, dtype) is stored once, any other overlap is copied.
+    """
+    unique: Dict[str, Tensor] = {}
+    aliases: Dict[str, str] = {}
+    seen_view: Dict[tuple, str] = {}
+    seen_storage: set = set()
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"tensor {name!r} must be a torch.Tensor, got {type(t).__name__}")
+        t = t.detach()
+        if t.device.type == "meta":
+            raise ValueError(f"tensor {name!r} is on the meta device and has no data to save")
+        ptr = t.untyped_storage().data_ptr() if t.numel() > 0 else None
+        view = (t.device, ptr, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if ptr is not None and view in seen_view:
+            aliases[name] = seen_view[view]
+            continue
+        shared = ptr is not None and (t.device, ptr) in seen_storage
+        t = t.to("cpu")
+        # Copy whatever still shares memory (a slice of another tensor, a non-contiguous view).
+        unique[name] = t.clone() if shared or not t.is_contiguous() else t
+        if ptr is not None:
+            seen_view[view] = name
+            seen_storage.add((view[0], ptr))
+    return unique, aliases
+
+
+def _read(path: Path) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
+    """All tensors and the header metadata of a safetensors file, with clear errors."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {str(path)!r} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = dict(f.metadata() or {})
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {e}") from e
+    return tensors, metadata
+
+
+def _write(path: Path, tensors: Mapping[str, Tensor], metadata: Dict[str, str]) -> Path:
+    unique, aliases = _dedupe(tensors)
+    metadata = dict(metadata)
+    metadata[_ALIASES_KEY] = json.dumps(aliases)
+    return atomic_write(path, lambda tmp: save_file(unique, tmp, metadata=metadata))
+
+
+def _expand_aliases(tensors: Dict[str, Tensor], metadata: Mapping[str, str], path: Path) -> Dict[str, Tensor]:
+    try:
+        aliases = json.loads(metadata.get(_ALIASES_KEY, "{}"))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"checkpoint file {str(path)!r} has a corrupt alias table: {e}") from e
+    for alias, canonical in aliases.items():
+        if canonical not in tensors:
+            raise CheckpointError(f"checkpoint file {str(path)!r}: alias {alias!r} names missing tensor {canonical!r}")
+        tensors[alias] = tensors[canonical]
+    return tensors
+
+
+# ----------------------------------------------------------------------------------------------
+# Random number generators
+# ----------------------------------------------------------------------------------------------
+
+
+def capture_rng_state() -> Dict[str, Any]:
+    """The states of torch (CPU, every CUDA device), NumPy's and Python's global generators."""
+    state: Dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Inverse of ``capture_rng_state``."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda = list(state["cuda"])
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def _rng_to_stored(rank: int, state: Mapping[str, Any]) -> Tuple[Dict[str, Tensor], Dict[str, Any]]:
+    """Tensors and JSON for one rank's RNG state."""
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    version, internal, gauss_next = state["python"]
+    tensors = {
+        f"rng/{rank}/torch": state["torch"].to("cpu"),
+        f"rng/{rank}/numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+    }
+    for i, s in enumerate(state.get("cuda", [])):
+        tensors[f"rng/{rank}/cuda/{i}"] = s.to("cpu")
+    meta = {
+        "numpy": [kind, int(pos), int(has_gauss), float(cached)],
+        "python": [version, list(internal), gauss_next],
+        "n_cuda": len(state.get("cuda", [])),
+    }
+    return tensors, meta
+
+
+def _rng_from_stored(rank: int, tensors: Mapping[str, Tensor], meta: Mapping[str, Any]) -> Dict[str, Any]:
+    kind, pos, has_gauss, cached = meta["numpy"]
+    keys = tensors[f"rng/{rank}/numpy_keys"].numpy().astype(np.uint32)
+    version, internal, gauss_next = meta["python"]
+    state: Dict[str, Any] = {
+        "torch": tensors[f"rng/{rank}/torch"],
+        "numpy": (kind, keys, pos, has_gauss, cached),
+        "python": (version, tuple(internal), gauss_next),
+    }
+    if meta["n_cuda"]:
+        state["cuda"] = [tensors[f"rng/{rank}/cuda/{i}"] for i in range(meta["n_cuda"])]
+    return state
+
+
+# ----------------------------------------------------------------------------------------------
+# Training checkpoints
+# ----------------------------------------------------------------------------------------------
+
+
+def _split_optimizer_state(optimizer: torch.optim.Optimizer) -> Tuple[Dict[str, Tensor], Dict[str, Any]]:
+    """Flatten ``optimizer.state_dict()``: tensors under ``optim/<index>/<name>``, the rest as JSON."""
+    sd = optimizer.state_dict()
+    tensors: Dict[str, Tensor] = {}
+    scalars: Dict[str, Dict[str, Any]] = {}
+    for index, entry in sd["state"].items():
+        for name, value in entry.items():
+            if isinstance(value, Tensor):
+                tensors[f"optim/{index}/{name}"] = value
+            else:
+                scalars.setdefault(str(index), {})[name] = value
+    for group in sd["param_groups"]:
+        for key, value in group.items():
+            if isinstance(value, Tensor):
+                raise TypeError(f"optimizer param group entry {key!r} is a tensor; use a float")
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars, "class": type(optimizer).__name__}
+
+
+def _join_optimizer_state(optimizer: torch.optim.Optimizer, tensors: Mapping[str, Tensor], meta: Mapping[str, Any]) -> Dict[str, Any]:
+    state: Dict[int, Dict[str, Any]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optim/"):
+            _, index, name = key.split("/", 2)
+            state.setdefault(int(index), {})[name] = value
+    for index, entries in meta["scalars"].items():
+        state.setdefault(int(index), {}).update(entries)
+    # JSON turned tuples (AdamW's betas) into lists; give them back the current groups' types.
+    groups = []
+    for saved, current in zip(meta["param_groups"], optimizer.param_groups):
+        groups.append({k: tuple(v) if isinstance(current.get(k), tuple) else v for k, v in saved.items()})
+    return {"state": state, "param_groups": groups}
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    model: torch.nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
+    *,
+    step: int,
+    rng_states: Optional[List[Mapping[str, Any]]] = None,
+    extra: Optional[Mapping[str, Any]] = None,
+) -> Path:
+    """Write a training checkpoint to ``path`` atomically.
+
+    Args:
+        model: the (unwrapped) module; its ``state_dict()`` is saved, tied tensors once.
+        optimizer, scheduler: saved when given (scheduler state must be JSON-serialisable, as the
+            ``qkv.train.schedules`` ones are).
+        step: number of optimizer updates done.
+        rng_states: one ``capture_rng_state()`` per rank (index = rank); default: this process's.
+        extra: JSON-serialisable data kept in the header (e.g. the training config).
+    Returns the path written.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    tensors: Dict[str, Tensor] = {f"model/{k}": v for k, v in model.state_dict().items()}
+    meta: Dict[str, Any] = {"format": FORMAT, "step": step, "extra": dict(extra or {})}
+    if optimizer is not None:
+        optim_tensors, meta["optimizer"] = _split_optimizer_state(optimizer)
+        tensors.update(optim_tensors)
+    if scheduler is not None:
+        meta["scheduler"] = scheduler.state_dict()
+    meta["rng"] = []
+    for rank, state in enumerate(rng_states if rng_states is not None else [capture_rng_state()]):
+        rng_tensors, rng_meta = _rng_to_stored(rank, state)
+        tensors.update(rng_tensors)
+        meta["rng"].append(rng_meta)
+    try:
+        header = json.dumps(meta)
+    except TypeError as e:
+        raise TypeError(f"checkpoint metadata (scheduler state or extra) is not JSON-serialisable: {e}") from e
+    return _write(Path(path), tensors, {_META_KEY: header})
+
+
+def read_checkpoint_meta(path: str | os.PathLike) -> Dict[str, Any]:
+    """The JSON header of a training checkpoint (step, extra, ...), without loading tensors."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {str(path)!r} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = dict(f.metadata() or {})
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {e}") from e
+    return _parse_meta(metadata, path)
+
+
+def _parse_meta(metadata: Mapping[str, str], path: Path) -> Dict[str, Any]:
+    if _META_KEY not in metadata:
+        raise CheckpointError(f"checkpoint file {str(path)!r} is not a qkv training checkpoint (no {_META_KEY!r} header)")
+    try:
+        meta = json.loads(metadata[_META_KEY])
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"checkpoint file {str(path)!r} has a corrupt header: {e}") from e
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint file {str(path)!r} has format {meta.get('format')!r}; expected {FORMAT!r}")
+    return meta
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: torch.nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
+    *,
+    rank: Optional[int] = 0,
+    strict: bool = True,
+) -> Dict[str, Any]:
+    """Restore a training checkpoint written by ``save_checkpoint`` in place.
+
+    Args:
+        model, optimizer, scheduler: restored when given (the optimizer/scheduler must have been
+            saved too).
+        rank: whose RNG states to restore; ``None`` leaves the generators alone. A rank the
+            checkpoint has no state for raises ``CheckpointError``.
+        strict: passed to ``model.load_state_dict``.
+    Returns the header: ``{"step": int, "extra": dict, ...}``.
+    Raises ``CheckpointError`` (naming the file) for a missing, truncated or corrupt file or one
+    whose contents do not fit the model/optimizer.
+    """
+    path = Path(path)
+    tensors, metadata = _read(path)
+    meta = _parse_meta(metadata, path)
+    tensors = _expand_aliases(tensors, metadata, path)
+    model_state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
+    try:
+        model.load_state_dict(model_state, strict=strict)
+    except RuntimeError as e:
+        raise CheckpointError(f"checkpoint file {str(path)!r} does not fit the model: {e}") from e
+    if optimizer is not None:
+        if "optimizer" not in meta:
+            raise CheckpointError(f"checkpoint file {str(path)!r} holds no optimizer state")
+        try:
+            optimizer.load_state_dict(_join_optimizer_state(optimizer, tensors, meta["optimizer"]))
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint file {str(path)!r} does not fit the optimizer: {e}") from e
+    if scheduler is not None:
+        if "scheduler" not in meta:
+            raise CheckpointError(f"checkpoint file {str(path)!r} holds no scheduler state")
+        scheduler.load_state_dict(meta["scheduler"])
+    if rank is not None:
+        if not 0 <= rank < len(meta["rng"]):
+            raise CheckpointError(f"checkpoint file {str(path)!r} has RNG states for {len(meta['rng'])} rank(s), not for rank {rank}")
+        restore_rng_state(_rng_from_stored(rank, tensors, meta["rng"][rank]))
+    return meta
+
+
+class CheckpointManager:
+    """The checkpoints of one run: ``<directory>/step-00000100.safetensors`` files, the last
+    ``keep_last`` of them kept, and a ``latest`` file naming the newest (written atomically after
+    the checkpoint itself, so it never names a file that is not complete)."""
+
+    _PATTERN = re.compile(r"^step-(\d+)\.safetensors$")
+
+    def __init__(self, directory: str | os.PathLike, keep_last: Optional[int] = 3) -> None:
+        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
+            raise ValueError(f"keep_last must be an int >= 1 or None (keep all), got {keep_last!r}")
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+
+    def path_for(self, step: int) -> Path:
+        return self.directory / f"step-{step:08d}.safetensors"
+
+    def checkpoints(self) -> List[Path]:
+        """Complete checkpoint files, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := self._PATTERN.match(p.name))]
+        return [p for _, p in sorted(found)]
+
+    def latest(self) -> Optional[Path]:
+        """The checkpoint ``latest`` names, else the newest file present, else None."""
+        pointer = self.directory / "latest"
+        if pointer.is_file():
+            target = self.directory / pointer.read_text(encoding="utf-8").strip()
+            if target.is_file():
+                return target
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def save(self, step: int, model: torch.nn.Module, optimizer=None, scheduler=None, **kwargs: Any) -> Path:
+        """``save_checkpoint`` to ``path_for(step)``, point ``latest`` at it, drop old ones."""
+        path = save_checkpoint(self.path_for(step), model, optimizer, scheduler, step=step, **kwargs)
+        atomic_write_text(self.directory / "latest", path.name + "\n")
+        if self.keep_last is not None:
+            for old in self.checkpoints()[: -self.keep_last]:
+                if old != path:
+                    old.unlink(missing_ok=True)
+        for stale in self.directory.glob(".step-*.tmp"):  # left by a writer that died mid-write
+            stale.unlink(missing_ok=True)
+        return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Model directories: config.json + model.safetensors
+# ----------------------------------------------------------------------------------------------
+
+
+def save_model(model: torch.nn.Module, config: Mapping[str, Any], directory: str | os.PathLike) -> Path:
+    """Write ``directory/config.json`` and ``directory/model.safetensors`` (each atomically).
+
+    ``config`` is a JSON-serialisable dict (e.g. ``dataclasses.asdict(model.config)``); tied
+    weights are stored once and re-tied by ``load_model_state`` + ``load_state_dict``.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config must be a dict, got {type(config).__name__}")
+    directory = Path(directory)
+    try:
+        text = json.dumps(dict(config), indent=2, sort_keys=True)
+    except TypeError as e:
+        raise TypeError(f"config is not JSON-serialisable: {e}") from e
+    _write(directory / "model.safetensors", model.state_dict(), {"format": "pt"})
+    atomic_write_text(directory / "config.json", text + "\n")
+    return directory
+
+
+def load_model_state(directory: str | os.PathLike) -> Tuple[Dict[str, Any], Dict[str, Tensor]]:
+    """Read a directory written by ``save_model``: ``(config dict, state_dict)``.
+
+    The state dict has every name the model had (tied names share one tensor), so
+    ``model.load_state_dict(state)`` works with ``strict=True``.
+    """
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"model directory {str(directory)!r} has no config.json")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"config file {str(config_path)!r} is not valid JSON: {e}") from e
+    weights = directory / "model.safetensors"
+    tensors, metadata = _read(weights)
+    return config, _expand_aliases(tensors, metadata, weights)

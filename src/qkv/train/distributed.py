@@ -1,0 +1,97 @@
+"""Process-group set-up for ``torchrun``: read ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, start
+gloo (CPU) or NCCL (CUDA) when ``WORLD_SIZE > 1``, and tear it down at the end."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, List
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DistContext", "setup", "teardown", "all_gather_objects", "mean_across", "barrier"]
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits: ``rank`` of ``world_size``, its ``device``, and whether ``setup``
+    started the process group (and so must destroy it)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    owns_group: bool
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an int, got {value!r}") from None
+
+
+def setup(device: str = "auto") -> DistContext:
+    """Join the ``torchrun`` process group when ``WORLD_SIZE > 1`` (else run alone).
+
+    ``device="auto"`` picks ``cuda:<LOCAL_RANK>`` when CUDA is available, else the CPU; the backend
+    is NCCL for CUDA and gloo for the CPU.
+    """
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if device == "auto":
+        device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    owns = False
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world_size)
+        owns = True
+    if dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, owns_group=owns)
+
+
+def teardown(ctx: DistContext) -> None:
+    """Destroy the process group if ``setup`` created it."""
+    if ctx.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
+def all_gather_objects(ctx: DistContext, obj: Any) -> List[Any]:
+    """``[obj of rank 0, obj of rank 1, ...]`` (just ``[obj]`` when alone)."""
+    if not ctx.distributed:
+        return [obj]
+    out: List[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def mean_across(ctx: DistContext, value: torch.Tensor) -> torch.Tensor:
+    """The mean of a tensor over ranks (the tensor itself when alone)."""
+    if not ctx.distributed:
+        return value
+    value = value.detach().clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value / ctx.world_size

@@ -1,0 +1,383 @@
+"""The training loop: AdamW, a warm-up schedule, gradient clipping and accumulation, bf16
+autocast, periodic evaluation, ``metrics.jsonl`` (+ TensorBoard when installed), atomic
+checkpoints, exact resume and DistributedDataParallel under ``torchrun``.
+
+Exact resume rests on the task contract (docs/contracts.md): a batch is a pure function of
+``(seed, split, step, rank)``, so a run restarted from the checkpoint of step ``k`` (model,
+optimizer, scheduler and every rank's RNG states) draws the same batches and dropout masks as the
+uninterrupted run and logs the same losses.
+
+Batch indexing: the ``m``-th micro-batch of update ``s`` (0-based) is
+``task.get_batch("train", batch_size, s * grad_accum + m, seed=seed, rank=rank, world_size=world)``.
+A task whose examples are a stream indexed by ``(step * world + rank) * batch_size + i`` therefore
+gives the same update for (B, accum 1, 1 process), (B/2, accum 2) and (B/2 per rank, 2 ranks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import time
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
+
+from . import distributed, schedules
+from .checkpoint import CheckpointManager, atomic_write_text, capture_rng_state, load_checkpoint, read_checkpoint_meta
+
+__all__ = ["TrainConfig", "Trainer"]
+
+
+@dataclass
+class TrainConfig:
+    """Everything the trainer needs besides the model and the task."""
+
+    steps: int = 1000  # optimizer updates in the whole run
+    batch_size: int = 32  # examples per micro-batch per process (update = batch_size * grad_accum * world_size)
+    lr: float = 3e-4  # peak learning rate (the schedule multiplies it)
+    weight_decay: float = 0.01  # AdamW decoupled weight decay, applied to tensors with >= 2 dims only
+    betas: Tuple[float, float] = (0.9, 0.98)  # AdamW (beta1, beta2); Vaswani 2017 used (0.9, 0.98)
+    eps: float = 1e-9  # AdamW epsilon (Vaswani 2017)
+    warmup: int = 100  # linear warm-up updates (all schedules)
+    schedule: str = "cosine"  # "noam" (peak = lr at warmup, then step^-0.5) | "cosine" (to 0 at steps) | "constant"
+    grad_clip: Optional[float] = 1.0  # max global gradient L2 norm; None or 0 disables clipping
+    grad_accum: int = 1  # micro-batches summed into one update
+    eval_every: int = 0  # evaluate every this many updates (0: only at the end)
+    eval_batches: int = 8  # held-out batches (task.eval_batches("valid", ...)) averaged into valid_loss; 0 skips
+    eval_max_examples: Optional[int] = 256  # max_examples passed to task.evaluate(model, "valid", ...)
+    save_every: int = 0  # checkpoint every this many updates (0: only at the end)
+    keep_last: Optional[int] = 3  # checkpoints kept on disk (None keeps all)
+    seed: int = 0  # seeds batches (task.get_batch seed=) and the RNGs (torch, numpy, random; + rank)
+    precision: str = "fp32"  # "fp32" | "bf16" (autocast; parameters and optimizer stay float32)
+    log_every: int = 10  # write a train record to metrics.jsonl every this many updates
+    out_dir: str = "runs/qkv"  # run directory: metrics.jsonl, train_config.json, checkpoints/
+    device: str = "auto"  # "auto" (cuda:<LOCAL_RANK> if available, else cpu), "cpu", "cuda", ...
+    progress: bool = True  # show a tqdm progress bar (rank 0 only)
+    tensorboard: bool = True  # also write TensorBoard scalars when tensorboard is installed
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "grad_accum", "log_every"):
+            _positive(name, getattr(self, name))
+        for name in ("warmup", "eval_every", "eval_batches", "save_every", "seed"):
+            _positive(name, getattr(self, name), allow_zero=True)
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise ValueError(f"lr must be a float > 0, got {self.lr!r}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if len(tuple(self.betas)) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must be two floats in [0, 1), got {self.betas!r}")
+        self.betas = tuple(float(b) for b in self.betas)
+        if self.schedule not in schedules.SCHEDULES:
+            raise ValueError(f"schedule must be one of {schedules.SCHEDULES}, got {self.schedule!r}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        if self.grad_clip is not None and self.grad_clip < 0:
+            raise ValueError(f"grad_clip must be >= 0 or None, got {self.grad_clip!r}")
+        if self.eval_max_examples is not None:
+            _positive("eval_max_examples", self.eval_max_examples)
+        if self.keep_last is not None:
+            _positive("keep_last", self.keep_last)
+
+
+def _positive(name: str, value: object, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def _count_tokens(batch: Dict[str, Any]) -> int:
+    """Target tokens in a batch (labels other than -100), else the first tensor's elements."""
+    labels = batch.get("labels")
+    if isinstance(labels, Tensor):
+        return int((labels != -100).sum())
+    for value in batch.values():
+        if isinstance(value, Tensor):
+            return value.numel()
+    return 0
+
+
+class Trainer:
+    """Train ``model`` on ``task`` as ``config`` says.
+
+    ``model(**batch)`` must return an object with a scalar ``.loss`` (docs/contracts.md). Each
+    micro-batch's loss is divided by ``grad_accum``, so an update averages micro-batch means;
+    DDP averages over ranks.
+
+    Usage::
+
+        trainer = Trainer(model, task, TrainConfig(steps=2000, out_dir="runs/copy"))
+        metrics = trainer.fit()            # or fit(resume=True) after an interruption
+
+    Run directory: ``metrics.jsonl`` (one JSON object per event: ``{"event": "train", "step",
+    "loss", "lr", "grad_norm", "tokens_per_s", "time"}`` or ``{"event": "eval", "step",
+    "valid_loss", <task metrics>}``), ``train_config.json``, ``checkpoints/step-*.safetensors`` +
+    ``checkpoints/latest``. Under ``torchrun`` only rank 0 writes, logs and evaluates.
+    """
+
+    def __init__(self, model: torch.nn.Module, task: Any, config: TrainConfig) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        for method in ("get_batch", "evaluate"):
+            if not callable(getattr(task, method, None)):
+                raise TypeError(f"task must have a {method}() method (docs/contracts.md), got {type(task).__name__}")
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+        self.model = model
+        self.task = task
+        self.config = config
+        self.out_dir = Path(config.out_dir)
+        self.checkpoints = CheckpointManager(self.out_dir / "checkpoints", keep_last=config.keep_last)
+        self._writer = None
+        self._grad_norm = float("nan")
+        self._lr = float("nan")
+
+    # ------------------------------------------------------------------------------------------
+    # Setup
+    # ------------------------------------------------------------------------------------------
+
+    def _make_optimizer(self) -> torch.optim.AdamW:
+        decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": self.config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=self.config.lr, betas=self.config.betas, eps=self.config.eps)
+
+    def _autocast(self, device: torch.device):
+        if self.config.precision != "bf16":
+            return nullcontext()
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            warnings.warn("precision='bf16' is not supported on this GPU; training in float32")
+            return nullcontext()
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+    def _seed(self, rank: int) -> None:
+        seed = self.config.seed + rank
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    # ------------------------------------------------------------------------------------------
+    # Logging
+    # ------------------------------------------------------------------------------------------
+
+    def _truncate_metrics(self, step: int) -> None:
+        """On resume: drop records after ``step`` (written after the checkpoint, before the crash)
+        and any half-written last line, so metrics.jsonl reads as one run."""
+        path = self.out_dir / "metrics.jsonl"
+        if not path.is_file():
+            return
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record.get("step", 0) <= step:
+                kept.append(line)
+        atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+    def _log(self, record: Dict[str, Any]) -> None:
+        with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._writer is not None:
+            prefix = record["event"]
+            for key, value in record.items():
+                if key not in ("event", "step", "time") and isinstance(value, (int, float)):
+                    self._writer.add_scalar(f"{prefix}/{key}", value, record["step"])
+
+    def _open_tensorboard(self) -> None:
+        self._writer = None
+        if not self.config.tensorboard:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            return
+        self._writer = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
+
+    # ------------------------------------------------------------------------------------------
+    # Evaluation
+    # ------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self, device: Optional[torch.device] = None) -> Dict[str, float]:
+        """``valid_loss`` over ``eval_batches`` held-out batches plus ``task.evaluate(model, "valid")``."""
+        cfg = self.config
+        device = device or next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        results: Dict[str, float] = {}
+        try:
+            if cfg.eval_batches and callable(getattr(self.task, "eval_batches", None)):
+                total, n = 0.0, 0
+                for i, batch in enumerate(self.task.eval_batches("valid", cfg.batch_size)):
+                    if i >= cfg.eval_batches:
+                        break
+                    with self._autocast(device):
+                        out = self.model(**_to_device(batch, device))
+                    total += float(out.loss)
+                    n += 1
+                if n:
+                    results["valid_loss"] = total / n
+            metrics = self.task.evaluate(self.model, "valid", max_examples=cfg.eval_max_examples)
+            results.update({k: float(v) for k, v in metrics.items()})
+        finally:
+            self.model.train(was_training)
+        return results
+
+    # ------------------------------------------------------------------------------------------
+    # The loop
+    # ------------------------------------------------------------------------------------------
+
+    def fit(self, resume: bool = False) -> Dict[str, float]:
+        """Train for ``config.steps`` updates; with ``resume=True`` continue from the latest
+        checkpoint in ``out_dir/checkpoints`` (starting fresh if there is none).
+
+        Returns the last train loss and the final evaluation's metrics (rank 0; other ranks get
+        the train loss only).
+        """
+        cfg = self.config
+        ctx = distributed.setup(cfg.device)
+        try:
+            return self._fit(ctx, resume)
+        finally:
+            if getattr(self, "_writer", None) is not None:
+                self._writer.close()
+            distributed.teardown(ctx)
+
+    def _fit(self, ctx: distributed.DistContext, resume: bool) -> Dict[str, float]:
+        cfg = self.config
+        device = ctx.device
+        self.model.to(device)
+        self.model.train()
+        optimizer = self._make_optimizer()
+        scheduler = schedules.build(cfg.schedule, optimizer, warmup=cfg.warmup, total=cfg.steps)
+        self._seed(ctx.rank)
+
+        start = 0
+        latest = self.checkpoints.latest() if resume else None
+        if not resume and self.checkpoints.checkpoints():
+            raise ValueError(f"out_dir {str(self.out_dir)!r} already holds checkpoints; pass resume=True to continue "
+                             "that run or choose another out_dir")
+        if latest is not None:
+            meta = read_checkpoint_meta(latest)
+            same_world = len(meta["rng"]) == ctx.world_size
+            if not same_world:
+                warnings.warn(f"checkpoint {latest} was written by {len(meta['rng'])} process(es), this run has "
+                              f"{ctx.world_size}: model and optimizer are restored, RNG streams restart from seed")
+            meta = load_checkpoint(latest, self.model, optimizer, scheduler, rank=ctx.rank if same_world else None)
+            start = meta["step"]
+
+        self._writer = None
+        if ctx.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.out_dir / "train_config.json", json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+            if resume:
+                self._truncate_metrics(start)
+            elif (self.out_dir / "metrics.jsonl").exists():
+                (self.out_dir / "metrics.jsonl").unlink()
+            self._open_tensorboard()
+
+        net: torch.nn.Module = self.model
+        if ctx.distributed:
+            net = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
+
+        bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and ctx.is_main), dynamic_ncols=True)
+        last: Dict[str, float] = {}
+        eval_metrics: Dict[str, float] = {}
+        window_tokens, window_start = 0, time.perf_counter()
+        for step in range(start, cfg.steps):
+            loss, tokens = self._update(net, optimizer, scheduler, ctx, step)
+            window_tokens += tokens
+            done = step + 1
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                loss_value = float(distributed.mean_across(ctx, loss))
+                elapsed = max(time.perf_counter() - window_start, 1e-9)
+                record = {
+                    "event": "train",
+                    "step": done,
+                    "loss": loss_value,
+                    "lr": self._lr,
+                    "grad_norm": self._grad_norm,
+                    "tokens_per_s": window_tokens * ctx.world_size / elapsed,
+                    "time": time.time(),
+                }
+                last = {"loss": loss_value}
+                window_tokens, window_start = 0, time.perf_counter()
+                if ctx.is_main:
+                    self._log(record)
+                    bar.set_postfix(_postfix(record, eval_metrics), refresh=False)
+            if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
+                if ctx.is_main:
+                    eval_metrics = self.evaluate(device)
+                    self._log({"event": "eval", "step": done, **eval_metrics, "time": time.time()})
+                    bar.set_postfix(_postfix({"loss": last.get("loss", float("nan"))}, eval_metrics), refresh=False)
+                distributed.barrier(ctx)
+            if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps:
+                self._save(ctx, done, optimizer, scheduler)
+            bar.update(1)
+        bar.close()
+        return {**last, **eval_metrics} if ctx.is_main else last
+
+    def _update(self, net, optimizer, scheduler, ctx, step: int) -> Tuple[Tensor, int]:
+        """One optimizer update from ``grad_accum`` micro-batches; the mean loss and tokens seen."""
+        cfg = self.config
+        device = ctx.device
+        total = torch.zeros((), device=device)
+        tokens = 0
+        for micro in range(cfg.grad_accum):
+            batch = self.task.get_batch("train", cfg.batch_size, step * cfg.grad_accum + micro,
+                                        seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size)
+            tokens += _count_tokens(batch)
+            batch = _to_device(batch, device)
+            # DDP all-reduces gradients on the last micro-batch only.
+            sync = micro == cfg.grad_accum - 1 or not ctx.distributed
+            with (nullcontext() if sync else net.no_sync()):
+                with self._autocast(device):
+                    out = net(**batch)
+                loss = out.loss
+                if loss is None or not isinstance(loss, Tensor) or loss.dim() != 0:
+                    raise ValueError(f"model(**batch).loss must be a scalar tensor, got {loss!r}")
+                (loss / cfg.grad_accum).backward()
+            total += loss.detach().float()
+        if cfg.grad_clip:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), float("inf"))
+        self._grad_norm = float(norm)
+        self._lr = optimizer.param_groups[0]["lr"]  # the lr this update uses (before scheduler.step)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        return total / cfg.grad_accum, tokens
+
+    def _save(self, ctx: distributed.DistContext, step: int, optimizer, scheduler) -> None:
+        rng_states = distributed.all_gather_objects(ctx, capture_rng_state())
+        if ctx.is_main:
+            self.checkpoints.save(step, self.model, optimizer, scheduler, rng_states=rng_states,
+                                  extra={"train_config": dataclasses.asdict(self.config)})
+        distributed.barrier(ctx)
+
+
+def _to_device(batch: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
+
+
+def _postfix(record: Dict[str, Any], eval_metrics: Dict[str, float]) -> Dict[str, str]:
+    shown = {"loss": f"{record['loss']:.4f}"}
+    if "tokens_per_s" in record:
+        shown["tok/s"] = f"{record['tokens_per_s']:.0f}"
+    for key, value in eval_metrics.items():
+        if key != "valid_loss":
+            shown[key] = f"{value:.4g}"
+            break
+    return shown
