@@ -1,0 +1,54 @@
+"""Built-in tasks: real data sets shipped by package registries, and generated tasks.
+
+Every task follows docs/contracts.md: ``get_batch(split, batch_size, step, *, seed, rank,
+world_size)`` (a pure function of its arguments), ``eval_batches``, ``evaluate``, ``vocab``,
+``examples`` and ``kind`` (``"lm"`` or ``"seq2seq"``).
+
+=================  =========  ====================================================================
+name               kind       options
+=================  =========  ====================================================================
+shakespeare-char   lm         ``block_size=128``, ``cache_dir``
+enwiki-bytes       lm         ``block_size=256``, ``cache_dir``
+bible-en-es        seq2seq    ``max_chars=100``, ``cache_dir``
+copy               seq2seq    ``min_len=1``, ``max_len=10``, ``alphabet="digits"``, ``eval_size=1000``
+reverse            seq2seq    same as copy
+sort               seq2seq    same as copy
+addition           seq2seq    ``min_len=1``, ``max_len=5`` (digits per operand), ``eval_size=1000``
+dates              seq2seq    ``min_year=1900``, ``max_year=2099``, ``eval_size=1000``
+=================  =========  ====================================================================
+
+Real data is cached by :func:`fetch` (``qkv data fetch NAME``); :data:`DATASETS` lists the sets.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Tuple
+
+from qkv import registry
+from qkv.tasks import sword, vocab, base, data
+from qkv.tasks import lm, translation, generated
+from qkv.tasks.base import GeneratedSeq2SeqTask, LanguageModelTask, PairsSeq2SeqTask, Seq2SeqTask, Task
+from qkv.tasks.data import DATASETS, fetch, load_bible, load_enwiki, load_mnist, load_shakespeare
+from qkv.tasks.generated import AdditionTask, CopyTask, DatesTask, ReverseTask, SortTask
+from qkv.tasks.lm import EnwikiBytes, ShakespeareChar
+from qkv.tasks.translation import BibleEnEs
+from qkv.tasks.vocab import ByteVocab, CharVocab
+
+__all__ = [
+    "build_task", "list_tasks", "fetch", "DATASETS",
+    "Task", "LanguageModelTask", "Seq2SeqTask", "GeneratedSeq2SeqTask", "PairsSeq2SeqTask",
+    "ShakespeareChar", "EnwikiBytes", "BibleEnEs",
+    "CopyTask", "ReverseTask", "SortTask", "AdditionTask", "DatesTask",
+    "CharVocab", "ByteVocab",
+    "load_shakespeare", "load_enwiki", "load_bible", "load_mnist",
+]
+
+
+def build_task(name: str, **kwargs: Any) -> Task:
+    """The task registered as ``name``, built with keyword options (unknown ones raise TypeError)."""
+    return registry.build("task", name, **kwargs)
+
+
+def list_tasks() -> List[Tuple[str, str]]:
+    """``(name, one-line description)`` for every registered task."""
+    return [(name, registry.describe(registry.lookup("task", name))) for name in registry.names("task")]

