@@ -128,6 +128,15 @@ class AttentionKernel(nn.Module):
                                  f"for structured patterns")
         return self._attend(q, k, v, mask, state, need_weights, return_state)
 
+    def pattern(self, n_queries: int, n_keys: int):
+        """The ``mask_mod`` of the positions this kernel lets query ``i`` see (queries aligned to
+        the end of the keys), or None when it sees every key. Exact kernels are tested against
+        dense softmax attention restricted to this pattern."""
+        if self.causal:
+            from ..masks import causal
+            return causal(offset=n_keys - n_queries)
+        return None
+
     def _state_length(self, state: Any) -> int:
         """Number of cached key positions in ``state`` (masks cover cached + new keys)."""
         return 0

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import _checks
+from .. import _checks, masks
 from ..functional import masked_softmax
 from ..registry import register
 from ..types import AttentionOutput, KVCache
@@ -48,6 +48,9 @@ class WindowAttention(AttentionKernel):
 
     def extra_repr(self) -> str:
         return f"radius={self.radius}, {super().extra_repr()}"
+
+    def pattern(self, n_queries: int, n_keys: int):
+        return masks.window(self.radius, causal=self.causal, offset=n_keys - n_queries)
 
     def _state_length(self, state) -> int:
         return state.length if isinstance(state, KVCache) else 0

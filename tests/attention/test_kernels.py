@@ -1,0 +1,262 @@
+"""Contract tests run for every registered self-attention kernel (parametrised over the registry):
+a new kernel gets them for free. Per-kernel knobs for the tests live in KERNEL_KWARGS."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import qkv
+from qkv import masks
+from qkv.registry import lookup
+
+# Small knobs so that sparse/approximate kernels do something non-trivial at test sizes.
+KERNEL_KWARGS = {
+    "window": {"radius": 3, "block": 4},
+}
+
+NAMES = list(qkv.list_attention())
+
+
+def build(name, causal=False, **extra):
+    kw = dict(KERNEL_KWARGS.get(name, {}))
+    kw.update(extra)
+    return qkv.build_attention(name, causal=causal, **kw)
+
+
+def can_causal(name):
+    return lookup("attention", name).supports_causal
+
+
+def qkv_tensors(B=2, H=3, M=11, N=11, E=8, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, H, L, E, generator=g, dtype=dtype) for L in (M, N, N))
+
+
+def literal_attention(q, k, v, allowed):
+    """softmax(q k^T / sqrt(d)) v over allowed pairs, written with loops (float64)."""
+    B, H, M, E = q.shape
+    N = k.shape[2]
+    out = torch.zeros(B, H, M, v.shape[-1], dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for i in range(M):
+                js = [j for j in range(N) if allowed[b, h, i, j]]
+                if not js:
+                    continue
+                s = [float(q[b, h, i].double() @ k[b, h, j].double()) / math.sqrt(E) for j in js]
+                mx = max(s)
+                e = [math.exp(x - mx) for x in s]
+                z = sum(e)
+                for w, j in zip(e, js):
+                    out[b, h, i] += (w / z) * v[b, h, j].double()
+    return out
+
+
+def allowed_pairs(kernel, B, H, M, N, mask=None):
+    mod = kernel.pattern(M, N)
+    allowed = torch.ones(B, H, M, N, dtype=torch.bool)
+    if mod is not None:
+        allowed = allowed & masks.materialize(mod, M, N)
+    if mask is not None:
+        allowed = allowed & qkv.attention.normalize_mask(mask, B, H, M, N)
+    return allowed
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_exact_kernels_match_literal_reference(name, causal):
+    if causal and not can_causal(name):
+        pytest.skip(f"{name} cannot be causal")
+    kernel = build(name, causal=causal)
+    if not kernel.exact:
+        pytest.skip(f"{name} is approximate: see its error test")
+    q, k, v = qkv_tensors(M=11, N=11)
+    ref = literal_attention(q, k, v, allowed_pairs(kernel, 2, 3, 11, 11))
+    for need_weights in (False, True):
+        out = kernel(q, k, v, need_weights=need_weights)
+        torch.testing.assert_close(out.output.double(), ref, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_weights_are_distributions_on_the_pattern(name):
+    kernel = build(name)
+    if not kernel.exact:
+        pytest.skip("approximate kernel")
+    q, k, v = qkv_tensors(M=9, N=9)
+    out = kernel(q, k, v, need_weights=True)
+    assert out.weights.shape == (2, 3, 9, 9)
+    allowed = allowed_pairs(kernel, 2, 3, 9, 9)
+    assert (out.weights[~allowed] == 0).all()
+    torch.testing.assert_close(out.weights.sum(-1), torch.ones(2, 3, 9))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_key_padding_mask_does_not_leak(name):
+    kernel = build(name)
+    if kernel.supports_mask == "none":
+        pytest.skip("kernel takes no mask")
+    q, k, v = qkv_tensors(M=10, N=10)
+    pad = masks.padding_mask(torch.tensor([7, 10]), 10)  # (B, N)
+    out = kernel(q, k, v, mask=pad).output
+    k2, v2 = k.clone(), v.clone()
+    k2[0, :, 7:] = 1e3
+    v2[0, :, 7:] = -1e3
+    out2 = kernel(q, k2, v2, mask=pad).output
+    torch.testing.assert_close(out2, out)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fully_masked_queries_give_zeros(name):
+    kernel = build(name)
+    if kernel.supports_mask == "none":
+        pytest.skip("kernel takes no mask")
+    q, k, v = qkv_tensors(M=6, N=6)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1] = True
+    out = kernel(q, k, v, mask=pad, need_weights=kernel.exact)
+    assert torch.isfinite(out.output).all()
+    assert (out.output[0] == 0).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_causal_no_leak_from_the_future(name):
+    if not can_causal(name):
+        pytest.skip(f"{name} cannot be causal")
+    kernel = build(name, causal=True)
+    q, k, v = qkv_tensors(M=12, N=12)
+    out = kernel(q, k, v).output
+    t = 5
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, t + 1:] += torch.randn_like(k2[:, :, t + 1:]) * 5
+    v2[:, :, t + 1:] += 7.0
+    out2 = kernel(q, k2, v2).output
+    torch.testing.assert_close(out2[:, :, :t + 1], out[:, :, :t + 1])
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("pieces", [[1] * 10, [3, 1, 4, 2], [10]])
+def test_stepwise_equals_parallel(name, pieces):
+    cls = lookup("attention", name)
+    if not cls.supports_state:
+        pytest.skip(f"{name} keeps no incremental state")
+    kernel = build(name, causal=True)
+    q, k, v = qkv_tensors(M=10, N=10)
+    full = kernel(q, k, v).output
+    state, outs, start = None, [], 0
+    for size in pieces:
+        sl = slice(start, start + size)
+        o = kernel(q[:, :, sl], k[:, :, sl], v[:, :, sl], state=state, return_state=True)
+        outs.append(o.output)
+        state = o.state
+        start += size
+    torch.testing.assert_close(torch.cat(outs, dim=2), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradients_flow_and_gradcheck(name):
+    kernel = build(name, causal=can_causal(name))
+    q, k, v = (t.requires_grad_(True) for t in qkv_tensors(B=1, H=2, M=7, N=7, E=4, dtype=torch.float64))
+    pad = torch.tensor([[True] * 6 + [False]])
+    mask = pad if kernel.supports_mask != "none" else None
+    assert torch.autograd.gradcheck(lambda a, b, c: kernel(a, b, c, mask=mask).output, (q, k, v))
+    if kernel.exact:
+        assert torch.autograd.gradcheck(lambda a, b, c: kernel(a, b, c, mask=mask, need_weights=True).output, (q, k, v))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_runs(name, dtype):
+    kernel = build(name)
+    q, k, v = qkv_tensors(M=16, N=16, dtype=dtype)
+    out = kernel(q, k, v)
+    assert out.output.dtype == dtype and torch.isfinite(out.output).all()
+    ref = kernel(q.float(), k.float(), v.float()).output
+    torch.testing.assert_close(out.output.float(), ref, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_input_is_named(name):
+    kernel = build(name)
+    q, k, v = qkv_tensors()
+    with pytest.raises(ValueError, match="q must be 4-D"):
+        kernel(q[0], k, v)
+    with pytest.raises(ValueError, match="head size"):
+        kernel(q, k[..., :4], v)
+    with pytest.raises(ValueError, match="number of keys"):
+        kernel(q, k, v[:, :, :5])
+    with pytest.raises(ValueError, match="batch, heads"):
+        kernel(q, k[:1], v[:1])
+    with pytest.raises(TypeError, match="mask"):
+        kernel(q, k, v, mask=torch.ones(2, 11))
+    with pytest.raises(ValueError, match="mask"):
+        kernel(q, k, v, mask=torch.ones(3, 11, dtype=torch.bool))
+    with pytest.raises(TypeError, match="q must be a floating"):
+        kernel(q.long(), k, v)
+    if not kernel.causal:
+        with pytest.raises(ValueError, match="causal"):
+            kernel(q, k, v, return_state=True)
+
+
+def test_unknown_names_and_kwargs():
+    with pytest.raises(ValueError, match="unknown attention 'sofmax'.*Did you mean 'softmax'"):
+        qkv.build_attention("sofmax")
+    with pytest.raises(TypeError, match="radus"):
+        qkv.build_attention("window", radus=3)
+    with pytest.raises(ValueError, match="radius"):
+        qkv.build_attention("window", radius=-1)
+    with pytest.raises(TypeError, match="radius"):
+        qkv.build_attention("window")
+    with pytest.raises(ValueError, match="dropout"):
+        qkv.build_attention("softmax", dropout=1.5)
+
+
+def test_list_attention_describes_every_kernel():
+    listed = qkv.list_attention()
+    assert {"softmax", "window"} <= set(listed)
+    assert all(desc for desc in listed.values())
+
+
+@settings(max_examples=20, deadline=None)
+@given(M=st.integers(1, 20), extra=st.integers(0, 6), r=st.integers(0, 8), block=st.integers(1, 9),
+       causal=st.booleans(), seed=st.integers(0, 1000))
+def test_window_blocks_match_dense_pattern(M, extra, r, block, causal, seed):
+    """The blocked window kernel equals dense softmax restricted to |i - j| <= r for any lengths,
+    block sizes and cache offsets (N = M + extra keys, queries aligned to the end)."""
+    N = M + extra
+    q, k, v = qkv_tensors(B=1, H=2, M=M, N=N, E=4, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    pad = torch.rand(1, N, generator=g) > 0.2
+    kernel = qkv.build_attention("window", radius=r, causal=causal, block=block)
+    out = kernel(q, k, v, mask=pad, need_weights=True)
+    allowed = masks.materialize(masks.window(r, causal=causal, offset=N - M), M, N) & pad[:, None, :]
+    ref = qkv.build_attention("softmax")(q, k, v, mask=allowed[:, None], need_weights=True)
+    torch.testing.assert_close(out.output, ref.output, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.weights, ref.weights, atol=1e-6, rtol=1e-5)
+
+
+def test_window_cache_is_bounded():
+    kernel = qkv.build_attention("window", radius=4, causal=True)
+    q, k, v = qkv_tensors(M=20, N=20)
+    state = None
+    for t in range(20):
+        state = kernel(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], state=state, return_state=True).state
+        assert state.length <= 4
+    assert state.offset == 16
+
+
+def test_window_full_masks_are_rejected_with_advice():
+    q, k, v = qkv_tensors(M=5, N=5)
+    with pytest.raises(ValueError, match="key-padding"):
+        qkv.build_attention("window", radius=1)(q, k, v, mask=torch.ones(2, 1, 5, 5, dtype=torch.bool))
+
+
+def test_softmax_sdpa_path_equals_explicit_path_with_cache_offset():
+    kernel = qkv.build_attention("softmax", causal=True)
+    q, k, v = qkv_tensors(M=4, N=9)
+    fast = kernel(q, k, v).output
+    slow = kernel(q, k, v, need_weights=True)
+    torch.testing.assert_close(fast, slow.output)
+    allowed = masks.causal_mask(4, 9, offset=5)
+    assert (slow.weights[..., ~allowed] == 0).all()
