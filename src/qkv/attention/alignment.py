@@ -109,15 +109,11 @@ class _AlignmentAttention(nn.Module):
 
     def __init__(self, score: ScoreLike, sizes: dict, options: dict) -> None:
         super().__init__()
-        built = _build_score(score, sizes, options)
-        if isinstance(built, nn.Module):
-            self.score = built
-        else:
-            self.score_fn = built
+        # a module registers as a submodule; a plain callable is kept as an attribute
+        self.score = _build_score(score, sizes, options)
 
     def _scores(self, query: Tensor, keys: Tensor) -> Tensor:
-        fn = self.score if hasattr(self, "score") else self.score_fn
-        e = fn(query, keys)
+        e = self.score(query, keys)
         expected = (query.shape[0], query.shape[1], keys.shape[1])
         if not isinstance(e, Tensor) or tuple(e.shape) != expected:
             got = tuple(e.shape) if isinstance(e, Tensor) else type(e).__name__
@@ -269,6 +265,7 @@ class HardAttention(_AlignmentAttention):
         dist = Categorical(logits=work, validate_args=False)
         # s_t ~ Multinoulli(a_t) in training, argmax in eval
         index = dist.sample() if self.training else work.argmax(-1)  # (B, M)
+        index = torch.where(valid, index, torch.zeros_like(index))  # 0 where there is no key
         zero = work.new_zeros(())
         log_prob = torch.where(valid, dist.log_prob(index), zero).to(e.dtype)  # (B, M)
         entropy = torch.where(valid, dist.entropy(), zero).to(e.dtype)  # (B, M)
@@ -400,10 +397,11 @@ class LocalAttention(_AlignmentAttention):
     ) -> None:
         if mode not in self.MODES:
             raise ValueError(f"mode must be one of {self.MODES}, got {mode!r}")
-        self.window = _checks.positive_int("window", window, allow_zero=mode == "monotonic")
-        self.mode = mode
+        window = _checks.positive_int("window", window, allow_zero=mode == "monotonic")
         sizes = dict(query_dim=query_dim, key_dim=key_dim, hidden_dim=hidden_dim, max_keys=max_keys)
         super().__init__(score, sizes, score_options)
+        self.window = window  # D
+        self.mode = mode
         if mode == "predictive":
             if query_dim is None:
                 raise ValueError("mode='predictive' needs query_dim (for the position predictor W_p)")
@@ -413,13 +411,6 @@ class LocalAttention(_AlignmentAttention):
             self.v_p = nn.Linear(position_dim, 1, bias=False)
         elif position_dim is not None:
             raise ValueError("position_dim is used only by mode='predictive'")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # window/mode are plain attributes set before nn.Module.__init__ runs
-        if name in ("window", "mode") and "_parameters" not in self.__dict__:
-            object.__setattr__(self, name, value)
-        else:
-            super().__setattr__(name, value)
 
     def predict_position(self, query: Tensor, source_length: Union[Tensor, float]) -> Tensor:
         """local-p's ``p_t = S sigmoid(v_p^T tanh(W_p s_t))``.
