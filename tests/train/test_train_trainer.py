@@ -1,0 +1,167 @@
+"""The Trainer: accumulation, exact resume after SIGKILL, DDP under torchrun, logging, errors."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from _toy_train import ToyLM, ToyTask
+from conftest import HERE, script_env
+
+from qkv.train import TrainConfig, Trainer, load_model_state
+
+SCRIPT = str(HERE / "_toy_train.py")
+
+
+def _config(tmp_path, **kw):
+    base = dict(steps=6, batch_size=4, lr=1e-2, warmup=2, schedule="constant", grad_clip=None, log_every=1,
+                eval_every=0, eval_batches=1, save_every=0, seed=1, out_dir=str(tmp_path), device="cpu",
+                progress=False, tensorboard=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _losses(out_dir):
+    records = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if r["event"] == "train"}
+
+
+def _fresh_model(dropout=0.0):
+    torch.manual_seed(0)
+    return ToyLM(dropout=dropout, tied=True)
+
+
+def test_grad_accumulation_2x_half_equals_one_full_batch(tmp_path):
+    full, accum = _fresh_model(), _fresh_model()
+    Trainer(full, ToyTask(), _config(tmp_path / "a", batch_size=8, grad_accum=1, grad_clip=1.0)).fit()
+    Trainer(accum, ToyTask(), _config(tmp_path / "b", batch_size=4, grad_accum=2, grad_clip=1.0)).fit()
+    for (name, a), b in zip(full.state_dict().items(), accum.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+    la, lb = _losses(tmp_path / "a"), _losses(tmp_path / "b")
+    assert la.keys() == lb.keys() == set(range(1, 7))
+    assert max(abs(la[s] - lb[s]) for s in la) < 1e-5, (la, lb)
+
+
+def test_metrics_log_and_eval_and_final_checkpoint(tmp_path):
+    model = _fresh_model()
+    result = Trainer(model, ToyTask(), _config(tmp_path, steps=20, lr=3e-2, log_every=5, eval_every=10)).fit()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["event"] == "train"]
+    evals = [r for r in records if r["event"] == "eval"]
+    assert [r["step"] for r in train] == [5, 10, 15, 20]
+    assert [r["step"] for r in evals] == [10, 20]
+    assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= train[0].keys()
+    assert {"valid_loss", "accuracy"} <= evals[0].keys()
+    assert train[-1]["loss"] < train[0]["loss"]
+    assert result["accuracy"] == evals[-1]["accuracy"] and result["loss"] == train[-1]["loss"]
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step-00000020.safetensors"
+    assert json.loads((tmp_path / "train_config.json").read_text())["steps"] == 20
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        Trainer(_fresh_model(), ToyTask(), _config(tmp_path, steps=20)).fit()
+
+
+class _CrashingTask(ToyTask):
+    """Raises when asked for the batch of update ``crash_at`` (a crash after some checkpoints)."""
+
+    def __init__(self, crash_at):
+        super().__init__()
+        self.crash_at = crash_at
+
+    def get_batch(self, split, batch_size, step, **kw):
+        if step == self.crash_at:
+            raise RuntimeError("simulated crash")
+        return super().get_batch(split, batch_size, step, **kw)
+
+
+def test_resume_in_process_after_crash_matches_uninterrupted(tmp_path):
+    """Crash at update 7 (checkpoint at 4), resume with a differently initialised model and a
+    disturbed RNG: the losses of all 10 steps equal an uninterrupted run's."""
+    kw = dict(steps=10, save_every=4, schedule="cosine", eval_every=3)
+    Trainer(_fresh_model(0.2), ToyTask(), _config(tmp_path / "ref", **kw)).fit()
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        Trainer(_fresh_model(0.2), _CrashingTask(crash_at=6), _config(tmp_path / "cut", **kw)).fit()
+    assert max(_losses(tmp_path / "cut")) == 6
+    torch.manual_seed(99)
+    other = ToyLM(dropout=0.2, tied=True)
+    Trainer(other, ToyTask(), _config(tmp_path / "cut", **kw)).fit(resume=True)
+    ref, cut = _losses(tmp_path / "ref"), _losses(tmp_path / "cut")
+    assert ref == cut
+
+
+def test_bf16_autocast_trains(tmp_path):
+    model = _fresh_model()
+    result = Trainer(model, ToyTask(), _config(tmp_path, steps=3, precision="bf16")).fit()
+    assert torch.isfinite(torch.tensor(result["loss"]))
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def test_config_and_argument_errors(tmp_path):
+    with pytest.raises(ValueError, match="precision"):
+        _config(tmp_path, precision="fp8")
+    with pytest.raises(ValueError, match="schedule"):
+        _config(tmp_path, schedule="step")
+    with pytest.raises(TypeError, match="grad_accum"):
+        _config(tmp_path, grad_accum=1.5)
+    with pytest.raises(ValueError, match="steps"):
+        _config(tmp_path, steps=0)
+    with pytest.raises(TypeError, match="task"):
+        Trainer(_fresh_model(), object(), _config(tmp_path))
+    with pytest.raises(TypeError, match="config"):
+        Trainer(_fresh_model(), ToyTask(), {"steps": 3})
+
+
+def test_sigkill_mid_training_then_resume_matches_uninterrupted(tmp_path):
+    """SIGKILL a training subprocess after its first checkpoint; resuming it logs the same
+    per-step losses (dropout on, so the RNG states matter) as a run never interrupted."""
+    steps, args = 24, ["--steps", "24", "--save-every", "5", "--dropout", "0.2"]
+    env = script_env()
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, SCRIPT, "--out", str(killed), "--sleep", "0.15", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    latest = killed / "checkpoints" / "latest"
+    deadline = time.time() + 60
+    while not latest.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+    cut_at = json.loads(json.dumps(_losses(killed)))
+    assert 5 <= max(map(int, cut_at)) < steps, "the run must die part-way"
+
+    subprocess.run([sys.executable, SCRIPT, "--out", str(killed), "--resume", *args], env=env, check=True,
+                   capture_output=True)
+    subprocess.run([sys.executable, SCRIPT, "--out", str(tmp_path / "ref"), *args], env=env, check=True,
+                   capture_output=True)
+    resumed, ref = _losses(killed), _losses(tmp_path / "ref")
+    assert sorted(resumed) == list(range(1, steps + 1))
+    assert max(abs(resumed[s] - ref[s]) for s in ref) <= 1e-6
+    _, a = load_model_state(killed / "final")
+    _, b = load_model_state(tmp_path / "ref" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or shutil.which("torchrun") is None and
+                    not (Path(sys.executable).parent / "torchrun").exists(), reason="torch.distributed unavailable")
+def test_torchrun_two_process_ddp_equals_one_process_combined_batch(tmp_path):
+    """2 ranks x batch 2 x accum 2 (gloo) == 1 process x batch 8: same final parameters."""
+    env = script_env()
+    common = ["--steps", "6", "--dropout", "0.0", "--save-every", "3"]
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    ddp = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", SCRIPT, "--out", str(tmp_path / "ddp"),
+                          "--batch-size", "2", "--grad-accum", "2", *common], env=env, capture_output=True, timeout=120)
+    assert ddp.returncode == 0, ddp.stderr.decode()[-3000:]
+    subprocess.run([sys.executable, SCRIPT, "--out", str(tmp_path / "one"), "--batch-size", "8", *common], env=env,
+                   check=True, capture_output=True)
+    _, a = load_model_state(tmp_path / "ddp" / "final")
+    _, b = load_model_state(tmp_path / "one" / "final")
+    for name in b:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)
+    la, lb = _losses(tmp_path / "ddp"), _losses(tmp_path / "one")
+    assert la.keys() == lb.keys() and max(abs(la[s] - lb[s]) for s in la) < 1e-5
+    meta = json.loads((tmp_path / "ddp" / "checkpoints" / "latest").read_text().strip() and "{}")
+    assert meta == {}
