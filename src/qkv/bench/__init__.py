@@ -1,0 +1,72 @@
+"""``qkv bench``: benchmarks whose results are written with the machine they ran on.
+
+Subcommands (``qkv bench NAME --help``):
+
+* ``complexity`` — time and peak memory of every attention kernel over a ladder of lengths, with
+  the fitted growth exponents (``qkv.bench.complexity``);
+* ``kernels`` — qkv's softmax kernel and multi-head attention against PyTorch's SDPA and
+  ``nn.MultiheadAttention``, as time ratios (``qkv.bench.kernels``).
+
+Adding a benchmark: write a module exposing ``add_arguments(parser)`` (its own options) and
+``run(args) -> dict`` (measure, write results into ``args.out``, print a table, return the
+results), import it below and add it to ``BENCHMARKS``; its module docstring's first paragraph is
+its ``--help`` description. Every subcommand also receives the shared options ``--quick``,
+``--device``, ``--seed`` and ``--out`` (default ``bench-out/<name>``), and ``args.command_line``,
+the command that produced the results. Measure with the helpers of ``qkv.bench.common``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from types import ModuleType
+from typing import Dict, List, Optional
+
+from . import common, complexity, kernels
+
+__all__ = ["BENCHMARKS", "build_parser", "main", "common"]
+
+#: subcommand name -> module with ``add_arguments(parser)`` and ``run(args) -> dict``.
+BENCHMARKS: Dict[str, ModuleType] = {
+    "complexity": complexity,
+    "kernels": kernels,
+}
+
+
+def _summary(module: ModuleType) -> str:
+    """First paragraph of a benchmark module's docstring, without its leading "``qkv bench x``: "."""
+    doc = (module.__doc__ or "").strip()
+    first = doc.split("\n\n")[0].replace("\n", " ") if doc else ""
+    return first.split("``: ", 1)[-1] if first.startswith("``") else first
+
+
+def build_parser(prog: str = "qkv bench") -> argparse.ArgumentParser:
+    """The ``qkv bench`` parser: one subcommand per entry of ``BENCHMARKS``."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.strip().split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    for name, module in BENCHMARKS.items():
+        summary = _summary(module)
+        p = sub.add_parser(name, help=summary, description=summary)
+        shared = p.add_argument_group("shared options")
+        shared.add_argument("--quick", action="store_true", help="small sizes: a smoke run in seconds")
+        shared.add_argument("--device", default="cpu", help="cpu or cuda[:index] (default cpu)")
+        shared.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+        shared.add_argument("--out", default=f"bench-out/{name}",
+                            help=f"directory for the results (default bench-out/{name})")
+        module.add_arguments(p)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``qkv bench ...`` and ``python -m qkv.bench ...``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.command_line = "qkv bench " + shlex.join(argv)
+    try:
+        BENCHMARKS[args.benchmark].run(args)
+    except (ValueError, TypeError) as err:
+        parser.exit(2, f"qkv bench {args.benchmark}: error: {err}\n")
+    return 0
