@@ -1,0 +1,139 @@
+"""Pictures of attention: heat maps with token labels (one panel per layer and head),
+sparsity patterns and scalar curves. PNG via matplotlib's Agg backend (no display needed)."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["attention_panels", "plot_attention", "plot_attention_grid", "plot_pattern"]
+
+PathLike = Union[str, os.PathLike]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def attention_panels(weights: Any, name: str = "attention", example: int = 0) -> List[Tuple[str, Tensor]]:
+    """Flatten a model's attention weights into named ``(M, N)`` panels for one example.
+
+    Accepts a tensor ``(B, H, M, N)``, ``(B, M, N)`` or ``(M, N)``, a list/tuple of them (one per
+    layer) or a dict of such (e.g. ``{"encoder": [...], "cross": [...]}``); ``None`` entries are
+    skipped.
+    """
+    panels: List[Tuple[str, Tensor]] = []
+    if weights is None:
+        return panels
+    if isinstance(weights, dict):
+        for key, value in weights.items():
+            panels += attention_panels(value, f"{key}" if name == "attention" else f"{name}/{key}", example)
+        return panels
+    if isinstance(weights, (list, tuple)):
+        for i, value in enumerate(weights):
+            panels += attention_panels(value, f"{name} L{i}", example)
+        return panels
+    if not isinstance(weights, Tensor):
+        raise TypeError(f"weights must be a tensor, list or dict of tensors, got {type(weights).__name__}")
+    w = weights.detach().float().cpu()
+    if w.dim() == 4:
+        return [(f"{name} H{h}", w[example, h]) for h in range(w.shape[1])]
+    if w.dim() == 3:
+        return [(name, w[example])]
+    if w.dim() == 2:
+        return [(name, w)]
+    raise ValueError(f"attention weights must be 2-D to 4-D, got shape {tuple(w.shape)}")
+
+
+def _draw(ax, w: Tensor, x_labels: Optional[Sequence[str]], y_labels: Optional[Sequence[str]], title: str) -> Any:
+    im = ax.imshow(w.numpy(), cmap="viridis", aspect="auto", interpolation="nearest", vmin=0.0)
+    ax.set_title(title, fontsize=8)
+    M, N = w.shape
+    if x_labels is not None and len(x_labels) == N and N <= 80:
+        ax.set_xticks(range(N))
+        ax.set_xticklabels(x_labels, rotation=90, fontsize=6)
+    if y_labels is not None and len(y_labels) == M and M <= 80:
+        ax.set_yticks(range(M))
+        ax.set_yticklabels(y_labels, fontsize=6)
+    ax.set_xlabel("key", fontsize=7)
+    ax.set_ylabel("query", fontsize=7)
+    return im
+
+
+def plot_attention(weights: Tensor, path: PathLike, x_labels: Optional[Sequence[str]] = None,
+                   y_labels: Optional[Sequence[str]] = None, title: str = "attention") -> Path:
+    """One heat map of ``(M, N)`` weights (rows: queries, columns: keys) written to ``path``."""
+    w = weights.detach().float().cpu()
+    if w.dim() != 2:
+        raise ValueError(f"weights must be 2-D (M, N), got shape {tuple(w.shape)}")
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(4, w.shape[1] * 0.18 + 2), max(3, w.shape[0] * 0.18 + 1.5)))
+    im = _draw(ax, w, x_labels, y_labels, title)
+    fig.colorbar(im, ax=ax, fraction=0.04)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_attention_grid(weights: Any, path: PathLike, x_labels: Optional[Sequence[str]] = None,
+                        y_labels: Optional[Sequence[str]] = None, example: int = 0, max_panels: int = 32,
+                        labels: Optional[Dict[str, Tuple[Sequence[str], Sequence[str]]]] = None) -> Path:
+    """All layers and heads of a model's weights (see ``attention_panels``) as a grid of heat maps.
+
+    ``labels`` maps a panel-name prefix (e.g. ``"cross"``) to its own ``(x_labels, y_labels)``.
+    """
+    panels = attention_panels(weights, example=example)[:max_panels]
+    if not panels:
+        raise ValueError("no attention weights to plot (did the model return weights with need_weights=True?)")
+    cols = min(4, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    plt = _plt()
+    M, N = panels[0][1].shape
+    cell = (max(2.5, N * 0.16 + 1), max(2.2, M * 0.16 + 1))
+    fig, axes = plt.subplots(rows, cols, figsize=(cell[0] * cols, cell[1] * rows), squeeze=False)
+    for ax, (title, w) in zip(axes.flat, panels):
+        xl, yl = x_labels, y_labels
+        for prefix, (px, py) in (labels or {}).items():
+            if title.startswith(prefix):
+                xl, yl = px, py
+        _draw(ax, w, xl, yl, title)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_pattern(mask: Tensor, path: PathLike, title: str = "pattern") -> Path:
+    """A boolean ``(M, N)`` sparsity pattern (e.g. ``qkv.masks.materialize(...)``) as an image."""
+    if not isinstance(mask, Tensor) or mask.dim() != 2:
+        raise ValueError(f"mask must be a 2-D tensor, got {getattr(mask, 'shape', type(mask).__name__)}")
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4, 4))
+    ax.imshow(mask.detach().cpu().float().numpy(), cmap="Greys", interpolation="nearest", vmin=0, vmax=1)
+    density = mask.float().mean().item()
+    ax.set_title(f"{title} ({density:.1%} of pairs)", fontsize=9)
+    ax.set_xlabel("key j")
+    ax.set_ylabel("query i")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
