@@ -40,6 +40,8 @@ _TITLE = re.compile(r"<title\b([^>]*?)(?<!/)>(.*?)</title>", re.DOTALL)
 _CHAPTER_START = re.compile(r"<chapter\b[^>]*\bsID=")
 _BOOK_START = re.compile(r"<div\b(?=[^>]*\bsID=)(?=[^>]*\btype=\"book\")")
 _TAG = re.compile(r"<[^>]*>")
+# USFM character markers left over from the source files (``\\nd LORD`` = name of the deity).
+_USFM = re.compile(r"\\\+?[a-z]+[0-9]*\*?")
 _SPACE = re.compile(r"\s+")
 
 
@@ -102,4 +104,5 @@ def strip_osis(raw: str) -> str:
     text = _TAG.sub("", text)
     # The pilcrow is the KJV's paragraph sign, not part of the verse.
     text = html.unescape(text).replace("\u00b6", " ")
+    text = _USFM.sub(" ", text)
     return _SPACE.sub(" ", text).strip()
