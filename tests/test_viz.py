@@ -10,7 +10,7 @@ def test_panels_flatten_layers_heads_and_dicts():
     w = {"encoder": [torch.rand(2, 3, 4, 4), None], "cross": torch.rand(2, 5, 4)}
     panels = viz.attention_panels(w)
     assert [name for name, _ in panels] == ["encoder L0 H0", "encoder L0 H1", "encoder L0 H2", "cross"]
-    assert all(p.shape == (4, 4) for _, p in panels)
+    assert [tuple(p.shape) for _, p in panels] == [(4, 4)] * 3 + [(5, 4)]
     with pytest.raises(ValueError, match="2-D to 4-D"):
         viz.attention_panels(torch.rand(2, 2, 2, 2, 2))
 
