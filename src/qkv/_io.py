@@ -7,9 +7,9 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator, Union
+from typing import Iterator, Union
 
-__all__ = ["atomic_path", "atomic_write_text"]
+__all__ = ["atomic_path"]
 
 
 @contextlib.contextmanager
@@ -33,9 +33,3 @@ def atomic_path(path: Union[str, os.PathLike]) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
-
-
-def atomic_write_text(path: Union[str, os.PathLike], text: str) -> None:
-    """Write ``text`` to ``path`` atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)

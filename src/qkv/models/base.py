@@ -6,25 +6,16 @@ unpickles). Models register with ``@register("model", name)``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Dict, Optional, Union
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from .._io import atomic_path, atomic_write_text
 from ..registry import lookup
 
 __all__ = ["ModelOutput", "QKVModel", "config_from_dict", "load_pretrained"]
-
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-
 
 @dataclass
 class ModelOutput:
@@ -76,61 +67,36 @@ class QKVModel(nn.Module):
         return cls(config)
 
     def save_pretrained(self, directory: Union[str, os.PathLike]) -> Path:
-        """Write ``config.json`` and ``model.safetensors`` into ``directory`` (each atomically).
+        """Write ``config.json`` and ``model.safetensors`` into ``directory`` (each atomically;
+        tied parameters stored once)."""
+        from ..train.checkpoint import save_model
 
-        Tied parameters are stored once (safetensors forbids shared storage) and re-tied by
-        construction on load.
-        """
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors: Dict[str, Tensor] = {}
-        seen: Dict[tuple, str] = {}
-        for name, t in self.state_dict().items():
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
-            if key in seen:
-                continue  # a tied alias of an already stored tensor
-            seen[key] = name
-            tensors[name] = t.detach().contiguous().cpu()
-        with atomic_path(directory / WEIGHTS_NAME) as tmp:
-            save_file(tensors, str(tmp), metadata={"format": "pt", "model": self.registry_name})
         meta = {"model": self.registry_name, "config": dataclasses.asdict(self.config)}
-        atomic_write_text(directory / CONFIG_NAME, json.dumps(meta, indent=2) + "\n")
-        return directory
+        return save_model(self, meta, directory)
 
     @classmethod
     def from_pretrained(cls, directory: Union[str, os.PathLike], map_location: str = "cpu") -> "QKVModel":
         """Load a model written by ``save_pretrained`` (any registered model when called on
-        ``QKVModel``; this class otherwise). Raises a clear error for a missing or corrupt file."""
+        ``QKVModel``; this class otherwise). A missing, corrupt or truncated file raises
+        ``CheckpointError`` (a ``ValueError``) naming it; nothing is unpickled."""
+        from ..train.checkpoint import CheckpointError, load_model_state
+
         directory = Path(directory)
-        config_path, weights_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME
-        for p in (config_path, weights_path):
-            if not p.is_file():
-                raise FileNotFoundError(f"{p} not found: is {directory} a directory written by save_pretrained?")
+        if not directory.is_dir():
+            raise FileNotFoundError(f"{directory} is not a directory written by save_pretrained")
+        meta, state = load_model_state(directory)
         try:
-            meta = json.loads(config_path.read_text())
             name, values = meta["model"], meta["config"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{config_path} is not a qkv model config ({e})") from None
-        model_cls = lookup("model", name) if cls is QKVModel else cls
+        except (KeyError, TypeError):
+            raise CheckpointError(f"{directory / 'config.json'} is not a qkv model config (no 'model'/'config' keys)") from None
         if cls is not QKVModel and name != cls.registry_name:
             raise ValueError(f"{directory} holds a {name!r} model, not {cls.registry_name!r}")
-        model = model_cls.from_config(values)
+        model = (lookup("model", name) if cls is QKVModel else cls).from_config(values)
         try:
-            tensors = load_file(str(weights_path), device=map_location)
-        except (SafetensorError, OSError, ValueError) as e:
-            raise ValueError(f"{weights_path} is corrupt or truncated: {e}") from None
-        expected = model.state_dict()
-        missing = sorted(set(expected) - set(tensors))
-        # names absent from the file must be tied aliases of stored tensors
-        aliases = {n for n in missing if any(expected[n] is expected[m] or (
-            expected[n].untyped_storage().data_ptr() == expected[m].untyped_storage().data_ptr()) for m in tensors if m in expected)}
-        if set(missing) - aliases:
-            raise ValueError(f"{weights_path} lacks parameters {sorted(set(missing) - aliases)[:5]} of {name!r}")
-        unexpected = sorted(set(tensors) - set(expected))
-        if unexpected:
-            raise ValueError(f"{weights_path} has parameters {unexpected[:5]} that {name!r} does not")
-        model.load_state_dict(tensors, strict=False)
-        return model
+            model.load_state_dict(state, strict=True)
+        except RuntimeError as e:
+            raise CheckpointError(f"{directory / 'model.safetensors'} does not fit a {name!r} model: {e}") from None
+        return model.to(map_location)
 
 
 def load_pretrained(directory: Union[str, os.PathLike], map_location: str = "cpu") -> QKVModel:
