@@ -27,10 +27,13 @@ def register(kind: str, name: str, *aliases: str) -> Callable[[type], type]:
     return decorator
 
 
+KINDS = ("attention", "model", "task")
+
+
 def _table(kind: str) -> Dict[str, type]:
-    if kind not in _REGISTRIES:
-        raise ValueError(f"unknown registry kind {kind!r}; known: {sorted(_REGISTRIES)}")
-    return _REGISTRIES[kind]
+    if kind not in KINDS and kind not in _REGISTRIES:
+        raise ValueError(f"unknown registry kind {kind!r}; known: {sorted(set(KINDS) | set(_REGISTRIES))}")
+    return _REGISTRIES.setdefault(kind, {})
 
 
 def lookup(kind: str, name: str) -> type:
@@ -41,7 +44,7 @@ def lookup(kind: str, name: str) -> type:
     if name not in table:
         close = difflib.get_close_matches(name, list(table), n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"unknown {kind} {name!r}.{hint} Known: {', '.join(sorted(set(c.registry_name for c in table.values())))}")
+        raise ValueError(f"unknown {kind} {name!r}.{hint} Known: {', '.join(sorted(set(c.registry_name for c in table.values()))) or 'none yet'}")
     return table[name]
 
 
