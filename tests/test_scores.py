@@ -12,6 +12,15 @@ from torch.func import functional_call
 from qkv import scores
 
 B, M, N, DQ, DK, H = 2, 3, 4, 3, 5, 6
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # The tensors here are tiny: intra-op threads only add synchronisation.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 SIZES = dict(query_dim=DQ, key_dim=DK, hidden_dim=H, max_keys=7)
 SAME = dict(query_dim=DK, key_dim=DK, hidden_dim=H, max_keys=7)  # scores that need Dq == Dk
 
