@@ -4,19 +4,15 @@ A score compares each query (decoder state) ``s_t`` with each key (encoder state
 returns one unnormalised logit per pair; an attention module turns a row of logits into weights
 with a (masked) softmax.
 
-=============  =================================  ===============================================
-name           equation                           paper
-=============  =================================  ===============================================
-``dot``        ``s^T h``                          Luong et al. 2015, arXiv:1508.04025
-``scaled_dot`` ``s^T h / sqrt(d_k)``              Vaswani et al. 2017, arXiv:1706.03762
-``general``    ``s^T W h``                        Luong et al. 2015 (bilinear)
-``additive``   ``v^T tanh(W1 s + W2 h)``          Bahdanau et al. 2014, arXiv:1409.0473
-               (aliases ``concat``, ``bahdanau``,  (Luong's ``concat`` ``v^T tanh(W [s; h])`` is
-               ``mlp``)                           the same function with ``W = [W1, W2]``)
-``cosine``     ``beta * cos(s, h)``               Graves et al. 2014 (NTM content addressing),
-               (alias ``content``)                arXiv:1410.5401
-``location``   ``a_t = softmax(W_a s_t)``         Luong et al. 2015 (depends on the query only)
-=============  =================================  ===============================================
+* ``dot`` — ``s^T h`` (Luong et al. 2015, arXiv:1508.04025);
+* ``scaled_dot`` — ``s^T h / sqrt(d_k)`` (Vaswani et al. 2017, arXiv:1706.03762);
+* ``general`` — bilinear ``s^T W h`` (Luong et al. 2015);
+* ``additive`` (aliases ``concat``, ``bahdanau``, ``mlp``) — ``v^T tanh(W1 s + W2 h)``
+  (Bahdanau et al. 2014, arXiv:1409.0473); Luong's ``concat`` ``v^T tanh(W [s; h])`` is the same
+  function with ``W = [W1, W2]``;
+* ``cosine`` (alias ``content``) — ``beta * cos(s, h)``, the NTM's content addressing
+  ``softmax(beta * cos)`` (Graves et al. 2014, arXiv:1410.5401);
+* ``location`` — ``a_t = softmax(W_a s_t)``: logits from the query alone (Luong et al. 2015).
 
 Every score module has the call ``score(query (B, M, Dq), keys (B, N, Dk)) -> (B, M, N)``.
 ``build(name, query_dim=, key_dim=, hidden_dim=, max_keys=, **options)`` builds one by name,
