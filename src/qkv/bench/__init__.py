@@ -11,8 +11,8 @@ Adding a benchmark: write a module exposing ``add_arguments(parser)`` (its own o
 ``run(args) -> dict`` (measure, write results into ``args.out``, print a table, return the
 results), import it below and add it to ``BENCHMARKS``; its module docstring's first paragraph is
 its ``--help`` description. Every subcommand also receives the shared options ``--quick``,
-``--device``, ``--seed`` and ``--out`` (default ``bench-out/<name>``), and ``args.command_line``,
-the command that produced the results. Measure with the helpers of ``qkv.bench.common``.
+``--device``, ``--threads``, ``--seed`` and ``--out`` (default ``bench-out/<name>``), and
+``args.command_line``, the command that produced the results. Measure with the helpers of ``qkv.bench.common``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import shlex
 import sys
 from types import ModuleType
 from typing import Dict, List, Optional
+
+import torch
 
 from . import common, complexity, kernels
 
@@ -52,6 +54,8 @@ def build_parser(prog: str = "qkv bench") -> argparse.ArgumentParser:
         shared = p.add_argument_group("shared options")
         shared.add_argument("--quick", action="store_true", help="small sizes: a smoke run in seconds")
         shared.add_argument("--device", default="cpu", help="cpu or cuda[:index] (default cpu)")
+        shared.add_argument("--threads", type=int,
+                            help="torch CPU threads (torch.set_num_threads; default: torch's own choice)")
         shared.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
         shared.add_argument("--out", default=f"bench-out/{name}",
                             help=f"directory for the results (default bench-out/{name})")
@@ -65,8 +69,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.command_line = "qkv bench " + shlex.join(argv)
+    threads_before = torch.get_num_threads()
     try:
+        if args.threads is not None:
+            if args.threads < 1:
+                raise ValueError(f"--threads must be >= 1, got {args.threads}")
+            torch.set_num_threads(args.threads)
         BENCHMARKS[args.benchmark].run(args)
     except (ValueError, TypeError) as err:
         parser.exit(2, f"qkv bench {args.benchmark}: error: {err}\n")
+    finally:
+        torch.set_num_threads(threads_before)  # main() may be called in-process (tests, notebooks)
     return 0
