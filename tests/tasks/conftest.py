@@ -45,9 +45,9 @@ def fake_testament(lang: str, n_verses: int, book: str) -> List[str]:
         if v % 10 == 0:
             entries.append(f'<chapter n="{v // 10 + 1}" osisID="{book}.{v // 10 + 1}" sID="{book}.{v // 10 + 1}"/>')
         if lang == "en":
-            text = f'<w lemma="strong:H1">Verse</w> {v} <transChange type="added">is</transChange> here.<note placement="foot">a note</note>'
+            text = f'<w lemma="strong:H1">{book}</w> {v} <transChange type="added">is</transChange> here.<note placement="foot">a note</note>'
         else:
-            text = f'<w lemma="strong:H1">Versículo</w> {v} está aquí. <title type="x-section">Sección</title>'
+            text = f'<w lemma="strong:H1">{book}</w> {v} está aquí. <title type="x-section">Sección</title>'
         if v % 10 == 9:
             text += f' <chapter eID="{book}.{v // 10 + 1}" osisID="{book}.{v // 10 + 1}"/>'
         entries.append(text)

@@ -388,12 +388,16 @@ class GeneratedSeq2SeqTask(Seq2SeqTask):
         if split not in self._eval_cache:
             rng = random.Random(stable_seed(self.registry_name, "eval", split))
             seen: Dict[str, str] = {}
+            stale = 0  # draws in a row that found no new source: the space is exhausted
             for _ in range(20 * self.eval_size):
-                if len(seen) == self.eval_size:
+                if len(seen) == self.eval_size or stale > max(200, 10 * len(seen)):
                     break
                 pair = self._sample_in(split, rng, max_tries=100)
-                if pair is not None:
-                    seen.setdefault(pair[0], pair[1])
+                if pair is not None and pair[0] not in seen:
+                    seen[pair[0]] = pair[1]
+                    stale = 0
+                else:
+                    stale += 1
             self._eval_cache[split] = list(seen.items())
         return self._eval_cache[split]
 

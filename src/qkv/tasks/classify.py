@@ -22,7 +22,7 @@ from torch import Tensor
 
 from qkv.tasks.base import SPLITS, Task, _check_batch_args, _check_positive_int, _check_split, _model_device, stable_seed
 
-__all__ = ["TensorTask", "split_indices"]
+__all__ = ["TensorTask", "split_indices", "binary_auc"]
 
 
 def split_indices(n: int, fractions=(0.8, 0.1, 0.1), seed: int = 0, key: str = "") -> Dict[str, Tensor]:
@@ -43,6 +43,8 @@ class TensorTask(Task):
 
     kind = "classification"
     vocab: Any = None
+    #: stored keys used by the metrics only (e.g. instance labels); never passed to the model.
+    meta_keys: tuple = ()
     _splits: Dict[str, Dict[str, Tensor]]
 
     def _check_splits(self) -> None:
@@ -64,8 +66,8 @@ class TensorTask(Task):
         g = torch.Generator().manual_seed(stable_seed(self.registry_name, seed, split, epoch))
         return torch.randperm(self.size(split), generator=g)
 
-    def _take(self, split: str, index: Tensor) -> Dict[str, Tensor]:
-        return {name: t[index] for name, t in self._splits[split].items()}
+    def _take(self, split: str, index: Tensor, meta: bool = False) -> Dict[str, Tensor]:
+        return {name: t[index] for name, t in self._splits[split].items() if meta or name not in self.meta_keys}
 
     def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
         """``batch_size`` examples of ``split``: a pure function of the arguments."""
@@ -84,8 +86,14 @@ class TensorTask(Task):
         for first in range(0, n, batch_size):
             yield self._take(split, torch.arange(first, min(first + batch_size, n)))
 
+    def _eval_batches_with_meta(self, split: str, batch_size: int, max_examples: Optional[int]) -> Iterator[Dict[str, Tensor]]:
+        n = self.size(split) if max_examples is None else min(self.size(split), max_examples)
+        for first in range(0, n, batch_size):
+            yield self._take(split, torch.arange(first, min(first + batch_size, n)), meta=True)
+
     def _metrics(self, outputs: List[Any], batches: List[Dict[str, Tensor]]) -> Dict[str, float]:
-        """Metrics of the held-out pass; default accuracy and cross-entropy of ``logits (B, C)``."""
+        """Metrics of the held-out pass (``batches`` include the meta keys); default accuracy and
+        cross-entropy of ``logits (B, C)``."""
         logits = torch.cat([o.logits.float() for o in outputs])  # (N, C)
         labels = torch.cat([b["labels"] for b in batches])  # (N,)
         return {
@@ -102,8 +110,10 @@ class TensorTask(Task):
         device = _model_device(model)
         outputs, batches = [], []
         try:
-            for batch in self.eval_batches(split, batch_size, max_examples):
-                out = model(**{k: v.to(device) for k, v in batch.items()}, need_weights=True)
+            _check_split(split)
+            for batch in self._eval_batches_with_meta(split, batch_size, max_examples):
+                inputs = {k: v.to(device) for k, v in batch.items() if k not in self.meta_keys}
+                out = model(**inputs, need_weights=True)
                 outputs.append(_to_cpu(out))
                 batches.append(batch)
         finally:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import bz2
 import fnmatch
-import gzip
 import hashlib
 import io
 import os
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 from qkv.tasks import sword
@@ -456,9 +456,7 @@ def load_mnist(cache_dir: Optional[PathLike] = None) -> Tuple[torch.Tensor, torc
         labels: ``(5000,)`` int64, 0-9.
     """
     path = _require("mnist", "mnist_5k.csv.gz", cache_dir)
-    with gzip.open(path, "rt") as f:
-        rows = [list(map(int, line.split(","))) for line in f if line.strip()]
-    table = torch.tensor(rows, dtype=torch.int64)  # (N, 785): 784 pixels, then the label
+    table = torch.from_numpy(np.loadtxt(path, delimiter=",", dtype=np.int64, ndmin=2))  # (N, 785): pixels, label
     if table.shape[1] != 28 * 28 + 1:
         raise ValueError(f"{path}: expected 785 columns (784 pixels + label), got {table.shape[1]}")
     return table[:, :-1].to(torch.uint8).reshape(-1, 28, 28), table[:, -1].clone()

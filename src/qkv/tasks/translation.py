@@ -24,8 +24,9 @@ class BibleEnEs(PairsSeq2SeqTask):
 
     Pairs whose sides both have at most ``max_chars`` characters are kept (10,212 of 31,084
     at the default 100). A verse's split is a hash of its reference (testament and entry index):
-    90% train, 5% valid, 5% test, the same for every ``max_chars``. One character vocabulary is
-    shared by both sides.
+    90% train, 5% valid, 5% test, the same for every ``max_chars``; a valid/test verse whose
+    English text already occurs in train (or, for test, in valid) is dropped. One character
+    vocabulary is shared by both sides.
 
     Args:
         max_chars: longest source and target kept, in characters.
@@ -44,6 +45,12 @@ class BibleEnEs(PairsSeq2SeqTask):
             if len(verse.en) <= max_chars and len(verse.es) <= max_chars:
                 splits[split_of(verse.ref, (0.9, 0.05, 0.05))].append((verse.en, verse.es))
                 chars.update(verse.en, verse.es)
+        # Some verses repeat word for word ("And the LORD spake unto Moses, saying,"): a held-out
+        # pair whose source is also an earlier split's source is dropped, so nothing leaks.
+        seen = {en for en, _ in splits["train"]}
+        for name in ("valid", "test"):
+            splits[name] = [(en, es) for en, es in splits[name] if en not in seen]
+            seen.update(en for en, _ in splits[name])
         self.vocab = CharVocab(chars)
         super().__init__(splits)
 
