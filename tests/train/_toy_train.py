@@ -86,9 +86,26 @@ class ToyTask:
         return {"accuracy": float((predictions == batch["labels"]).float().mean())}
 
 
-def main() -> None:
+def run(out: str, steps: int = 20, batch_size: int = 4, grad_accum: int = 1, dropout: float = 0.1,
+        save_every: int = 5, sleep: float = 0.0, resume: bool = False) -> ToyLM:
+    """Train the toy model (tied weights) on the toy task; rank 0 writes the weights to ``out/final``."""
+    import os
+
     from qkv.train import TrainConfig, Trainer, save_model
 
+    torch.manual_seed(0)
+    model = ToyLM(dropout=dropout, tied=True)
+    config = TrainConfig(steps=steps, batch_size=batch_size, grad_accum=grad_accum, lr=1e-2, warmup=3,
+                         schedule="cosine", grad_clip=1.0, log_every=1, eval_every=7, eval_batches=2,
+                         save_every=save_every, keep_last=2, seed=3, out_dir=out, device="cpu", progress=False,
+                         tensorboard=False)
+    Trainer(model, ToyTask(sleep=sleep), config).fit(resume=resume)
+    if int(os.environ.get("RANK", "0")) == 0:
+        save_model(model, {"vocab": VOCAB, "d_model": 8}, os.path.join(out, "final"))
+    return model
+
+
+def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=20)
@@ -99,19 +116,8 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
-
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = ToyLM(dropout=args.dropout, tied=True)
-    config = TrainConfig(steps=args.steps, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=1e-2,
-                         warmup=3, schedule="cosine", grad_clip=1.0, log_every=1, eval_every=7, eval_batches=2,
-                         save_every=args.save_every, keep_last=2, seed=3, out_dir=args.out, device="cpu",
-                         progress=False, tensorboard=False)
-    Trainer(model, ToyTask(sleep=args.sleep), config).fit(resume=args.resume)
-    import os
-
-    if int(os.environ.get("RANK", "0")) == 0:
-        save_model(model, {"vocab": VOCAB, "d_model": 8}, os.path.join(args.out, "final"))
+    run(args.out, args.steps, args.batch_size, args.grad_accum, args.dropout, args.save_every, args.sleep, args.resume)
 
 
 if __name__ == "__main__":

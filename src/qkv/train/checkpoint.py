@@ -407,8 +407,9 @@ class CheckpointManager:
             for old in self.checkpoints()[: -self.keep_last]:
                 if old != path:
                     old.unlink(missing_ok=True)
-        for stale in self.directory.glob(".step-*.tmp"):  # left by a writer that died mid-write
-            stale.unlink(missing_ok=True)
+        for pattern in (".step-*.tmp", ".latest.*.tmp"):  # left by a writer that died mid-write
+            for stale in self.directory.glob(pattern):
+                stale.unlink(missing_ok=True)
         return path
 
 

@@ -120,7 +120,7 @@ class Trainer:
 
     Run directory: ``metrics.jsonl`` (one JSON object per event: ``{"event": "train", "step",
     "loss", "lr", "grad_norm", "tokens_per_s", "time"}`` or ``{"event": "eval", "step",
-    "valid_loss", <task metrics>}``), ``train_config.json``, ``checkpoints/step-*.safetensors`` +
+    "valid_loss", <task metrics>}`` or ``{"event": "resume", "step", "checkpoint"}``), ``train_config.json``, ``checkpoints/step-*.safetensors`` +
     ``checkpoints/latest``. Under ``torchrun`` only rank 0 writes, logs and evaluates.
     """
 
@@ -286,6 +286,8 @@ class Trainer:
             elif (self.out_dir / "metrics.jsonl").exists():
                 (self.out_dir / "metrics.jsonl").unlink()
             self._open_tensorboard()
+            if latest is not None:
+                self._log({"event": "resume", "step": start, "checkpoint": latest.name, "time": time.time()})
 
         net: torch.nn.Module = self.model
         if ctx.distributed:
