@@ -3,9 +3,12 @@ fast, and usable from the ``qkv`` command line."""
 
 from __future__ import annotations
 
-from . import functional, masks, models, positional, registry
+from . import functional, masks, models, positional, registry, scores
 from .attention import (
     AttentionKernel,
+    HardAttention,
+    LocalAttention,
+    SoftAttention,
     MultiHeadAttention,
     build_attention,
     list_attention,
@@ -16,5 +19,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionOutput", "KVCache", "AttentionKernel", "MultiHeadAttention", "build_attention",
-    "list_attention", "functional", "masks", "positional", "registry",
+    "list_attention", "functional", "masks", "positional", "registry", "scores", "SoftAttention",
+    "HardAttention", "LocalAttention",
 ]

@@ -17,7 +17,7 @@ from torch import Tensor
 from . import _checks
 from .types import AttentionOutput
 
-__all__ = ["masked_softmax", "attend", "nadaraya_watson"]
+__all__ = ["masked_softmax", "attend", "nadaraya_watson", "dot_score", "scaled_dot_score", "cosine_score"]
 
 ScoreFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -49,14 +49,28 @@ def masked_softmax(scores: Tensor, mask: Optional[Tensor] = None, dim: int = -1)
     return weights.to(scores.dtype)
 
 
+def dot_score(query: Tensor, key: Tensor) -> Tensor:
+    """``s^T h`` (Luong et al. 2015): ``(..., M, D)``, ``(..., N, D)`` -> ``(..., M, N)``."""
+    return query @ key.transpose(-1, -2)
+
+
+def scaled_dot_score(query: Tensor, key: Tensor) -> Tensor:
+    """``s^T h / sqrt(d_k)`` (Vaswani et al. 2017): ``(..., M, D)``, ``(..., N, D)`` -> ``(..., M, N)``."""
+    return (query @ key.transpose(-1, -2)) / math.sqrt(key.shape[-1])
+
+
+def cosine_score(query: Tensor, key: Tensor, eps: float = 1e-8) -> Tensor:
+    """``cos(s, h)`` (Graves et al. 2014, content addressing); a zero vector scores 0."""
+    return F.normalize(query, dim=-1, eps=eps) @ F.normalize(key, dim=-1, eps=eps).transpose(-1, -2)
+
+
+_SCORES = {"dot": dot_score, "scaled_dot": scaled_dot_score, "cosine": cosine_score}
+
+
 def _score(name: str) -> ScoreFn:
-    if name == "dot":
-        return lambda q, k: q @ k.transpose(-1, -2)
-    if name == "scaled_dot":
-        return lambda q, k: (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    if name == "cosine":
-        return lambda q, k: F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-1, -2)
-    raise ValueError(f"score must be 'dot', 'scaled_dot', 'cosine' or a callable, got {name!r}")
+    if name not in _SCORES:
+        raise ValueError(f"score must be one of {sorted(_SCORES)} or a callable, got {name!r}")
+    return _SCORES[name]
 
 
 def attend(

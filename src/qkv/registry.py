@@ -7,6 +7,8 @@ import difflib
 import inspect
 from typing import Any, Callable, Dict
 
+from torch import nn
+
 __all__ = ["register", "lookup", "names", "describe", "build", "check_kwargs"]
 
 _REGISTRIES: Dict[str, Dict[str, type]] = {}
@@ -66,7 +68,9 @@ def describe(cls: type) -> str:
 def check_kwargs(cls: type, kwargs: Dict[str, Any], what: str) -> None:
     """Raise ``TypeError`` naming any keyword that ``cls.__init__`` does not take."""
     params = inspect.signature(cls.__init__).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    # A class that inherits nn.Module.__init__(*args, **kwargs) takes no options at all.
+    own_init = cls.__init__ is not nn.Module.__init__
+    if own_init and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     unknown = sorted(set(kwargs) - set(params) - {"self"})
     if unknown:

@@ -26,7 +26,6 @@ module serves any source length up to ``max_keys``.
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar, Optional, Union
 
 import torch
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _checks
+from .functional import cosine_score, dot_score, scaled_dot_score
 from .registry import check_kwargs, lookup, names as _names, register
 
 __all__ = [
@@ -93,7 +93,7 @@ class DotScore(Score):
     same_dim = True
 
     def _score(self, query: Tensor, keys: Tensor) -> Tensor:
-        return query @ keys.transpose(1, 2)  # (B, M, N)
+        return dot_score(query, keys)  # (B, M, N)
 
 
 @register("score", "scaled_dot")
@@ -106,7 +106,7 @@ class ScaledDotScore(Score):
     same_dim = True
 
     def _score(self, query: Tensor, keys: Tensor) -> Tensor:
-        return (query @ keys.transpose(1, 2)) / math.sqrt(keys.shape[-1])  # (B, M, N)
+        return scaled_dot_score(query, keys)  # (B, M, N)
 
 
 @register("score", "general")
@@ -203,9 +203,7 @@ class CosineScore(Score):
         return _float("beta", beta) * scores
 
     def _score(self, query: Tensor, keys: Tensor) -> Tensor:
-        s = F.normalize(query, dim=-1, eps=self.eps)  # s / ||s||
-        h = F.normalize(keys, dim=-1, eps=self.eps)  # h / ||h||
-        return s @ h.transpose(1, 2)  # (B, M, N)
+        return cosine_score(query, keys, eps=self.eps)  # (B, M, N)
 
     def extra_repr(self) -> str:
         return f"beta={self.beta}, eps={self.eps}"

@@ -7,6 +7,7 @@ Every kernel module is imported here explicitly so that ``import qkv`` registers
 from __future__ import annotations
 
 from ..registry import describe, lookup, names
+from .alignment import HardAttention, HardAttentionSample, LocalAttention, SoftAttention
 from .base import AttentionKernel, normalize_mask
 from .multihead import MultiHeadAttention, build_attention
 from .softmax import SoftmaxAttention
@@ -14,7 +15,8 @@ from .window import WindowAttention
 
 __all__ = [
     "AttentionKernel", "MultiHeadAttention", "build_attention", "list_attention", "normalize_mask",
-    "SoftmaxAttention", "WindowAttention",
+    "SoftmaxAttention", "WindowAttention", "SoftAttention", "HardAttention", "HardAttentionSample",
+    "LocalAttention",
 ]
 
 
