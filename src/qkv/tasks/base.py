@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from functools import lru_cache
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -416,11 +415,14 @@ class PairsSeq2SeqTask(Seq2SeqTask):
             if not splits.get(name):
                 raise ValueError(f"the {name} split is empty; the data set is too small for this task's filters")
         self._pairs = splits
+        self._last_permutation: Tuple[Any, List[int]] = (None, [])  # a cache; batches stay pure
 
-    @lru_cache(maxsize=8)
     def _permutation(self, seed: int, split: str, epoch: int) -> List[int]:
-        g = torch.Generator().manual_seed(stable_seed(self.registry_name, seed, split, epoch))
-        return torch.randperm(len(self._pairs[split]), generator=g).tolist()
+        key = (seed, split, epoch)
+        if self._last_permutation[0] != key:
+            g = torch.Generator().manual_seed(stable_seed(self.registry_name, seed, split, epoch))
+            self._last_permutation = (key, torch.randperm(len(self._pairs[split]), generator=g).tolist())
+        return self._last_permutation[1]
 
     def _train_pairs(self, split: str, batch_size: int, step: int, seed: int, rank: int, world_size: int) -> List[Tuple[str, str]]:
         pairs = self._pairs[split]
