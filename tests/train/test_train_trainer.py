@@ -14,7 +14,7 @@ from _toy_train import ToyLM, ToyTask
 from _toy_train import run as run_toy
 from conftest import HERE, script_env
 
-from qkv.train import TrainConfig, Trainer, load_model_state
+from qkv.train import TrainConfig, Trainer, load_model_state, schedules
 
 SCRIPT = str(HERE / "_toy_train.py")
 
@@ -98,6 +98,20 @@ def test_resume_in_process_after_crash_matches_uninterrupted(tmp_path):
     ref, cut = _losses(tmp_path / "ref"), _losses(tmp_path / "cut")
     assert _resumed_from(tmp_path / "cut") == [4]
     assert ref == cut
+
+
+def test_resume_with_more_steps_follows_the_new_schedule(tmp_path):
+    """Extending a finished cosine run: the lr after resuming follows the cosine over the new
+    total (the config governs the schedule)."""
+    kw = dict(schedule="cosine", warmup=2, lr=1e-2)
+    Trainer(_fresh_model(), ToyTask(), _config(tmp_path, steps=4, **kw)).fit()
+    Trainer(_fresh_model(), ToyTask(), _config(tmp_path, steps=8, **kw)).fit(resume=True)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lrs = {r["step"]: r["lr"] for r in records if r["event"] == "train"}
+    multiplier = schedules.WarmupCosineMultiplier(warmup=2, total=8)
+    assert sorted(lrs) == list(range(1, 9))
+    for step in range(5, 9):
+        assert lrs[step] == pytest.approx(1e-2 * multiplier(step - 1))
 
 
 def test_bf16_autocast_trains(tmp_path):

@@ -23,7 +23,7 @@ import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Literal, Optional, Tuple
 
 import numpy as np
 import torch
@@ -48,7 +48,7 @@ class TrainConfig:
     betas: Tuple[float, float] = (0.9, 0.98)  # AdamW (beta1, beta2); Vaswani 2017 used (0.9, 0.98)
     eps: float = 1e-9  # AdamW epsilon (Vaswani 2017)
     warmup: int = 100  # linear warm-up updates (all schedules)
-    schedule: str = "cosine"  # "noam" (peak = lr at warmup, then step^-0.5) | "cosine" (to 0 at steps) | "constant"
+    schedule: Literal["noam", "cosine", "constant"] = "cosine"  # "noam" (peak = lr at warmup, then step^-0.5) | "cosine" (to 0 at steps) | "constant"
     grad_clip: Optional[float] = 1.0  # max global gradient L2 norm; None or 0 disables clipping
     grad_accum: int = 1  # micro-batches summed into one update
     eval_every: int = 0  # evaluate every this many updates (0: only at the end)
@@ -57,7 +57,7 @@ class TrainConfig:
     save_every: int = 0  # checkpoint every this many updates (0: only at the end)
     keep_last: Optional[int] = 3  # checkpoints kept on disk (None keeps all)
     seed: int = 0  # seeds batches (task.get_batch seed=) and the RNGs (torch, numpy, random; + rank)
-    precision: str = "fp32"  # "fp32" | "bf16" (autocast; parameters and optimizer stay float32)
+    precision: Literal["fp32", "bf16"] = "fp32"  # "fp32" | "bf16" (autocast; parameters and optimizer stay float32)
     log_every: int = 10  # write a train record to metrics.jsonl every this many updates
     out_dir: str = "runs/qkv"  # run directory: metrics.jsonl, train_config.json, checkpoints/
     device: str = "auto"  # "auto" (cuda:<LOCAL_RANK> if available, else cpu), "cpu", "cuda", ...
@@ -150,6 +150,11 @@ class Trainer:
         no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
         groups = [{"params": decay, "weight_decay": self.config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=self.config.lr, betas=self.config.betas, eps=self.config.eps)
+
+    def _apply_hyperparameters(self, optimizer: torch.optim.AdamW) -> None:
+        """After loading an optimizer state: this config's betas, eps and weight decay govern."""
+        for group, decay in zip(optimizer.param_groups, (self.config.weight_decay, 0.0)):
+            group.update(betas=self.config.betas, eps=self.config.eps, weight_decay=decay)
 
     def _autocast(self, device: torch.device):
         if self.config.precision != "bf16":
@@ -274,7 +279,9 @@ class Trainer:
             if not same_world:
                 warnings.warn(f"checkpoint {latest} was written by {len(meta['rng'])} process(es), this run has "
                               f"{ctx.world_size}: model and optimizer are restored, RNG streams restart from seed")
-            meta = load_checkpoint(latest, self.model, optimizer, scheduler, rank=ctx.rank if same_world else None)
+            meta = load_checkpoint(latest, self.model, optimizer, rank=ctx.rank if same_world else None)
+            self._apply_hyperparameters(optimizer)
+            _restore_schedule(scheduler, meta["scheduler"])
             start = meta["step"]
 
         self._writer = None
@@ -309,7 +316,7 @@ class Trainer:
                     "step": done,
                     "loss": loss_value,
                     "lr": self._lr,
-                    "grad_norm": self._grad_norm,
+                    "grad_norm": float(self._grad_norm),
                     "tokens_per_s": window_tokens * ctx.world_size / elapsed,
                     "time": time.time(),
                 }
@@ -351,11 +358,9 @@ class Trainer:
                     raise ValueError(f"model(**batch).loss must be a scalar tensor, got {loss!r}")
                 (loss / cfg.grad_accum).backward()
             total += loss.detach().float()
-        if cfg.grad_clip:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        else:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), float("inf"))
-        self._grad_norm = float(norm)
+        # The global L2 norm before clipping (max_norm=inf only measures it); kept as a tensor so
+        # that a GPU step does not wait for it unless it is logged.
+        self._grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip or float("inf"))
         self._lr = optimizer.param_groups[0]["lr"]  # the lr this update uses (before scheduler.step)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -368,6 +373,17 @@ class Trainer:
             self.checkpoints.save(step, self.model, optimizer, scheduler, rng_states=rng_states,
                                   extra={"train_config": dataclasses.asdict(self.config)})
         distributed.barrier(ctx)
+
+
+def _restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, state: Dict[str, Any]) -> None:
+    """Restore the schedule's position but keep the base lr and multiplier built from *this*
+    config: resuming with a larger ``steps`` stretches the cosine instead of replaying the old one.
+    With an unchanged config this is exactly the saved schedule."""
+    state = {k: v for k, v in state.items() if k != "base_lrs"}
+    scheduler.load_state_dict({**state, "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
+    for group, base_lr, multiplier in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base_lr * multiplier(scheduler.last_epoch)  # what LambdaLR.get_lr computes
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
 
 def _to_device(batch: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
