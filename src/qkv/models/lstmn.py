@@ -1,0 +1,176 @@
+"""Long Short-Term Memory-Network (LSTMN): an LSTM that reads a memory tape of all its earlier
+states by attention at every step.
+
+Cheng, Dong & Lapata 2016, "Long Short-Term Memory-Networks for Machine Reading"
+(arXiv:1601.06733), §3 ("intra-attention"). At step ``t`` the tape holds the hidden states
+``h_1 .. h_{t-1}`` and cells ``c_1 .. c_{t-1}``::
+
+    a_i^t = v^T tanh(W_h h_i + W_x x_t + W_h~ h~_{t-1})          (the additive score)
+    s^t   = softmax(a^t)
+    [h~_t; c~_t] = sum_i s_i^t [h_i; c_i]                         (adaptive summary of the tape)
+    [i_t; f_t; o_t] = sigma(W [h~_t; x_t] + b),  c^_t = tanh(W_c [h~_t; x_t] + b_c)
+    c_t = f_t * c~_t + i_t * c^_t,   h_t = o_t * tanh(c_t)
+
+The score is ``qkv.scores.AdditiveScore`` with the query ``[x_t; h~_{t-1}]`` (its ``W1`` is
+``[W_x, W_h~]``) and the attention ``qkv.attention.alignment.SoftAttention`` with values ``[h_i; c_i]``.
+
+Deviation: the tape starts with one slot holding the zero initial state ``h_0 = c_0 = 0`` (always
+attendable), so the first step is a plain LSTM step and every step has a non-empty tape. Cost:
+``O(L^2 H)`` per sequence (each step scores the whole tape).
+
+:class:`LSTMNEncoder` is the recurrence (also the ``encoder="lstmn"`` of ``Seq2Seq``); :class:`LSTMN`
+is the registered model, a language model or (``n_classes > 0``) a sequence classifier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import _checks
+from ..attention.alignment import SoftAttention
+from ..registry import register
+from .base import ModelOutput, QKVModel
+
+__all__ = ["LSTMN", "LSTMNConfig", "LSTMNEncoder", "LSTMNOutput"]
+
+
+class LSTMNOutput(NamedTuple):
+    """outputs ``(B, L, H)`` the ``h_t``; cells ``(B, L, H)`` the ``c_t``; weights ``(B, L, L + 1)``
+    the tape attention ``s^t`` (slot 0 is the initial state, slot ``i + 1`` step ``i``); final
+    ``(h, c)`` each ``(B, H)``, the state at each row's last unmasked step."""
+
+    outputs: Tensor
+    cells: Tensor
+    weights: Tensor
+    final: Tuple[Tensor, Tensor]
+
+
+class LSTMNEncoder(nn.Module):
+    """The LSTMN recurrence over a sequence of vectors (Cheng et al. 2016; equations in the module docstring).
+
+    Args:
+        input_size: ``D`` of ``x_t``; hidden_size: ``H``; attn_dim: size of ``v`` in the score.
+
+    Call ``enc(x (B, L, D), mask=None (B, L) bool)`` -> :class:`LSTMNOutput`. Masked steps are
+    never read from the tape, so they do not affect the unmasked ones.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, *, attn_dim: int = 64) -> None:
+        super().__init__()
+        self.input_size = _checks.positive_int("input_size", input_size)
+        self.hidden_size = _checks.positive_int("hidden_size", hidden_size)
+        _checks.positive_int("attn_dim", attn_dim)
+        # a_i^t = v^T tanh(W1 [x_t; h~_{t-1}] + W2 h_i + b),  W1 = [W_x, W_h~],  W2 = W_h
+        self.attention = SoftAttention("additive", query_dim=input_size + hidden_size, key_dim=hidden_size,
+                                       hidden_dim=attn_dim)
+        # [i; f; o; c^] from [h~_t; x_t]
+        self.gates = nn.Linear(hidden_size + input_size, 4 * hidden_size)
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> LSTMNOutput:
+        _checks.tensor("x", x, ndim=3, floating=True)
+        B, L, D = x.shape
+        if D != self.input_size:
+            raise ValueError(f"x must have input_size={self.input_size} features (dim -1), got shape {tuple(x.shape)}")
+        if L == 0:
+            raise ValueError("x must have at least one step (dim 1), got length 0")
+        if mask is not None:
+            _checks.tensor("mask", mask, ndim=2)
+            if mask.dtype != torch.bool or tuple(mask.shape) != (B, L):
+                raise ValueError(f"mask must be bool (B={B}, L={L}), got {mask.dtype} {tuple(mask.shape)}")
+        H = self.hidden_size
+        zero = x.new_zeros(B, H)
+        tape_h, tape_c = [zero], [zero]  # slot 0: the initial state h_0 = c_0 = 0
+        slot_ok = [torch.ones(B, dtype=torch.bool, device=x.device)]
+        h_tilde = zero  # h~_0
+        outputs, cells, weights = [], [], []
+        for t in range(L):
+            keys = torch.stack(tape_h, 1)  # (B, t+1, H)
+            values = torch.cat([keys, torch.stack(tape_c, 1)], -1)  # (B, t+1, 2H), [h_i; c_i]
+            allowed = torch.stack(slot_ok, 1)  # (B, t+1)
+            # s^t = softmax(v^T tanh(W_h h_i + W_x x_t + W_h~ h~_{t-1}));  [h~_t; c~_t] = sum_i s_i^t [h_i; c_i]
+            read, s_t, _ = self.attention(torch.cat([x[:, t], h_tilde], -1), keys, values, mask=allowed)
+            h_tilde, c_tilde = read[:, :H], read[:, H:]  # (B, H) each
+            i, f, o, c_hat = self.gates(torch.cat([h_tilde, x[:, t]], -1)).chunk(4, -1)
+            # c_t = f * c~_t + i * c^_t;  h_t = o * tanh(c_t)
+            c = torch.sigmoid(f) * c_tilde + torch.sigmoid(i) * torch.tanh(c_hat)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            outputs.append(h)
+            cells.append(c)
+            weights.append(F.pad(s_t, (0, L - t)))  # (B, L+1)
+            tape_h.append(h)
+            tape_c.append(c)
+            slot_ok.append(mask[:, t] if mask is not None else slot_ok[0])
+        out = torch.stack(outputs, 1)  # (B, L, H)
+        cell = torch.stack(cells, 1)  # (B, L, H)
+        if mask is None:
+            last = torch.full((B,), L - 1, dtype=torch.long, device=x.device)
+        else:
+            # index of the last unmasked step (0 for an all-masked row)
+            last = (torch.arange(L, device=x.device) * mask).argmax(1)  # (B,)
+        pick = last.view(B, 1, 1).expand(B, 1, H)
+        final = (out.gather(1, pick).squeeze(1), cell.gather(1, pick).squeeze(1))
+        return LSTMNOutput(out, cell, torch.stack(weights, 1), final)
+
+
+@dataclass
+class LSTMNConfig:
+    """Configuration of :class:`LSTMN`."""
+
+    vocab_size: int = 256  # input vocabulary size
+    d_embed: int = 64  # token embedding size (x_t)
+    d_hidden: int = 128  # LSTMN state size H
+    attn_dim: int = 64  # size of v in the tape score
+    n_classes: int = 0  # 0: language model (next-token logits at every step); > 0: sequence classifier
+    dropout: float = 0.0  # dropout on embeddings and before the output layer
+    pad_id: int = 0  # padding id (its embedding is zero)
+
+
+@register("model", "lstmn")
+class LSTMN(QKVModel):
+    """LSTMN language model or classifier (Cheng et al. 2016): embedding -> LSTMN -> linear.
+
+    Call ``model(input_ids (B, L), labels=None, attention_mask=None (B, L) bool, need_weights=False)``:
+
+    * ``n_classes == 0`` (LM): logits ``(B, L, V)``, loss = cross-entropy with ``labels (B, L)``
+      (next tokens, ``-100`` ignored).
+    * ``n_classes > 0``: logits ``(B, n_classes)`` from the state at the last unmasked step,
+      loss = cross-entropy with ``labels (B,)``.
+
+    ``weights`` (when asked): the tape attention ``(B, L, L + 1)`` (slot 0 = initial state).
+    """
+
+    config_class = LSTMNConfig
+
+    def __init__(self, config: LSTMNConfig) -> None:
+        super().__init__(config)
+        for name in ("vocab_size", "d_embed", "d_hidden", "attn_dim"):
+            _checks.positive_int(name, getattr(config, name))
+        _checks.positive_int("n_classes", config.n_classes, allow_zero=True)
+        self.embed = nn.Embedding(config.vocab_size, config.d_embed, padding_idx=config.pad_id)
+        self.drop = nn.Dropout(config.dropout)
+        self.lstmn = LSTMNEncoder(config.d_embed, config.d_hidden, attn_dim=config.attn_dim)
+        self.head = nn.Linear(config.d_hidden, config.n_classes or config.vocab_size)
+
+    def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
+                need_weights: bool = False) -> ModelOutput:
+        from .seq2seq import check_ids
+
+        check_ids("input_ids", input_ids, self.config.vocab_size)
+        enc = self.lstmn(self.drop(self.embed(input_ids)), attention_mask)
+        if self.config.n_classes:
+            logits = self.head(self.drop(enc.final[0]))  # (B, C)
+        else:
+            logits = self.head(self.drop(enc.outputs))  # (B, L, V)
+        loss = None
+        if labels is not None:
+            want = logits.shape[:-1]
+            if not isinstance(labels, Tensor) or tuple(labels.shape) != tuple(want):
+                got = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
+                raise ValueError(f"labels must have shape {tuple(want)}, got {got}")
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
+        return ModelOutput(loss=loss, logits=logits, weights=enc.weights if need_weights else None)
