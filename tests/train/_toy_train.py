@@ -11,7 +11,9 @@ and writes the final weights to ``DIR/final`` with ``qkv.train.save_model`` (ran
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from pathlib import Path
 from typing import Dict, Iterator, NamedTuple, Optional
 
 import torch
@@ -20,6 +22,17 @@ from torch import Tensor, nn
 
 VOCAB = 11
 LENGTH = 6
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parents[1] / "src"
+
+
+def script_env() -> dict:
+    """Environment for a subprocess running this file: qkv and this module importable, one
+    thread, no distributed variables inherited."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    return env
 
 
 class ToyOutput(NamedTuple):
@@ -89,8 +102,6 @@ class ToyTask:
 def run(out: str, steps: int = 20, batch_size: int = 4, grad_accum: int = 1, dropout: float = 0.1,
         save_every: int = 5, sleep: float = 0.0, resume: bool = False) -> ToyLM:
     """Train the toy model (tied weights) on the toy task; rank 0 writes the weights to ``out/final``."""
-    import os
-
     from qkv.train import TrainConfig, Trainer, save_model
 
     torch.manual_seed(0)

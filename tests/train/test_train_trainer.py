@@ -1,7 +1,6 @@
 """The Trainer: accumulation, exact resume after SIGKILL, DDP under torchrun, logging, errors."""
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -10,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from _toy_train import ToyLM, ToyTask
+from _toy_train import HERE, ToyLM, ToyTask, script_env
 from _toy_train import run as run_toy
-from conftest import HERE, script_env
 
 from qkv.train import TrainConfig, Trainer, load_model_state, schedules
 
@@ -167,14 +165,16 @@ def test_sigkill_mid_training_then_resume_matches_uninterrupted(tmp_path):
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
 
 
-@pytest.mark.skipif(not torch.distributed.is_available() or shutil.which("torchrun") is None and
-                    not (Path(sys.executable).parent / "torchrun").exists(), reason="torch.distributed unavailable")
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+@pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available() and TORCHRUN.exists()),
+                    reason="needs torch.distributed with gloo and torchrun")
 def test_torchrun_two_process_ddp_equals_one_process_combined_batch(tmp_path):
     """2 ranks x batch 2 x accum 2 (gloo) == 1 process x batch 8: same final parameters."""
     env = script_env()
     common = ["--steps", "6", "--dropout", "0.0", "--save-every", "3"]
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    ddp = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", SCRIPT, "--out", str(tmp_path / "ddp"),
+    ddp = subprocess.run([str(TORCHRUN), "--standalone", "--nproc_per_node", "2", SCRIPT, "--out", str(tmp_path / "ddp"),
                           "--batch-size", "2", "--grad-accum", "2", *common], env=env, capture_output=True, timeout=120)
     assert ddp.returncode == 0, ddp.stderr.decode()[-3000:]
     run_toy(str(tmp_path / "one"), steps=6, batch_size=8, dropout=0.0, save_every=3)  # in-process reference
