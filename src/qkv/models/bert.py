@@ -1,0 +1,179 @@
+"""BERT: a bidirectional Transformer encoder pre-trained by masked language modelling and
+next-sentence prediction (Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional
+Transformers for Language Understanding", arXiv:1810.04805), on the shared stack.
+
+    x   = LN(token + segment + position embeddings)          (§3, Figure 2)
+    h   = Encoder(x)                                         (post-LN blocks, GELU)
+    MLM: P(w | h_i) = softmax(LN(gelu(h_i W_t + b_t)) E^T + b)   (output tied to the token embeddings)
+    pooled = tanh(h_[CLS] W_p + b_p); NSP: softmax(pooled W_nsp); classification: softmax(pooled W_c)
+
+``mask_tokens`` implements the 80/10/10 corruption of §3.1 (Task #1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import _checks
+from ..registry import register
+from .base import ModelOutput, QKVModel
+from .losses import IGNORE_INDEX, check_labels, lm_loss
+from .stack import StackConfig, TransformerStack, check_ids
+
+__all__ = ["BERT", "BERTConfig", "mask_tokens"]
+
+HEADS = ("pretraining", "classification")
+
+
+def mask_tokens(input_ids: Tensor, vocab_size: int, mask_id: int, special_ids: Sequence[int], prob: float = 0.15,
+                generator: Optional[torch.Generator] = None) -> Tuple[Tensor, Tensor]:
+    """BERT's masked-LM corruption (Devlin et al. 2019, §3.1).
+
+    Each non-special token is selected with probability ``prob``; a selected token becomes
+    ``[MASK]`` with probability 0.8, a random token (uniform over the non-special ids) with
+    probability 0.1, and stays unchanged with probability 0.1. Special tokens are never selected.
+
+    Args:
+        input_ids: ``(B, L)`` integer ids in ``[0, vocab_size)``.
+        mask_id: the ``[MASK]`` id (treated as special).
+        special_ids: ids never selected nor drawn as replacements (``[CLS]``, ``[SEP]``, ``[PAD]``...).
+    Returns:
+        ``(inputs, labels)``: the corrupted ids ``(B, L)``, and the original ids at the selected
+        positions with ``-100`` elsewhere ``(B, L)``.
+    """
+    check_ids("input_ids", input_ids, vocab_size)
+    _checks.positive_int("mask_id", mask_id, allow_zero=True)
+    if mask_id >= vocab_size:
+        raise ValueError(f"mask_id={mask_id} is outside the vocabulary of size {vocab_size}")
+    if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not 0 <= prob <= 1:
+        raise ValueError(f"prob must be in [0, 1], got {prob!r}")
+    special = torch.tensor(sorted({int(i) for i in special_ids} | {mask_id}), dtype=torch.long)
+    if (special < 0).any() or (special >= vocab_size).any():
+        raise ValueError(f"special_ids must lie in [0, {vocab_size}), got {sorted(int(i) for i in special_ids)}")
+    device = input_ids.device
+    allowed = torch.ones(vocab_size, dtype=torch.bool)
+    allowed[special] = False
+    replacements = allowed.nonzero().squeeze(1)  # the ids a random replacement draws from
+    if len(replacements) == 0:
+        raise ValueError("every id is special: there is nothing to mask")
+
+    def uniform(shape):  # U(0, 1) draws on the CPU generator, moved to the ids' device
+        return torch.rand(shape, generator=generator).to(device)
+
+    shape = input_ids.shape
+    selected = (uniform(shape) < prob) & ~torch.isin(input_ids, special.to(device))  # (B, L)
+    action = uniform(shape)  # < 0.8: [MASK]; [0.8, 0.9): random token; >= 0.9: unchanged
+    random_ids = replacements[torch.randint(len(replacements), shape, generator=generator)].to(device)
+    inputs = torch.where(selected & (action < 0.8), torch.full_like(input_ids, mask_id), input_ids)
+    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids.to(input_ids.dtype), inputs)
+    labels = input_ids.masked_fill(~selected, IGNORE_INDEX)
+    return inputs, labels
+
+
+@dataclass
+class BERTConfig(StackConfig):
+    """BERT-base by default (Devlin et al. 2019, §3)."""
+
+    vocab_size: int = 30522  # WordPiece vocabulary
+    n_segments: int = 2  # segment (token type) embeddings: sentence A / B
+    max_len: int = 512  # learned positions
+    n_layers: int = 12  # blocks
+    d_model: int = 768  # width
+    n_heads: int = 12  # heads
+    d_ff: int = 3072  # feed-forward width
+    dropout: float = 0.1  # embedding and residual dropout
+    attention_dropout: float = 0.1  # dropout on the attention weights
+    activation: str = "gelu"  # feed-forward activation
+    residual: str = "post-ln"  # BERT keeps the paper's post-LN wiring
+    positional: str = "learned"  # learned absolute positions
+    layer_norm_eps: float = 1e-12  # BERT's LayerNorm epsilon
+    num_labels: int = 2  # classes of the sequence-classification head
+    head: str = "pretraining"  # "pretraining": logits = MLM (B, L, V), loss = MLM + NSP | "classification": logits (B, num_labels)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _checks.positive_int("vocab_size", self.vocab_size)
+        _checks.positive_int("n_segments", self.n_segments, allow_zero=True)
+        _checks.positive_int("num_labels", self.num_labels)
+        if self.head not in HEADS:
+            raise ValueError(f"head must be one of {HEADS}, got {self.head!r}")
+
+
+@register("model", "bert")
+class BERT(QKVModel):
+    """BERT bidirectional encoder with MLM, NSP and sequence-classification heads (Devlin et al. 2019).
+
+    ``forward(input_ids (B, L), token_type_ids=None (B, L), attention_mask=None (B, L) bool,
+    labels=None, next_sentence_label=None (B,))``. With ``head="pretraining"``: ``labels (B, L)``
+    are MLM targets (-100 ignored), ``logits (B, L, V)``, ``aux["nsp_logits"] (B, 2)``; with
+    ``head="classification"``: ``labels (B,)``, ``logits (B, num_labels)``. ``weights``: per layer
+    ``(B, H, L, L)``.
+    """
+
+    config_class = BERTConfig
+
+    def __init__(self, config: BERTConfig) -> None:
+        super().__init__(config)
+        c = config
+        self.stack = TransformerStack(c, vocab_size=c.vocab_size, n_segments=c.n_segments, embedding_norm=True)
+        # MLM head: transform, then the output projection tied to the token embeddings, plus a bias
+        self.mlm_transform = nn.Sequential(nn.Linear(c.d_model, c.d_model), nn.GELU(),
+                                           nn.LayerNorm(c.d_model, eps=c.layer_norm_eps))
+        self.mlm_decoder = nn.Linear(c.d_model, c.vocab_size)
+        self.pooler = nn.Linear(c.d_model, c.d_model)  # pooled = tanh(h_[CLS] W_p + b_p)
+        self.nsp_head = nn.Linear(c.d_model, 2)  # IsNext / NotNext
+        self.classifier_dropout = nn.Dropout(c.dropout)
+        self.classifier = nn.Linear(c.d_model, c.num_labels)
+        self.apply(self._init_weights)
+        self.mlm_decoder.weight = self.stack.embed.token.weight
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        """BERT initialisation: N(0, 0.02) weights (truncated in the original), zero biases."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None,
+                attention_mask: Optional[Tensor] = None, labels: Optional[Tensor] = None,
+                next_sentence_label: Optional[Tensor] = None, need_weights: bool = False) -> ModelOutput:
+        """``attention_mask (B, L)`` bool: True = real token (padding keys are masked out)."""
+        c = self.config
+        check_ids("input_ids", input_ids, c.vocab_size)
+        if attention_mask is not None:
+            _checks.tensor("attention_mask", attention_mask, ndim=2)
+            if attention_mask.dtype != torch.bool:
+                raise TypeError(f"attention_mask must be a bool tensor (True = real token), got dtype {attention_mask.dtype}")
+            _checks.same("attention_mask", tuple(attention_mask.shape), "input_ids", tuple(input_ids.shape), "the shape")
+        out = self.stack(input_ids, token_type_ids, mask=attention_mask, need_weights=need_weights)
+        h = out.hidden  # (B, L, d_model)
+        pooled = torch.tanh(self.pooler(h[:, 0]))  # (B, d_model): the [CLS] position
+        loss, aux = None, {}
+        if c.head == "classification":
+            if next_sentence_label is not None:
+                raise ValueError("next_sentence_label is a pre-training target; this BERT has head='classification'")
+            logits = self.classifier(self.classifier_dropout(pooled))  # (B, num_labels)
+            if labels is not None:
+                check_labels("labels", labels, c.num_labels, (input_ids.shape[0],))
+                loss = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
+        else:
+            logits = self.mlm_decoder(self.mlm_transform(h))  # (B, L, V)
+            nsp_logits = self.nsp_head(pooled)  # (B, 2)
+            aux["nsp_logits"] = nsp_logits
+            terms = []
+            if labels is not None:
+                check_labels("labels", labels, c.vocab_size, input_ids.shape)
+                terms.append(lm_loss(logits, labels))
+                aux["mlm_loss"] = terms[-1].detach()
+            if next_sentence_label is not None:
+                check_labels("next_sentence_label", next_sentence_label, 2, (input_ids.shape[0],))
+                terms.append(F.cross_entropy(nsp_logits.float(), next_sentence_label, ignore_index=IGNORE_INDEX))
+                aux["nsp_loss"] = terms[-1].detach()
+            loss = sum(terms[1:], terms[0]) if terms else None
+        return ModelOutput(loss=loss, logits=logits, weights=out.weights, aux=aux)

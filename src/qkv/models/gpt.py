@@ -1,0 +1,196 @@
+"""GPT: a decoder-only Transformer language model (Radford et al. 2018, "Improving Language
+Understanding by Generative Pre-Training"; Radford et al. 2019, GPT-2), on the shared stack.
+
+    h_0 = W_e[U] + W_p            (token + learned position embeddings)
+    h_l = block(h_{l-1})          l = 1 .. n   (causal self-attention, pre-LN as in GPT-2)
+    P(u) = softmax(LN(h_n) W_e^T) (output tied to the input embedding)
+
+Options from Al-Rfou et al. 2018 (arXiv:1808.04444) for the loss: intermediate-layer losses with
+a weight decaying over training, and extra heads for the tokens 2 .. K steps ahead
+(``qkv.models.losses``). The intermediate weight depends on the training step: the trainer sets
+it with ``model.set_step(step)`` before each update (0 when nobody does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from .. import _checks
+from ..registry import register
+from .base import ModelOutput, QKVModel
+from .losses import check_labels, future_loss, layer_loss_weight, lm_loss
+from .stack import StackConfig, StackState, TransformerStack, check_ids
+
+__all__ = ["GPT", "GPTConfig", "sample_logits"]
+
+
+@dataclass
+class GPTConfig(StackConfig):
+    """GPT-2 small by default (Radford et al. 2019)."""
+
+    vocab_size: int = 50257  # token vocabulary (the task's vocab size when trained from the CLI)
+    max_len: int = 1024  # context length (learned positions)
+    n_layers: int = 12  # blocks
+    d_model: int = 768  # width
+    n_heads: int = 12  # heads
+    d_ff: int = 3072  # feed-forward width (4 d_model)
+    dropout: float = 0.1  # embedding and residual dropout
+    activation: str = "gelu"  # feed-forward activation
+    residual: str = "pre-ln"  # GPT-2 wiring: x + F(LN(x)), final LayerNorm
+    positional: str = "learned"  # learned absolute positions
+    tie_embeddings: bool = True  # output projection = token embedding matrix transposed
+    aux_layer_losses: bool = False  # Al-Rfou 2018: add the LM loss of every intermediate layer (shared head)
+    aux_layer_decay_steps: int = 0  # ...weighted max(0, 1 - step / decay_steps); 0 keeps the weight at 1
+    n_targets: int = 1  # Al-Rfou 2018: K > 1 adds heads predicting the tokens 2 .. K steps ahead
+    target_weight: float = 0.5  # weight of each extra target's loss (the paper: 0.5)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _checks.positive_int("vocab_size", self.vocab_size)
+        _checks.positive_int("aux_layer_decay_steps", self.aux_layer_decay_steps, allow_zero=True)
+        _checks.positive_int("n_targets", self.n_targets)
+        for name in ("tie_embeddings", "aux_layer_losses"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if isinstance(self.target_weight, bool) or not isinstance(self.target_weight, (int, float)) or self.target_weight < 0:
+            raise ValueError(f"target_weight must be a float >= 0, got {self.target_weight!r}")
+
+
+def sample_logits(logits: Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
+                  top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> Tensor:
+    """Draw one token per row of ``logits (B, V)`` -> ``(B,)``.
+
+    ``temperature = 0`` is greedy (argmax). Otherwise sample from ``softmax(logits / temperature)``
+    restricted to the ``top_k`` largest logits and to the smallest set whose probability reaches
+    ``top_p`` (nucleus sampling, Holtzman et al. 2020).
+    """
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature must be a float >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None:
+        _checks.positive_int("top_k", top_k)
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the tokens ranked above it already reach top_p (the first always stays)
+        drop_sorted = probs.cumsum(-1) - probs >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+@register("model", "gpt")
+class GPT(QKVModel):
+    """GPT decoder-only language model (Radford et al. 2018/2019) on the shared Transformer stack.
+
+    ``forward(input_ids (B, L), labels=None (B, L), need_weights=False, state=None, return_state=False)``
+    -> ``ModelOutput(loss, logits (B, L, V), weights [per layer (B, H, L, N)], state)``.
+    """
+
+    config_class = GPTConfig
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__(config)
+        c = config
+        self.stack = TransformerStack(c, vocab_size=c.vocab_size, causal=True)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        # Al-Rfou 2018 multiple targets: head k - 2 predicts the token k steps ahead, k = 2 .. K
+        self.target_heads = nn.ModuleList(nn.Linear(c.d_model, c.vocab_size, bias=False) for _ in range(c.n_targets - 1))
+        self.apply(self._init_weights)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.stack.embed.token.weight
+        self.step = 0  # current training step, for the intermediate-layer loss weight (set_step)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        """GPT-2 initialisation: N(0, 0.02) weights, zero biases."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def set_step(self, step: int) -> None:
+        """Tell the model the current training step (the intermediate-layer loss weight decays with it)."""
+        self.step = _checks.positive_int("step", step, allow_zero=True)
+
+    def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, need_weights: bool = False,
+                state: Optional[StackState] = None, return_state: bool = False) -> ModelOutput:
+        """Next-token logits for every position of ``input_ids (B, L)``.
+
+        ``labels (B, L)``: next-token targets (``-100`` ignored). In training mode the loss adds
+        the Al-Rfou auxiliary terms the config enables::
+
+            loss = L_N + w(step) * mean_{l < N} L_l + target_weight * sum_{k=2..K} L_{+k}
+
+        with ``L_l`` the LM loss read from layer ``l`` through the final LayerNorm and the shared
+        head; in eval mode ``loss = L_N`` (perplexity stays comparable). ``aux`` reports each term.
+        ``state``/``return_state``: continue a sequence (KV caches of the kernels).
+        """
+        c = self.config
+        if labels is not None:
+            check_labels("labels", labels, c.vocab_size, getattr(input_ids, "shape", ()))
+        layer_aux = labels is not None and self.training and c.aux_layer_losses and c.n_layers > 1
+        out = self.stack(input_ids, state=state, need_weights=need_weights, return_state=return_state,
+                         return_hidden=layer_aux)
+        logits = self.lm_head(out.hidden)  # (B, L, V)
+        loss, aux = None, {}
+        if labels is not None:
+            loss = lm_loss(logits, labels)
+            aux["lm_loss"] = loss.detach()
+            if self.training and c.n_targets > 1:
+                # Al-Rfou 2018, multiple targets: head for k = 2 .. K on the top layer
+                extra = [future_loss(head(out.hidden), labels, k) for k, head in enumerate(self.target_heads, start=2)]
+                target_loss = torch.stack(extra).sum()
+                loss = loss + c.target_weight * target_loss
+                aux["target_loss"] = target_loss.detach()
+            if layer_aux:
+                # Al-Rfou 2018, intermediate layers: the same LM loss from layers 1 .. N-1
+                w = layer_loss_weight(self.step, c.aux_layer_decay_steps)
+                if w > 0:
+                    per_layer = [lm_loss(self.lm_head(self.stack.final_norm(h)), labels) for h in out.hidden_states[:-1]]
+                    layer_loss = torch.stack(per_layer).mean()
+                    loss = loss + w * layer_loss
+                    aux["layer_loss"] = layer_loss.detach()
+                aux["layer_weight"] = w
+        return ModelOutput(loss=loss, logits=logits, weights=out.weights, state=out.state, aux=aux)
+
+    @torch.no_grad()
+    def generate(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
+                 top_p: Optional[float] = None, use_cache: bool = True,
+                 generator: Optional[torch.Generator] = None) -> Tensor:
+        """Extend ``input_ids (B, L)`` by ``max_new_tokens`` sampled tokens -> ``(B, L + max_new_tokens)``.
+
+        ``temperature = 0`` decodes greedily; ``top_k``/``top_p`` restrict sampling (``sample_logits``).
+        ``use_cache=True`` feeds one token at a time with the kernels' state (KV cache);
+        ``use_cache=False`` re-reads the whole sequence each step — same tokens, slower. Runs in
+        the module's current mode: call ``model.eval()`` first to turn dropout off.
+        """
+        c = self.config
+        check_ids("input_ids", input_ids, c.vocab_size)
+        if input_ids.shape[1] == 0:
+            raise ValueError("input_ids must hold at least one token (the prompt), got length 0")
+        _checks.positive_int("max_new_tokens", max_new_tokens, allow_zero=True)
+        if c.positional == "learned" and input_ids.shape[1] + max_new_tokens > c.max_len:
+            raise ValueError(f"input_ids length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} exceeds "
+                             f"max_len={c.max_len} of the learned positions")
+        ids, state = input_ids, None
+        for _ in range(max_new_tokens):
+            if use_cache:
+                out = self(ids if state is None else ids[:, -1:], state=state, return_state=True)
+                state = out.state
+            else:
+                out = self(ids)
+            next_id = sample_logits(out.logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
+            ids = torch.cat([ids, next_id[:, None].to(ids.dtype)], dim=1)  # (B, L + t)
+        return ids

@@ -1,0 +1,401 @@
+"""The Transformer stack shared by the Transformer, BERT, GPT and their descendants
+(Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762).
+
+    x_0 = Dropout(E[ids] * scale + P(positions) (+ S[segments]))
+    x_l = Block_l(x_{l-1})                 l = 1 .. N
+    h   = FinalNorm(x_N)                   (pre-LN only)
+
+A block is self-attention, optional cross-attention (decoder) and the feed-forward network, each
+joined to the residual stream by a residual wiring (``qkv.blocks``):
+
+    x = wiring.exit(x, SelfAttention(wiring.enter(x)))
+    x = wiring.exit(x, CrossAttention(wiring.enter(x), memory))     (decoder blocks)
+    x = wiring.exit(x, FFN(wiring.enter(x)))
+
+Hooks for the variants (each a name in a registry or one overridable method, never a flag here):
+
+- **attention kernel**: ``config.attention`` + ``config.attention_kwargs`` go to
+  ``qkv.MultiHeadAttention`` unchanged; what a kernel cannot do (be causal, run without
+  ``seq_len``) is the kernel's error to raise.
+- **positional scheme**: ``@register("positional", name)`` on a module ``(d_model, max_len=, dropout=)``
+  whose ``forward(x, offset)`` returns ``x`` plus the encoding of positions ``offset ..``. A scheme
+  that changes the scores (Transformer-XL's relative positions) is an attention kernel
+  (``attention="relative"``) used with ``positional="none"``: the kernel sees positions through its
+  state.
+- **residual wiring**: ``@register("residual", name)`` (``qkv.blocks.ResidualWiring``).
+- **state**: every block takes and returns a ``BlockState`` (its self-attention kernel's state and
+  the cached cross-attention keys/values); the stack's ``StackState`` holds one per layer and the
+  number of positions seen, which offsets the positional encoding. KV caches (softmax, window),
+  ``(S, Z)`` sums (linear) and segment memories (Transformer-XL) all travel this way.
+- **depth**: ``run_layers`` is the layer loop; shared-weight depth with ACT (Universal
+  Transformer) or reversible layers (Reformer) override it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from .. import _checks
+from ..attention import MultiHeadAttention
+from ..blocks import ACTIVATIONS, FeedForward, build_residual
+from ..positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from ..registry import lookup, names, register
+
+__all__ = [
+    "StackConfig", "TransformerStack", "TransformerBlock", "Embeddings", "BlockState", "StackState",
+    "BlockOutput", "StackOutput", "NoPositionalEncoding", "check_ids", "reorder_state",
+]
+
+
+@register("positional", "none")
+class NoPositionalEncoding(nn.Module):
+    """No absolute positions: for kernels that see positions themselves (relative, Transformer-XL)."""
+
+    def __init__(self, d_model: int, max_len: int = 0, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(_checks.probability("dropout", dropout))
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        return self.dropout(x)
+
+
+register("positional", "sinusoidal", "sinusoid")(SinusoidalPositionalEncoding)
+register("positional", "learned", "absolute")(LearnedPositionalEmbedding)
+
+
+@dataclass
+class StackConfig:
+    """The fields every model built on ``TransformerStack`` shares; a model's config subclasses it
+    (overriding defaults) and adds its own fields."""
+
+    n_layers: int = 6  # N: blocks in the stack
+    d_model: int = 512  # width of the residual stream
+    n_heads: int = 8  # h: attention heads (must divide d_model)
+    d_ff: int = 2048  # hidden width of the feed-forward network
+    dropout: float = 0.1  # P_drop on embeddings and on every sub-layer output (residual dropout)
+    attention_dropout: float = 0.0  # dropout on the attention weights (inside the kernel)
+    activation: str = "relu"  # feed-forward activation: "relu" (the paper) | "gelu"
+    residual: str = "post-ln"  # residual wiring: "post-ln" LN(x + F(x)) | "pre-ln" x + F(LN(x)) (+ final LN)
+    positional: str = "sinusoidal"  # positional scheme: "sinusoidal" | "learned" | "none"
+    max_len: int = 512  # longest sequence ("learned" positions raise beyond it; sinusoids cache this many rows)
+    attention: str = "softmax"  # self-attention kernel: a qkv.list_attention() name
+    attention_kwargs: Dict[str, Any] = field(default_factory=dict)  # the kernel's own knobs, e.g. {"radius": 16}
+    ff_chunk_size: Optional[int] = None  # compute the feed-forward network over length chunks of this size
+    gradient_checkpointing: bool = False  # recompute each block in backward (torch.utils.checkpoint) to save memory
+    layer_norm_eps: float = 1e-5  # epsilon of every LayerNorm
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "d_model", "n_heads", "d_ff", "max_len"):
+            _checks.positive_int(name, getattr(self, name))
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        _checks.probability("dropout", self.dropout)
+        _checks.probability("attention_dropout", self.attention_dropout)
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        for kind in ("residual", "positional", "attention"):
+            try:
+                lookup(kind, getattr(self, kind))
+            except ValueError as e:
+                raise ValueError(f"{kind}: {e}") from None
+            except TypeError:
+                raise TypeError(f"{kind} must be a str (one of {names(kind)}), got {getattr(self, kind)!r}") from None
+        if not isinstance(self.attention_kwargs, dict):
+            raise TypeError(f"attention_kwargs must be a dict, got {type(self.attention_kwargs).__name__}")
+        if self.ff_chunk_size is not None:
+            _checks.positive_int("ff_chunk_size", self.ff_chunk_size)
+        if not isinstance(self.gradient_checkpointing, bool):
+            raise TypeError(f"gradient_checkpointing must be a bool, got {self.gradient_checkpointing!r}")
+        if isinstance(self.layer_norm_eps, bool) or not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
+            raise ValueError(f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}")
+
+
+# ----------------------------------------------------------------------------- states and outputs
+
+
+@dataclass(frozen=True)
+class BlockState:
+    """What a block carries from one call to the next (incremental decoding, segment memory).
+
+    self_attn: the self-attention kernel's state (``KVCache``, ``LinearState``, ...).
+    cross_kv:  the projected memory ``(k, v)``, each ``(B, H, S, E)``, computed once per source.
+    """
+
+    self_attn: Any = None
+    cross_kv: Optional[Tuple[Tensor, Tensor]] = None
+
+
+@dataclass(frozen=True)
+class StackState:
+    """Per-layer ``BlockState``s and the number of positions already seen (the positional offset)."""
+
+    layers: Tuple[BlockState, ...]
+    position: int = 0
+
+
+class BlockOutput(NamedTuple):
+    hidden: Tensor  # (B, L, d_model)
+    self_weights: Optional[Tensor]  # (B, H, L, N) when asked for
+    cross_weights: Optional[Tensor]  # (B, H, L, S) when asked for (decoder blocks)
+    state: Optional[BlockState]  # when asked for
+
+
+class StackOutput(NamedTuple):
+    hidden: Tensor  # (B, L, d_model), after the final LayerNorm (pre-LN)
+    weights: Optional[List[Tensor]]  # per layer (B, H, L, N) self-attention weights
+    cross_weights: Optional[List[Tensor]]  # per layer (B, H, L, S) cross-attention weights (decoder)
+    state: Optional[StackState]  # when asked for
+    hidden_states: Optional[List[Tensor]]  # per layer outputs x_1 .. x_N (before the final LayerNorm)
+
+
+def reorder_state(state: Any, index: Tensor) -> Any:
+    """Select batch rows ``index`` of every tensor in a (nested) state — beam search reordering.
+
+    Every state tensor is batch-first (design.md §2), so this works for any kernel's state
+    dataclass, tuple, list or dict without knowing its type.
+    """
+    if isinstance(state, Tensor):
+        return state.index_select(0, index)
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        return dataclasses.replace(state, **{f.name: reorder_state(getattr(state, f.name), index)
+                                             for f in dataclasses.fields(state) if f.init})
+    if isinstance(state, (tuple, list)):
+        return type(state)(reorder_state(s, index) for s in state)
+    if isinstance(state, dict):
+        return {k: reorder_state(v, index) for k, v in state.items()}
+    return state
+
+
+def check_ids(name: str, ids: Any, vocab_size: int) -> Tensor:
+    """Check a ``(B, L)`` integer id tensor with values in ``[0, vocab_size)``."""
+    _checks.tensor(name, ids, ndim=2)
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be an integer (torch.long) tensor, got dtype {ids.dtype}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"{name} must lie in [0, {vocab_size}), got min {int(ids.min())}, max {int(ids.max())}")
+    return ids
+
+
+# ----------------------------------------------------------------------------- embeddings
+
+
+class Embeddings(nn.Module):
+    """Token embeddings (scaled), optional segment embeddings and a positional scheme.
+
+    ``x = Dropout(Norm(E[ids] * scale + P(offset .. offset + L - 1) + S[segments]))``; the paper
+    scales by ``sqrt(d_model)`` (§3.4), BERT adds segments and normalises (Devlin et al. 2019, §3).
+
+    Args:
+        vocab_size, d_model: the table size.
+        positional, max_len: scheme name and its length limit.
+        dropout: on the sum.
+        scale: multiplies the token embeddings.
+        n_segments: number of segment embeddings (0: none).
+        norm: LayerNorm after the sum (BERT).
+        token: an existing ``nn.Embedding`` to share (encoder and decoder of one vocabulary).
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, *, positional: str = "sinusoidal", max_len: int = 512,
+                 dropout: float = 0.0, scale: float = 1.0, n_segments: int = 0, norm: bool = False,
+                 eps: float = 1e-5, token: Optional[nn.Embedding] = None) -> None:
+        super().__init__()
+        self.vocab_size = _checks.positive_int("vocab_size", vocab_size)
+        self.token = nn.Embedding(vocab_size, d_model) if token is None else token
+        if self.token.weight.shape != (vocab_size, d_model):
+            raise ValueError(f"token embedding must be ({vocab_size}, {d_model}), got {tuple(self.token.weight.shape)}")
+        self.scale = scale
+        self.positional = lookup("positional", positional)(d_model, max_len=max_len, dropout=0.0)
+        self.n_segments = _checks.positive_int("n_segments", n_segments, allow_zero=True)
+        self.segment = nn.Embedding(n_segments, d_model) if n_segments else None
+        self.norm = nn.LayerNorm(d_model, eps=eps) if norm else nn.Identity()
+        self.dropout = nn.Dropout(_checks.probability("dropout", dropout))
+
+    def forward(self, ids: Tensor, token_type_ids: Optional[Tensor] = None, offset: int = 0) -> Tensor:
+        """``ids (B, L)`` -> ``(B, L, d_model)``; positions start at ``offset``."""
+        check_ids("input_ids", ids, self.vocab_size)
+        x = self.token(ids) * self.scale  # (B, L, d_model)
+        if self.segment is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(ids)
+            check_ids("token_type_ids", token_type_ids, self.n_segments)
+            _checks.same("token_type_ids", tuple(token_type_ids.shape), "input_ids", tuple(ids.shape), "the shape")
+            x = x + self.segment(token_type_ids)
+        elif token_type_ids is not None:
+            raise ValueError("token_type_ids given, but the embeddings have no segments (n_segments=0)")
+        return self.dropout(self.norm(self.positional(x, offset)))
+
+
+# ----------------------------------------------------------------------------- one block
+
+
+class TransformerBlock(nn.Module):
+    """Self-attention, optional cross-attention and feed-forward, each inside a residual wiring.
+
+    Args:
+        config: sizes, kernel, wiring, dropout (``StackConfig`` fields).
+        causal: the self-attention kernel is built causal (decoder, LM).
+        cross_attention: kernel name of a cross-attention sub-layer (None: none).
+        cross_attention_kwargs: its knobs.
+    """
+
+    def __init__(self, config: StackConfig, *, causal: bool = False, cross_attention: Optional[str] = None,
+                 cross_attention_kwargs: Optional[Dict[str, Any]] = None) -> None:
+        super().__init__()
+        c = config
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention, causal=causal,
+                                            dropout=c.attention_dropout, **dict(c.attention_kwargs))
+        self.res_self = build_residual(c.residual, c.d_model, c.dropout, c.layer_norm_eps)
+        self.cross_attn = self.res_cross = None
+        if cross_attention is not None:
+            self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, cross_attention, causal=False,
+                                                 dropout=c.attention_dropout, **dict(cross_attention_kwargs or {}))
+            self.res_cross = build_residual(c.residual, c.d_model, c.dropout, c.layer_norm_eps)
+        self.ff = FeedForward(c.d_model, c.d_ff, c.activation, chunk_size=c.ff_chunk_size)
+        self.res_ff = build_residual(c.residual, c.d_model, c.dropout, c.layer_norm_eps)
+
+    def _cross_attend(self, h: Tensor, memory: Tensor, memory_mask: Optional[Tensor],
+                      cross_kv: Optional[Tuple[Tensor, Tensor]], need_weights: bool):
+        """Cross-attention with the memory's keys/values projected once and reused every step.
+
+        The same computation as ``self.cross_attn(h, memory, memory, mask=memory_mask)``, split so
+        that ``(k, v) = (memory W^K, memory W^V)`` can be cached in the ``BlockState``.
+        """
+        mha = self.cross_attn
+        if cross_kv is None:
+            cross_kv = (mha._split(mha.k_proj(memory)), mha._split(mha.v_proj(memory)))  # (B, H, S, E) each
+        q = mha._split(mha.q_proj(h))  # (B, H, M, E)
+        out = mha.kernel(q, *cross_kv, mask=memory_mask, need_weights=need_weights)
+        B, H, M, E = out.output.shape
+        merged = out.output.transpose(1, 2).reshape(B, M, H * E)  # (B, M, d_model)
+        return mha.out_proj(merged), out.weights, cross_kv
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None, memory: Optional[Tensor] = None,
+                memory_mask: Optional[Tensor] = None, state: Optional[BlockState] = None,
+                need_weights: bool = False, return_state: bool = False) -> BlockOutput:
+        """``x (B, L, d_model)``; ``mask`` for self-attention (True = may attend); ``memory (B, S, d_model)``
+        and ``memory_mask (B, S)`` for cross-attention."""
+        state = state or BlockState()
+        a = self.self_attn(self.res_self.enter(x), mask=mask, state=state.self_attn,
+                           need_weights=need_weights, return_state=return_state)
+        x = self.res_self.exit(x, a.output)
+        cross_weights, cross_kv = None, state.cross_kv
+        if self.cross_attn is not None:
+            if memory is None and cross_kv is None:
+                raise ValueError("this block has cross-attention: memory (B, S, d_model) is required")
+            y, cross_weights, cross_kv = self._cross_attend(self.res_cross.enter(x), memory, memory_mask,
+                                                             cross_kv, need_weights)
+            x = self.res_cross.exit(x, y)
+        x = self.res_ff.exit(x, self.ff(self.res_ff.enter(x)))
+        new_state = BlockState(a.state, cross_kv) if return_state else None
+        return BlockOutput(x, a.weights, cross_weights, new_state)
+
+
+# ----------------------------------------------------------------------------- the stack
+
+
+class TransformerStack(nn.Module):
+    """Embeddings, N blocks and (pre-LN) a final LayerNorm (Vaswani et al. 2017, §3.1).
+
+    Args:
+        config: a ``StackConfig`` (or a model config that subclasses it).
+        vocab_size: token table size.
+        causal: causal self-attention (decoder, LM).
+        cross_attention: kernel name of the cross-attention sub-layer (decoder), None for none.
+        cross_attention_kwargs: its knobs.
+        n_layers: overrides ``config.n_layers`` (e.g. a decoder deeper than its encoder).
+        token_embedding: an ``nn.Embedding`` to share with another stack.
+        embedding_scale: multiplies token embeddings (the paper: ``sqrt(d_model)``).
+        n_segments, embedding_norm: BERT's segment embeddings and embedding LayerNorm.
+
+    ``forward(input_ids)`` embeds then runs the layers; ``run_layers(x)`` takes embeddings.
+    """
+
+    def __init__(self, config: StackConfig, *, vocab_size: int, causal: bool = False,
+                 cross_attention: Optional[str] = None, cross_attention_kwargs: Optional[Dict[str, Any]] = None,
+                 n_layers: Optional[int] = None, token_embedding: Optional[nn.Embedding] = None,
+                 embedding_scale: float = 1.0, n_segments: int = 0, embedding_norm: bool = False) -> None:
+        super().__init__()
+        if not isinstance(config, StackConfig):
+            raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
+        self.config = config
+        self.causal = causal
+        n_layers = config.n_layers if n_layers is None else _checks.positive_int("n_layers", n_layers)
+        self.embed = Embeddings(vocab_size, config.d_model, positional=config.positional, max_len=config.max_len,
+                                dropout=config.dropout, scale=embedding_scale, n_segments=n_segments,
+                                norm=embedding_norm, eps=config.layer_norm_eps, token=token_embedding)
+        self.layers = nn.ModuleList(
+            TransformerBlock(config, causal=causal, cross_attention=cross_attention,
+                             cross_attention_kwargs=cross_attention_kwargs)
+            for _ in range(n_layers))
+        final = lookup("residual", config.residual).final_norm
+        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if final else nn.Identity()
+
+    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, mask: Optional[Tensor] = None,
+                memory: Optional[Tensor] = None, memory_mask: Optional[Tensor] = None,
+                state: Optional[StackState] = None, need_weights: bool = False, return_state: bool = False,
+                return_hidden: bool = False) -> StackOutput:
+        """Embed ``input_ids (B, L)`` at positions following ``state.position`` and run the layers."""
+        offset = 0
+        if state is not None:
+            if not isinstance(state, StackState):
+                raise TypeError(f"state must be the StackState a previous call returned, got {type(state).__name__}")
+            offset = state.position
+        max_len = self.config.max_len
+        if self.config.positional == "learned" and input_ids.dim() == 2 and offset + input_ids.shape[1] > max_len:
+            raise ValueError(f"input_ids reach position {offset + input_ids.shape[1]}, beyond max_len={max_len} "
+                             f"of the learned positional embedding")
+        x = self.embed(input_ids, token_type_ids, offset=offset)
+        return self.run_layers(x, mask=mask, memory=memory, memory_mask=memory_mask, state=state,
+                               need_weights=need_weights, return_state=return_state, return_hidden=return_hidden)
+
+    def run_layers(self, x: Tensor, mask: Optional[Tensor] = None, memory: Optional[Tensor] = None,
+                   memory_mask: Optional[Tensor] = None, state: Optional[StackState] = None,
+                   need_weights: bool = False, return_state: bool = False,
+                   return_hidden: bool = False) -> StackOutput:
+        """The layer loop on embeddings ``x (B, L, d_model)`` — the hook for other depths (ACT, reversible).
+
+        ``mask``: self-attention mask, True = may attend (``(B, L)`` key padding, or broadcastable
+        to ``(B, H, L, N)``). A key-padding mask with no padding is dropped so that kernels keep
+        their fast paths. ``memory (B, S, d_model)``, ``memory_mask (B, S)``: for cross-attention.
+        """
+        _checks.tensor("x", x, ndim=3, floating=True)
+        mask = _drop_if_full(mask)
+        memory_mask = _drop_if_full(memory_mask)
+        layer_states = state.layers if state is not None else (None,) * len(self.layers)
+        if len(layer_states) != len(self.layers):
+            raise ValueError(f"state has {len(layer_states)} layers, the stack has {len(self.layers)}")
+        checkpointing = (self.config.gradient_checkpointing and self.training and torch.is_grad_enabled()
+                         and state is None and not return_state and not need_weights)
+        weights, cross_weights, new_states, hidden_states = [], [], [], []
+        for block, s in zip(self.layers, layer_states):
+            if checkpointing:
+                out = checkpoint(block, x, mask, memory, memory_mask, use_reentrant=False)
+            else:
+                out = block(x, mask=mask, memory=memory, memory_mask=memory_mask, state=s,
+                            need_weights=need_weights, return_state=return_state)
+            x = out.hidden
+            weights.append(out.self_weights)
+            cross_weights.append(out.cross_weights)
+            new_states.append(out.state)
+            hidden_states.append(x)
+        new_state = None
+        if return_state:
+            position = (state.position if state is not None else 0) + x.shape[1]
+            new_state = StackState(tuple(new_states), position)
+        has_cross = self.layers[0].cross_attn is not None
+        return StackOutput(self.final_norm(x), weights if need_weights else None,
+                           cross_weights if need_weights and has_cross else None, new_state,
+                           hidden_states if return_hidden else None)
+
+
+def _drop_if_full(mask: Optional[Tensor]) -> Optional[Tensor]:
+    """A 2-D key-padding mask that lets every key through is no mask (keeps SDPA's fast paths)."""
+    if isinstance(mask, Tensor) and mask.dtype == torch.bool and mask.dim() == 2 and bool(mask.all()):
+        return None
+    return mask

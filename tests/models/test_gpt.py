@@ -1,0 +1,242 @@
+"""GPT: cached generation equals uncached, stepwise equals parallel, every kernel trains, and
+the Al-Rfou et al. 2018 auxiliary losses against literal computations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import qkv
+from qkv.models.gpt import GPT, GPTConfig, sample_logits
+from qkv.models.losses import future_loss, layer_loss_weight, lm_loss
+from qkv.registry import lookup
+
+V = 37
+
+
+def tiny(**overrides) -> GPTConfig:
+    values = dict(vocab_size=V, max_len=64, n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
+    values.update(overrides)
+    return GPTConfig(**values)
+
+
+def model(**overrides) -> GPT:
+    torch.manual_seed(0)
+    return GPT(tiny(**overrides)).eval()
+
+
+@pytest.mark.parametrize("residual", ["pre-ln", "post-ln"])
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+def test_stepwise_equals_parallel(residual, positional):
+    m = model(residual=residual, positional=positional)
+    x = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(1))
+    full = m(x).logits
+    state, steps = None, []
+    for t in range(x.shape[1]):
+        out = m(x[:, t:t + 1], state=state, return_state=True)
+        state = out.state
+        steps.append(out.logits)
+    assert state.position == 12
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
+def test_chunks_of_any_size_equal_parallel():
+    m = model()
+    x = torch.randint(0, V, (3, 13), generator=torch.Generator().manual_seed(2))
+    full = m(x).logits
+    state, parts = None, []
+    for a, b in [(0, 5), (5, 6), (6, 13)]:
+        out = m(x[:, a:b], state=state, return_state=True)
+        state, parts = out.state, parts + [out.logits]
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("attention,kwargs", [("softmax", {}), ("window", {"radius": 3})])
+def test_cached_generation_equals_uncached(attention, kwargs):
+    m = model(attention=attention, attention_kwargs=kwargs)
+    prompt = torch.randint(0, V, (3, 4), generator=torch.Generator().manual_seed(3))
+    greedy = m.generate(prompt, 20, temperature=0.0)
+    assert greedy.shape == (3, 24) and torch.equal(greedy[:, :4], prompt)
+    assert torch.equal(greedy, m.generate(prompt, 20, temperature=0.0, use_cache=False))
+    sampled = [m.generate(prompt, 20, temperature=0.9, top_k=20, top_p=0.95, use_cache=use_cache,
+                          generator=torch.Generator().manual_seed(7)) for use_cache in (True, False)]
+    assert torch.equal(*sampled)
+
+
+def test_sampling_filters():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]]).repeat(2000, 1)
+    g = torch.Generator().manual_seed(0)
+    assert set(sample_logits(logits, top_k=2, generator=g).unique().tolist()) == {0, 1}
+    p = logits[0].softmax(-1)  # 0.64, 0.23, 0.09, ...: top_p = 0.8 keeps the first two
+    assert p[0] < 0.8 <= p[:2].sum()
+    assert set(sample_logits(logits, top_p=0.8, generator=g).unique().tolist()) == {0, 1}
+    assert torch.equal(sample_logits(logits, temperature=0), torch.zeros(2000, dtype=torch.long))
+    with pytest.raises(ValueError, match="top_p"):
+        sample_logits(logits, top_p=0.0)
+
+
+def test_weights_per_layer():
+    m = model(n_layers=3)
+    out = m(torch.randint(0, V, (2, 7)), need_weights=True)
+    assert len(out.weights) == 3
+    for w in out.weights:
+        assert w.shape == (2, 4, 7, 7)
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 7))
+        assert (w.triu(1) == 0).all()  # causal
+
+
+def test_tied_embeddings():
+    m = model()
+    assert m.lm_head.weight is m.stack.embed.token.weight
+    assert not model(tie_embeddings=False).lm_head.weight is model(tie_embeddings=False).stack.embed.token.weight
+
+
+def _causal_names():
+    return [n for n in qkv.list_attention() if lookup("attention", n).supports_causal]
+
+
+def _kernel_kwargs(name):
+    """Small knobs for kernels whose constructor needs some (by signature; sizes for length 16)."""
+    import inspect
+    params = inspect.signature(lookup("attention", name).__init__).parameters
+    guesses = {"radius": 3, "block": 4, "memory": 4, "stride": 4, "c": 1, "bucket_size": 4, "seq_len": 16, "k": 8,
+               "nb_features": 16, "max_span": 8, "mem_len": 8, "image_size": (4, 4), "head_dim": 8}
+    return {k: v for k, v in guesses.items() if k in params and params[k].default is inspect.Parameter.empty}
+
+
+@pytest.mark.parametrize("name", sorted(qkv.list_attention()))
+def test_every_kernel_trains_in_gpt(name):
+    cls = lookup("attention", name)
+    if not cls.supports_causal:
+        pytest.skip(f"attention {name!r} cannot be causal (supports_causal=False): tested in BERT")
+    torch.manual_seed(0)
+    m = GPT(tiny(attention=name, attention_kwargs=_kernel_kwargs(name))).train()
+    x = torch.randint(0, V, (2, 16))
+    out = m(x, labels=x.roll(-1, 1))
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+
+
+def test_gradient_checkpointing_same_gradients():
+    x = torch.randint(0, V, (2, 9))
+    grads = []
+    for ckpt in (False, True):
+        m = model(gradient_checkpointing=ckpt).train()
+        m(x, labels=x).loss.backward()
+        grads.append([p.grad.clone() for p in m.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_ff_chunking_same_output():
+    x = torch.randint(0, V, (2, 11))
+    torch.testing.assert_close(model(ff_chunk_size=3)(x).logits, model()(x).logits)
+
+
+# ----------------------------------------------------------------------------- Al-Rfou et al. 2018
+
+
+def test_layer_loss_weight_schedule():
+    assert [layer_loss_weight(s, 100) for s in (0, 25, 50, 100, 150)] == [1.0, 0.75, 0.5, 0.0, 0.0]
+    assert layer_loss_weight(10_000, 0) == 1.0
+
+
+def test_intermediate_layer_losses_follow_schedule():
+    torch.manual_seed(0)
+    m = GPT(tiny(n_layers=3, aux_layer_losses=True, aux_layer_decay_steps=100)).train()
+    x = torch.randint(0, V, (2, 10))
+    labels = x.roll(-1, 1)
+    labels[:, -1] = -100
+    # literal: the LM loss read from the output of each of layers 1 and 2 through the final LN + head
+    h = m.stack.embed(x)
+    per_layer = []
+    for block in m.stack.layers[:2]:
+        h = block(h).hidden
+        logits = m.lm_head(m.stack.final_norm(h))
+        per_layer.append(F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100))
+    top = F.cross_entropy(m.eval()(x).logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    m.train()
+    for step, w in [(0, 1.0), (40, 0.6), (100, 0.0), (500, 0.0)]:
+        m.set_step(step)
+        out = m(x, labels=labels)
+        assert out.aux["layer_weight"] == pytest.approx(w)
+        expected = top + w * (per_layer[0] + per_layer[1]) / 2
+        torch.testing.assert_close(out.loss, expected, atol=1e-5, rtol=1e-5)
+    m.eval()
+    assert "layer_weight" not in m(x, labels=labels).aux  # evaluation reports the top-layer loss only
+
+
+def test_multiple_target_heads_literal():
+    torch.manual_seed(0)
+    K = 3
+    m = GPT(tiny(n_targets=K, target_weight=0.5)).train()
+    assert len(m.target_heads) == K - 1
+    x = torch.randint(0, V, (2, 8))
+    labels = torch.randint(0, V, (2, 8))
+    labels[0, 5] = -100
+    out = m(x, labels=labels)
+    h = m.stack(x).hidden
+    total = F.cross_entropy(m.lm_head(h).flatten(0, 1), labels.flatten(), ignore_index=-100)
+    for k, head in zip(range(2, K + 1), m.target_heads):
+        logits = head(h)  # (B, L, V): position t predicts labels[t + k - 1], the token k steps ahead
+        terms = [F.cross_entropy(logits[b, t], labels[b, t + k - 1], reduction="none")
+                 for b in range(2) for t in range(8 - k + 1) if labels[b, t + k - 1] != -100]
+        assert logits.shape == (2, 8, V)
+        total = total + 0.5 * torch.stack(terms).mean()
+    torch.testing.assert_close(out.loss, total, atol=1e-5, rtol=1e-5)
+    assert out.aux["target_loss"].dim() == 0
+
+
+def test_future_loss_edge_cases():
+    logits = torch.randn(2, 3, V, requires_grad=True)
+    labels = torch.randint(0, V, (2, 3))
+    torch.testing.assert_close(future_loss(logits, labels, 1), lm_loss(logits, labels))
+    assert future_loss(logits, labels, 5).item() == 0.0
+    assert lm_loss(logits, torch.full((2, 3), -100)).item() == 0.0  # no target: 0, not NaN
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_bad_inputs():
+    m = model()
+    with pytest.raises(ValueError, match="input_ids"):
+        m(torch.randint(0, V, (2, 3, 4)))
+    with pytest.raises(TypeError, match="input_ids"):
+        m(torch.rand(2, 3))
+    with pytest.raises(ValueError, match="input_ids"):
+        m(torch.tensor([[0, V]]))
+    with pytest.raises(ValueError, match="max_len"):
+        m(torch.zeros(1, 65, dtype=torch.long))
+    with pytest.raises(ValueError, match="labels"):
+        m(torch.zeros(1, 4, dtype=torch.long), labels=torch.zeros(1, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="labels"):
+        m(torch.zeros(1, 4, dtype=torch.long), labels=torch.full((1, 4), V))
+    with pytest.raises(ValueError, match="max_len"):
+        m.generate(torch.zeros(1, 60, dtype=torch.long), 10)
+    with pytest.raises(TypeError, match="state"):
+        m(torch.zeros(1, 4, dtype=torch.long), state=("not", "a state"))
+
+
+@pytest.mark.parametrize("field,value,error", [
+    ("d_model", 30, ValueError),  # not divisible by n_heads=4
+    ("n_layers", 0, ValueError),
+    ("dropout", 1.5, ValueError),
+    ("residual", "sandwich", ValueError),
+    ("positional", "rotary?", ValueError),
+    ("attention", "nope", ValueError),
+    ("activation", "tanh", ValueError),
+    ("attention_kwargs", [1], TypeError),
+    ("n_targets", 0, ValueError),
+    ("vocab_size", 2.5, TypeError),
+])
+def test_bad_config(field, value, error):
+    with pytest.raises(error, match=field if field != "d_model" else "d_model"):
+        tiny(**{field: value})
+
+
+def test_unknown_kernel_kwarg_raises():
+    with pytest.raises(TypeError, match="radiuss"):
+        GPT(tiny(attention="window", attention_kwargs={"radiuss": 2}))
