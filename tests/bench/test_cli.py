@@ -60,7 +60,7 @@ def test_kernels_quick_reports_ratios(tmp_path, capsys):
     results = json.loads((out / "kernels.json").read_text())
     assert len(results["rows"]) == 4  # (kernel, mha) x (non-causal, causal)
     for row in results["rows"]:
-        assert row["ratio"] > 0 and row["max_abs_diff"] < 1e-4
+        assert row["ratio"] > 0 and row["ratio_of_min"] > 0 and row["max_abs_diff"] < 1e-4
     assert "ratio qkv/torch" in (out / "kernels.md").read_text()
     assert "ratio" in capsys.readouterr().out
 

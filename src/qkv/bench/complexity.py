@@ -62,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim", type=int, default=64, help="head size E (default 64)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
     parser.add_argument("--causal", action="store_true", help="build causal kernels (non-causal kernels are skipped)")
+    parser.add_argument("--need-weights", action="store_true",
+                        help="call kernels with need_weights=True (e.g. softmax's explicit O(L^2) path instead of SDPA)")
     parser.add_argument("--budget-seconds", type=float, default=30.0,
                         help="stop a kernel once one step takes (or is predicted to take) longer (default 30)")
     parser.add_argument("--budget-memory-mb", type=float, default=4096.0,
@@ -157,7 +159,7 @@ def _predict(points: List[Dict[str, Any]], key: str, length: int) -> Optional[fl
 
 
 def _make_step(kernel: torch.nn.Module, B: int, H: int, L: int, E: int, dtype: torch.dtype,
-               device: torch.device, seed: int) -> Callable[[], None]:
+               device: torch.device, seed: int, need_weights: bool = False) -> Callable[[], None]:
     """One forward + backward of ``kernel`` on fixed random heads ``(B, H, L, E)``."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     q, k, v = (torch.randn(B, H, L, E, generator=gen).to(device=device, dtype=dtype).requires_grad_()
@@ -167,7 +169,7 @@ def _make_step(kernel: torch.nn.Module, B: int, H: int, L: int, E: int, dtype: t
     def step() -> None:
         for t in (q, k, v, *kernel.parameters()):
             t.grad = None
-        kernel(q, k, v).output.backward(grad)
+        kernel(q, k, v, need_weights=need_weights).output.backward(grad)
 
     return step
 
@@ -201,7 +203,7 @@ def _measure_kernel(name: str, lengths: List[int], args: argparse.Namespace, dev
                 kernel = build_attention(name, causal=args.causal, **kwargs).to(device=device, dtype=dtype)
                 built_with = kwargs
                 record["kwargs"] = {key: (list(val) if isinstance(val, tuple) else val) for key, val in kwargs.items()}
-            step = _make_step(kernel, B, H, L, E, dtype, device, args.seed)
+            step = _make_step(kernel, B, H, L, E, dtype, device, args.seed, args.need_weights)
             first = common.timed_once(step, device)  # warm-up, and the estimate that sizes the repeats
             peak = common.peak_memory(step, device)
             timing = common.time_steps(step, device, warmup=0, estimate=first, min_repeats=3,
@@ -289,7 +291,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         "date": common.now_iso(),
         "machine": machine,
         "config": {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "dtype": args.dtype,
-                   "causal": args.causal, "lengths": lengths, "budget_seconds": args.budget_seconds,
+                   "causal": args.causal, "need_weights": args.need_weights, "lengths": lengths,
+                   "budget_seconds": args.budget_seconds,
                    "budget_memory_mb": args.budget_memory_mb, "fit_min_length": args.fit_min_length,
                    "memory_method": ("torch.cuda.max_memory_allocated" if device.type == "cuda" else
                                      "AllocationTracker: live bytes of storages created by ATen ops (TorchDispatchMode)"),
@@ -305,7 +308,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     common.write_json(out / "complexity.json", results)
     cfg = results["config"]
     setup = (f"B={cfg['batch']}, H={cfg['heads']}, E={cfg['head_dim']}, {cfg['dtype']}, "
-             f"{'causal' if cfg['causal'] else 'non-causal'}; one step = {cfg['step']}; "
+             f"{'causal' if cfg['causal'] else 'non-causal'}{', need_weights=True' if cfg['need_weights'] else ''}; "
+             f"one step = {cfg['step']}; "
              f"peak memory = {cfg['memory_method']}.")
     common.write_markdown(out / "complexity.md", "qkv bench complexity", machine, args.command_line, results["date"],
                           [setup, "## Growth exponents\n\n" + exponents, "## Per length\n\n" + per_length])
