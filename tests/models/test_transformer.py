@@ -38,23 +38,117 @@ def tiny_config(**overrides) -> TransformerConfig:
     return TransformerConfig(**values)
 
 
-@pytest.mark.slow
-def test_learns_reverse():
+def exact_match(model: Transformer, batch, **generate_kwargs) -> float:
+    pred = model.generate(batch["src_ids"], batch["src_mask"], max_new_tokens=10, **generate_kwargs)
+    target = batch["labels"].clamp_min(PAD)  # reversal, EOS, then PAD
+    width = target.shape[1]
+    pred = nn.functional.pad(pred, (0, max(0, width - pred.shape[1])), value=PAD)[:, :width]
+    return (pred == target).all(1).float().mean().item()
+
+
+@pytest.fixture(scope="module")
+def reverser() -> Transformer:
+    """A tiny post-LN Transformer trained to reverse strings (300 steps, warm-up then linear decay)."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     model = Transformer(tiny_config())
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.98))
-    for step in range(300):
-        out = model(**reverse_batch(64, g))
+    steps, warmup = 300, 30
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warmup, (steps - s) / (steps - warmup)))
+    for _ in range(steps):
+        loss = model(**reverse_batch(64, g)).loss
         opt.zero_grad()
-        out.loss.backward()
+        loss.backward()
         opt.step()
-    model.eval()
+        sched.step()
+    return model.eval()
+
+
+@pytest.mark.slow
+def test_learns_reverse(reverser):
     test = reverse_batch(500, torch.Generator().manual_seed(1))
-    pred = model.generate(test["src_ids"], test["src_mask"], max_new_tokens=10)
-    target = test["labels"].clamp_min(PAD)
-    width = target.shape[1]
-    pred = torch.nn.functional.pad(pred, (0, max(0, width - pred.shape[1])), value=PAD)[:, :width]
-    exact = (pred == target).all(1).float().mean().item()
-    print(f"loss {out.loss.item():.4f} exact {exact:.4f}")
-    assert exact > 0.99
+    assert exact_match(reverser, test) > 0.99
+    assert exact_match(reverser, test, beam_size=3) > 0.99
+
+
+def test_beam_one_equals_greedy():
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(n_layers=1)).eval()  # untrained: long, varied outputs
+    batch = reverse_batch(16, torch.Generator().manual_seed(2))
+    greedy = model.generate(batch["src_ids"], batch["src_mask"], max_new_tokens=12)
+    beam = model.generate(batch["src_ids"], batch["src_mask"], max_new_tokens=12, beam_size=1)
+    assert torch.equal(greedy, beam)
+    # the beam path itself (K > 1) with the length penalty runs and returns (B, T) ids
+    wide = model.generate(batch["src_ids"], batch["src_mask"], max_new_tokens=12, beam_size=4, length_penalty=1.0)
+    assert wide.shape[0] == 16 and wide.shape[1] <= 12
+
+
+def test_wide_beam_is_exhaustive_search():
+    """With a beam wider than every prefix, beam search returns argmax_Y log P(Y | X) / lp(Y) over
+    all hypotheses of at most 3 tokens ending in EOS (enumerated literally)."""
+    import itertools
+
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(n_layers=1, tgt_vocab_size=5)).eval()  # target ids 0 .. 4, EOS = 2
+    batch = reverse_batch(3, torch.Generator().manual_seed(3))
+    alpha = 0.8
+    beam = model.generate(batch["src_ids"], batch["src_mask"], max_new_tokens=3, beam_size=100, length_penalty=alpha)
+    others = [t for t in range(5) if t != EOS]
+    hyps = [list(p) + [EOS] for n in range(3) for p in itertools.product(others, repeat=n)]  # 1 + 4 + 16
+    for b in range(3):
+        best, best_score = None, float("-inf")
+        for y in hyps:
+            tgt = torch.tensor([[BOS] + y[:-1]])
+            logp = model(batch["src_ids"][b:b + 1], tgt, batch["src_mask"][b:b + 1]).logits.log_softmax(-1)
+            score = logp[0, torch.arange(len(y)), y].sum().item() / ((5 + len(y)) / 6) ** alpha
+            if score > best_score:
+                best, best_score = y, score
+        got = beam[b].tolist()
+        assert got[:len(best)] == best and all(t == PAD for t in got[len(best):])
+
+
+def test_forward_shapes_weights_and_loss():
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(n_decoder_layers=3, label_smoothing=0.1))
+    batch = reverse_batch(4, torch.Generator().manual_seed(0))
+    out = model(**batch, need_weights=True)
+    B, S = batch["src_ids"].shape
+    T = batch["tgt_ids"].shape[1]
+    assert out.logits.shape == (B, T, 13) and out.loss.dim() == 0
+    assert len(out.weights["encoder"]) == 2 and len(out.weights["decoder_self"]) == 3
+    assert out.weights["decoder_cross"][0].shape == (B, 4, T, S)
+    literal = nn.functional.cross_entropy(out.logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100,
+                                          label_smoothing=0.1)
+    torch.testing.assert_close(out.loss, literal)
+    assert model.lm_head.weight is model.encoder.embed.token.weight is model.decoder.embed.token.weight
+
+
+def test_separate_target_vocabulary():
+    model = Transformer(tiny_config(tgt_vocab_size=20))
+    assert model.lm_head.weight.shape == (20, 64)
+    assert model.encoder.embed.token is not model.decoder.embed.token
+    out = model(torch.randint(0, 13, (2, 5)), torch.randint(0, 20, (2, 4)))
+    assert out.logits.shape == (2, 4, 20)
+
+
+def test_bad_inputs():
+    model = Transformer(tiny_config())
+    src = torch.randint(3, 13, (2, 5))
+    with pytest.raises(ValueError, match="src_ids"):
+        model(src + 20, src)
+    with pytest.raises(TypeError, match="src_mask"):
+        model(src, src, src_mask=torch.ones(2, 5))
+    with pytest.raises(ValueError, match="src_mask"):
+        model(src, src, src_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="tgt_ids"):
+        model(src, src[0])
+    with pytest.raises(ValueError, match="labels"):
+        model(src, src, labels=src[:, :3])
+    with pytest.raises(ValueError, match="beam_size"):
+        model.generate(src, beam_size=0)
+    with pytest.raises(ValueError, match="eos_id"):
+        model.generate(src, eos_id=99)
+    with pytest.raises(ValueError, match="bos_id"):
+        tiny_config(bos_id=13)
+    with pytest.raises(ValueError, match="cross_attention"):
+        tiny_config(cross_attention="nope")

@@ -201,8 +201,8 @@ class Transformer(QKVModel):
             top_scores, top_index = candidates.topk(2 * K, dim=-1)  # (B, 2K): at most K end in EOS
             beam, token = top_index // V, top_index % V  # (B, 2K) each
             is_eos = token == eos
-            # hypotheses that end now: EOS candidates among the best K of this step
-            for b, j in (is_eos[:, :K]).nonzero().tolist():
+            # hypotheses that end now: EOS candidates among the best K of this step (finite: a real beam)
+            for b, j in (is_eos[:, :K] & top_scores[:, :K].isfinite()).nonzero().tolist():
                 if len(finished[b]) < K:
                     hyp = torch.cat([tokens[b * K + beam[b, j], 1:], token[b, j:j + 1]])
                     finished[b].append((float(top_scores[b, j]) / lp(t), hyp))

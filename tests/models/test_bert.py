@@ -1,0 +1,148 @@
+"""BERT: the 80/10/10 masking rule, heads and losses, every kernel as an encoder, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import qkv
+from qkv.models.bert import BERT, BERTConfig, mask_tokens
+from qkv.registry import lookup
+
+V, PAD, CLS, SEP, MASK = 50, 0, 1, 2, 3
+SPECIAL = (PAD, CLS, SEP)
+
+
+def tiny(**overrides) -> BERTConfig:
+    values = dict(vocab_size=V, max_len=32, n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0,
+                  attention_dropout=0.0)
+    values.update(overrides)
+    return BERTConfig(**values)
+
+
+def test_masking_follows_80_10_10_and_skips_specials():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, V, (400, 500), generator=g)
+    ids[:, 0], ids[:, -1], ids[:, 250] = CLS, SEP, PAD  # specials in every row
+    inputs, labels = mask_tokens(ids, V, MASK, SPECIAL, prob=0.15, generator=g)
+    special = torch.isin(ids, torch.tensor(SPECIAL))
+    assert (labels[special] == -100).all() and torch.equal(inputs[special], ids[special])
+    selected = labels != -100
+    assert torch.equal(labels[selected], ids[selected]) and torch.equal(inputs[~selected], ids[~selected])
+
+    def within_5_sigma(count, n, p):  # binomial count: |count - n p| <= 5 sqrt(n p (1 - p))
+        return abs(count - n * p) <= 5 * math.sqrt(n * p * (1 - p))
+
+    n_candidates = int((~special).sum())
+    n = int(selected.sum())
+    assert within_5_sigma(n, n_candidates, 0.15)
+    replaced = inputs[selected]
+    originals = ids[selected]
+    n_mask = int((replaced == MASK).sum())
+    n_changed = int(((replaced != MASK) & (replaced != originals)).sum())
+    n_kept = int((replaced == originals).sum())
+    n_drawable = V - len(SPECIAL) - 1  # random replacements avoid the specials and [MASK]
+    assert within_5_sigma(n_mask, n, 0.8)
+    assert within_5_sigma(n_changed, n, 0.1 * (1 - 1 / n_drawable))  # a random draw may hit the original
+    assert within_5_sigma(n_kept, n, 0.1 + 0.1 / n_drawable)
+    assert not torch.isin(replaced, torch.tensor(SPECIAL)).any()
+
+
+def test_masking_is_seeded_and_validates():
+    ids = torch.randint(4, V, (4, 20))
+    a = mask_tokens(ids, V, MASK, SPECIAL, generator=torch.Generator().manual_seed(1))
+    b = mask_tokens(ids, V, MASK, SPECIAL, generator=torch.Generator().manual_seed(1))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(ValueError, match="mask_id"):
+        mask_tokens(ids, V, V, SPECIAL)
+    with pytest.raises(ValueError, match="prob"):
+        mask_tokens(ids, V, MASK, SPECIAL, prob=1.5)
+    with pytest.raises(ValueError, match="input_ids"):
+        mask_tokens(ids + V, V, MASK, SPECIAL)
+
+
+def test_pretraining_heads_and_losses():
+    torch.manual_seed(0)
+    model = BERT(tiny())
+    ids = torch.randint(4, V, (3, 10))
+    types = torch.zeros_like(ids)
+    types[:, 5:] = 1
+    inputs, labels = mask_tokens(ids, V, MASK, SPECIAL, prob=0.3, generator=torch.Generator().manual_seed(0))
+    nsp = torch.tensor([0, 1, 1])
+    out = model(inputs, types, labels=labels, next_sentence_label=nsp, need_weights=True)
+    assert out.logits.shape == (3, 10, V) and out.aux["nsp_logits"].shape == (3, 2)
+    mlm = F.cross_entropy(out.logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+    torch.testing.assert_close(out.loss, mlm + F.cross_entropy(out.aux["nsp_logits"], nsp))
+    assert len(out.weights) == 2 and out.weights[0].shape == (3, 4, 10, 10)
+    assert model.mlm_decoder.weight is model.stack.embed.token.weight
+    out.loss.backward()
+    assert model.stack.embed.segment.weight.grad.abs().sum() > 0
+
+
+def test_padding_is_never_attended():
+    torch.manual_seed(0)
+    model = BERT(tiny()).eval()
+    ids = torch.randint(4, V, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[1, 5:] = False
+    out = model(ids, attention_mask=mask, need_weights=True)
+    assert all((w[1, :, :, 5:] == 0).all() for w in out.weights)
+    other = ids.clone()
+    other[1, 5:] = 4  # what sits in the padding changes nothing elsewhere
+    torch.testing.assert_close(model(other, attention_mask=mask).logits[1, :5], out.logits[1, :5])
+
+
+def test_classification_head():
+    torch.manual_seed(0)
+    model = BERT(tiny(head="classification", num_labels=3))
+    ids = torch.randint(4, V, (4, 6))
+    labels = torch.tensor([0, 2, 1, 2])
+    out = model(ids, labels=labels)
+    assert out.logits.shape == (4, 3)
+    torch.testing.assert_close(out.loss, F.cross_entropy(out.logits, labels))
+    with pytest.raises(ValueError, match="labels"):
+        model(ids, labels=torch.tensor([0, 3, 1, 2]))
+    with pytest.raises(ValueError, match="next_sentence_label"):
+        model(ids, next_sentence_label=labels)
+
+
+def _kernel_kwargs(name):
+    import inspect
+    params = inspect.signature(lookup("attention", name).__init__).parameters
+    guesses = {"radius": 3, "block": 4, "memory": 4, "stride": 4, "c": 1, "bucket_size": 4, "seq_len": 16, "k": 8,
+               "nb_features": 16, "max_span": 8, "mem_len": 8, "image_size": (4, 4), "head_dim": 8}
+    return {k: v for k, v in guesses.items() if k in params and params[k].default is inspect.Parameter.empty}
+
+
+@pytest.mark.parametrize("name", sorted(qkv.list_attention()))
+def test_every_kernel_trains_in_bert(name):
+    torch.manual_seed(0)
+    model = BERT(tiny(attention=name, attention_kwargs=_kernel_kwargs(name))).train()
+    ids = torch.randint(4, V, (2, 16))
+    inputs, labels = mask_tokens(ids, V, MASK, SPECIAL, prob=0.3, generator=torch.Generator().manual_seed(0))
+    out = model(inputs, labels=labels, next_sentence_label=torch.tensor([0, 1]))
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_bad_inputs():
+    model = BERT(tiny())
+    ids = torch.randint(4, V, (2, 6))
+    with pytest.raises(ValueError, match="token_type_ids"):
+        model(ids, token_type_ids=torch.full_like(ids, 2))
+    with pytest.raises(TypeError, match="attention_mask"):
+        model(ids, attention_mask=torch.ones(2, 6, dtype=torch.long))
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(ids, attention_mask=torch.ones(2, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="max_len"):
+        model(torch.randint(4, V, (1, 33)))
+    with pytest.raises(ValueError, match="labels"):
+        model(ids, labels=ids[:, :3])
+    with pytest.raises(ValueError, match="head"):
+        tiny(head="qa")
+    with pytest.raises(ValueError, match="num_labels"):
+        tiny(num_labels=0)

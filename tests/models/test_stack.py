@@ -1,0 +1,166 @@
+"""The shared stack: equal to ``torch.nn.Transformer`` given the same weights, its hooks, and
+its blocks (feed-forward, residual wirings)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from qkv.blocks import FeedForward, PostLN, PreLN, build_residual
+from qkv.models.stack import (BlockState, StackConfig, StackState, TransformerStack, reorder_state)
+from qkv.types import KVCache
+
+
+def copy_torch_transformer(torch_model: nn.Transformer, encoder: TransformerStack, decoder: TransformerStack) -> None:
+    """Copy the weights of a post-LN ``torch.nn.Transformer`` into qkv encoder/decoder stacks.
+
+    Mapping (per layer): ``self_attn`` / ``multihead_attn`` -> ``self_attn`` / ``cross_attn``
+    (``MultiHeadAttention.from_torch`` splits ``in_proj_weight`` into q, k, v); ``linear1`` /
+    ``linear2`` -> ``ff.w1`` / ``ff.w2``; encoder ``norm1``, ``norm2`` -> ``res_self.norm``,
+    ``res_ff.norm``; decoder ``norm1``, ``norm2``, ``norm3`` -> ``res_self``, ``res_cross``,
+    ``res_ff`` norms. torch's closing ``encoder.norm``/``decoder.norm`` have no counterpart in the
+    paper's post-LN stack: the test sets them to None.
+    """
+    def attn(dst, src):
+        dst.load_state_dict(type(dst).from_torch(src).state_dict(), strict=False)
+
+    for ours, theirs in zip(encoder.layers, torch_model.encoder.layers):
+        attn(ours.self_attn, theirs.self_attn)
+        ours.ff.w1.load_state_dict(theirs.linear1.state_dict())
+        ours.ff.w2.load_state_dict(theirs.linear2.state_dict())
+        ours.res_self.norm.load_state_dict(theirs.norm1.state_dict())
+        ours.res_ff.norm.load_state_dict(theirs.norm2.state_dict())
+    for ours, theirs in zip(decoder.layers, torch_model.decoder.layers):
+        attn(ours.self_attn, theirs.self_attn)
+        attn(ours.cross_attn, theirs.multihead_attn)
+        ours.ff.w1.load_state_dict(theirs.linear1.state_dict())
+        ours.ff.w2.load_state_dict(theirs.linear2.state_dict())
+        ours.res_self.norm.load_state_dict(theirs.norm1.state_dict())
+        ours.res_cross.norm.load_state_dict(theirs.norm2.state_dict())
+        ours.res_ff.norm.load_state_dict(theirs.norm3.state_dict())
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor")
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_matches_torch_transformer(norm_first):
+    torch.manual_seed(0)
+    d, h, ff, n = 32, 4, 64, 2
+    theirs = nn.Transformer(d, h, n, n, ff, dropout=0.0, batch_first=True, norm_first=norm_first).double()
+    config = StackConfig(n_layers=n, d_model=d, n_heads=h, d_ff=ff, dropout=0.0,
+                         residual="pre-ln" if norm_first else "post-ln")
+    encoder = TransformerStack(config, vocab_size=5).double()
+    decoder = TransformerStack(config, vocab_size=5, causal=True, cross_attention="softmax").double()
+    if norm_first:  # pre-LN: torch's closing norms are our final LayerNorms
+        encoder.final_norm.load_state_dict(theirs.encoder.norm.state_dict())
+        decoder.final_norm.load_state_dict(theirs.decoder.norm.state_dict())
+    else:
+        theirs.encoder.norm = theirs.decoder.norm = None
+    copy_torch_transformer(theirs, encoder, decoder)
+
+    B, S, T = 3, 7, 5
+    src, tgt = torch.randn(B, S, d, dtype=torch.double), torch.randn(B, T, d, dtype=torch.double)
+    src_mask = torch.arange(S)[None] < torch.tensor([7, 4, 6])[:, None]  # (B, S) True = real token
+    expected = theirs(src, tgt, tgt_mask=nn.Transformer.generate_square_subsequent_mask(T, dtype=torch.double),
+                      tgt_is_causal=True, src_key_padding_mask=~src_mask, memory_key_padding_mask=~src_mask)
+    memory = encoder.run_layers(src, mask=src_mask).hidden
+    got = decoder.run_layers(tgt, memory=memory, memory_mask=src_mask).hidden
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_decoder_stepwise_equals_parallel_with_cached_cross_kv():
+    torch.manual_seed(0)
+    config = StackConfig(n_layers=2, d_model=16, n_heads=2, d_ff=32, dropout=0.0)
+    decoder = TransformerStack(config, vocab_size=11, causal=True, cross_attention="softmax").eval()
+    memory = torch.randn(2, 6, 16)
+    memory_mask = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])
+    y = torch.randint(0, 11, (2, 5))
+    full = decoder(y, memory=memory, memory_mask=memory_mask, need_weights=True)
+    state, outs = None, []
+    for t in range(5):
+        out = decoder(y[:, t:t + 1], memory=memory, memory_mask=memory_mask, state=state, return_state=True)
+        if state is not None:  # the memory's projections are reused, not recomputed
+            assert out.state.layers[0].cross_kv[0] is state.layers[0].cross_kv[0]
+        state, outs = out.state, outs + [out.hidden]
+    torch.testing.assert_close(torch.cat(outs, 1), full.hidden, atol=1e-5, rtol=0)
+    assert len(full.weights) == len(full.cross_weights) == 2
+    assert full.cross_weights[0].shape == (2, 2, 5, 6)
+    assert (full.cross_weights[1][1, :, :, 3:] == 0).all()  # padding never attended
+
+
+def test_block_state_and_stack_state_are_typed():
+    config = StackConfig(n_layers=3, d_model=8, n_heads=2, d_ff=16, dropout=0.0, positional="learned")
+    stack = TransformerStack(config, vocab_size=7, causal=True).eval()
+    out = stack(torch.randint(0, 7, (2, 4)), return_state=True, return_hidden=True)
+    assert isinstance(out.state, StackState) and out.state.position == 4
+    assert all(isinstance(s, BlockState) and isinstance(s.self_attn, KVCache) for s in out.state.layers)
+    assert len(out.hidden_states) == 3
+    with pytest.raises(ValueError, match="layers"):
+        stack.run_layers(torch.randn(2, 1, 8), state=StackState(out.state.layers[:2], 4))
+
+
+def test_reorder_state_selects_batch_rows():
+    cache = KVCache(torch.arange(3.0).view(3, 1, 1, 1).expand(3, 2, 4, 5), torch.zeros(3, 2, 4, 5), offset=2)
+    state = StackState((BlockState(cache, (torch.arange(3.0), torch.arange(3.0))),), position=4)
+    new = reorder_state(state, torch.tensor([2, 2, 0]))
+    assert new.position == 4 and new.layers[0].self_attn.offset == 2
+    assert new.layers[0].self_attn.key[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
+    assert new.layers[0].cross_kv[1].tolist() == [2.0, 2.0, 0.0]
+
+
+def test_sinusoidal_positions_follow_the_offset():
+    config = StackConfig(n_layers=1, d_model=8, n_heads=2, d_ff=16, dropout=0.0)
+    stack = TransformerStack(config, vocab_size=7, causal=True).eval()
+    ids = torch.randint(0, 7, (1, 6))
+    full = stack.embed(ids)
+    torch.testing.assert_close(stack.embed(ids[:, 4:], offset=4), full[:, 4:])
+
+
+def test_full_padding_mask_is_dropped_for_fast_path():
+    config = StackConfig(n_layers=1, d_model=8, n_heads=2, d_ff=16, dropout=0.0)
+    stack = TransformerStack(config, vocab_size=7).eval()
+    ids = torch.randint(0, 7, (2, 5))
+    torch.testing.assert_close(stack(ids, mask=torch.ones(2, 5, dtype=torch.bool)).hidden, stack(ids).hidden)
+
+
+# ----------------------------------------------------------------------------- blocks
+
+
+def test_feed_forward_is_the_paper_equation():
+    torch.manual_seed(0)
+    ff = FeedForward(6, 10)
+    x = torch.randn(2, 5, 6)
+    # FFN(x) = max(0, x W1 + b1) W2 + b2
+    literal = torch.clamp(x @ ff.w1.weight.T + ff.w1.bias, min=0) @ ff.w2.weight.T + ff.w2.bias
+    torch.testing.assert_close(ff(x), literal)
+    chunked = FeedForward(6, 10, chunk_size=2)
+    chunked.load_state_dict(ff.state_dict())
+    torch.testing.assert_close(chunked(x), literal)
+    with pytest.raises(ValueError, match="activation"):
+        FeedForward(6, 10, "swish")
+
+
+def test_residual_wirings():
+    torch.manual_seed(0)
+    x, f = torch.randn(2, 3, 4), nn.Linear(4, 4)
+    post, pre = build_residual("post-ln", 4), build_residual("pre-ln", 4)
+    assert isinstance(post, PostLN) and isinstance(pre, PreLN)
+    ln = nn.functional.layer_norm
+    torch.testing.assert_close(post.exit(x, f(post.enter(x))), ln(x + f(x), (4,)))  # LN(x + F(x))
+    torch.testing.assert_close(pre.exit(x, f(pre.enter(x))), x + f(ln(x, (4,))))  # x + F(LN(x))
+    assert pre.final_norm and not post.final_norm
+    with pytest.raises(ValueError, match="sandwich"):
+        build_residual("sandwich", 4)
+
+
+def test_stack_rejects_bad_inputs():
+    config = StackConfig(n_layers=1, d_model=8, n_heads=2, d_ff=16)
+    with pytest.raises(TypeError, match="config"):
+        TransformerStack({"n_layers": 1}, vocab_size=3)
+    stack = TransformerStack(config, vocab_size=7, cross_attention="softmax")
+    with pytest.raises(ValueError, match="memory"):
+        stack(torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="x must be 3-D"):
+        stack.run_layers(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="token_type_ids"):
+        stack(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long), memory=torch.zeros(1, 2, 8))
