@@ -240,3 +240,22 @@ def test_bad_config(field, value, error):
 def test_unknown_kernel_kwarg_raises():
     with pytest.raises(TypeError, match="radiuss"):
         GPT(tiny(attention="window", attention_kwargs={"radiuss": 2}))
+
+
+def test_training_forward_takes_the_sdpa_causal_fast_path(monkeypatch):
+    """No dense mask on the causal path: SDPA is called with is_causal=True and no attn_mask."""
+    import qkv.attention.softmax as softmax_module
+
+    calls = []
+    sdpa = softmax_module.F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(softmax_module.F, "scaled_dot_product_attention", spy)
+    m = model(n_layers=2).train()
+    x = torch.randint(0, V, (2, 10))
+    m(x, labels=x).loss.backward()
+    assert len(calls) == 2
+    assert all(c.get("is_causal") is True and c.get("attn_mask") is None for c in calls)

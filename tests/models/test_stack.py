@@ -8,37 +8,17 @@ import torch
 from torch import nn
 
 from qkv.blocks import FeedForward, PostLN, PreLN, build_residual
-from qkv.models.stack import (BlockState, StackConfig, StackState, TransformerStack, reorder_state)
+from qkv.models.stack import (BlockState, StackConfig, StackState, TransformerStack, copy_torch_layer,
+                              reorder_state)
 from qkv.types import KVCache
 
 
 def copy_torch_transformer(torch_model: nn.Transformer, encoder: TransformerStack, decoder: TransformerStack) -> None:
-    """Copy the weights of a post-LN ``torch.nn.Transformer`` into qkv encoder/decoder stacks.
-
-    Mapping (per layer): ``self_attn`` / ``multihead_attn`` -> ``self_attn`` / ``cross_attn``
-    (``MultiHeadAttention.from_torch`` splits ``in_proj_weight`` into q, k, v); ``linear1`` /
-    ``linear2`` -> ``ff.w1`` / ``ff.w2``; encoder ``norm1``, ``norm2`` -> ``res_self.norm``,
-    ``res_ff.norm``; decoder ``norm1``, ``norm2``, ``norm3`` -> ``res_self``, ``res_cross``,
-    ``res_ff`` norms. torch's closing ``encoder.norm``/``decoder.norm`` have no counterpart in the
-    paper's post-LN stack: the test sets them to None.
-    """
-    def attn(dst, src):
-        dst.load_state_dict(type(dst).from_torch(src).state_dict(), strict=False)
-
+    """Copy a ``torch.nn.Transformer``'s layers into qkv encoder/decoder stacks (``copy_torch_layer``)."""
     for ours, theirs in zip(encoder.layers, torch_model.encoder.layers):
-        attn(ours.self_attn, theirs.self_attn)
-        ours.ff.w1.load_state_dict(theirs.linear1.state_dict())
-        ours.ff.w2.load_state_dict(theirs.linear2.state_dict())
-        ours.res_self.norm.load_state_dict(theirs.norm1.state_dict())
-        ours.res_ff.norm.load_state_dict(theirs.norm2.state_dict())
+        copy_torch_layer(ours, theirs)
     for ours, theirs in zip(decoder.layers, torch_model.decoder.layers):
-        attn(ours.self_attn, theirs.self_attn)
-        attn(ours.cross_attn, theirs.multihead_attn)
-        ours.ff.w1.load_state_dict(theirs.linear1.state_dict())
-        ours.ff.w2.load_state_dict(theirs.linear2.state_dict())
-        ours.res_self.norm.load_state_dict(theirs.norm1.state_dict())
-        ours.res_cross.norm.load_state_dict(theirs.norm2.state_dict())
-        ours.res_ff.norm.load_state_dict(theirs.norm3.state_dict())
+        copy_torch_layer(ours, theirs)
 
 
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor")
@@ -51,7 +31,9 @@ def test_matches_torch_transformer(norm_first):
                          residual="pre-ln" if norm_first else "post-ln")
     encoder = TransformerStack(config, vocab_size=5).double()
     decoder = TransformerStack(config, vocab_size=5, causal=True, cross_attention="softmax").double()
-    if norm_first:  # pre-LN: torch's closing norms are our final LayerNorms
+    # torch's closing encoder.norm / decoder.norm: our final LayerNorms with pre-LN; with post-LN the
+    # paper has none, so torch's are removed
+    if norm_first:
         encoder.final_norm.load_state_dict(theirs.encoder.norm.state_dict())
         decoder.final_norm.load_state_dict(theirs.decoder.norm.state_dict())
     else:

@@ -49,7 +49,7 @@ from ..registry import lookup, names, register
 
 __all__ = [
     "StackConfig", "TransformerStack", "TransformerBlock", "Embeddings", "BlockState", "StackState",
-    "BlockOutput", "StackOutput", "NoPositionalEncoding", "check_ids", "reorder_state",
+    "BlockOutput", "StackOutput", "NoPositionalEncoding", "check_ids", "reorder_state", "copy_torch_layer",
 ]
 
 
@@ -346,8 +346,9 @@ class TransformerStack(nn.Module):
             if not isinstance(state, StackState):
                 raise TypeError(f"state must be the StackState a previous call returned, got {type(state).__name__}")
             offset = state.position
+        check_ids("input_ids", input_ids, self.embed.vocab_size)
         max_len = self.config.max_len
-        if self.config.positional == "learned" and input_ids.dim() == 2 and offset + input_ids.shape[1] > max_len:
+        if self.config.positional == "learned" and offset + input_ids.shape[1] > max_len:
             raise ValueError(f"input_ids reach position {offset + input_ids.shape[1]}, beyond max_len={max_len} "
                              f"of the learned positional embedding")
         x = self.embed(input_ids, token_type_ids, offset=offset)
@@ -392,6 +393,30 @@ class TransformerStack(nn.Module):
         return StackOutput(self.final_norm(x), weights if need_weights else None,
                            cross_weights if need_weights and has_cross else None, new_state,
                            hidden_states if return_hidden else None)
+
+
+def copy_torch_layer(block: TransformerBlock, layer: nn.Module) -> None:
+    """Copy a ``torch.nn.TransformerEncoderLayer`` / ``TransformerDecoderLayer`` into ``block``.
+
+    Mapping: ``self_attn`` -> ``self_attn`` and ``multihead_attn`` -> ``cross_attn`` (through
+    ``MultiHeadAttention.from_torch``, which splits ``in_proj_weight`` into q, k, v);
+    ``linear1``/``linear2`` -> ``ff.w1``/``ff.w2``; ``norm1``, (``norm2`` cross), last norm ->
+    ``res_self``, (``res_cross``), ``res_ff`` LayerNorms. The residual wiring must match the
+    layer's ``norm_first`` (pre-LN) or not (post-LN); a stack's closing norm is copied separately.
+    """
+    decoder = isinstance(layer, nn.TransformerDecoderLayer)
+    if not decoder and not isinstance(layer, nn.TransformerEncoderLayer):
+        raise TypeError(f"layer must be an nn.TransformerEncoderLayer or nn.TransformerDecoderLayer, got {type(layer).__name__}")
+    if decoder != (block.cross_attn is not None):
+        raise ValueError("a decoder layer needs a block with cross-attention, an encoder layer one without")
+    pairs = [(block.self_attn, layer.self_attn)] + ([(block.cross_attn, layer.multihead_attn)] if decoder else [])
+    for ours, theirs in pairs:
+        ours.load_state_dict(MultiHeadAttention.from_torch(theirs).state_dict())
+    block.ff.w1.load_state_dict(layer.linear1.state_dict())
+    block.ff.w2.load_state_dict(layer.linear2.state_dict())
+    norms = [block.res_self, block.res_cross, block.res_ff] if decoder else [block.res_self, block.res_ff]
+    for wiring, norm in zip(norms, (layer.norm1, layer.norm2, layer.norm3) if decoder else (layer.norm1, layer.norm2)):
+        wiring.norm.load_state_dict(norm.state_dict())
 
 
 def _drop_if_full(mask: Optional[Tensor]) -> Optional[Tensor]:
