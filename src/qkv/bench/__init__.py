@@ -5,7 +5,9 @@ Subcommands (``qkv bench NAME --help``):
 * ``complexity`` — time and peak memory of every attention kernel over a ladder of lengths, with
   the fitted growth exponents (``qkv.bench.complexity``);
 * ``kernels`` — qkv's softmax kernel and multi-head attention against PyTorch's SDPA and
-  ``nn.MultiheadAttention``, as time ratios (``qkv.bench.kernels``).
+  ``nn.MultiheadAttention``, as time ratios (``qkv.bench.kernels``);
+* ``gpt`` — training tokens/s of a small qkv GPT against the same GPT built from
+  ``nn.TransformerEncoderLayer`` (``qkv.bench.gpt``).
 
 Adding a benchmark: write a module exposing ``add_arguments(parser)`` (its own options) and
 ``run(args) -> dict`` (measure, write results into ``args.out``, print a table, return the
@@ -25,7 +27,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import common, complexity, kernels
+from . import common, complexity, gpt, kernels
 
 __all__ = ["BENCHMARKS", "build_parser", "main", "common"]
 
@@ -33,6 +35,7 @@ __all__ = ["BENCHMARKS", "build_parser", "main", "common"]
 BENCHMARKS: Dict[str, ModuleType] = {
     "complexity": complexity,
     "kernels": kernels,
+    "gpt": gpt,
 }
 
 
