@@ -75,9 +75,6 @@ class WindowAttention(AttentionKernel):
         k_blocks = F.pad(k, (0, 0, pad_left, pad_right))[:, :, base:].unfold(2, W, b)  # (B, H, nb, E, W)
         v_blocks = F.pad(v, (0, 0, pad_left, pad_right))[:, :, base:].unfold(2, W, b)  # (B, H, nb, Ev, W)
 
-        scale = 1.0 / math.sqrt(E)
-        scores = (q_blocks @ k_blocks) * scale  # (B, H, nb, b, W)
-
         # Query qi of block t is at o + t b + qi; key column kj at o + t b - r + kj: d = qi - kj + r.
         qi = torch.arange(b, device=q.device).view(b, 1)
         kj = torch.arange(W, device=q.device).view(1, W)
@@ -90,17 +87,24 @@ class WindowAttention(AttentionKernel):
             kpm = F.pad(kpm, (pad_left, pad_right), value=False)[:, :, base:].unfold(2, W, b)  # (B|1, H|1, nb, W)
             valid = valid & kpm.unsqueeze(-2)  # (B|1, H|1, nb, b, W)
 
-        weights = masked_softmax(scores, valid)  # (B, H, nb, b, W)
         dropout_p = self.dropout if self.training else 0.0
-        dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-        out = (dropped @ v_blocks.transpose(-1, -2)).reshape(B, H, nb * b, -1)[:, :, :M]  # (B, H, M, Ev)
+        k_blocks, v_blocks = k_blocks.transpose(-1, -2), v_blocks.transpose(-1, -2)  # (B, H, nb, W, E)
+        if not need_weights:
+            # Each block is a small dense attention problem: the fused kernel takes them all at once.
+            out = F.scaled_dot_product_attention(q_blocks, k_blocks, v_blocks, attn_mask=valid, dropout_p=dropout_p)
+            if q.device.type != "cpu":
+                out = out.masked_fill(~valid.any(-1, keepdim=True), 0.0)  # rows with no key: zeros on every backend
+            return AttentionOutput(out.reshape(B, H, nb * b, -1)[:, :, :M], None, cache)  # (B, H, M, Ev)
 
-        dense = None
-        if need_weights:
-            # Scatter the band back into (B, H, M, N) for inspection and plots (O(M N): on request only).
-            n_pad = N + pad_left + pad_right
-            cols = (base + torch.arange(nb, device=q.device).view(nb, 1, 1) * b + kj.view(1, 1, W)).expand(nb, b, W)
-            dense = weights.new_zeros(B, H, nb, b, n_pad)
-            dense.scatter_(-1, cols.expand(B, H, nb, b, W), weights)
-            dense = dense.view(B, H, nb * b, n_pad)[:, :, :M, pad_left:pad_left + N]
+        scores = (q_blocks @ k_blocks.transpose(-1, -2)) / math.sqrt(E)  # (B, H, nb, b, W)
+        weights = masked_softmax(scores, valid)  # (B, H, nb, b, W)
+        dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+        out = (dropped @ v_blocks).reshape(B, H, nb * b, -1)[:, :, :M]  # (B, H, M, Ev)
+
+        # Scatter the band back into (B, H, M, N) for inspection and plots (O(M N): on request only).
+        n_pad = N + pad_left + pad_right
+        cols = (base + torch.arange(nb, device=q.device).view(nb, 1, 1) * b + kj.view(1, 1, W)).expand(nb, b, W)
+        dense = weights.new_zeros(B, H, nb, b, n_pad)
+        dense.scatter_(-1, cols.expand(B, H, nb, b, W), weights)
+        dense = dense.view(B, H, nb * b, n_pad)[:, :, :M, pad_left:pad_left + N]
         return AttentionOutput(out, dense, cache)
