@@ -1,0 +1,408 @@
+"""Reproduce docs/reproductions/pooling-memory.md in one command.
+
+    .venv/bin/python benchmarks/repro_pooling_memory.py                 # ~15-20 min on 2 CPU cores
+    .venv/bin/python benchmarks/repro_pooling_memory.py --only mil ntm  # some sections (others keep their last results)
+    .venv/bin/python benchmarks/repro_pooling_memory.py --quick         # smoke run (numbers meaningless)
+
+Sections, each trained with ``qkv.train.Trainer`` and scored on held-out data:
+
+1. ``nw``   Nadaraya–Watson regression (fixed and learned kernel width): test MSE, weight heat maps.
+2. ``mil``  AttentionMIL on MNIST-bags (gated attention, attention, mean pooling) and Deep Sets:
+            bag accuracy/AUC, instance AUC of the attention weights; one test bag with its weights.
+3. ``memory`` EndToEndMemoryNetwork (3 hops) on babi-single, babi-two, babi-counting and
+            StackedAttention on babi-single: test accuracy; per-hop attention over one story.
+4. ``ntm``  NeuralTuringMachine vs an LSTM of about the same parameter count on the copy task,
+            trained on lengths 1-10, tested on 10, 20 and 30; read/write weightings.
+5. ``han``  HierarchicalAttentionNetwork vs a flat bidirectional GRU on BBC News; word and
+            sentence weights of a few test articles as HTML and PNG.
+6. ``se``   a small CNN with and without squeeze-and-excitation on MNIST digits.
+7. ``gat``  a 2-layer GAT on the karate club (semi-supervised, 3 labelled members per club).
+
+Results accumulate in ``docs/reproductions/pooling-memory.json``; the markdown is rewritten from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import time
+from pathlib import Path
+from typing import Any, Dict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from qkv.models.graph_attention import GATConfig, GraphAttention  # noqa: E402
+from qkv.models.han import FlatGRU, FlatGRUConfig, HANConfig, HierarchicalAttentionNetwork  # noqa: E402
+from qkv.models.memnet import EndToEndMemoryNetwork, MemoryNetworkConfig  # noqa: E402
+from qkv.models.nadaraya_watson import NadarayaWatson, NadarayaWatsonConfig  # noqa: E402
+from qkv.models.ntm import LSTMBaseline, LSTMBaselineConfig, NeuralTuringMachine, NTMConfig  # noqa: E402
+from qkv.models.pooling import AttentionMIL, AttentionMILConfig, DeepSets, DeepSetsConfig  # noqa: E402
+from qkv.models.squeeze_excitation import SECNN, SECNNConfig  # noqa: E402
+from qkv.models.stacked_attention import StackedAttention, StackedAttentionConfig  # noqa: E402
+from qkv.tasks.babi import BabiCounting, BabiSingle, BabiTwo  # noqa: E402
+from qkv.tasks.bags import DigitBags  # noqa: E402
+from qkv.tasks.bbc import CLASSES, BBCNews, fetch_bbc  # noqa: E402
+from qkv.tasks.data import fetch  # noqa: E402
+from qkv.tasks.digits import Digits  # noqa: E402
+from qkv.tasks.graphs import KarateClub  # noqa: E402
+from qkv.tasks.ntm_copy import NTMCopy  # noqa: E402
+from qkv.tasks.regression import NWRegression, target_function  # noqa: E402
+from qkv.train import TrainConfig, Trainer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "reproductions" / "pooling-memory.md"
+RESULTS = ROOT / "docs" / "reproductions" / "pooling-memory.json"
+IMG = ROOT / "docs" / "reproductions" / "img"
+OUT = ROOT / "runs" / "repro_pooling_memory"
+QUICK = False
+
+
+def params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def train(model, task, name: str, steps: int, batch_size: int, lr: float, warmup: int = 50, **kw: Any) -> float:
+    """Train with the qkv Trainer into a fresh run directory; returns seconds."""
+    if QUICK:
+        steps = max(2, steps // 50)
+    out = OUT / name
+    if out.exists():
+        for p in sorted(out.rglob("*"), reverse=True):
+            p.unlink() if p.is_file() else p.rmdir()
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=min(warmup, steps // 4), weight_decay=kw.pop("weight_decay", 0.0),
+                      eval_every=0, eval_batches=0, eval_max_examples=64, save_every=0, keep_last=1,
+                      out_dir=str(out), progress=False, tensorboard=False, **kw)
+    t0 = time.time()
+    Trainer(model, task, cfg).fit()
+    return round(time.time() - t0, 1)
+
+
+def save(fig, name: str) -> str:
+    IMG.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(IMG / name, dpi=110)
+    plt.close(fig)
+    return f"img/{name}"
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def run_nw() -> Dict[str, Any]:
+    task = NWRegression()
+    res: Dict[str, Any] = {}
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    batch = next(task.eval_batches("test", 1000))
+    for i, kernel in enumerate(("fixed", "learned")):
+        torch.manual_seed(0)
+        model = NadarayaWatson(NadarayaWatsonConfig(kernel=kernel))
+        seconds = train(model, task, f"nw-{kernel}", 200, 50, 0.5, warmup=0, schedule="constant") if kernel == "learned" else 0.0
+        metrics = task.evaluate(model, "test")
+        res[kernel] = {"mse": metrics["mse"], "w": model.w.item(), "seconds": seconds}
+        with torch.no_grad():
+            out = model(**batch, need_weights=True)
+        axes[0].plot(batch["x"], out.logits, label=f"{kernel} (w = {model.w.item():.2f})")
+        axes[i + 1].imshow(out.weights, cmap="Reds", aspect="auto")
+        axes[i + 1].set_title(f"{kernel} kernel: weights (test x by sorted train x_i)", fontsize=9)
+        axes[i + 1].set_xlabel("training input (sorted)")
+        axes[i + 1].set_ylabel("test query")
+    axes[0].plot(batch["x"], target_function(batch["x"]), "k--", label="truth")
+    axes[0].plot(task.x_train, task.y_train, "o", alpha=0.4, ms=3, label="training points")
+    axes[0].legend(fontsize=7)
+    res["plot"] = save(fig, "nw_regression.png")
+    return res
+
+
+def run_mil() -> Dict[str, Any]:
+    fetch(["mnist"])
+    task = DigitBags()
+    res: Dict[str, Any] = {"train_bags": task.size("train"), "test_bags": task.size("test")}
+    steps = 500
+    for pooling in ("gated", "attention", "mean"):
+        torch.manual_seed(0)
+        model = AttentionMIL(AttentionMILConfig(pooling=pooling))
+        seconds = train(model, task, f"mil-{pooling}", steps, 8, 5e-4, weight_decay=1e-4, betas=(0.9, 0.999))
+        res[pooling] = {**task.evaluate(model, "test"), "seconds": seconds, "params": params(model)}
+        if pooling == "gated":
+            gated = model
+    torch.manual_seed(0)
+    ds = DeepSets(DeepSetsConfig())
+    seconds = train(ds, task, "deep-sets", steps, 8, 5e-4, weight_decay=1e-4, betas=(0.9, 0.999))
+    res["deep-sets"] = {**task.evaluate(ds, "test"), "seconds": seconds, "params": params(ds)}
+    # one positive test bag and its gated-attention weights
+    batch = task._take("test", torch.arange(40), meta=True)
+    pick = int(torch.nonzero(batch["labels"] == 1)[0])
+    with torch.no_grad():
+        out = gated(bags=batch["bags"][pick : pick + 1], mask=batch["mask"][pick : pick + 1], need_weights=True)
+    m = batch["mask"][pick]
+    k = int(m.sum())
+    fig, axes = plt.subplots(1, k, figsize=(1.2 * k, 1.8))
+    for i in range(k):
+        axes[i].imshow(batch["bags"][pick, i, 0], cmap="gray_r")
+        axes[i].set_title(f"{float(out.weights[0, i]):.2f}", fontsize=8, color="red" if batch["instance_labels"][pick, i] else "black")
+        axes[i].axis("off")
+    fig.suptitle("gated attention weights on a positive test bag (red: a 9)", fontsize=9)
+    res["plot"] = save(fig, "mil_bag.png")
+    return res
+
+
+def run_memory() -> Dict[str, Any]:
+    res: Dict[str, Any] = {}
+    for name, cls in (("babi-single", BabiSingle), ("babi-two", BabiTwo), ("babi-counting", BabiCounting)):
+        task = cls()
+        torch.manual_seed(0)
+        model = EndToEndMemoryNetwork(MemoryNetworkConfig(vocab_size=task.vocab.size, n_hops=3, max_sentences=task.max_sentences))
+        steps = 1500 if name == "babi-single" else 4000
+        seconds = train(model, task, f"memn2n-{name}", steps, 32, 1e-2, grad_clip=40.0)
+        res[f"memn2n/{name}"] = {**task.evaluate(model, "test"), "seconds": seconds, "params": params(model)}
+        if name == "babi-single":
+            single_task, memn2n = task, model
+            torch.manual_seed(0)
+            san = StackedAttention(StackedAttentionConfig(vocab_size=task.vocab.size, max_sentences=task.max_sentences))
+            seconds = train(san, task, "san-babi-single", 1500, 32, 3e-3)
+            res["san/babi-single"] = {**task.evaluate(san, "test"), "seconds": seconds, "params": params(san)}
+    # per-hop attention over one test story
+    batch = single_task._take("test", torch.arange(20), meta=True)
+    n = int(torch.argmax(batch["story_mask"].sum(-1)))
+    with torch.no_grad():
+        out = memn2n(story=batch["story"][n : n + 1], query=batch["query"][n : n + 1],
+                     story_mask=batch["story_mask"][n : n + 1], need_weights=True)
+    S = int(batch["story_mask"][n].sum())
+    sentences = [single_task.vocab.decode(batch["story"][n, i]) for i in range(S)]
+    w = torch.stack([p[0, :S] for p in out.weights])  # (hops, S)
+    fig, ax = plt.subplots(figsize=(7, 0.35 * S + 1.2))
+    ax.imshow(w.t(), cmap="Blues", aspect="auto", vmin=0, vmax=1)
+    ax.set_xticks(range(w.shape[0]), [f"hop {k + 1}" for k in range(w.shape[0])])
+    ax.set_yticks(range(S), [s + (" *" if batch["supporting"][n, i] else "") for i, s in enumerate(sentences)], fontsize=8)
+    answer = single_task.vocab.words[int(out.logits.argmax())]
+    ax.set_title(f"{single_task.vocab.decode(batch['query'][n])}? -> {answer} (* = supporting fact)", fontsize=9)
+    res["plot"] = save(fig, "memn2n_hops.png")
+    return res
+
+
+def run_ntm() -> Dict[str, Any]:
+    task = NTMCopy(width=8, min_len=1, max_len=10, eval_lengths=(10, 20, 30), eval_size=64)
+    torch.manual_seed(0)
+    ntm = NeuralTuringMachine(NTMConfig(input_dim=9, output_dim=8, controller_size=100, memory_slots=64, memory_width=20))
+    torch.manual_seed(0)
+    lstm = LSTMBaseline(LSTMBaselineConfig(input_dim=9, output_dim=8, hidden_size=120))
+    res: Dict[str, Any] = {}
+    kw = dict(grad_clip=10.0, betas=(0.9, 0.999), eps=1e-8, schedule="constant")
+    for name, model in (("ntm", ntm), ("lstm", lstm)):
+        seconds = train(model, task, f"copy-{name}", 5000, 16, 1e-3, **kw)
+        res[name] = {**task.evaluate(model, "test"), "seconds": seconds, "params": params(model)}
+    batch = next(task.eval_batches("test", 1, length=20))
+    with torch.no_grad():
+        out = ntm(inputs=batch["inputs"], need_weights=True)
+        lstm_out = lstm(inputs=batch["inputs"])
+    fig, axes = plt.subplots(1, 5, figsize=(15, 3.4))
+    panels = [(batch["inputs"][0, :, :8].t(), "input bits"), (batch["labels"][0].t(), "target"),
+              (torch.sigmoid(out.logits[0]).t(), "NTM output"), (torch.sigmoid(lstm_out.logits[0]).t(), "LSTM output")]
+    for ax, (img, title) in zip(axes, panels):
+        ax.imshow(img, cmap="gray_r", aspect="auto", vmin=0, vmax=1)
+        ax.set_title(f"{title} (length 20)", fontsize=9)
+        ax.set_xlabel("time step")
+    rw, ww = out.weights["read"][0, :, 0], out.weights["write"][0]  # (T, N)
+    axes[4].imshow(torch.cat([ww[:, :32], torch.zeros(ww.shape[0], 1), rw[:, :32]], 1).t(), cmap="Blues", aspect="auto")
+    axes[4].set_title("write (top) / read (bottom) weightings, slots 0-31", fontsize=9)
+    axes[4].set_xlabel("time step")
+    res["plot"] = save(fig, "ntm_copy.png")
+    return res
+
+
+def _highlight_html(task: BBCNews, doc: torch.Tensor, weights: Dict[str, torch.Tensor], label: str, pred: str) -> str:
+    rows = []
+    for i in range(doc.shape[0]):
+        words = doc[i][doc[i] != 0]
+        if len(words) == 0:
+            continue
+        s = float(weights["sentence"][i])
+        spans = []
+        for t, wid in enumerate(words.tolist()):
+            a = float(weights["word"][i, t])
+            spans.append(f'<span style="background: rgba(255,0,0,{min(1.0, a * 3):.2f})">{html.escape(task.vocab.words[wid])}</span>')
+        rows.append(f'<p><span style="display:inline-block;width:3em;background: rgba(0,0,255,{min(1.0, s * 2):.2f})">'
+                    f"{s:.2f}</span> {' '.join(spans)}</p>")
+    return f"<h3>label: {label}, predicted: {pred}</h3>\n" + "\n".join(rows)
+
+
+def run_han() -> Dict[str, Any]:
+    fetch_bbc()
+    task = BBCNews(max_sentences=20, max_words=30)
+    V = task.vocab.size
+    res: Dict[str, Any] = {"vocab": V}
+    torch.manual_seed(0)
+    han = HierarchicalAttentionNetwork(HANConfig(vocab_size=V))
+    torch.manual_seed(0)
+    flat = FlatGRU(FlatGRUConfig(vocab_size=V))
+    for name, model in (("han", han), ("flat-gru", flat)):
+        seconds = train(model, task, f"bbc-{name}", 200, 32, 2e-3, warmup=20)
+        res[name] = {**task.evaluate(model, "test"), "seconds": seconds, "params": params(model)}
+    batch = next(task.eval_batches("test", 3))
+    with torch.no_grad():
+        out = han(doc=batch["doc"], need_weights=True)
+    pages = []
+    fig, axes = plt.subplots(3, 1, figsize=(11, 9))
+    for b in range(3):
+        w = {"word": out.weights["word"][b], "sentence": out.weights["sentence"][b]}
+        label, pred = CLASSES[int(batch["labels"][b])], CLASSES[int(out.logits[b].argmax())]
+        pages.append(_highlight_html(task, batch["doc"][b], w, label, pred))
+        ax = axes[b]
+        ax.axis("off")
+        y = 1.0
+        shown = 0
+        for i in range(batch["doc"].shape[1]):
+            words = batch["doc"][b, i][batch["doc"][b, i] != 0]
+            if len(words) == 0 or shown >= 6:
+                continue
+            shown += 1
+            x = 0.06
+            ax.text(0.0, y, f"{float(w['sentence'][i]):.2f}", fontsize=7, transform=ax.transAxes,
+                    bbox=dict(facecolor="blue", alpha=min(1.0, float(w["sentence"][i]) * 2), pad=1))
+            for t, wid in enumerate(words.tolist()[:22]):
+                word = task.vocab.words[wid]
+                ax.text(x, y, word, fontsize=7, transform=ax.transAxes,
+                        bbox=dict(facecolor="red", alpha=min(1.0, float(w["word"][i, t]) * 3), pad=1, linewidth=0))
+                x += 0.0085 * (len(word) + 1)
+            y -= 0.16
+        ax.set_title(f"label {label}, predicted {pred} (first 6 sentences; blue: sentence weight, red: word weight)", fontsize=8)
+    res["plot"] = save(fig, "han_bbc.png")
+    (IMG / "han_bbc.html").write_text("<html><body style='font-family:sans-serif;font-size:12px'>\n"
+                                      + "\n<hr>\n".join(pages) + "\n</body></html>\n")
+    res["html"] = "img/han_bbc.html"
+    return res
+
+
+def run_se() -> Dict[str, Any]:
+    fetch(["mnist"])
+    task = Digits()
+    res: Dict[str, Any] = {}
+    for use_se in (True, False):
+        torch.manual_seed(0)
+        model = SECNN(SECNNConfig(use_se=use_se))
+        seconds = train(model, task, f"digits-se{int(use_se)}", 400, 64, 3e-3)
+        res["se" if use_se else "plain"] = {**task.evaluate(model, "test"), "seconds": seconds, "params": params(model)}
+    return res
+
+
+def run_gat() -> Dict[str, Any]:
+    task = KarateClub()
+    torch.manual_seed(0)
+    model = GraphAttention(GATConfig())
+    seconds = train(model, task, "karate-gat", 200, 1, 5e-3, warmup=0, weight_decay=5e-4, schedule="constant")
+    return {**task.evaluate(model, "test"), "valid": task.evaluate(model, "valid")["accuracy"], "seconds": seconds,
+            "params": params(model), "train_nodes": len(task.nodes["train"])}
+
+
+SECTIONS = {"nw": run_nw, "mil": run_mil, "memory": run_memory, "ntm": run_ntm, "han": run_han, "se": run_se, "gat": run_gat}
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _f(x: Any, digits: int = 3) -> str:
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def write_doc(results: Dict[str, Any]) -> None:
+    L = ["# Pooling, memory and iteration: reproductions", "",
+         "Produced by `.venv/bin/python benchmarks/repro_pooling_memory.py` (each section trains with "
+         "`qkv.train.Trainer` on CPU and is scored on held-out data; numbers below are from the last run, "
+         f"{results.get('_meta', {}).get('machine', '')}). Raw numbers: `pooling-memory.json`.", ""]
+    if "nw" in results:
+        r = results["nw"]
+        L += ["## Nadaraya–Watson kernel regression (`nadaraya-watson`, task `nw-regression`)", "",
+              "50 noisy samples of `2 sin(x) + x^0.8`; test MSE against the noise-free function on a grid.", "",
+              "| kernel | w | test MSE |", "| --- | --- | --- |",
+              f"| fixed (w = 1) | {r['fixed']['w']:.2f} | {r['fixed']['mse']:.3f} |",
+              f"| learned (leave-one-out training) | {r['learned']['w']:.2f} | {r['learned']['mse']:.3f} |", "",
+              f"![NW]({r['plot']})", ""]
+    if "mil" in results:
+        r = results["mil"]
+        L += ["## Attention MIL on MNIST-bags (`attention-mil`, `deep-sets`, task `digit-bags`)", "",
+              f"Bags of 10 ± 2 real MNIST digits, positive iff a 9 is in the bag (balanced); {r['train_bags']} training "
+              f"bags, {r['test_bags']} test bags built from held-out images; 500 updates of 8 bags.", "",
+              "| pooling | bag accuracy | bag AUC | instance AUC (weights vs the 9s) | params | train s |",
+              "| --- | --- | --- | --- | --- | --- |"]
+        for k in ("gated", "attention", "mean", "deep-sets"):
+            if k in r:
+                x = r[k]
+                L.append(f"| {k} | {x['accuracy']:.3f} | {x['auc']:.3f} | {_f(x.get('instance_auc', '—'))} | {x['params']} | {x['seconds']} |")
+        L += ["", f"![MIL]({r['plot']})", ""]
+    if "memory" in results:
+        r = results["memory"]
+        L += ["## Memory networks on bAbI-style stories (`memory-network`, `stacked-attention`)", "",
+              "Generated stories (10,000 training, 1,000 held-out test stories never seen in training). "
+              "`support_hit`: share of test questions whose last hop attends most to a supporting fact.", "",
+              "| model | task | test accuracy | support_hit | params | train s |", "| --- | --- | --- | --- | --- | --- |"]
+        for k, x in r.items():
+            if "/" in k:
+                model, task = k.split("/")
+                L.append(f"| {model} | {task} | {x['accuracy']:.3f} | {_f(x.get('support_hit', '—'))} | {x['params']} | {x['seconds']} |")
+        L += ["", f"![hops]({r['plot']})", ""]
+    if "ntm" in results:
+        r = results["ntm"]
+        L += ["## NTM copy (`ntm`, `lstm-seq`, task `ntm-copy`)", "",
+              "8-bit vectors, trained on lengths 1–10 for 5,000 updates of 16 sequences; 64 test sequences per length. "
+              "Bit errors per sequence (lower is better; a random guess makes 4 per vector) and the share copied exactly.", "",
+              "| model | params | errors @10 | exact @10 | errors @20 | exact @20 | errors @30 | exact @30 | train s |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for k in ("ntm", "lstm"):
+            x = r[k]
+            L.append(f"| {k} | {x['params']} | " + " | ".join(f"{x[f'bit_errors@{n}']:.2f} | {x[f'exact@{n}']:.2f}" for n in (10, 20, 30))
+                     + f" | {x['seconds']} |")
+        L += ["", f"![NTM]({r['plot']})", ""]
+    if "han" in results:
+        r = results["han"]
+        L += ["## HAN on BBC News (`han`, `flat-gru`, task `bbc-news`)", "",
+              f"2,225 articles, 5 classes, 80/10/10 split; vocabulary {r['vocab']} words; 200 updates of 32 articles.", "",
+              "| model | test accuracy | params | train s |", "| --- | --- | --- | --- |"]
+        for k in ("han", "flat-gru"):
+            L.append(f"| {k} | {r[k]['accuracy']:.3f} | {r[k]['params']} | {r[k]['seconds']} |")
+        L += ["", f"Word (red) and sentence (blue) weights of three test articles: [{r['html']}]({r['html']})", "",
+              f"![HAN]({r['plot']})", ""]
+    if "se" in results:
+        r = results["se"]
+        L += ["## Squeeze-and-excitation on MNIST digits (`squeeze-excitation`, task `digits`)", "",
+              "5,000 MNIST digits (80/10/10), 400 updates of 64.", "",
+              "| model | test accuracy | params | train s |", "| --- | --- | --- | --- |"]
+        for k in ("se", "plain"):
+            L.append(f"| {'CNN + SE' if k == 'se' else 'CNN'} | {r[k]['accuracy']:.3f} | {r[k]['params']} | {r[k]['seconds']} |")
+        L.append("")
+    if "gat" in results:
+        r = results["gat"]
+        L += ["## GAT on the karate club (`gat`, task `karate`)", "",
+              f"{r['train_nodes']} labelled members, 2 classes; 8 heads x 8 hidden, 200 full-graph updates.", "",
+              f"Test accuracy {r['accuracy']:.3f} ({int(r['nodes'])} nodes), valid accuracy {r['valid']:.3f}; {r['params']} parameters.", ""]
+    DOC.write_text("\n".join(L))
+
+
+def main() -> None:
+    global QUICK
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", choices=sorted(SECTIONS), help="sections to run (default: all)")
+    parser.add_argument("--quick", action="store_true", help="a few steps per model (smoke test)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (small models run best on 1)")
+    args = parser.parse_args()
+    QUICK = args.quick
+    torch.set_num_threads(args.threads)
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    import platform
+    results["_meta"] = {"machine": f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
+                                   f"{args.threads} thread(s)"}
+    for name in args.only or list(SECTIONS):
+        t0 = time.time()
+        results[name] = SECTIONS[name]()
+        results[name]["section_seconds"] = round(time.time() - t0, 1)
+        print(name, json.dumps(results[name], default=str)[:400], flush=True)
+        RESULTS.write_text(json.dumps(results, indent=1, default=str) + "\n")
+        write_doc(results)
+
+
+if __name__ == "__main__":
+    main()
