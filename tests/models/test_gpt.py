@@ -259,3 +259,15 @@ def test_training_forward_takes_the_sdpa_causal_fast_path(monkeypatch):
     m(x, labels=x).loss.backward()
     assert len(calls) == 2
     assert all(c.get("is_causal") is True and c.get("attn_mask") is None for c in calls)
+
+
+def test_bench_baseline_is_the_same_model():
+    """``qkv bench gpt`` compares equals: the nn.TransformerEncoderLayer GPT and qkv's, same weights."""
+    from qkv.bench.gpt import TorchGPT, qkv_from_torch
+
+    torch.manual_seed(0)
+    baseline = TorchGPT(V, 32, 4, 64, 2, 16, dropout=0.0).double()
+    ours = qkv_from_torch(baseline, tiny(max_len=16)).double()
+    ids = torch.randint(0, V, (3, 16))
+    labels = ids.roll(-1, 1)
+    torch.testing.assert_close(ours(ids, labels=labels).loss, baseline(ids, labels).double(), atol=1e-10, rtol=0)

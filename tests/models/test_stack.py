@@ -146,3 +146,35 @@ def test_stack_rejects_bad_inputs():
         stack.run_layers(torch.zeros(1, 3))
     with pytest.raises(ValueError, match="token_type_ids"):
         stack(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long), memory=torch.zeros(1, 2, 8))
+
+
+def test_new_wiring_and_positional_scheme_plug_in_by_name():
+    """A later variant registers its parts; the stack builds them by name, unchanged."""
+    from qkv.blocks import ResidualWiring
+    from qkv.registry import register
+
+    @register("residual", "test-rezero")
+    class ReZero(ResidualWiring):  # x + alpha F(x), alpha = 0 at start (Bachlechner et al. 2020)
+        def __init__(self, d_model, dropout=0.0, eps=1e-5):
+            super().__init__(d_model, dropout, eps)
+            self.alpha = nn.Parameter(torch.zeros(()))
+
+        def enter(self, x):
+            return x
+
+        def exit(self, x, y):
+            return x + self.alpha * self.dropout(y)
+
+    @register("positional", "test-zero")
+    class Zero(nn.Module):
+        def __init__(self, d_model, max_len=0, dropout=0.0):
+            super().__init__()
+
+        def forward(self, x, offset=0):
+            return x
+
+    config = StackConfig(n_layers=2, d_model=8, n_heads=2, d_ff=16, dropout=0.0, residual="test-rezero",
+                         positional="test-zero")
+    stack = TransformerStack(config, vocab_size=7)
+    ids = torch.randint(0, 7, (2, 5))
+    torch.testing.assert_close(stack(ids).hidden, stack.embed.token(ids))  # alpha = 0: the identity

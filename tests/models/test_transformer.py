@@ -71,36 +71,54 @@ def test_learns_reverse(reverser):
     assert exact_match(reverser, test, beam_size=3) > 0.99
 
 
+def literal_greedy(model: Transformer, src_ids, src_mask, max_new_tokens: int):
+    """Greedy decoding without a cache: re-read the whole target prefix every step (argmax; a
+    sequence ends at EOS — or PAD, as in ``beam_search`` — and is PAD-filled after)."""
+    B = src_ids.shape[0]
+    tgt = torch.full((B, 1), BOS)
+    done = torch.zeros(B, dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        next_id = model(src_ids, tgt, src_mask).logits[:, -1].argmax(-1).masked_fill(done, PAD)
+        tgt = torch.cat([tgt, next_id[:, None]], 1)
+        done |= (next_id == EOS) | (next_id == PAD)
+        if done.all():
+            break
+    return tgt[:, 1:]
+
+
 def test_beam_one_equals_greedy():
     torch.manual_seed(0)
     model = Transformer(tiny_config(n_layers=1)).eval()  # untrained: long, varied outputs
     batch = reverse_batch(16, torch.Generator().manual_seed(2))
-    greedy = model.generate(batch["src_ids"], batch["src_mask"], max_new_tokens=12)
+    greedy = literal_greedy(model, batch["src_ids"], batch["src_mask"], 12)
     beam = model.generate(batch["src_ids"], batch["src_mask"], max_new_tokens=12, beam_size=1)
     assert torch.equal(greedy, beam)
-    # the beam path itself (K > 1) with the length penalty runs and returns (B, T) ids
+    assert greedy.shape[1] > 3  # the comparison covers several cached steps
     wide = model.generate(batch["src_ids"], batch["src_mask"], max_new_tokens=12, beam_size=4, length_penalty=1.0)
     assert wide.shape[0] == 16 and wide.shape[1] <= 12
 
 
 def test_wide_beam_is_exhaustive_search():
     """With a beam wider than every prefix, beam search returns argmax_Y log P(Y | X) / lp(Y) over
-    all hypotheses of at most 3 tokens ending in EOS (enumerated literally)."""
+    all hypotheses of at most 3 tokens (enumerated literally): those ending at EOS or PAD, and the
+    unfinished ones of exactly 3 tokens; ``|Y|`` counts the tokens other than PAD."""
     import itertools
 
     torch.manual_seed(0)
-    model = Transformer(tiny_config(n_layers=1, tgt_vocab_size=5)).eval()  # target ids 0 .. 4, EOS = 2
+    model = Transformer(tiny_config(n_layers=1, tgt_vocab_size=5)).eval()  # target ids 0 .. 4
     batch = reverse_batch(3, torch.Generator().manual_seed(3))
     alpha = 0.8
     beam = model.generate(batch["src_ids"], batch["src_mask"], max_new_tokens=3, beam_size=100, length_penalty=alpha)
-    others = [t for t in range(5) if t != EOS]
-    hyps = [list(p) + [EOS] for n in range(3) for p in itertools.product(others, repeat=n)]  # 1 + 4 + 16
+    ends, others = (EOS, PAD), [t for t in range(5) if t not in (EOS, PAD)]
+    hyps = [list(p) + [e] for n in range(3) for p in itertools.product(others, repeat=n) for e in ends]
+    hyps += [list(p) for p in itertools.product(others, repeat=3)]
     for b in range(3):
         best, best_score = None, float("-inf")
         for y in hyps:
             tgt = torch.tensor([[BOS] + y[:-1]])
             logp = model(batch["src_ids"][b:b + 1], tgt, batch["src_mask"][b:b + 1]).logits.log_softmax(-1)
-            score = logp[0, torch.arange(len(y)), y].sum().item() / ((5 + len(y)) / 6) ** alpha
+            length = max(1, sum(t != PAD for t in y))  # beam_search counts at least 1
+            score = logp[0, torch.arange(len(y)), y].sum().item() / ((5 + length) / 6) ** alpha
             if score > best_score:
                 best, best_score = y, score
         got = beam[b].tolist()

@@ -30,7 +30,7 @@ from . import common
 __all__ = ["add_arguments", "run", "TorchGPT"]
 
 #: default sizes (a "small" character-level GPT) and the --quick ones.
-SIZES = dict(vocab=256, d_model=256, heads=8, d_ff=1024, layers=4, length=256, batch=8)
+SIZES = dict(vocab=256, d_model=256, heads=8, d_ff=1024, layers=4, length=128, batch=4)
 SIZES_QUICK = dict(vocab=64, d_model=64, heads=4, d_ff=256, layers=2, length=64, batch=4)
 
 
@@ -76,8 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             help=f"{name} (default {value}; --quick: {SIZES_QUICK[name]})")
     parser.add_argument("--dropout", type=float, default=0.0, help="dropout of both models (default 0)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--target-seconds", type=float, default=10.0,
-                        help="time spent on the timed rounds (at least 5 rounds; default 10)")
+    parser.add_argument("--target-seconds", type=float, default=20.0,
+                        help="time spent on the timed rounds (at least 7 rounds; default 20)")
 
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:

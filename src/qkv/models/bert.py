@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from .. import _checks
 from ..registry import register
 from .base import ModelOutput, QKVModel
-from .losses import IGNORE_INDEX, check_labels, lm_loss
+from .losses import IGNORE_INDEX, check_labels, float32_at_least, lm_loss
 from .stack import StackConfig, TransformerStack, check_ids
 
 __all__ = ["BERT", "BERTConfig", "mask_tokens"]
@@ -161,7 +161,7 @@ class BERT(QKVModel):
             logits = self.classifier(self.classifier_dropout(pooled))  # (B, num_labels)
             if labels is not None:
                 check_labels("labels", labels, c.num_labels, (input_ids.shape[0],))
-                loss = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
+                loss = F.cross_entropy(float32_at_least(logits), labels, ignore_index=IGNORE_INDEX)
         else:
             logits = self.mlm_decoder(self.mlm_transform(h))  # (B, L, V)
             nsp_logits = self.nsp_head(pooled)  # (B, 2)
@@ -173,7 +173,7 @@ class BERT(QKVModel):
                 aux["mlm_loss"] = terms[-1].detach()
             if next_sentence_label is not None:
                 check_labels("next_sentence_label", next_sentence_label, 2, (input_ids.shape[0],))
-                terms.append(F.cross_entropy(nsp_logits.float(), next_sentence_label, ignore_index=IGNORE_INDEX))
+                terms.append(F.cross_entropy(float32_at_least(nsp_logits), next_sentence_label, ignore_index=IGNORE_INDEX))
                 aux["nsp_loss"] = terms[-1].detach()
             loss = sum(terms[1:], terms[0]) if terms else None
         return ModelOutput(loss=loss, logits=logits, weights=out.weights, aux=aux)

@@ -23,9 +23,15 @@ from torch import Tensor
 
 from .. import _checks
 
-__all__ = ["IGNORE_INDEX", "check_labels", "lm_loss", "future_loss", "layer_loss_weight"]
+__all__ = ["IGNORE_INDEX", "float32_at_least", "check_labels", "lm_loss", "future_loss", "layer_loss_weight"]
 
 IGNORE_INDEX = -100
+
+
+def float32_at_least(logits: Tensor) -> Tensor:
+    """Half-precision logits in float32 (log-softmax of large vocabularies loses accuracy in
+    float16/bfloat16); float32 and float64 unchanged."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
 def check_labels(name: str, labels: Any, n_classes: int, shape: Sequence[int]) -> Tensor:
@@ -46,9 +52,9 @@ def lm_loss(logits: Tensor, labels: Tensor, label_smoothing: float = 0.0) -> Ten
     """Mean cross-entropy ``-1/|T| sum_{t in T} log p(labels_t | x_{<=t})`` over the non-ignored positions ``T``
     (0 when there are none).
 
-    ``logits (B, L, V)``, ``labels (B, L)`` long with ``-100`` ignored. Computed in float32.
+    ``logits (B, L, V)``, ``labels (B, L)`` long with ``-100`` ignored. Computed in float32 at least.
     """
-    total = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
+    total = F.cross_entropy(float32_at_least(logits).flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
                             label_smoothing=label_smoothing, reduction="sum")
     # a batch with no target (e.g. nothing masked for MLM) gives 0, not 0/0 = NaN
     return total / (labels != IGNORE_INDEX).sum().clamp_min(1)

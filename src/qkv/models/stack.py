@@ -268,6 +268,9 @@ class TransformerBlock(nn.Module):
         """
         mha = self.cross_attn
         if cross_kv is None:
+            _checks.tensor("memory", memory, ndim=3, floating=True)
+            _checks.same("memory", memory.shape[-1], "d_model", mha.d_model, "the feature size")
+            _checks.same("memory", memory.shape[0], "x", h.shape[0], "the batch size")
             cross_kv = (mha._split(mha.k_proj(memory)), mha._split(mha.v_proj(memory)))  # (B, H, S, E) each
         q = mha._split(mha.q_proj(h))  # (B, H, M, E)
         out = mha.kernel(q, *cross_kv, mask=memory_mask, need_weights=need_weights)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +24,7 @@ from .. import _checks
 from ..registry import lookup, register
 from .base import ModelOutput, QKVModel
 from .losses import check_labels, lm_loss
+from .beam import beam_search, expand_to_beams
 from .stack import StackConfig, StackState, TransformerStack, check_ids, reorder_state
 
 __all__ = ["Transformer", "TransformerConfig"]
@@ -140,9 +141,11 @@ class Transformer(QKVModel):
                  eos_id: Optional[int] = None) -> Tensor:
         """Translate ``src_ids (B, S)`` -> ``(B, T)`` target ids (no BOS; EOS kept; ``pad_id`` after it).
 
-        ``beam_size = 1`` is greedy decoding; larger beams keep that many hypotheses and rank
-        finished ones by ``log P(Y) / lp(Y)``, ``lp(Y) = ((5 + |Y|) / 6)^length_penalty``.
-        ``max_new_tokens`` defaults to ``S + 50`` (§6.1). Runs in the module's current mode.
+        ``qkv.models.beam.beam_search`` over the decoder run one token at a time through the
+        kernels' state (the memory's cross-attention keys/values projected once): ``beam_size = 1``
+        is greedy decoding; larger beams keep that many hypotheses and choose the final one by
+        ``log P(Y) / lp(Y)``, ``lp(Y) = ((5 + |Y|) / 6)^length_penalty``. ``max_new_tokens``
+        defaults to ``S + 50`` (§6.1). Runs in the module's current mode.
         """
         c = self.config
         bos = c.bos_id if bos_id is None else bos_id
@@ -157,69 +160,15 @@ class Transformer(QKVModel):
         if max_new_tokens is None:
             max_new_tokens = src_ids.shape[1] + 50
         _checks.positive_int("max_new_tokens", max_new_tokens)
-        if beam_size == 1:
-            return self._greedy(memory, src_mask, max_new_tokens, bos, eos)
-        return self._beam(memory, src_mask, max_new_tokens, beam_size, float(length_penalty), bos, eos)
+        # every hypothesis row reads its sentence's memory: rows b K .. b K + K - 1 are sentence b
+        memory, src_mask = expand_to_beams((memory, src_mask), beam_size)  # (B K, S, d_model), (B K, S)
 
-    def _greedy(self, memory: Tensor, src_mask: Optional[Tensor], max_new: int, bos: int, eos: int) -> Tensor:
-        B = memory.shape[0]
-        ids = torch.full((B, 1), bos, dtype=torch.long, device=memory.device)
-        done = torch.zeros(B, dtype=torch.bool, device=memory.device)
-        state = None
-        for _ in range(max_new):
-            out = self.decode(ids[:, -1:], memory, src_mask, state=state, return_state=True)
-            state = out.state
-            next_id = self.lm_head(out.hidden[:, -1]).argmax(-1)  # (B,)
-            next_id = next_id.masked_fill(done, self.config.pad_id)
-            ids = torch.cat([ids, next_id[:, None]], dim=1)  # (B, t + 1)
-            done |= next_id == eos
-            if bool(done.all()):
-                break
-        return ids[:, 1:]
+        def step(tokens: Tensor, state: Optional[StackState]):
+            """One decoder step for the last tokens ``(B K,)``: log-probabilities ``(B K, V)``."""
+            out = self.decode(tokens[:, None], memory, src_mask, state=state, return_state=True)
+            return torch.log_softmax(self.lm_head(out.hidden[:, -1]), dim=-1), out.state, None
 
-    def _beam(self, memory: Tensor, src_mask: Optional[Tensor], max_new: int, K: int, alpha: float,
-              bos: int, eos: int) -> Tensor:
-        """Beam search: ``K`` live hypotheses per sentence; a sentence is done once ``K`` hypotheses
-        have ended (candidates ending in EOS among the best ``K`` expansions of a step)."""
-        B, device = memory.shape[0], memory.device
-        V = self.tgt_vocab_size
-        memory = memory.repeat_interleave(K, dim=0)  # (B K, S, d_model)
-        src_mask = None if src_mask is None else src_mask.repeat_interleave(K, dim=0)  # (B K, S)
-        tokens = torch.full((B * K, 1), bos, dtype=torch.long, device=device)  # (B K, 1)
-        scores = torch.zeros(B, K, device=device)  # log P of each live hypothesis
-        scores[:, 1:] = float("-inf")  # all beams start identical: expand only the first
-        finished: List[List[Tuple[float, Tensor]]] = [[] for _ in range(B)]
-        state = None
-
-        def lp(length: int) -> float:
-            return ((5 + length) / 6) ** alpha  # GNMT length penalty
-
-        for t in range(1, max_new + 1):
-            out = self.decode(tokens[:, -1:], memory, src_mask, state=state, return_state=True)
-            logp = torch.log_softmax(self.lm_head(out.hidden[:, -1]).float(), dim=-1).view(B, K, V)
-            candidates = (scores[:, :, None] + logp).view(B, K * V)  # log P of every one-token extension
-            top_scores, top_index = candidates.topk(2 * K, dim=-1)  # (B, 2K): at most K end in EOS
-            beam, token = top_index // V, top_index % V  # (B, 2K) each
-            is_eos = token == eos
-            # hypotheses that end now: EOS candidates among the best K of this step (finite: a real beam)
-            for b, j in (is_eos[:, :K] & top_scores[:, :K].isfinite()).nonzero().tolist():
-                if len(finished[b]) < K:
-                    hyp = torch.cat([tokens[b * K + beam[b, j], 1:], token[b, j:j + 1]])
-                    finished[b].append((float(top_scores[b, j]) / lp(t), hyp))
-            # live hypotheses: the best K candidates that do not end (stable sort keeps their order)
-            keep = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :K]  # (B, K)
-            scores = top_scores.gather(1, keep)
-            rows = (torch.arange(B, device=device)[:, None] * K + beam.gather(1, keep)).view(-1)  # (B K,)
-            tokens = torch.cat([tokens[rows], token.gather(1, keep).view(-1, 1)], dim=1)  # (B K, t + 1)
-            state = reorder_state(out.state, rows)
-            if all(len(f) >= K for f in finished):
-                break
-        best = []
-        for b in range(B):
-            hyps = finished[b] or [(float(scores[b, i]) / lp(tokens.shape[1] - 1), tokens[b * K + i, 1:]) for i in range(K)]
-            best.append(max(hyps, key=lambda h: h[0])[1])
-        width = max(len(h) for h in best)
-        result = torch.full((B, width), self.config.pad_id, dtype=torch.long, device=device)
-        for b, h in enumerate(best):
-            result[b, :len(h)] = h
-        return result
+        result = beam_search(step, None, batch_size=src_ids.shape[0], beam_size=beam_size, bos_id=bos, eos_id=eos,
+                             pad_id=c.pad_id, max_new_tokens=max_new_tokens, length_penalty=float(length_penalty),
+                             reorder=reorder_state, device=memory.device)
+        return result.tokens
