@@ -57,7 +57,8 @@ class LSTMNEncoder(nn.Module):
         input_size: ``D`` of ``x_t``; hidden_size: ``H``; attn_dim: size of ``v`` in the score.
 
     Call ``enc(x (B, L, D), mask=None (B, L) bool)`` -> :class:`LSTMNOutput`. Masked steps are
-    never read from the tape, so they do not affect the unmasked ones.
+    skipped: never read from the tape and the next query keeps the previous ``h~``, so they do
+    not affect the unmasked ones (their own outputs are computed but meaningless).
     """
 
     def __init__(self, input_size: int, hidden_size: int, *, attn_dim: int = 64) -> None:
@@ -94,11 +95,13 @@ class LSTMNEncoder(nn.Module):
             allowed = torch.stack(slot_ok, 1)  # (B, t+1)
             # s^t = softmax(v^T tanh(W_h h_i + W_x x_t + W_h~ h~_{t-1}));  [h~_t; c~_t] = sum_i s_i^t [h_i; c_i]
             read, s_t, _ = self.attention(torch.cat([x[:, t], h_tilde], -1), keys, values, mask=allowed)
-            h_tilde, c_tilde = read[:, :H], read[:, H:]  # (B, H) each
-            i, f, o, c_hat = self.gates(torch.cat([h_tilde, x[:, t]], -1)).chunk(4, -1)
+            read_h, c_tilde = read[:, :H], read[:, H:]  # h~_t, c~_t: (B, H) each
+            i, f, o, c_hat = self.gates(torch.cat([read_h, x[:, t]], -1)).chunk(4, -1)
             # c_t = f * c~_t + i * c^_t;  h_t = o * tanh(c_t)
             c = torch.sigmoid(f) * c_tilde + torch.sigmoid(i) * torch.tanh(c_hat)
             h = torch.sigmoid(o) * torch.tanh(c)
+            # a masked step is skipped: the next query keeps the previous h~
+            h_tilde = read_h if mask is None else torch.where(mask[:, t, None], read_h, h_tilde)
             outputs.append(h)
             cells.append(c)
             weights.append(F.pad(s_t, (0, L - t)))  # (B, L+1)
