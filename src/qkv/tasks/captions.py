@@ -1,0 +1,154 @@
+"""``digit-captions``: caption a strip of 2–4 real MNIST digits with its digit sequence.
+
+A small stand-in for the image-captioning experiments of Xu et al. 2015 ("Show, Attend and Tell",
+arXiv:1502.03044): the caption of an image is the sequence of the digits written in it, left to
+right, so a good attention map moves along the strip one digit per output word.
+
+Images are the 5,000 MNIST digits of ``qkv.tasks.data.load_mnist`` (``qkv data fetch mnist``). Each
+digit belongs to one split by a hash of its index (80/10/10), so test strips contain only digits
+never seen in training. A strip is a ``28 x 28 * max_digits`` canvas; ``k`` digits (``k`` uniform
+in ``[min_digits, max_digits]``) are pasted side by side from a random horizontal offset.
+
+Batches (``kind == "captioning"``): ``images (B, 1, 28, 28 * max_digits)`` float in ``[0, 1]``,
+``tgt_ids (B, T)`` (``<bos>`` + caption), ``labels (B, T)`` (caption + ``<eos>``, ``-100``
+padding). Metrics: ``exact_match`` of the greedy ``model.generate(images, max_new_tokens=T)``,
+teacher-forced ``token_accuracy`` and ``loss``.
+"""
+
+from __future__ import annotations
+
+import string
+from functools import cached_property
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from qkv.registry import register
+from qkv.tasks.base import (IGNORE_INDEX, Task, _check_batch_args, _check_positive_int, _check_split, _model_device,
+                            split_of, stable_seed)
+from qkv.tasks.data import load_mnist
+from qkv.tasks.vocab import CharVocab
+
+__all__ = ["DigitCaptionsTask"]
+
+Strip = Tuple[List[int], int]  # (MNIST indices of the digits, horizontal offset)
+
+
+@register("task", "digit-captions")
+class DigitCaptionsTask(Task):
+    """Caption strips of 2–4 real MNIST digits with the digit sequence (``"4 7 1" -> "471"``).
+
+    Args:
+        min_digits, max_digits: digits per strip (inclusive range).
+        eval_size: size of each fixed held-out set.
+        cache_dir: data cache (default ``$QKV_DATA`` or ``~/.cache/qkv``).
+    """
+
+    kind = "captioning"
+
+    def __init__(self, *, min_digits: int = 2, max_digits: int = 4, eval_size: int = 500,
+                 cache_dir: Optional[Union[str, Path]] = None) -> None:
+        for name, value in (("min_digits", min_digits), ("max_digits", max_digits), ("eval_size", eval_size)):
+            _check_positive_int(name, value)
+        if max_digits < min_digits:
+            raise ValueError(f"max_digits must be >= min_digits = {min_digits}, got {max_digits}")
+        self.min_digits, self.max_digits, self.eval_size = min_digits, max_digits, eval_size
+        self.cache_dir = cache_dir
+        self.vocab = CharVocab(string.digits)
+        self.width = 28 * max_digits
+
+    @cached_property
+    def _data(self) -> Tuple[Tensor, Tensor, Dict[str, Tensor]]:
+        images, labels = load_mnist(self.cache_dir)  # (N, 28, 28) uint8, (N,)
+        split_index = {s: [] for s in ("train", "valid", "test")}
+        for i in range(images.shape[0]):
+            split_index[split_of(f"mnist-{i}")].append(i)
+        return images.float().div_(255.0), labels, {s: torch.tensor(v) for s, v in split_index.items()}
+
+    def _strip(self, split: str, g: torch.Generator) -> Strip:
+        pool = self._data[2][split]
+        k = int(torch.randint(self.min_digits, self.max_digits + 1, (1,), generator=g))
+        idx = pool[torch.randint(0, pool.numel(), (k,), generator=g)].tolist()
+        offset = int(torch.randint(0, self.width - 28 * k + 1, (1,), generator=g))
+        return idx, offset
+
+    def collate(self, strips: List[Strip]) -> Dict[str, Tensor]:
+        """Render strips and pad captions (keys and shapes in the module docstring)."""
+        images, labels, _ = self._data
+        v = self.vocab
+        B = len(strips)
+        canvas = torch.zeros(B, 1, 28, self.width)
+        captions = []
+        for b, (idx, offset) in enumerate(strips):
+            for j, i in enumerate(idx):
+                canvas[b, 0, :, offset + 28 * j : offset + 28 * (j + 1)] = images[i]
+            captions.append(v.encode("".join(str(int(labels[i])) for i in idx)))
+        T = max(map(len, captions)) + 1
+        tgt_ids = torch.full((B, T), v.pad_id, dtype=torch.long)
+        tgt_labels = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
+        for b, cap in enumerate(captions):
+            tgt_ids[b, : len(cap) + 1] = torch.tensor([v.bos_id] + cap)
+            tgt_labels[b, : len(cap) + 1] = torch.tensor(cap + [v.eos_id])
+        return {"images": canvas, "tgt_ids": tgt_ids, "labels": tgt_labels}
+
+    def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
+        """A batch of fresh strips of ``split``, a pure function of the arguments."""
+        _check_batch_args(split, batch_size, step, rank, world_size)
+        g = torch.Generator().manual_seed(stable_seed(self.registry_name, seed, split, step, rank, world_size))
+        return self.collate([self._strip(split, g) for _ in range(batch_size)])
+
+    def eval_strips(self, split: str, max_examples: Optional[int] = None) -> List[Strip]:
+        """The fixed held-out strips of ``split``."""
+        _check_split(split)
+        g = torch.Generator().manual_seed(stable_seed(self.registry_name, "eval", split, self.min_digits, self.max_digits))
+        return [self._strip(split, g) for _ in range(self.eval_size)][:max_examples]
+
+    def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
+        _check_positive_int("batch_size", batch_size)
+        strips = self.eval_strips(split, max_examples)
+        for first in range(0, len(strips), batch_size):
+            yield self.collate(strips[first : first + batch_size])
+
+    def caption(self, ids: List[int]) -> str:
+        """The caption of one generated row (read up to ``<eos>``)."""
+        v = self.vocab
+        if v.eos_id in ids:
+            ids = ids[: ids.index(v.eos_id)]
+        return v.decode([i for i in ids if i not in (v.pad_id, v.bos_id)])
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None, batch_size: int = 100) -> Dict[str, float]:
+        """``exact_match`` (greedy captions), ``token_accuracy`` and ``loss`` (teacher forced)."""
+        was_training = getattr(model, "training", False)
+        model.eval()
+        device = _model_device(model)
+        exact = correct = tokens = n = 0
+        total_loss = 0.0
+        try:
+            for batch in self.eval_batches(split, batch_size, max_examples):
+                batch = {k: t.to(device) for k, t in batch.items()}
+                labels = batch["labels"]
+                logits = model(**batch).logits  # (B, T, V)
+                keep = labels != IGNORE_INDEX
+                correct += int(((logits.argmax(-1) == labels) & keep).sum())
+                tokens += int(keep.sum())
+                total_loss += float(F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"))
+                generated = model.generate(batch["images"], max_new_tokens=labels.shape[1])
+                for row, lab in zip(generated.tolist(), labels.tolist()):
+                    exact += self.caption(row) == self.caption([i for i in lab if i != IGNORE_INDEX])
+                    n += 1
+        finally:
+            model.train(was_training)
+        return {"exact_match": exact / max(n, 1), "token_accuracy": correct / max(tokens, 1),
+                "loss": total_loss / max(tokens, 1), "examples": float(n)}
+
+    def examples(self, n: int = 5) -> List[Dict[str, str]]:
+        _, labels, _ = self._data
+        return [{"digits": str(idx), "offset": str(off), "caption": "".join(str(int(labels[i])) for i in idx)}
+                for idx, off in self.eval_strips("train", n)]
+
+    def __repr__(self) -> str:
+        return f"DigitCaptionsTask('digit-captions', digits={self.min_digits}..{self.max_digits})"
