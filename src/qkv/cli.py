@@ -286,6 +286,11 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show(token: str) -> str:
+    """A token label that stays visible on a plot axis."""
+    return {" ": "␣", "\n": "⏎", "\t": "⇥", "": "∅"}.get(token, token)
+
+
 def _cmd_viz(args: argparse.Namespace) -> int:
     import torch
 
@@ -301,7 +306,7 @@ def _cmd_viz(args: argparse.Namespace) -> int:
             raise CLIError("--text encodes to no tokens")
         with torch.no_grad():
             out = model(input_ids=torch.tensor([ids]), need_weights=True)
-        tokens = [task.vocab.decode([i]) for i in ids]
+        tokens = [_show(task.vocab.decode([i])) for i in ids]
         x_labels = y_labels = tokens
     elif task.kind == "seq2seq":
         source = args.text or task.examples(1)[0]["source"]
@@ -312,8 +317,8 @@ def _cmd_viz(args: argparse.Namespace) -> int:
         batch = task.collate([(source, target)])
         with torch.no_grad():
             out = model(**batch, need_weights=True)
-        src_tokens = [task.vocab.decode([i]) for i in batch["src_ids"][0].tolist()]
-        tgt_tokens = ["<bos>"] + [task.vocab.decode([i]) for i in batch["tgt_ids"][0, 1:].tolist()]
+        src_tokens = [_show(task.vocab.decode([i])) for i in batch["src_ids"][0].tolist()]
+        tgt_tokens = ["<bos>"] + [_show(task.vocab.decode([i])) for i in batch["tgt_ids"][0, 1:].tolist()]
         x_labels, y_labels = src_tokens, tgt_tokens
         labels = {"encoder": (src_tokens, src_tokens), "decoder": (tgt_tokens, tgt_tokens), "self": (tgt_tokens, tgt_tokens),
                   "cross": (src_tokens, tgt_tokens)}

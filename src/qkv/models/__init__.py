@@ -6,5 +6,12 @@ Each model module is imported here explicitly so that ``import qkv`` registers i
 from __future__ import annotations
 
 from .base import ModelOutput, QKVModel, load_pretrained
+from .bert import BERT, BERTConfig
+from .gpt import GPT, GPTConfig
+from .stack import StackConfig, TransformerStack
+from .transformer import Transformer, TransformerConfig
 
-__all__ = ["ModelOutput", "QKVModel", "load_pretrained"]
+__all__ = [
+    "ModelOutput", "QKVModel", "load_pretrained", "StackConfig", "TransformerStack",
+    "Transformer", "TransformerConfig", "GPT", "GPTConfig", "BERT", "BERTConfig",
+]
