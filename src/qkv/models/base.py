@@ -52,6 +52,8 @@ class QKVModel(nn.Module):
 
     config_class: ClassVar[type]
     registry_name: ClassVar[str] = ""
+    #: the task kinds (docs/contracts.md) whose batches ``forward`` takes; None: not declared.
+    task_kinds: ClassVar[Optional[frozenset]] = None
 
     def __init__(self, config: Any) -> None:
         super().__init__()

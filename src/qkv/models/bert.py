@@ -116,6 +116,7 @@ class BERT(QKVModel):
     """
 
     config_class = BERTConfig
+    task_kinds = frozenset({"classification"})
 
     def __init__(self, config: BERTConfig) -> None:
         super().__init__(config)

@@ -99,6 +99,7 @@ class GPT(QKVModel):
     """
 
     config_class = GPTConfig
+    task_kinds = frozenset({"lm"})
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)

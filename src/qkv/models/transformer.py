@@ -75,6 +75,7 @@ class Transformer(QKVModel):
     """
 
     config_class = TransformerConfig
+    task_kinds = frozenset({"seq2seq"})
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__(config)
