@@ -60,3 +60,35 @@ def mask(name: str, m: Optional[Tensor], shape: Sequence[int]) -> Optional[Tenso
     if m.dim() > len(shape):
         raise ValueError(f"{name} has {m.dim()} dims; expected at most {len(shape)} (shape {tuple(shape)})")
     return m
+
+
+def attention_mask(name: str, m: Optional[Tensor], B: int, M: int, N: int, H: Optional[int] = None) -> Optional[Tensor]:
+    """Check an attention mask (bool, True = may attend) and give it a fixed rank.
+
+    Accepts ``(B, N)`` — a key-padding mask — or ``(B, M, N)``, and with ``H`` given also
+    ``(B, H, M, N)``; any size but ``N`` may be 1 (broadcast). Returns ``(B|1, M|1, N)``, or
+    ``(B|1, H|1, M|1, N)`` when ``H`` is given.
+    """
+    if m is None:
+        return None
+    if not isinstance(m, Tensor):
+        raise TypeError(f"{name} must be a bool torch.Tensor or None, got {type(m).__name__}")
+    if m.dtype != torch.bool:
+        raise TypeError(f"{name} must have dtype torch.bool (True = may attend), got {m.dtype}")
+    full = (B, M, N) if H is None else (B, H, M, N)
+    if m.dim() == 2:
+        if m.shape[0] not in (1, B) or m.shape[1] != N:
+            raise ValueError(f"a 2-D {name} is a key-padding mask and must be (batch={B}, n_keys={N}), got "
+                             f"{tuple(m.shape)}; pass an (M, N) pattern as {name}[None]" + ("" if H is None else "[None]"))
+        m = m.unsqueeze(1)  # (B, 1, N)
+    elif m.dim() == 4 and H is None or m.dim() not in (2, 3, 4):
+        want = "2-D (B, N) or 3-D (B, M, N)" + ("" if H is None else " or 4-D (B, H, M, N)")
+        raise ValueError(f"{name} must be {want}, got shape {tuple(m.shape)}")
+    if H is not None and m.dim() == 3:
+        m = m.unsqueeze(1)  # (B, 1, M|1, N)
+    what = ("batch", "queries", "keys") if H is None else ("batch", "heads", "queries", "keys")
+    for size, want, label in zip(m.shape, full, what):
+        if size not in (1, want) or (label == "keys" and size != want):
+            raise ValueError(f"{name} of shape {tuple(m.shape)} does not fit {full}: its {label} size is {size}, expected "
+                             f"{want}" + ("" if label == "keys" else " or 1"))
+    return m

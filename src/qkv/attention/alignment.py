@@ -74,21 +74,7 @@ def _prepare(query: Tensor, keys: Tensor, values: Optional[Tensor], mask: Option
         _checks.same("keys", N, "values", values.shape[1], "the number of positions (dim 1)")
     if not (query.dtype == keys.dtype == values.dtype):
         raise TypeError(f"query, keys and values must share a dtype, got {query.dtype}, {keys.dtype}, {values.dtype}")
-    if mask is not None:
-        if not isinstance(mask, Tensor):
-            raise TypeError(f"mask must be a bool torch.Tensor or None, got {type(mask).__name__}")
-        if mask.dtype != torch.bool:
-            raise TypeError(f"mask must have dtype torch.bool (True = may attend), got {mask.dtype}")
-        if mask.dim() == 2:
-            if tuple(mask.shape) != (B, N):
-                raise ValueError(f"a 2-D mask is a key-padding mask and must be (B={B}, N={N}), got {tuple(mask.shape)}")
-            mask = mask.unsqueeze(1)  # (B, 1, N)
-        elif mask.dim() == 3:
-            if mask.shape[0] not in (1, B) or mask.shape[1] not in (1, M) or mask.shape[2] != N:
-                raise ValueError(f"a 3-D mask must be (B={B}, M={M}, N={N}) (batch and query sizes may be 1), "
-                                 f"got {tuple(mask.shape)}")
-        else:
-            raise ValueError(f"mask must be 2-D (B, N) or 3-D (B, M, N), got shape {tuple(mask.shape)}")
+    mask = _checks.attention_mask("mask", mask, B, M, N)  # (B|1, M|1, N)
     return query, keys, values, mask, single
 
 

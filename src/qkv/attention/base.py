@@ -28,26 +28,7 @@ def normalize_mask(mask: Optional[Tensor], B: int, H: int, M: int, N: int, name:
 
     Accepts ``(B, N)`` (key padding), ``(B, M, N)`` or ``(B|1, H|1, M|1, N)``.
     """
-    if mask is None:
-        return None
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"{name} must be a bool torch.Tensor or None, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(f"{name} must have dtype torch.bool (True = may attend), got {mask.dtype}")
-    if mask.dim() == 2:
-        if tuple(mask.shape) != (B, N) and not (mask.shape[0] == 1 and mask.shape[1] == N):
-            raise ValueError(f"a 2-D {name} is a key-padding mask and must be (batch={B}, n_keys={N}), got {tuple(mask.shape)}; "
-                             f"pass an (M, N) pattern as mask[None, None]")
-        mask = mask[:, None, None, :]  # (B, 1, 1, N)
-    elif mask.dim() == 3:
-        mask = mask[:, None]  # (B, 1, M, N)
-    elif mask.dim() != 4:
-        raise ValueError(f"{name} must be 2-D (B, N), 3-D (B, M, N) or 4-D (B, H, M, N), got shape {tuple(mask.shape)}")
-    for size, full, what in zip(mask.shape, (B, H, M, N), ("batch", "heads", "queries", "keys")):
-        if size not in (1, full):
-            raise ValueError(f"{name} of shape {tuple(mask.shape)} does not broadcast to (B={B}, H={H}, M={M}, N={N}): "
-                             f"its {what} size is {size}")
-    return mask
+    return _checks.attention_mask(name, mask, B, M, N, H=H)
 
 
 class AttentionKernel(nn.Module):
