@@ -92,3 +92,16 @@ def test_bad_input():
         mha(torch.randn(2, 4, 8), mask=torch.ones(4, 4, dtype=torch.bool)[:3])
     with pytest.raises(TypeError, match="attention must be"):
         qkv.MultiHeadAttention(8, 2, attention=3)
+
+
+def test_projected_kv_equals_key_value():
+    torch.manual_seed(0)
+    mha = qkv.MultiHeadAttention(8, 2)
+    x, mem = torch.randn(2, 3, 8), torch.randn(2, 5, 8)
+    kv = mha.project_kv(mem)
+    assert kv[0].shape == (2, 2, 5, 4)
+    torch.testing.assert_close(mha(x, kv=kv).output, mha(x, mem, mem).output)
+    with pytest.raises(ValueError, match="not both"):
+        mha(x, mem, kv=kv)
+    with pytest.raises(TypeError, match="project_kv"):
+        mha(x, kv=[kv[0]])

@@ -104,6 +104,18 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, L, E)
 
+    def project_kv(self, key: Tensor, value: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        """Project ``key (B, N, kdim)`` and ``value (B, N, vdim)`` (default ``key``) into heads
+        ``(B, H, N, E)`` each — computed once and passed as ``kv=`` when the same memory is
+        attended many times (cross-attention while decoding)."""
+        _checks.tensor("key", key, ndim=3, floating=True)
+        value = key if value is None else _checks.tensor("value", value, ndim=3, floating=True)
+        _checks.same("key", key.shape[-1], "kdim", self.k_proj.in_features, "the feature size")
+        _checks.same("value", value.shape[-1], "vdim", self.v_proj.in_features, "the feature size")
+        _checks.same("key", key.shape[0], "value", value.shape[0], "the batch size")
+        _checks.same("key", key.shape[1], "value", value.shape[1], "the number of positions")
+        return self._split(self.k_proj(key)), self._split(self.v_proj(value))  # (B, H, N, E) each
+
     def forward(
         self,
         query: Tensor,
@@ -113,24 +125,27 @@ class MultiHeadAttention(nn.Module):
         state: Any = None,
         need_weights: bool = False,
         return_state: bool = False,
+        kv: Optional[tuple[Tensor, Tensor]] = None,
     ) -> AttentionOutput:
         """Attend ``query (B, M, d_model)`` to ``key (B, N, kdim)`` / ``value (B, N, vdim)``.
 
-        ``key`` defaults to ``query`` (self-attention) and ``value`` to ``key``. ``mask``: bool,
-        True = may attend, ``(B, N)`` key padding or broadcastable to ``(B, H, M, N)``.
+        ``key`` defaults to ``query`` (self-attention) and ``value`` to ``key``; ``kv`` gives
+        already projected heads instead (see ``project_kv``). ``mask``: bool, True = may attend,
+        ``(B, N)`` key padding or broadcastable to ``(B, H, M, N)``.
         Returns ``AttentionOutput(output (B, M, d_model), weights (B, H, M, N) or None, state)``.
         """
         _checks.tensor("query", query, ndim=3, floating=True)
-        key = query if key is None else _checks.tensor("key", key, ndim=3, floating=True)
-        value = key if value is None else _checks.tensor("value", value, ndim=3, floating=True)
         _checks.same("query", query.shape[-1], "d_model", self.d_model, "the feature size")
-        _checks.same("key", key.shape[-1], "kdim", self.k_proj.in_features, "the feature size")
-        _checks.same("value", value.shape[-1], "vdim", self.v_proj.in_features, "the feature size")
-        _checks.same("query", query.shape[0], "key", key.shape[0], "the batch size")
-        _checks.same("key", key.shape[1], "value", value.shape[1], "the number of positions")
+        if kv is not None:
+            if key is not None or value is not None:
+                raise ValueError("give either key/value or kv (projected heads), not both")
+            if not (isinstance(kv, tuple) and len(kv) == 2):
+                raise TypeError(f"kv must be the (k, v) pair returned by project_kv, got {type(kv).__name__}")
+            k, v = kv
+        else:
+            k, v = self.project_kv(query if key is None else key, value)  # (B, H, N, E) each
+        _checks.same("query", query.shape[0], "key", k.shape[0], "the batch size")
         q = self._split(self.q_proj(query))  # (B, H, M, E)
-        k = self._split(self.k_proj(key))  # (B, H, N, E)
-        v = self._split(self.v_proj(value))  # (B, H, N, E)
         out = self.kernel(q, k, v, mask=mask, state=state, need_weights=need_weights, return_state=return_state)
         B, H, M, E = out.output.shape
         merged = out.output.transpose(1, 2).reshape(B, M, H * E)  # (B, M, d_model)

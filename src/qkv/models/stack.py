@@ -266,17 +266,11 @@ class TransformerBlock(nn.Module):
         The same computation as ``self.cross_attn(h, memory, memory, mask=memory_mask)``, split so
         that ``(k, v) = (memory W^K, memory W^V)`` can be cached in the ``BlockState``.
         """
-        mha = self.cross_attn
         if cross_kv is None:
-            _checks.tensor("memory", memory, ndim=3, floating=True)
-            _checks.same("memory", memory.shape[-1], "d_model", mha.d_model, "the feature size")
             _checks.same("memory", memory.shape[0], "x", h.shape[0], "the batch size")
-            cross_kv = (mha._split(mha.k_proj(memory)), mha._split(mha.v_proj(memory)))  # (B, H, S, E) each
-        q = mha._split(mha.q_proj(h))  # (B, H, M, E)
-        out = mha.kernel(q, *cross_kv, mask=memory_mask, need_weights=need_weights)
-        B, H, M, E = out.output.shape
-        merged = out.output.transpose(1, 2).reshape(B, M, H * E)  # (B, M, d_model)
-        return mha.out_proj(merged), out.weights, cross_kv
+            cross_kv = self.cross_attn.project_kv(memory)  # (B, H, S, E) each
+        out = self.cross_attn(h, kv=cross_kv, mask=memory_mask, need_weights=need_weights)
+        return out.output, out.weights, cross_kv
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, memory: Optional[Tensor] = None,
                 memory_mask: Optional[Tensor] = None, state: Optional[BlockState] = None,
