@@ -13,8 +13,9 @@ import torch
 from torch import Tensor, nn
 
 from . import _checks
+from .registry import register
 
-__all__ = ["sinusoid_table", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding"]
+__all__ = ["sinusoid_table", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "NoPositionalEncoding"]
 
 
 def sinusoid_table(positions: Tensor, d_model: int) -> Tensor:
@@ -28,6 +29,7 @@ def sinusoid_table(positions: Tensor, d_model: int) -> Tensor:
     return table[..., :d_model]
 
 
+@register("positional", "sinusoidal", "sinusoid")
 class SinusoidalPositionalEncoding(nn.Module):
     """Fixed sinusoidal encoding added to ``x (B, L, d_model)`` (Vaswani et al. 2017).
 
@@ -54,6 +56,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         return self.dropout(x + self.encoding(x.shape[1], offset, x.device).to(x.dtype))
 
 
+@register("positional", "learned", "absolute")
 class LearnedPositionalEmbedding(nn.Module):
     """Learned absolute position embeddings (Gehring et al. 2017; BERT, GPT) added to ``x``."""
 
@@ -73,3 +76,15 @@ class LearnedPositionalEmbedding(nn.Module):
             raise ValueError(f"positions up to {offset + L} exceed max_len={self.max_len} of the learned embedding")
         pos = torch.arange(offset, offset + L, device=x.device)
         return self.dropout(x + self.embedding(pos).to(x.dtype))
+
+
+@register("positional", "none")
+class NoPositionalEncoding(nn.Module):
+    """No absolute positions: for kernels that see positions themselves (relative, Transformer-XL)."""
+
+    def __init__(self, d_model: int, max_len: int = 0, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(_checks.probability("dropout", dropout))
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        return self.dropout(x)

@@ -29,7 +29,7 @@ def register(kind: str, name: str, *aliases: str) -> Callable[[type], type]:
     return decorator
 
 
-KINDS = ("attention", "model", "task")
+KINDS = ("attention", "model", "task", "positional", "residual", "score")
 
 
 def _table(kind: str) -> Dict[str, type]:

@@ -44,7 +44,7 @@ from torch.utils.checkpoint import checkpoint
 from .. import _checks
 from ..attention import MultiHeadAttention
 from ..blocks import ACTIVATIONS, FeedForward, build_residual
-from ..positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from ..positional import NoPositionalEncoding
 from ..registry import lookup, names, register
 
 __all__ = [
@@ -53,20 +53,6 @@ __all__ = [
 ]
 
 
-@register("positional", "none")
-class NoPositionalEncoding(nn.Module):
-    """No absolute positions: for kernels that see positions themselves (relative, Transformer-XL)."""
-
-    def __init__(self, d_model: int, max_len: int = 0, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.dropout = nn.Dropout(_checks.probability("dropout", dropout))
-
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        return self.dropout(x)
-
-
-register("positional", "sinusoidal", "sinusoid")(SinusoidalPositionalEncoding)
-register("positional", "learned", "absolute")(LearnedPositionalEmbedding)
 
 
 @dataclass
