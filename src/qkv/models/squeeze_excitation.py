@@ -64,7 +64,7 @@ class SqueezeExcitation(nn.Module):
 @dataclass
 class SECNNConfig:
     in_channels: int = 1  # image channels
-    channels: Tuple[int, ...] = (16, 32)  # output channels of each conv stage (3x3 conv, BN, ReLU, [SE], 2x2 max-pool)
+    channels: Tuple[int, ...] = (16, 32, 64)  # output channels of each conv stage (3x3 conv, BN, ReLU, [SE], 2x2 max-pool)
     reduction: int = 4  # SE bottleneck ratio r (Hu et al.: 16 for wide ResNets)
     use_se: bool = True  # add an SE block after each stage (False: the plain CNN baseline)
     n_classes: int = 10  # output classes
