@@ -1,0 +1,198 @@
+"""Reproduce the RNN-attention results of docs/reproductions/rnn-attention.md in one command.
+
+    .venv/bin/python benchmarks/repro_rnn_attention.py            # ~20 min on 2 CPU cores
+    .venv/bin/python benchmarks/repro_rnn_attention.py --quick    # ~2 min smoke run (numbers meaningless)
+
+1. ``dates`` with ``Seq2Seq(attention="bahdanau")`` trained by ``qkv.train.Trainer``: exact match
+   on the 1,000 held-out test dates, and the alignment heat maps of a few of them.
+2. Stress test after Bahdanau et al. 2014, Fig. 2 (accuracy against source length): ``copy`` of
+   random digit strings of length 10–100, the same budget (steps, batch, sizes) for no attention,
+   Bahdanau, Luong global (``general``) and Luong local-p; greedy per-position token accuracy and
+   exact match per source length.
+3. ``digit-captions`` with ``ShowAttendTell`` (soft attention): exact match and the attention map
+   over the CNN grid for each generated digit.
+
+Writes ``runs/repro_rnn_attention/results.json`` and the PNGs in ``docs/reproductions/img/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from qkv.models.seq2seq import Seq2Seq, Seq2SeqConfig  # noqa: E402
+from qkv.models.show_attend_tell import ShowAttendTell, ShowAttendTellConfig  # noqa: E402
+from qkv.tasks.captions import DigitCaptionsTask  # noqa: E402
+from qkv.tasks.generated import CopyTask, DatesTask, ReverseTask  # noqa: E402
+from qkv.train import TrainConfig, Trainer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+IMG = ROOT / "docs" / "reproductions" / "img"
+OUT = ROOT / "runs" / "repro_rnn_attention"
+VARIANTS = {"no attention": None, "Bahdanau": "bahdanau", "Luong global (general)": "luong-general", "Luong local-p": "local-p"}
+
+
+def train(model, task, steps: int, batch_size: int, lr: float, name: str, warmup: int = 50) -> float:
+    out = OUT / name
+    if out.exists():
+        for p in sorted(out.rglob("*"), reverse=True):
+            p.unlink() if p.is_file() else p.rmdir()
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=min(warmup, steps // 4), weight_decay=0.0,
+                      eval_every=0, eval_batches=0, eval_max_examples=32, save_every=0, keep_last=1,
+                      out_dir=str(out), progress=False, tensorboard=False)
+    t0 = time.time()
+    Trainer(model, task, cfg).fit()
+    return time.time() - t0
+
+
+def heatmap(ax, weights, x_labels: List[str], y_labels: List[str], title: str) -> None:
+    ax.imshow(weights, cmap="gray_r", aspect="auto", vmin=0, vmax=max(float(weights.max()), 1e-6))
+    ax.set_xticks(range(len(x_labels)), x_labels, fontsize=7)
+    ax.set_yticks(range(len(y_labels)), y_labels, fontsize=7)
+    ax.set_title(title, fontsize=8)
+
+
+def run_dates(args, results: Dict) -> None:
+    task = DatesTask()
+    torch.manual_seed(0)
+    model = Seq2Seq(Seq2SeqConfig(src_vocab_size=task.vocab.size, attention="bahdanau", d_embed=32, d_hidden=64,
+                                  attn_dim=64, d_readout=64))
+    seconds = train(model, task, args.dates_steps, 64, 3e-3, "dates")
+    metrics = task.evaluate(model, "test", max_examples=args.eval_dates)
+    results["dates"] = {"steps": args.dates_steps, "batch_size": 64, "train_seconds": round(seconds, 1), **metrics}
+    print("dates", results["dates"], flush=True)
+    pairs = task.eval_pairs("test")[:4]
+    batch = task.collate(pairs)
+    model.eval()
+    ids, w = model.generate(batch["src_ids"], batch["src_mask"], max_new_tokens=12, return_weights=True)
+    fig, axes = plt.subplots(1, 4, figsize=(16, 4))
+    for b, ax in enumerate(axes):
+        n = int(batch["src_mask"][b].sum())
+        y = [task.vocab.decode([i], skip_special=False) for i in ids[b].tolist() if i != 0]
+        heatmap(ax, w[b, : len(y), :n].numpy(), list(pairs[b][0]), y, pairs[b][0])
+    fig.suptitle("Bahdanau attention on dates (rows: generated characters, columns: source characters)")
+    fig.tight_layout()
+    fig.savefig(IMG / "rnn-dates-alignment.png", dpi=110)
+    plt.close(fig)
+
+
+def run_stress(args, results: Dict, task_name: str) -> None:
+    cls = CopyTask if task_name == "copy" else ReverseTask
+    task = cls(min_len=10, max_len=100)
+    lengths = list(range(10, 101, 10))
+    curves = {}
+    for label, attention in VARIANTS.items():
+        torch.manual_seed(0)
+        model = Seq2Seq(Seq2SeqConfig(src_vocab_size=task.vocab.size, attention=attention, d_embed=16, d_hidden=64,
+                                      attn_dim=16, d_readout=32, window=8))
+        seconds = train(model, task, args.stress_steps, 32, 3e-3, f"{task_name}-{attention}")
+        model.eval()
+        token_acc, exact = [], []
+        for L in lengths:
+            rng = random.Random(1000 + L)
+            sources = ["".join(rng.choice(task.alphabet) for _ in range(L)) for _ in range(args.eval_per_length)]
+            batch = task.collate([(s, task.transform(s)) for s in sources])
+            with torch.no_grad():
+                ids = model.generate(batch["src_ids"], batch["src_mask"], max_new_tokens=L + 1)
+            hyp = [task.decode_generated(row) for row in ids.tolist()]
+            ref = [task.transform(s) for s in sources]
+            token_acc.append(sum(sum(a == b for a, b in zip(h, r)) / len(r) for h, r in zip(hyp, ref)) / len(ref))
+            exact.append(sum(h == r for h, r in zip(hyp, ref)) / len(ref))
+        curves[label] = {"token_accuracy": token_acc, "exact_match": exact, "train_seconds": round(seconds, 1)}
+        print(task_name, label, [round(x, 3) for x in token_acc], flush=True)
+    results[f"stress-{task_name}"] = {"lengths": lengths, "steps": args.stress_steps, "batch_size": 32, "curves": curves}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for label, c in curves.items():
+        axes[0].plot(lengths, c["token_accuracy"], marker="o", label=label)
+        axes[1].plot(lengths, c["exact_match"], marker="o", label=label)
+    for ax, what in zip(axes, ("per-position token accuracy (greedy)", "exact match (greedy)")):
+        ax.set_xlabel("source length")
+        ax.set_ylabel(what)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{task_name} task, lengths 10-100, {args.stress_steps} steps x 32 examples each (cf. Bahdanau 2014 Fig. 2)")
+    fig.tight_layout()
+    fig.savefig(IMG / f"rnn-stress-{task_name}.png", dpi=110)
+    plt.close(fig)
+
+
+def run_captions(args, results: Dict) -> None:
+    task = DigitCaptionsTask()
+    torch.manual_seed(0)
+    model = ShowAttendTell(ShowAttendTellConfig(vocab_size=task.vocab.size, attention="soft"))
+    seconds = train(model, task, args.caption_steps, 32, 3e-3, "captions")
+    metrics = task.evaluate(model, "test", max_examples=args.eval_captions)
+    results["digit-captions"] = {"steps": args.caption_steps, "batch_size": 32, "train_seconds": round(seconds, 1), **metrics}
+    print("captions", results["digit-captions"], flush=True)
+    batch = next(task.eval_batches("test", 3))
+    model.eval()
+    ids, w = model.generate(batch["images"], max_new_tokens=6, return_weights=True)
+    Hg, Wg = model.encode(batch["images"][:1])[1]
+    fig, axes = plt.subplots(3, 6, figsize=(16, 5))
+    for b in range(3):
+        words = [i for i in ids[b].tolist() if i != 0]
+        axes[b, 0].imshow(batch["images"][b, 0], cmap="gray")
+        axes[b, 0].set_title("input", fontsize=8)
+        for t in range(5):
+            ax = axes[b, t + 1]
+            ax.imshow(batch["images"][b, 0], cmap="gray")
+            if t < len(words):
+                att = w[b, t].reshape(1, 1, Hg, Wg)
+                up = torch.nn.functional.interpolate(att, size=batch["images"].shape[-2:], mode="nearest")[0, 0]
+                ax.imshow(up, cmap="hot", alpha=0.55)
+                ax.set_title(f"word {t + 1}: {task.vocab.decode([words[t]], skip_special=False)}", fontsize=8)
+        for ax in axes[b]:
+            ax.axis("off")
+    fig.suptitle("Show, Attend and Tell (soft) on digit strips: attention for each generated word")
+    fig.tight_layout()
+    fig.savefig(IMG / "rnn-captions-attention.png", dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, not the numbers")
+    p.add_argument("--parts", default="dates,copy,captions", help="comma list of dates, copy, reverse, captions")
+    p.add_argument("--caption-steps", type=int, default=1500, help="training steps of the digit-captions model")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small recurrent steps on a shared machine)")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    q = args.quick
+    args.dates_steps = 60 if q else 600
+    args.eval_dates = 100 if q else 1000
+    args.stress_steps = 20 if q else 400
+    args.eval_per_length = 8 if q else 50
+    args.caption_steps = 30 if q else args.caption_steps
+    args.eval_captions = 50 if q else 500
+    IMG.mkdir(parents=True, exist_ok=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    results_path = OUT / (f"results-{'quick-' if q else ''}{args.parts.replace(',', '-')}.json")
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    t0 = time.time()
+    for part in args.parts.split(","):
+        if part == "dates":
+            run_dates(args, results)
+        elif part in ("copy", "reverse"):
+            run_stress(args, results, part)
+        elif part == "captions":
+            run_captions(args, results)
+        else:
+            raise SystemExit(f"unknown part {part!r}; choose from dates, copy, reverse, captions")
+        results["machine"] = f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}"
+        results_path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"done in {time.time() - t0:.0f} s; results in {results_path}")
+
+
+if __name__ == "__main__":
+    main()
