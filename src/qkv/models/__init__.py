@@ -8,10 +8,16 @@ from __future__ import annotations
 from .base import ModelOutput, QKVModel, load_pretrained
 from .bert import BERT, BERTConfig
 from .gpt import GPT, GPTConfig
+from .lstmn import LSTMN, LSTMNConfig
+from .pointer import PointerNetwork, PointerNetworkConfig
+from .seq2seq import Seq2Seq, Seq2SeqConfig
+from .show_attend_tell import ShowAttendTell, ShowAttendTellConfig
 from .stack import StackConfig, TransformerStack
 from .transformer import Transformer, TransformerConfig
 
 __all__ = [
     "ModelOutput", "QKVModel", "load_pretrained", "StackConfig", "TransformerStack",
-    "Transformer", "TransformerConfig", "GPT", "GPTConfig", "BERT", "BERTConfig",
+    "Transformer", "TransformerConfig", "GPT", "GPTConfig", "BERT", "BERTConfig", "Seq2Seq",
+    "Seq2SeqConfig", "ShowAttendTell", "ShowAttendTellConfig", "PointerNetwork", "PointerNetworkConfig",
+    "LSTMN", "LSTMNConfig",
 ]

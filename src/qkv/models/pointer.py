@@ -58,6 +58,7 @@ class PointerNetwork(QKVModel):
     """
 
     config_class = PointerNetworkConfig
+    task_kinds = frozenset({"pointer"})
 
     def __init__(self, config: PointerNetworkConfig) -> None:
         super().__init__(config)

@@ -168,6 +168,7 @@ class Seq2Seq(QKVModel):
     """
 
     config_class = Seq2SeqConfig
+    task_kinds = frozenset({"seq2seq"})
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__(config)

@@ -71,6 +71,7 @@ class ShowAttendTell(QKVModel):
     """
 
     config_class = ShowAttendTellConfig
+    task_kinds = frozenset({"captioning"})
 
     def __init__(self, config: ShowAttendTellConfig) -> None:
         super().__init__(config)
