@@ -31,11 +31,11 @@ test: setup
 # package), a few minutes on 2 CPU cores; prints the held-out bits per character and a sample,
 # and writes the attention plot. RUN_STEPS=5000 trains longer (--resume continues a run).
 RUN_DIR   ?= runs/main
-RUN_STEPS ?= 600
+RUN_STEPS ?= 1000
 run: setup
 	$(BIN)/qkv data fetch shakespeare
 	$(BIN)/qkv train gpt --task shakespeare-char --out $(RUN_DIR) --resume --steps $(RUN_STEPS) \
-	    --batch-size 32 --lr 3e-3 --warmup 50 --eval-every 200 --save-every 100 --eval-batches 8 --eval-max-examples 256 \
+	    --batch-size 32 --lr 3e-3 --warmup 50 --eval-every 250 --save-every 250 --eval-batches 8 --eval-max-examples 256 \
 	    --set n_layers=4 --set d_model=128 --set n_heads=4 --set d_ff=512 --set dropout=0.0 --set task.block_size=128
 	$(BIN)/qkv eval $(RUN_DIR) --split test --max-examples 512
 	$(BIN)/qkv generate $(RUN_DIR) --prompt "ROMEO:" --max-new-tokens 300 --temperature 0.8

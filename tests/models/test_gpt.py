@@ -214,8 +214,6 @@ def test_bad_inputs():
         m(torch.zeros(1, 4, dtype=torch.long), labels=torch.zeros(1, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="labels"):
         m(torch.zeros(1, 4, dtype=torch.long), labels=torch.full((1, 4), V))
-    with pytest.raises(ValueError, match="max_len"):
-        m.generate(torch.zeros(1, 60, dtype=torch.long), 10)
     with pytest.raises(TypeError, match="state"):
         m(torch.zeros(1, 4, dtype=torch.long), state=("not", "a state"))
 
@@ -271,3 +269,15 @@ def test_bench_baseline_is_the_same_model():
     ids = torch.randint(0, V, (3, 16))
     labels = ids.roll(-1, 1)
     torch.testing.assert_close(ours(ids, labels=labels).loss, baseline(ids, labels).double(), atol=1e-10, rtol=0)
+
+
+def test_generation_past_learned_max_len_slides_the_context():
+    m = model(max_len=16).eval()
+    prompt = torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(0))
+    cached = m.generate(prompt, 30, temperature=0.0)
+    uncached = m.generate(prompt, 30, temperature=0.0, use_cache=False)
+    assert cached.shape == (2, 35)
+    assert torch.equal(cached, uncached)
+    # the token after position 16 is the model's greedy choice given the last 16 tokens
+    nxt = m(cached[:, 20 - 16:20]).logits[:, -1].argmax(-1)
+    assert torch.equal(nxt, cached[:, 20])

@@ -174,20 +174,23 @@ class GPT(QKVModel):
 
         ``temperature = 0`` decodes greedily; ``top_k``/``top_p`` restrict sampling (``sample_logits``).
         ``use_cache=True`` feeds one token at a time with the kernels' state (KV cache);
-        ``use_cache=False`` re-reads the whole sequence each step — same tokens, slower. Runs in
-        the module's current mode: call ``model.eval()`` first to turn dropout off.
+        ``use_cache=False`` re-reads the whole sequence each step — same tokens, slower. With
+        learned positions a sequence longer than ``max_len`` is continued from its last ``max_len``
+        tokens, re-read each step (a sliding context, as in nanoGPT). Runs in the module's current
+        mode: call ``model.eval()`` first to turn dropout off.
         """
         c = self.config
         check_ids("input_ids", input_ids, c.vocab_size)
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids must hold at least one token (the prompt), got length 0")
         _checks.positive_int("max_new_tokens", max_new_tokens, allow_zero=True)
-        if c.positional == "learned" and input_ids.shape[1] + max_new_tokens > c.max_len:
-            raise ValueError(f"input_ids length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} exceeds "
-                             f"max_len={c.max_len} of the learned positions")
+        window = c.max_len if c.positional == "learned" else None
         ids, state = input_ids, None
         for _ in range(max_new_tokens):
-            if use_cache:
+            if window is not None and ids.shape[1] > window:
+                # past the learned positions: the context slides, its positions restart at 0, so re-read it
+                out, state = self(ids[:, -window:]), None
+            elif use_cache:
                 out = self(ids if state is None else ids[:, -1:], state=state, return_state=True)
                 state = out.state
             else:
