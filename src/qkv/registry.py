@@ -60,9 +60,9 @@ def names(kind: str) -> list[str]:
 
 
 def describe(cls: type) -> str:
-    """First line of a class docstring: its one-line description."""
-    doc = inspect.getdoc(cls) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    """A class's one-line description: the first paragraph of its docstring, on one line."""
+    doc = (inspect.getdoc(cls) or "").strip()
+    return " ".join(doc.split("\n\n")[0].split())
 
 
 def check_kwargs(cls: type, kwargs: Dict[str, Any], what: str) -> None:

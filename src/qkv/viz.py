@@ -11,18 +11,29 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-__all__ = ["attention_panels", "plot_attention", "plot_attention_grid", "plot_pattern"]
+__all__ = ["attention_panels", "plot_attention", "plot_attention_grid", "plot_pattern", "save_figure", "pyplot"]
 
 PathLike = Union[str, os.PathLike]
 
 
-def _plt():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (PNG files, no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig: Any, path: PathLike, dpi: int = 120) -> Path:
+    """Lay out ``fig``, write it to ``path`` (folders created) and close it."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
 
 
 def attention_panels(weights: Any, name: str = "attention", example: int = 0) -> List[Tuple[str, Tensor]]:
@@ -76,16 +87,11 @@ def plot_attention(weights: Tensor, path: PathLike, x_labels: Optional[Sequence[
     w = weights.detach().float().cpu()
     if w.dim() != 2:
         raise ValueError(f"weights must be 2-D (M, N), got shape {tuple(w.shape)}")
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(4, w.shape[1] * 0.18 + 2), max(3, w.shape[0] * 0.18 + 1.5)))
     im = _draw(ax, w, x_labels, y_labels, title)
     fig.colorbar(im, ax=ax, fraction=0.04)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def plot_attention_grid(weights: Any, path: PathLike, x_labels: Optional[Sequence[str]] = None,
@@ -100,7 +106,7 @@ def plot_attention_grid(weights: Any, path: PathLike, x_labels: Optional[Sequenc
         raise ValueError("no attention weights to plot (did the model return weights with need_weights=True?)")
     cols = min(4, len(panels))
     rows = math.ceil(len(panels) / cols)
-    plt = _plt()
+    plt = pyplot()
     M, N = panels[0][1].shape
     cell = (max(2.5, N * 0.16 + 1), max(2.2, M * 0.16 + 1))
     fig, axes = plt.subplots(rows, cols, figsize=(cell[0] * cols, cell[1] * rows), squeeze=False)
@@ -112,28 +118,18 @@ def plot_attention_grid(weights: Any, path: PathLike, x_labels: Optional[Sequenc
         _draw(ax, w, xl, yl, title)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def plot_pattern(mask: Tensor, path: PathLike, title: str = "pattern") -> Path:
     """A boolean ``(M, N)`` sparsity pattern (e.g. ``qkv.masks.materialize(...)``) as an image."""
     if not isinstance(mask, Tensor) or mask.dim() != 2:
         raise ValueError(f"mask must be a 2-D tensor, got {getattr(mask, 'shape', type(mask).__name__)}")
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(4, 4))
     ax.imshow(mask.detach().cpu().float().numpy(), cmap="Greys", interpolation="nearest", vmin=0, vmax=1)
     density = mask.float().mean().item()
     ax.set_title(f"{title} ({density:.1%} of pairs)", fontsize=9)
     ax.set_xlabel("key j")
     ax.set_ylabel("query i")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)

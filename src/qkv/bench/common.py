@@ -318,12 +318,9 @@ def plot_loglog(path: Path, series: Mapping[str, Mapping[str, Sequence[float]]],
     ``series[name]`` holds ``"x"`` and each panel key as equal-length lists; a ``f"{key}_label"``
     entry, when present, replaces the legend entry for that panel (e.g. with the fitted slope).
     """
-    import matplotlib
+    from ..viz import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.6), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(6 * len(panels), 4.6), squeeze=False)
     for ax, (key, ylabel) in zip(axes[0], panels):
         for name, s in series.items():
             pts = [(x, y) for x, y in zip(s["x"], s[key]) if y is not None and y > 0]
@@ -336,12 +333,7 @@ def plot_loglog(path: Path, series: Mapping[str, Mapping[str, Sequence[float]]],
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"{title}\n{machine_line(machine)}", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def parse_value(text: str) -> Any:

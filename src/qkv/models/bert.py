@@ -23,7 +23,7 @@ from .. import _checks
 from ..registry import register
 from .base import ModelOutput, QKVModel
 from .losses import IGNORE_INDEX, check_labels, float32_at_least, lm_loss
-from .stack import StackConfig, TransformerStack, check_ids
+from .stack import init_normal, StackConfig, TransformerStack, check_ids
 
 __all__ = ["BERT", "BERTConfig", "mask_tokens"]
 
@@ -130,16 +130,8 @@ class BERT(QKVModel):
         self.nsp_head = nn.Linear(c.d_model, 2)  # IsNext / NotNext
         self.classifier_dropout = nn.Dropout(c.dropout)
         self.classifier = nn.Linear(c.d_model, c.num_labels)
-        self.apply(self._init_weights)
+        self.apply(init_normal)  # N(0, 0.02) weights, zero biases (BERT)
         self.mlm_decoder.weight = self.stack.embed.token.weight
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        """BERT initialisation: N(0, 0.02) weights (truncated in the original), zero biases."""
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
 
     def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None,
                 attention_mask: Optional[Tensor] = None, labels: Optional[Tensor] = None,

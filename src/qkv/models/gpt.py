@@ -23,7 +23,7 @@ from .. import _checks
 from ..registry import register
 from .base import ModelOutput, QKVModel
 from .losses import check_labels, future_loss, layer_loss_weight, lm_loss
-from .stack import StackConfig, StackState, TransformerStack, check_ids
+from .stack import init_normal, StackConfig, StackState, TransformerStack, check_ids
 
 __all__ = ["GPT", "GPTConfig", "sample_logits"]
 
@@ -108,18 +108,10 @@ class GPT(QKVModel):
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         # Al-Rfou 2018 multiple targets: head k - 2 predicts the token k steps ahead, k = 2 .. K
         self.target_heads = nn.ModuleList(nn.Linear(c.d_model, c.vocab_size, bias=False) for _ in range(c.n_targets - 1))
-        self.apply(self._init_weights)
+        self.apply(init_normal)  # N(0, 0.02) weights, zero biases (GPT-2)
         if c.tie_embeddings:
             self.lm_head.weight = self.stack.embed.token.weight
         self.step = 0  # current training step, for the intermediate-layer loss weight (set_step)
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        """GPT-2 initialisation: N(0, 0.02) weights, zero biases."""
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
 
     def set_step(self, step: int) -> None:
         """Tell the model the current training step (the intermediate-layer loss weight decays with it)."""

@@ -35,16 +35,17 @@ from .base import ModelOutput, QKVModel
 __all__ = ["MemoryNetworkConfig", "EndToEndMemoryNetwork", "position_encoding", "BagOfWords", "check_story"]
 
 
-def position_encoding(lengths: Tensor, max_words: int, d: int) -> Tensor:
+def position_encoding(lengths: Tensor, max_words: int, d: int, dtype: Optional[torch.dtype] = None) -> Tensor:
     """Sukhbaatar et al.'s ``l_kj = (1 - j/J) - (k/d)(1 - 2j/J)``, zero beyond each sentence's end.
 
     Args:
         lengths: ``(...)`` long, ``J`` of each sentence (number of real words).
         max_words: the padded sentence length; d: the embedding size.
+        dtype: of the result (default: torch's default dtype); computed in it, not cast afterwards.
     Returns:
         ``(..., max_words, d)``: ``l[..., j-1, k-1]`` for 1-based ``j``, ``k``.
     """
-    J = lengths.clamp(min=1).unsqueeze(-1).unsqueeze(-1).to(torch.get_default_dtype())  # (..., 1, 1)
+    J = lengths.clamp(min=1).unsqueeze(-1).unsqueeze(-1).to(dtype or torch.get_default_dtype())  # (..., 1, 1)
     j = torch.arange(1, max_words + 1, device=lengths.device).view(-1, 1).to(J.dtype)  # (max_words, 1)
     k = torch.arange(1, d + 1, device=lengths.device).view(1, -1).to(J.dtype)  # (1, d)
     l = (1 - j / J) - (k / d) * (1 - 2 * j / J)  # (..., max_words, d)
@@ -81,7 +82,7 @@ class BagOfWords(nn.Module):
         e = embedding(ids)  # (..., J, d)
         e = e * (ids != 0).unsqueeze(-1)  # padding words contribute nothing
         if self.position:
-            l = position_encoding((ids != 0).sum(-1), ids.shape[-1], e.shape[-1]).to(e.dtype)  # (..., J, d)
+            l = position_encoding((ids != 0).sum(-1), ids.shape[-1], e.shape[-1], dtype=e.dtype)  # (..., J, d)
             e = e * l
         return e.sum(-2)  # (..., d)
 

@@ -50,7 +50,17 @@ from ..registry import lookup, names, register
 __all__ = [
     "StackConfig", "TransformerStack", "TransformerBlock", "Embeddings", "BlockState", "StackState",
     "BlockOutput", "StackOutput", "NoPositionalEncoding", "check_ids", "reorder_state", "copy_torch_layer",
+    "init_normal",
 ]
+
+
+def init_normal(module: nn.Module, std: float = 0.02) -> None:
+    """GPT/BERT initialisation for ``model.apply``: ``N(0, std)`` linear and embedding weights,
+    zero biases (BERT truncates the normal; the difference is immaterial at 0.02)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
 
 
 

@@ -34,8 +34,9 @@ from torch import Tensor
 from qkv.registry import register
 from qkv.tasks.base import SPLITS, split_of, stable_seed
 from qkv.tasks.classify import TensorTask
+from qkv.tasks.vocab import WordVocab
 
-__all__ = ["BabiTask", "BabiSingle", "BabiTwo", "BabiCounting", "WordVocab", "PEOPLE", "PLACES", "OBJECTS"]
+__all__ = ["BabiTask", "BabiSingle", "BabiTwo", "BabiCounting", "PEOPLE", "PLACES", "OBJECTS"]
 
 PEOPLE = ("mary", "john", "daniel", "sandra")
 PLACES = ("bathroom", "hallway", "garden", "office", "bedroom", "kitchen")
@@ -46,34 +47,6 @@ DROPS = ("dropped", "discarded", "put down", "left")
 NUMBERS = ("none", "one", "two", "three")
 
 Story = Tuple[List[str], str, str, List[int]]  # sentences, question, answer, supporting indices
-
-
-class WordVocab:
-    """Words of the simulator plus ``<pad>`` 0 and ``<unk>`` 1 (docs/contracts.md vocab API)."""
-
-    pad_id, unk_id = 0, 1
-    bos_id = eos_id = -1  # no sequence specials: answers are single words
-
-    def __init__(self, words: List[str]) -> None:
-        self.words = ["<pad>", "<unk>"] + sorted(set(words))
-        self._index = {w: i for i, w in enumerate(self.words)}
-
-    @property
-    def size(self) -> int:
-        return len(self.words)
-
-    def __len__(self) -> int:
-        return self.size
-
-    def encode(self, text: str) -> List[int]:
-        """One id per space-separated word (``<unk>`` for unknown words)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return [self._index.get(w, self.unk_id) for w in text.split()]
-
-    def decode(self, ids: Any) -> str:
-        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
-        return " ".join(self.words[i] for i in ids if i != self.pad_id)
 
 
 def _vocabulary() -> List[str]:
@@ -122,7 +95,7 @@ class BabiTask(TensorTask):
         if max_sentences < min_sentences:
             raise ValueError(f"max_sentences must be >= min_sentences = {min_sentences}, got {max_sentences}")
         self.min_sentences, self.max_sentences = min_sentences, max_sentences
-        self.vocab = WordVocab(_vocabulary())
+        self.vocab = WordVocab(sorted(set(_vocabulary())))
         counts = {"train": n_train, "valid": n_valid, "test": n_test}
         stories: Dict[str, List[Story]] = {s: [] for s in SPLITS}
         rng = random.Random(stable_seed(self.registry_name, seed))

