@@ -301,6 +301,12 @@ def _cmd_viz(args: argparse.Namespace) -> int:
     from qkv import viz
 
     task, model, info = _restore(args.run)
+    path = Path(args.out or Path(args.run) / "attention.png")
+    if callable(getattr(task, "visualize", None)):
+        # tasks whose inputs are not token strings (images, sets, graphs) draw their own picture
+        written = task.visualize(model, path, text=args.text)
+        print(f"wrote {written}")
+        return 0
     labels = None
     if task.kind == "lm":
         text = args.text or task.examples(1)[0].get("text", "")[: args.max_len]
@@ -327,8 +333,7 @@ def _cmd_viz(args: argparse.Namespace) -> int:
                   "cross": (src_tokens, tgt_tokens)}
         print(f"{source} -> {target}")
     else:
-        raise CLIError(f"`qkv viz` does not know how to show a {task.kind} task yet")
-    path = Path(args.out or Path(args.run) / "attention.png")
+        raise CLIError(f"`qkv viz` does not know how to show a {task.kind} task ({info['task']}) yet")
     viz.plot_attention_grid(out.weights, path, x_labels=x_labels, y_labels=y_labels, labels=labels, max_panels=args.max_panels)
     print(f"wrote {path}")
     return 0
