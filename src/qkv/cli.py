@@ -219,7 +219,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     out = Path(args.out or f"runs/{args.model}-{args.task}")
     train_fields = _fields(TrainConfig)
-    train_values = {k: getattr(args, k) for k in train_fields if getattr(args, k, None) is not None}
+    # a model's recommended recipe (e.g. a higher learning rate for small RNNs), then the user's flags
+    train_values = dict(getattr(model_cls, "train_defaults", {}))
+    train_values.update({k: getattr(args, k) for k in train_fields if getattr(args, k, None) is not None})
     train_values.update(_typed(train_sets, train_fields, "train"))
     train_values["out_dir"] = str(out)
 
