@@ -45,14 +45,18 @@ def probability(name: str, value: object) -> float:
     return float(value)
 
 
-def mask(name: str, m: Optional[Tensor], shape: Sequence[int]) -> Optional[Tensor]:
-    """Check a boolean mask that must broadcast to ``shape``; returns it unchanged."""
-    if m is None:
-        return None
+def _bool_tensor(name: str, m: object) -> None:
     if not isinstance(m, Tensor):
         raise TypeError(f"{name} must be a bool torch.Tensor or None, got {type(m).__name__}")
     if m.dtype != torch.bool:
         raise TypeError(f"{name} must have dtype torch.bool (True = may attend), got {m.dtype}")
+
+
+def mask(name: str, m: Optional[Tensor], shape: Sequence[int]) -> Optional[Tensor]:
+    """Check a boolean mask that must broadcast to ``shape``; returns it unchanged."""
+    if m is None:
+        return None
+    _bool_tensor(name, m)
     try:
         torch.broadcast_shapes(tuple(m.shape), tuple(shape))
     except RuntimeError:
@@ -71,10 +75,7 @@ def attention_mask(name: str, m: Optional[Tensor], B: int, M: int, N: int, H: Op
     """
     if m is None:
         return None
-    if not isinstance(m, Tensor):
-        raise TypeError(f"{name} must be a bool torch.Tensor or None, got {type(m).__name__}")
-    if m.dtype != torch.bool:
-        raise TypeError(f"{name} must have dtype torch.bool (True = may attend), got {m.dtype}")
+    _bool_tensor(name, m)
     full = (B, M, N) if H is None else (B, H, M, N)
     if m.dim() == 2:
         if m.shape[0] not in (1, B) or m.shape[1] != N:

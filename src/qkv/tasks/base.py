@@ -103,19 +103,19 @@ class Task:
 
     def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
         """The batch of ``rank`` at ``step``: a pure function of the arguments."""
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: subclasses implement it
 
     def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
         """The fixed held-out set of ``split``, in order (at most ``max_examples`` examples)."""
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: subclasses implement it
 
     def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None) -> Dict[str, float]:
         """The task's metrics of ``model`` on the held-out set of ``split``."""
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: subclasses implement it
 
     def examples(self, n: int = 5) -> List[Dict[str, str]]:
         """``n`` raw examples to show (from the train split)."""
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: subclasses implement it
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.registry_name!r}, kind={self.kind!r}, vocab size {self.vocab.size})"
@@ -222,10 +222,10 @@ class Seq2SeqTask(Task):
     vocab: Any
 
     def _train_pairs(self, split: str, batch_size: int, step: int, seed: int, rank: int, world_size: int) -> List[Tuple[str, str]]:
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: subclasses implement it
 
     def _eval_pairs(self, split: str) -> List[Tuple[str, str]]:
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: subclasses implement it
 
     # ---- batches
 
@@ -364,7 +364,7 @@ class GeneratedSeq2SeqTask(Seq2SeqTask):
 
     def sample(self, rng: random.Random) -> Tuple[str, str]:
         """One ``(source, target)`` pair, using only ``rng`` for randomness."""
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: subclasses implement it
 
     def _sample_in(self, split: str, rng: random.Random, max_tries: int = 10_000) -> Optional[Tuple[str, str]]:
         for _ in range(max_tries):

@@ -59,7 +59,7 @@ class _StringTask(GeneratedSeq2SeqTask):
         self.vocab = CharVocab(self.alphabet)
 
     def transform(self, source: str) -> str:
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: subclasses implement it
 
     def sample(self, rng: random.Random) -> Tuple[str, str]:
         length = rng.randint(self.min_len, self.max_len)
