@@ -152,7 +152,7 @@ def _model_hints(task: Any, fields: Dict[str, Any]) -> Dict[str, Any]:
         for key in ("pad_id", "bos_id", "eos_id"):
             if hasattr(vocab, key):
                 hints[key] = getattr(vocab, key)
-    for key in ("d_input", "n_classes", "num_labels", "n_features"):
+    for key in ("d_input", "n_classes", "num_labels", "n_features", "max_sentences"):
         if hasattr(task, key):
             hints[key] = getattr(task, key)
     if getattr(task, "kind", None) == "lm" and hasattr(task, "block_size"):

@@ -14,6 +14,8 @@ from qkv.registry import lookup
 # Small knobs so that sparse/approximate kernels do something non-trivial at test sizes.
 KERNEL_KWARGS = {
     "window": {"radius": 3, "block": 4},
+    "linear": {"chunk_size": 4},
+    "performer": {"nb_features": 32, "chunk_size": 4, "seed": 0},
 }
 
 NAMES = list(qkv.list_attention())

@@ -12,11 +12,14 @@ from .base import AttentionKernel, normalize_mask
 from .multihead import MultiHeadAttention, build_attention
 from .softmax import SoftmaxAttention
 from .window import WindowAttention
+from .linear import LinearAttention, LinearState
+from .performer import PerformerAttention
+from .efficient import EfficientAttention
 
 __all__ = [
     "AttentionKernel", "MultiHeadAttention", "build_attention", "list_attention", "normalize_mask",
     "SoftmaxAttention", "WindowAttention", "SoftAttention", "HardAttention", "HardAttentionSample",
-    "LocalAttention",
+    "LocalAttention", "LinearAttention", "LinearState", "PerformerAttention", "EfficientAttention",
 ]
 
 

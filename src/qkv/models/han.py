@@ -78,6 +78,8 @@ class HierarchicalAttentionNetwork(QKVModel):
     """
 
     config_class = HANConfig
+    #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
+    train_defaults = {"steps": 200, "batch_size": 32, "lr": 2e-3, "warmup": 20, "weight_decay": 0.0}
 
     def __init__(self, config: HANConfig) -> None:
         super().__init__(config)
@@ -128,6 +130,8 @@ class FlatGRU(QKVModel):
     """
 
     config_class = FlatGRUConfig
+    #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
+    train_defaults = {"steps": 200, "batch_size": 32, "lr": 2e-3, "warmup": 20, "weight_decay": 0.0}
 
     def __init__(self, config: FlatGRUConfig) -> None:
         super().__init__(config)

@@ -44,6 +44,8 @@ class NadarayaWatson(QKVModel):
     """
 
     config_class = NadarayaWatsonConfig
+    #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
+    train_defaults = {"steps": 200, "batch_size": 50, "lr": 0.5, "warmup": 0, "schedule": "constant", "weight_decay": 0.0}
 
     def __init__(self, config: NadarayaWatsonConfig) -> None:
         super().__init__(config)

@@ -169,6 +169,8 @@ class NeuralTuringMachine(QKVModel):
     """
 
     config_class = NTMConfig
+    #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
+    train_defaults = {"steps": 5000, "batch_size": 16, "lr": 1e-3, "grad_clip": 10.0, "betas": (0.9, 0.999), "eps": 1e-8, "schedule": "constant", "weight_decay": 0.0}
 
     def __init__(self, config: NTMConfig) -> None:
         super().__init__(config)
@@ -239,6 +241,8 @@ class LSTMBaseline(QKVModel):
     """
 
     config_class = LSTMBaselineConfig
+    #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
+    train_defaults = {"steps": 5000, "batch_size": 16, "lr": 1e-3, "grad_clip": 10.0, "betas": (0.9, 0.999), "eps": 1e-8, "schedule": "constant", "weight_decay": 0.0}
 
     def __init__(self, config: LSTMBaselineConfig) -> None:
         super().__init__(config)

@@ -164,6 +164,8 @@ class DeepSets(QKVModel):
     """
 
     config_class = DeepSetsConfig
+    #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
+    train_defaults = {"steps": 500, "batch_size": 8, "lr": 5e-4, "weight_decay": 1e-4, "betas": (0.9, 0.999)}
 
     def __init__(self, config: DeepSetsConfig) -> None:
         super().__init__(config)
@@ -203,6 +205,8 @@ class AttentionMIL(QKVModel):
     """
 
     config_class = AttentionMILConfig
+    #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
+    train_defaults = {"steps": 500, "batch_size": 8, "lr": 5e-4, "weight_decay": 1e-4, "betas": (0.9, 0.999)}
 
     def __init__(self, config: AttentionMILConfig) -> None:
         super().__init__(config)

@@ -169,6 +169,11 @@ class Seq2Seq(QKVModel):
 
     config_class = Seq2SeqConfig
     task_kinds = frozenset({"seq2seq"})
+    #: the recipe ``qkv train seq2seq`` uses unless flags say otherwise: small recurrent models want a
+    #: higher learning rate than the trainer's transformer default (``dates`` with Bahdanau attention:
+    #: >95% exact match in a few CPU minutes; see docs/reproductions/rnn-attention.md)
+    train_defaults = {"steps": 600, "batch_size": 64, "lr": 3e-3, "warmup": 50, "schedule": "cosine",
+                      "weight_decay": 0.0, "eval_every": 200}
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__(config)

@@ -80,6 +80,8 @@ class SECNN(QKVModel):
     """
 
     config_class = SECNNConfig
+    #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
+    train_defaults = {"steps": 400, "batch_size": 64, "lr": 1e-2, "warmup": 20, "weight_decay": 0.0}
 
     def __init__(self, config: SECNNConfig) -> None:
         super().__init__(config)

@@ -1,0 +1,281 @@
+"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs: Fast Autoregressive
+Transformers with Linear Attention", arXiv:2006.16236), and the linear-attention core that the
+Performer kernel (``performer.py``) shares.
+
+Replacing ``exp(q . k / sqrt(d))`` by a feature-map dot product ``phi(q) . phi(k)`` lets the sums
+over keys be taken once (eq. 5–6):
+
+    V'_i = phi(Q_i)^T S / (phi(Q_i)^T Z + eps),   S = sum_j phi(K_j) V_j^T,   Z = sum_j phi(K_j)
+
+with ``phi(x) = elu(x) + 1``. Causal: ``S_i = sum_{j<=i} phi(K_j) V_j^T``, ``Z_i = sum_{j<=i} phi(K_j)``;
+as an RNN ``s_i = s_{i-1} + phi(k_i) v_i^T``, ``z_i = z_{i-1} + phi(k_i)`` (eq. 16–20) — the
+incremental-decoding state ``LinearState(S, Z)``.
+
+Cost: O(N E' Ev) time and O(E' Ev) extra memory (non-causal); causal is computed in chunks of
+``C`` positions — a masked ``(C, C)`` quadratic form inside a chunk, the running ``(S, Z)`` sums
+across chunks — O(N C E' + N E' Ev) time; no ``(N, N)`` matrix is ever formed.
+
+Deviations: ``eps`` is added to the denominator (as in the authors' code); dropout is accepted for
+interface compatibility but not applied (no attention matrix exists to drop from); only key-padding
+masks are supported (a mask is a matrix, which the factorisation avoids).
+Linear attention is a *different* attention, not an approximation of softmax: no knob makes it
+converge to softmax (see ``docs/approximation.md`` for how far from softmax it lands).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import _checks
+from ..registry import register
+from ..types import AttentionOutput
+from .base import AttentionKernel
+
+__all__ = ["LinearAttention", "LinearState", "linear_attention", "accumulation_dtype", "elu_plus_one",
+           "resolve_feature_map", "split_key_mask"]
+
+
+@dataclass(frozen=True)
+class LinearState:
+    """The running sums of causal linear attention (an RNN state).
+
+    S: ``(B, H, E', Ev)`` = ``sum_j phi(K_j) V_j^T`` over the ``length`` keys seen.
+    Z: ``(B, H, E')`` = ``sum_j phi(K_j)``.
+    length: number of key positions summed (masks passed later cover these plus the new keys).
+    log_scale: ``(B, H)`` or None. When the key features are given in log space (Performer),
+        ``S`` and ``Z`` are stored divided by ``exp(log_scale)`` (the running maximum of the key
+        log-features) so that they never overflow; the factor cancels in ``S / Z``.
+    S and Z are float32 for half-precision inputs (see ``accumulation_dtype``).
+    """
+
+    S: Tensor
+    Z: Tensor
+    length: int = 0
+    log_scale: Optional[Tensor] = None
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half types, else ``dtype``: the running sums add up to N terms, which float16
+    overflows (max 65504) and bfloat16 rounds away (8 mantissa bits) — float64 stays float64."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def elu_plus_one(x: Tensor) -> Tensor:
+    """``phi(x) = elu(x) + 1`` (Katharopoulos 2020, eq. 7): positive, so every denominator is > 0."""
+    return F.elu(x) + 1.0
+
+
+def _finite_or_zero(m: Tensor) -> Tensor:
+    # A max over no (unmasked) key is -inf; any finite stand-in works since those features are 0.
+    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+
+
+def linear_attention(
+    phi_q: Tensor,
+    phi_k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    chunk_size: int = 64,
+    key_mask: Optional[Tensor] = None,
+    state: Optional[LinearState] = None,
+    log_keys: bool = False,
+    eps: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Optional[Tensor], Optional[LinearState]]:
+    """The linear-attention core shared by ``linear`` and ``performer``.
+
+    ``out_i = phi_q_i^T S / (phi_q_i^T Z + eps)`` with ``S = sum_j phi_k_j v_j^T``, ``Z = sum_j phi_k_j``
+    over all keys, or (``causal``) over the keys ``j <= N - M + i`` (queries aligned to the end of
+    the keys, after the ``state.length`` keys already summed in ``state``).
+
+    Args:
+        phi_q: ``(B, H, M, F)`` non-negative query features.
+        phi_k: ``(B, H, N, F)`` non-negative key features, or their logarithms when ``log_keys``:
+            then they are exponentiated here after subtracting a maximum that cancels in the
+            ratio — over all keys (non-causal), or a running maximum over the keys seen so far
+            (causal: chunk by chunk, so no key's value reaches an earlier output, not even
+            through rounding; carried in ``state.log_scale``).
+        v: ``(B, H, N, Ev)``.
+        key_mask: bool ``(B|1, H|1, N)``, True = may attend (masked keys get zero features).
+        state: sums of earlier keys (causal only); None starts from zero.
+        eps: added to the denominator; ``0`` divides exactly (a zero denominator gives zero).
+        need_weights: also return the implied ``(B, H, M, N)`` weights (O(M N); not with ``state``).
+    Returns:
+        ``(out (B, H, M, Ev) in v's dtype, weights or None, new LinearState (causal) or None)``.
+    Cost: non-causal O(N F Ev); causal O(N C F + N F Ev) in ``ceil(M / C)`` chunk steps.
+    """
+    B, H, M, Fdim = phi_q.shape
+    N, Ev = v.shape[-2], v.shape[-1]
+    out_dtype = v.dtype
+    acc = accumulation_dtype(v.dtype)  # see accumulation_dtype: sums of N terms in float32
+    phi_q, phi_k, v = phi_q.to(acc), phi_k.to(acc), v.to(acc)
+    if key_mask is not None:
+        keep = key_mask.unsqueeze(-1)  # (B|1, H|1, N, 1)
+        phi_k = phi_k.masked_fill(~keep, float("-inf")) if log_keys else phi_k * keep
+    # [V, 1]: one product gives both the numerator S and the normaliser Z (its last column).
+    v1 = torch.cat([v, v.new_ones(B, H, N, 1)], dim=-1)  # (B, H, N, Ev + 1)
+
+    def divide(nd: Tensor) -> Tensor:
+        num, den = nd[..., :Ev], nd[..., Ev:]  # (B, H, M, Ev), (B, H, M, 1)
+        if eps > 0:
+            return num / (den + eps)
+        return num / torch.where(den > 0, den, torch.ones_like(den))  # no key: 0 / 1
+
+    weights = None
+    if need_weights:
+        if state is not None:
+            raise ValueError("need_weights=True with a state: the weights over cached keys were summed away in "
+                             "the state; call without state to see them")
+        fk = phi_k
+        if log_keys:
+            fk = torch.exp(fk - _finite_or_zero(fk.detach().amax(dim=(-2, -1), keepdim=True)))
+        a = phi_q @ fk.transpose(-1, -2)  # (B, H, M, N) unnormalised weights
+        if causal:
+            allowed = torch.ones(M, N, dtype=torch.bool, device=a.device).tril(N - M)
+            a = a * allowed
+        den = a.sum(-1, keepdim=True)
+        weights = (a / (den + eps) if eps > 0 else a / torch.where(den > 0, den, torch.ones_like(den))).to(out_dtype)
+
+    if not causal:
+        if state is not None:
+            raise ValueError("state is only used by causal linear attention")
+        if log_keys:
+            phi_k = torch.exp(phi_k - _finite_or_zero(phi_k.detach().amax(dim=(-2, -1), keepdim=True)))
+        kv = torch.einsum("bhnf,bhne->bhfe", phi_k, v1)  # (B, H, F, Ev + 1): [S, Z]
+        return divide(phi_q @ kv).to(out_dtype), weights, None  # (B, H, M, Ev)
+
+    if M > N:
+        raise ValueError(f"causal linear attention aligns queries to the end of the keys and needs at least as many "
+                         f"keys as queries; got {M} queries and {N} keys")
+    _checks.positive_int("chunk_size", chunk_size)
+    # P = [S, Z] of the keys summed so far; in log mode stored divided by exp(m).
+    if state is None:
+        P = v1.new_zeros(B, H, Fdim, Ev + 1)  # (B, H, F, Ev + 1)
+        m = v1.new_full((B, H, 1, 1), float("-inf")) if log_keys else None
+        length = 0
+    else:
+        if not isinstance(state, LinearState):
+            raise TypeError(f"state must be a LinearState returned by this kernel, got {type(state).__name__}")
+        if state.S.shape != (B, H, Fdim, Ev) or state.Z.shape != (B, H, Fdim):
+            raise ValueError(f"state holds S {tuple(state.S.shape)} and Z {tuple(state.Z.shape)}, incompatible with "
+                             f"(B, H, features, Ev) = {(B, H, Fdim, Ev)}")
+        if (state.log_scale is not None) != log_keys:
+            raise ValueError("state was produced by a kernel with a different feature map (log_scale mismatch)")
+        P = torch.cat([state.S, state.Z.unsqueeze(-1)], dim=-1).to(acc)
+        m = state.log_scale.to(acc).view(B, H, 1, 1) if log_keys else None
+        length = state.length
+
+    def features(kc: Tensor, P: Tensor, m: Optional[Tensor]):
+        """Exponentiate a chunk of log key features against the running max; rescale P to it."""
+        if not log_keys:
+            return kc, P, m
+        m_new = torch.maximum(m, kc.detach().amax(dim=(-2, -1), keepdim=True))  # (B, H, 1, 1)
+        safe_new = _finite_or_zero(m_new)
+        P = P * torch.exp(_finite_or_zero(m) - safe_new)  # P was 0 while m was -inf
+        return torch.exp(kc - safe_new), P, m_new
+
+    off = N - M  # keys before the first query's position: seen by every query
+    if off > 0:
+        kc, P, m = features(phi_k[:, :, :off], P, m)
+        # S += sum_j phi(K_j) V_j^T, Z += sum_j phi(K_j) over the leading keys
+        P = P + kc.transpose(-1, -2) @ v1[:, :, :off]  # (B, H, F, Ev + 1)
+    tri = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=v.device).tril()  # j <= i inside a chunk
+    outs = []
+    for start in range(0, M, chunk_size):
+        stop = min(start + chunk_size, M)
+        qc = phi_q[:, :, start:stop]  # (B, H, c, F)
+        kc, P, m = features(phi_k[:, :, off + start:off + stop], P, m)  # (B, H, c, F)
+        vc = v1[:, :, off + start:off + stop]  # (B, H, c, Ev + 1)
+        c = stop - start
+        # within the chunk: sum_{j<=i} (phi_q_i . phi_k_j) [v_j, 1] — the masked quadratic form
+        local = (qc @ kc.transpose(-1, -2)) * tri[:c, :c]  # (B, H, c, c)
+        # across chunks: phi_q_i^T [S, Z] of every earlier chunk
+        outs.append(qc @ P + local @ vc)  # (B, H, c, Ev + 1)
+        P = P + kc.transpose(-1, -2) @ vc  # running [S, Z] after this chunk
+    nd = torch.cat(outs, dim=2) if outs else v1.new_zeros(B, H, 0, Ev + 1)  # (B, H, M, Ev + 1)
+    new_state = LinearState(S=P[..., :Ev], Z=P[..., Ev], length=length + N,
+                            log_scale=m.view(B, H) if log_keys else None)
+    return divide(nd).to(out_dtype), weights, new_state
+
+
+def resolve_feature_map(feature_map: Union[str, Callable[[Tensor], Tensor]]) -> Callable[[Tensor], Tensor]:
+    """``"elu+1"`` or a callable ``(..., E) -> (..., E')`` of non-negative features."""
+    if isinstance(feature_map, str):
+        if feature_map != "elu+1":
+            raise ValueError(f"feature_map must be 'elu+1' or a callable, got unknown name {feature_map!r}")
+        return elu_plus_one
+    if not callable(feature_map):
+        raise TypeError(f"feature_map must be 'elu+1' or a callable, got {type(feature_map).__name__}")
+    return feature_map
+
+
+@register("attention", "linear", "linear-transformer")
+class LinearAttention(AttentionKernel):
+    """Linear attention phi(Q)(phi(K)^T V) / phi(Q) phi(K)^T 1, phi = elu + 1 (Katharopoulos et al. 2020), O(N).
+
+    ``V'_i = phi(Q_i)^T S / (phi(Q_i)^T Z + eps)``, ``S = sum_j phi(K_j) V_j^T``, ``Z = sum_j phi(K_j)``
+    (causal: sums over ``j <= i``).
+
+    Args:
+        feature_map: ``"elu+1"`` or a callable mapping ``(B, H, L, E)`` to non-negative
+            ``(B, H, L, E')`` features.
+        eps: added to the denominator (> 0 keeps a row with tiny features finite).
+        chunk_size: causal chunk length ``C``: a masked ``(C, C)`` product inside a chunk, running
+            sums across chunks.
+        causal, dropout: as every kernel; dropout is not applied (no weight matrix is formed).
+    Shapes: ``q (B, H, M, E)``, ``k (B, H, N, E)``, ``v (B, H, N, Ev)`` -> ``(B, H, M, Ev)``;
+    weights ``(B, H, M, N)`` only when asked (computed densely, O(M N)).
+    Incremental decoding (causal): ``return_state=True`` returns ``LinearState(S, Z)``.
+    Cost: O(N E' Ev) time, O(E' Ev) state.
+    """
+
+    supports_mask = "key_padding"
+    supports_state = True
+    exact = False
+
+    def __init__(self, *, causal: bool = False, dropout: float = 0.0,
+                 feature_map: Union[str, Callable[[Tensor], Tensor]] = "elu+1", eps: float = 1e-6,
+                 chunk_size: int = 64) -> None:
+        super().__init__(causal=causal, dropout=dropout)
+        self.feature_map = resolve_feature_map(feature_map)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+            raise ValueError(f"eps must be a float >= 0, got {eps!r}")
+        self.eps = float(eps)
+        self.chunk_size = _checks.positive_int("chunk_size", chunk_size)
+
+    def extra_repr(self) -> str:
+        name = getattr(self.feature_map, "__name__", repr(self.feature_map))
+        return f"feature_map={name}, eps={self.eps}, chunk_size={self.chunk_size}, {super().extra_repr()}"
+
+    def _state_length(self, state) -> int:
+        return state.length if isinstance(state, LinearState) else 0
+
+    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        key_mask = split_key_mask(mask, state, k.shape[-2], self._state_length(state))
+        acc = accumulation_dtype(q.dtype)
+        phi_q, phi_k = self.feature_map(q.to(acc)), self.feature_map(k.to(acc))  # (B, H, L, E')
+        if phi_q.shape[:-1] != q.shape[:-1] or phi_k.shape[:-1] != k.shape[:-1] or phi_q.shape[-1] != phi_k.shape[-1]:
+            raise ValueError(f"feature_map must map (B, H, L, E) to (B, H, L, E'); got {tuple(phi_q.shape)} for q "
+                             f"{tuple(q.shape)} and {tuple(phi_k.shape)} for k {tuple(k.shape)}")
+        out, weights, new_state = linear_attention(
+            phi_q, phi_k, v, causal=self.causal, chunk_size=self.chunk_size, key_mask=key_mask, state=state,
+            eps=self.eps, need_weights=need_weights)
+        return AttentionOutput(out, weights, new_state if return_state else None)
+
+
+def split_key_mask(mask: Optional[Tensor], state: Optional[LinearState], N: int, cached: int) -> Optional[Tensor]:
+    """The key-padding mask ``(B|1, H|1, N)`` of the new keys from a validated ``(B|1, H|1, 1, cached + N)``
+    mask. Cached keys are already summed into the state, so the mask must allow all of them."""
+    if mask is None:
+        return None
+    kpm = mask[:, :, 0, :]  # (B|1, H|1, cached + N)
+    if cached and not bool(kpm[..., :cached].all()):
+        raise ValueError(f"mask masks some of the {cached} keys already summed into the state; a linear-attention "
+                         f"state cannot forget keys — mask them when they are first fed")
+    return kpm[..., cached:]

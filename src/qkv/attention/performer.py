@@ -1,0 +1,162 @@
+"""Performer attention with FAVOR+ positive orthogonal random features (Choromanski et al. 2020,
+"Rethinking Attention with Performers", arXiv:2009.14794).
+
+The softmax kernel is an expectation over Gaussian ``w`` (Lemma 1, positive random features):
+
+    exp(x^T y) = E_w[ exp(w^T x - ||x||^2 / 2) exp(w^T y - ||y||^2 / 2) ],   w ~ N(0, I_d)
+
+so with ``m`` draws ``phi(x) = exp(-||x||^2 / 2) / sqrt(m) [exp(w_1^T x), ..., exp(w_m^T x)]`` and
+inputs scaled by ``d^{-1/4}``, ``phi(q) . phi(k)`` is an unbiased estimate of ``exp(q . k / sqrt(d))``.
+Attention becomes ``out = D^{-1} (Q' ((K')^T V))``, ``D = diag(Q' ((K')^T 1_N))`` — linear attention
+with these features; the causal form uses the prefix sums of ``linear.py`` (one shared core).
+``orthogonal=True`` draws the ``w`` as orthogonal blocks (QR of Gaussian ``d x d`` blocks, each row
+rescaled by an independent chi(d) norm so that marginals stay Gaussian), which lowers the
+estimator's variance (Theorem 2).
+
+Cost: O(N m d) for the features plus O(N m Ev) for the sums; memory O(N m), never O(N^2).
+Error vs exact softmax attention falls as ``m`` grows (``docs/approximation.md``).
+
+Numerics: ``exp(w^T x)`` overflows for large inputs, so a maximum is subtracted inside the exp —
+per query row for queries (a factor common to a row's numerator and denominator) and, for keys, the
+maximum over all keys (non-causal) or a running maximum carried chunk by chunk and in the state
+(causal) — a factor common to every key in ``S`` and ``Z``. Both cancel in ``D^{-1}(...)`` exactly,
+so they are detached from the graph. Deviations: no ``eps`` in ``D`` (the features are positive;
+a row with no allowed key returns zeros); dropout is accepted but not applied; ``redraw=True``
+redraws the features on every training-mode forward that does not continue a ``state`` (the
+paper redraws periodically).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import _checks
+from ..registry import register
+from ..types import AttentionOutput
+from .base import AttentionKernel
+from .linear import LinearState, accumulation_dtype, linear_attention, split_key_mask
+
+__all__ = ["PerformerAttention", "draw_projection", "favor_log_features"]
+
+
+def draw_projection(nb_features: int, dim: int, orthogonal: bool = True,
+                    generator: Optional[torch.Generator] = None) -> Tensor:
+    """Random feature directions ``W (m, d)``, float32 on CPU.
+
+    ``orthogonal``: rows come in blocks of ``d`` exactly orthogonal directions (Q of the QR of a
+    Gaussian ``d x d`` block, signs fixed by ``diag(R)`` so that Q is Haar-distributed), each row
+    rescaled by the norm of an independent ``N(0, I_d)`` vector (chi(d)-distributed) — so every
+    row is marginally ``N(0, I_d)`` while rows within a block stay orthogonal. Otherwise iid
+    Gaussian rows.
+    """
+    m = _checks.positive_int("nb_features", nb_features)
+    d = _checks.positive_int("dim", dim)
+    if not orthogonal:
+        return torch.randn(m, d, generator=generator)
+    blocks = []
+    for _ in range(-(-m // d)):
+        Q, R = torch.linalg.qr(torch.randn(d, d, generator=generator))  # Q: orthonormal columns
+        blocks.append((Q * torch.sign(torch.diagonal(R))).T)  # (d, d): orthonormal rows
+    W = torch.cat(blocks)[:m]  # (m, d)
+    norms = torch.randn(m, d, generator=generator).norm(dim=1, keepdim=True)  # (m, 1) ~ chi(d)
+    return W * norms
+
+
+def favor_log_features(x: Tensor, projection: Tensor) -> Tensor:
+    """``log phi(x)`` for ``x (..., d)`` and ``projection W (m, d)``: ``(..., m)``.
+
+    ``phi(x) = exp(w^T x' - ||x'||^2 / 2) / sqrt(m)`` with ``x' = d^{-1/4} x``, so that
+    ``E[phi(q) . phi(k)] = exp(q . k / sqrt(d))``. Returned in log space: the caller subtracts a
+    maximum before exponentiating.
+    """
+    d = x.shape[-1]
+    x = x * d ** -0.25  # q . k / sqrt(d) = (d^{-1/4} q) . (d^{-1/4} k)
+    return x @ projection.T - 0.5 * (x * x).sum(-1, keepdim=True) - 0.5 * math.log(projection.shape[0])  # (..., m)
+
+
+@register("attention", "performer", "favor")
+class PerformerAttention(AttentionKernel):
+    """Performer FAVOR+ attention D^-1 Q'((K')^T V) with positive orthogonal random features (Choromanski et al. 2020), O(N m).
+
+    ``phi(x) = exp(w^T x - ||x||^2 / 2) / sqrt(m)`` on ``x = d^{-1/4} q`` (or ``k``); unbiased for
+    ``exp(q . k / sqrt(d))``, so the output approximates softmax attention; the error falls with ``m``.
+
+    Args:
+        nb_features: ``m``, the number of random features.
+        orthogonal: draw the features as orthogonal blocks (lower variance) rather than iid.
+        redraw: draw new features on every training-mode forward (from the kernel's generator);
+            otherwise they are drawn once and kept in the ``projection`` buffer (saved with the model).
+        seed: seeds the kernel's own ``torch.Generator``; None uses torch's global generator.
+        chunk_size: causal chunk length (see ``linear_attention``).
+        d_head: the head size ``d``; given (``MultiHeadAttention`` fills it in), the features are
+            drawn at construction, else at the first forward.
+        causal, dropout: as every kernel; dropout is not applied (no weight matrix is formed).
+    Shapes: ``q (B, H, M, d)``, ``k (B, H, N, d)``, ``v (B, H, N, Ev)`` -> ``(B, H, M, Ev)``;
+    weights ``(B, H, M, N)`` only when asked (the implied ones, O(M N)).
+    Incremental decoding (causal): ``return_state=True`` returns a ``LinearState``.
+    Cost: O(N m (d + Ev)) time, O(N m) memory.
+    """
+
+    supports_mask = "key_padding"
+    supports_state = True
+    exact = False
+
+    def __init__(self, *, causal: bool = False, dropout: float = 0.0, nb_features: int = 256,
+                 orthogonal: bool = True, redraw: bool = False, seed: Optional[int] = None,
+                 chunk_size: int = 64, d_head: Optional[int] = None) -> None:
+        super().__init__(causal=causal, dropout=dropout)
+        self.nb_features = _checks.positive_int("nb_features", nb_features)
+        for name, flag in (("orthogonal", orthogonal), ("redraw", redraw)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        self.orthogonal, self.redraw = orthogonal, redraw
+        if seed is not None:
+            _checks.positive_int("seed", seed, allow_zero=True)
+        self.seed = seed
+        self.chunk_size = _checks.positive_int("chunk_size", chunk_size)
+        self._generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        d = None if d_head is None else _checks.positive_int("d_head", d_head)
+        # W (m, d): the random feature directions, float32 (cast to the accumulation dtype when used).
+        self.register_buffer("projection", None if d is None else self._draw(d))
+
+    def extra_repr(self) -> str:
+        return (f"nb_features={self.nb_features}, orthogonal={self.orthogonal}, redraw={self.redraw}, "
+                f"seed={self.seed}, chunk_size={self.chunk_size}, {super().extra_repr()}")
+
+    def _draw(self, d: int) -> Tensor:
+        return draw_projection(self.nb_features, d, self.orthogonal, self._generator)
+
+    def redraw_features(self, d: Optional[int] = None) -> None:
+        """Draw new random features (for head size ``d``, default the current one)."""
+        if d is None:
+            if self.projection is None:
+                raise ValueError("redraw_features needs d (the head size): no features drawn yet")
+            d = self.projection.shape[-1]
+        W = self._draw(d)
+        self.projection = W if self.projection is None else W.to(self.projection.device)
+
+    def _state_length(self, state) -> int:
+        return state.length if isinstance(state, LinearState) else 0
+
+    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        d = q.shape[-1]
+        if self.projection is None or (self.redraw and self.training and state is None):
+            self.projection = self._draw(d).to(q.device)
+        elif self.projection.shape[-1] != d:
+            raise ValueError(f"q has head size {d}, but the random features were drawn for d_head="
+                             f"{self.projection.shape[-1]}")
+        key_mask = split_key_mask(mask, state, k.shape[-2], self._state_length(state))
+        acc = accumulation_dtype(q.dtype)  # features and sums in float32 for half inputs
+        W = self.projection.to(device=q.device, dtype=acc)  # (m, d)
+        log_q = favor_log_features(q.to(acc), W)  # (B, H, M, m)
+        # A per-row constant cancels between the row's numerator and denominator.
+        phi_q = torch.exp(log_q - log_q.detach().amax(dim=-1, keepdim=True))  # (B, H, M, m)
+        log_k = favor_log_features(k.to(acc), W)  # (B, H, N, m): stabilised inside the core
+        out, weights, new_state = linear_attention(
+            phi_q, log_k, v, causal=self.causal, chunk_size=self.chunk_size, key_mask=key_mask, state=state,
+            log_keys=True, eps=0.0, need_weights=need_weights)
+        return AttentionOutput(out, weights, new_state if return_state else None)
