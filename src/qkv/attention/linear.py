@@ -177,7 +177,7 @@ def linear_attention(
             return kc, P, m
         m_new = torch.maximum(m, kc.detach().amax(dim=(-2, -1), keepdim=True))  # (B, H, 1, 1)
         safe_new = _finite_or_zero(m_new)
-        P = P * torch.exp(_finite_or_zero(m) - safe_new)  # P was 0 while m was -inf
+        P = P * torch.exp(m - safe_new)  # <= 1; 0 while m was -inf (P is still 0 then)
         return torch.exp(kc - safe_new), P, m_new
 
     off = N - M  # keys before the first query's position: seen by every query
