@@ -14,6 +14,10 @@ from qkv.registry import lookup
 # Small knobs so that sparse/approximate kernels do something non-trivial at test sizes.
 KERNEL_KWARGS = {
     "window": {"radius": 3, "block": 4},
+    "strided": {"stride": 3},
+    "fixed": {"stride": 4, "c": 2},
+    "local-1d": {"block": 3, "memory": 2},
+    "local-2d": {"image_size": (4, 4), "block": (2, 2), "memory": (1, 1, 1)},
     "linear": {"chunk_size": 4},
     "performer": {"nb_features": 32, "chunk_size": 4, "seed": 0},
 }

@@ -9,8 +9,10 @@ from __future__ import annotations
 from ..registry import describe, lookup, names
 from .alignment import HardAttention, HardAttentionSample, LocalAttention, SoftAttention
 from .base import AttentionKernel, normalize_mask
+from .local import Local1DAttention, Local2DAttention
 from .multihead import MultiHeadAttention, build_attention
 from .softmax import SoftmaxAttention
+from .sparse import FixedAttention, StridedAttention
 from .window import WindowAttention
 from .linear import LinearAttention, LinearState
 from .performer import PerformerAttention
@@ -20,6 +22,7 @@ __all__ = [
     "AttentionKernel", "MultiHeadAttention", "build_attention", "list_attention", "normalize_mask",
     "SoftmaxAttention", "WindowAttention", "SoftAttention", "HardAttention", "HardAttentionSample",
     "LocalAttention", "LinearAttention", "LinearState", "PerformerAttention", "EfficientAttention",
+    "StridedAttention", "FixedAttention", "Local1DAttention", "Local2DAttention",
 ]
 
 

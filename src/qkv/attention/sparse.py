@@ -1,0 +1,272 @@
+"""Sparse Transformer factorized attention, strided and fixed (Child et al. 2019, "Generating Long
+Sequences with Sparse Transformers", arXiv:1904.10509, Section 4.2 and Figure 3).
+
+With stride ``l`` (``~ sqrt(n)``) and causal ``j <= i``:
+
+* strided: ``A1_i = {j : i - l <= j <= i}`` (a band), ``A2_i = {j : (i - j) mod l = 0}`` (every
+  ``l``-th earlier position: one column of the sequence viewed as an ``(n / l, l)`` grid);
+* fixed: ``A1_i = {j : floor(j / l) = floor(i / l)}`` (block diagonal), ``A2_i = {j : j mod l in
+  {l - c, ..., l - 1}}`` (the last ``c`` "summary" positions of every block).
+
+Bidirectional (``causal=False``) forms drop ``j <= i``; strided A1 becomes ``|i - j| <= l``. A head
+attends to ``A_i = A1_i``, ``A2_i`` or their union (``subsets``), with exact softmax over ``A_i``
+(the paper's "merged head", eq. 2 with ``A = A1 ∪ A2``)::
+
+    out_i = sum_{j in A_i} softmax_j(q_i . k_j / sqrt(d)) v_j       (qkv.masks.strided / fixed)
+
+Computed structurally, never with an ``(n, n)`` mask. The scores of the two parts are computed
+separately — the band with ``Tensor.unfold`` over query blocks of ``l`` (``local.unfold_band``), the
+strided columns as ``l`` independent ``(n/l, n/l)`` problems on the ``(n/l, l)`` grid, the fixed
+blocks as ``(l, l)`` blocks and the summaries as ``c n / l`` keys shared by every query — then
+concatenated and normalised by ONE softmax; a key in both parts is masked in the second one, so it
+counts once. Cost per query: strided ``3l + n/l`` keys (causal ``2l + n/l``), fixed
+``l + c n / l``: O(n (l + n / l) d) = O(n sqrt(n) d) time and O(n sqrt(n)) memory for
+``l ~ sqrt(n)`` (fixed: ``c`` times more for the summary part).
+
+Deviations: one head computes the chosen union (interleaving A1/A2 over layers, or splitting them
+across heads, is done by building kernels with ``subsets=(1,)`` and ``(2,)``); no incremental
+decoding (``supports_state = False``); the paper's fused block-sparse GPU kernels are replaced by
+dense batched matrix products over the gathered blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import _checks, masks
+from ..registry import register
+from ..types import AttentionOutput
+from .base import AttentionKernel
+from .local import _empty, from_frame, shift_queries, to_frame, unfold_band
+
+__all__ = ["StridedAttention", "FixedAttention"]
+
+
+def _check_subsets(subsets: Sequence[int]) -> Tuple[int, ...]:
+    if isinstance(subsets, int) and not isinstance(subsets, bool):
+        subsets = (subsets,)
+    if not isinstance(subsets, (tuple, list, set, frozenset)):
+        raise TypeError(f"subsets must be a sequence of 1 and/or 2, got {type(subsets).__name__} {subsets!r}")
+    s = set(subsets)
+    if not s or not s <= {1, 2} or any(isinstance(x, bool) for x in s):
+        raise ValueError(f"subsets must be a non-empty subset of (1, 2) (A1, A2 or their union), got {subsets!r}")
+    return tuple(sorted(s))
+
+
+def _grid(x: Tensor, n_rows: int, l: int) -> Tensor:
+    """``x (..., L, E)`` padded to ``n_rows * l`` and viewed as the grid ``(..., n_rows, l, E)``."""
+    return F.pad(x, (0, 0, 0, n_rows * l - x.shape[-2]), value=False if x.dtype == torch.bool else 0.0).view(
+        *x.shape[:-2], n_rows, l, x.shape[-1])
+
+
+def _softmax_over_parts(parts: list, dropout_p: float, need_weights: bool):
+    """ONE softmax over the concatenated scores of the parts ``[(scores (..., b, W_p), allowed), ...]``.
+
+    Empties ``parts`` (so that the separate scores are freed early). Returns the weights of each
+    part, dropout applied; the undropped weights (None unless ``need_weights``); and ``row_ok``
+    ``(..., b, 1)``, False for rows with no allowed key — the caller zeroes their output.
+    """
+    shape = torch.broadcast_shapes(*(s.shape[:-1] for s, _ in parts))
+    widths = [s.shape[-1] for s, _ in parts]
+    scores = torch.cat([s.expand(*shape, s.shape[-1]) for s, _ in parts], dim=-1)  # (..., b, sum W_p)
+    allowed = torch.cat([a.expand(*shape, s.shape[-1]) for s, a in parts], dim=-1)
+    parts.clear()
+    # float32 accumulation for half types (exp of large logits overflows float16).
+    work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+    # In place: cat's backward does not need its output. finfo.min rather than -inf keeps a row
+    # with no allowed key finite (uniform); its output is zeroed by the caller, its weights here.
+    work.masked_fill_(~allowed, torch.finfo(work.dtype).min)
+    weights = torch.softmax(work, dim=-1)
+    row_ok = allowed.any(-1, keepdim=True)
+    if need_weights:
+        weights = weights * allowed
+    weights = weights.to(scores.dtype)
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    return dropped.split(widths, dim=-1), (weights.split(widths, dim=-1) if need_weights else None), row_ok
+
+
+class _Factorized(AttentionKernel):
+    """Shared frame handling of the two Sparse Transformer patterns."""
+
+    supports_mask = "key_padding"
+    supports_state = False
+
+    def __init__(self, *, stride: int, subsets: Sequence[int], causal: bool, dropout: float) -> None:
+        super().__init__(causal=causal, dropout=dropout)
+        self.stride = _checks.positive_int("stride", stride)
+        self.subsets = _check_subsets(subsets)
+
+    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        M, N = q.shape[-2], k.shape[-2]
+        if M == 0 or N == 0:
+            return _empty(q, v, N, need_weights)
+        q, k, v, valid, shift = to_frame(q, k, v, mask, period=self.stride)
+        dropout_p = self.dropout if self.training else 0.0
+        out, weights = self._frame_attend(q, k, v, valid, dropout_p, need_weights)
+        out, weights = from_frame(out, weights, M, shift)
+        return AttentionOutput(out, weights, None)
+
+    def _frame_attend(self, q, k, v, valid, dropout_p, need_weights):
+        raise NotImplementedError  # abstract: each pattern implements it
+
+
+@register("attention", "strided", "sparse-strided")
+class StridedAttention(_Factorized):
+    """Sparse Transformer strided attention (Child et al. 2019): a band of `stride` plus every stride-th position, one softmax, O(n sqrt n).
+
+    ``A1_i = {j : i - l <= j <= i}`` (bidirectional ``|i - j| <= l``), ``A2_i = {j : (i - j) mod l = 0}``;
+    the head attends to the union of the chosen ``subsets`` (``qkv.masks.strided``), causal adds ``j <= i``.
+
+    Args:
+        stride: ``l > 0``, about ``sqrt(n)``.
+        subsets: ``(1,)``, ``(2,)`` or ``(1, 2)`` (the union, default).
+    Shapes: ``q (B, H, M, E)``, ``k (B, H, N, E)``, ``v (B, H, N, Ev)`` -> ``(B, H, M, Ev)``; queries
+    aligned to the end of the keys; key-padding masks only. Cost: O(N (3l + N/l) E) time,
+    O(N (3l + N/l)) memory (causal: ``2l`` instead of ``3l``).
+    """
+
+    def __init__(self, *, stride: int, subsets: Sequence[int] = (1, 2), causal: bool = False,
+                 dropout: float = 0.0) -> None:
+        super().__init__(stride=stride, subsets=subsets, causal=causal, dropout=dropout)
+
+    def extra_repr(self) -> str:
+        return f"stride={self.stride}, subsets={self.subsets}, {super().extra_repr()}"
+
+    def pattern(self, n_queries: int, n_keys: int):
+        return shift_queries(masks.strided(self.stride, self.subsets, causal=self.causal), n_keys - n_queries)
+
+    def _frame_attend(self, q, k, v, valid, dropout_p, need_weights):
+        B, H, L, E = q.shape
+        l, dev = self.stride, q.device
+        nr = -(-L // l)  # rows of the (nr, l) grid; query block a = row a
+        q_grid = _grid(q / math.sqrt(E), nr, l)  # (B, H, nr, l, E): query i = a l + c at (a, c), scaled
+        parts, values = [], []
+        if 1 in self.subsets:
+            # A1, the band: query block a sees keys a l - l + [0, W).
+            W = 2 * l + (0 if self.causal else l)
+            k_band = unfold_band(k, -l, l, W, nr)  # (B, H, nr, W, E)
+            v_band = unfold_band(v, -l, l, W, nr)  # (B, H, nr, W, Ev)
+            s1 = q_grid @ k_band.transpose(-1, -2)  # (B, H, nr, l, W)
+            # d = i - j = c - kj + l for query column c and key column kj of the same block.
+            d = torch.arange(l, device=dev).view(l, 1) - torch.arange(W, device=dev).view(1, W) + l
+            band = (d <= l) & (d >= (0 if self.causal else -l))  # (l, W), shared by all blocks
+            key_ok = unfold_band(valid.unsqueeze(-1), -l, l, W, nr).squeeze(-1)  # (B|1, H|1, nr, W)
+            parts.append((s1, band & key_ok.unsqueeze(-2)))  # allowed (B|1, H|1, nr, l, W)
+            values.append(v_band)
+        if 2 in self.subsets:
+            # A2, the strided columns: query (a, c) sees keys (a', c) of the same grid column c.
+            q_cols = q_grid.transpose(2, 3)  # (B, H, l, nr, E)
+            k_cols = _grid(k, nr, l).transpose(2, 3)  # (B, H, l, nr, E)
+            s2 = (q_cols @ k_cols.transpose(-1, -2)).transpose(2, 3)  # (B, H, nr(a), l(c), nr(a'))
+            da = torch.arange(nr, device=dev).view(nr, 1, 1) - torch.arange(nr, device=dev).view(1, 1, nr)  # a - a'
+            # i - j = (a - a') l: |a - a'| <= 1 lies in the band already — counted once, there.
+            near = 2 if 1 in self.subsets else 0
+            rows = (da >= near) if self.causal else (da.abs() >= near)  # (nr, 1, nr)
+            key_ok = _grid(valid.unsqueeze(-1), nr, l).squeeze(-1).transpose(-1, -2)  # (B|1, H|1, l(c), nr(a'))
+            parts.append((s2, rows & key_ok.unsqueeze(-3)))  # allowed (B|1, H|1, nr, l, nr)
+            values.append(_grid(v, nr, l).transpose(2, 3))  # (B, H, l, nr, Ev)
+
+        dropped, weights, row_ok = _softmax_over_parts(parts, dropout_p, need_weights)
+        out = 0
+        if 1 in self.subsets:
+            out = dropped[0] @ values[0]  # (B, H, nr, l, Ev)
+        if 2 in self.subsets:
+            w2 = dropped[-1].transpose(2, 3)  # (B, H, l(c), nr(a), nr(a'))
+            out = out + (w2 @ values[-1]).transpose(2, 3)  # (B, H, nr, l, Ev)
+        out = out.masked_fill(~row_ok, 0.0).reshape(B, H, nr * l, -1)[:, :, :L]  # (B, H, L, Ev)
+        if not need_weights:
+            return out, None
+
+        # Dense (B, H, L, L) weights for inspection and plots (O(L^2): on request only).
+        dense = q.new_zeros(B, H, nr, l, L)
+        if 1 in self.subsets:
+            cols = (torch.arange(nr, device=dev).view(nr, 1, 1) * l - l + torch.arange(W, device=dev).view(1, 1, W))
+            dense.scatter_add_(-1, cols.clamp(0, L - 1).expand(B, H, nr, l, W), weights[0])  # clamped: weight 0
+        if 2 in self.subsets:
+            cols = torch.arange(nr, device=dev).view(1, 1, nr) * l + torch.arange(l, device=dev).view(1, l, 1)
+            dense.scatter_add_(-1, cols.clamp(max=L - 1).expand(B, H, nr, l, nr), weights[-1])
+        return out, dense.view(B, H, nr * l, L)[:, :, :L]
+
+
+@register("attention", "fixed", "sparse-fixed")
+class FixedAttention(_Factorized):
+    """Sparse Transformer fixed attention (Child et al. 2019): the own block of `stride` plus the last `c` positions of every block, one softmax.
+
+    ``A1_i = {j : floor(j / l) = floor(i / l)}``, ``A2_i = {j : j mod l >= l - c}``; the head attends
+    to the union of the chosen ``subsets`` (``qkv.masks.fixed``), causal adds ``j <= i``.
+
+    Args:
+        stride: block length ``l > 0``.
+        c: summary positions per block, ``1 <= c <= l`` (the paper uses 8–32 with ``l`` 128).
+        subsets: ``(1,)``, ``(2,)`` or ``(1, 2)`` (the union, default).
+    Shapes: ``q (B, H, M, E)``, ``k (B, H, N, E)``, ``v (B, H, N, Ev)`` -> ``(B, H, M, Ev)``; queries
+    aligned to the end of the keys; key-padding masks only. Cost: O(N (l + c N / l) E) time,
+    O(N (l + c N / l)) memory.
+    """
+
+    def __init__(self, *, stride: int, c: int, subsets: Sequence[int] = (1, 2), causal: bool = False,
+                 dropout: float = 0.0) -> None:
+        super().__init__(stride=stride, subsets=subsets, causal=causal, dropout=dropout)
+        self.c = _checks.positive_int("c", c)
+        if self.c > self.stride:
+            raise ValueError(f"c must be <= stride ({self.stride}): a block has only stride positions; got c={c}")
+
+    def extra_repr(self) -> str:
+        return f"stride={self.stride}, c={self.c}, subsets={self.subsets}, {super().extra_repr()}"
+
+    def pattern(self, n_queries: int, n_keys: int):
+        return shift_queries(masks.fixed(self.stride, self.c, self.subsets, causal=self.causal), n_keys - n_queries)
+
+    def _frame_attend(self, q, k, v, valid, dropout_p, need_weights):
+        B, H, L, E = q.shape
+        l, c, dev = self.stride, self.c, q.device
+        nr = -(-L // l)  # blocks
+        q_grid = _grid(q / math.sqrt(E), nr, l)  # (B, H, nr, l, E), scaled
+        k_grid, v_grid = _grid(k, nr, l), _grid(v, nr, l)  # (B, H, nr, l, E)
+        key_ok = _grid(valid.unsqueeze(-1), nr, l).squeeze(-1)  # (B|1, H|1, nr, l)
+        pos = torch.arange(nr * l, device=dev).view(nr, l)  # position of grid cell (a, c')
+        parts, values = [], []
+        if 1 in self.subsets:
+            # A1, the own block: (l, l) scores per block.
+            s1 = q_grid @ k_grid.transpose(-1, -2)  # (B, H, nr, l, l)
+            within = torch.ones(l, l, dtype=torch.bool, device=dev)
+            if self.causal:
+                within = within.tril()
+            parts.append((s1, within & key_ok.unsqueeze(-2)))  # allowed (B|1, H|1, nr, l, l)
+            values.append(v_grid)
+        if 2 in self.subsets:
+            # A2, the summaries: the last c positions of every block, nr c keys shared by all queries.
+            k_sum = k_grid[:, :, :, l - c:].reshape(B, H, nr * c, E)  # (B, H, nr c, E)
+            v_sum = v_grid[:, :, :, l - c:].reshape(B, H, nr * c, -1)  # (B, H, nr c, Ev)
+            s2 = q_grid @ k_sum.unsqueeze(2).transpose(-1, -2)  # (B, H, nr, l, nr c)
+            k_pos = pos[:, l - c:].reshape(1, 1, nr * c)
+            q_pos = pos.view(nr, l, 1)
+            ok = torch.ones(nr, l, nr * c, dtype=torch.bool, device=dev)
+            if 1 in self.subsets:  # summaries of the query's own block lie in A1 — counted once, there.
+                ok = ok & (torch.div(k_pos, l, rounding_mode="floor") != torch.arange(nr, device=dev).view(nr, 1, 1))
+            if self.causal:
+                ok = ok & (k_pos <= q_pos)
+            sum_ok = key_ok[..., l - c:].reshape(*key_ok.shape[:-2], 1, 1, nr * c)  # (B|1, H|1, 1, 1, nr c)
+            parts.append((s2, ok & sum_ok))  # allowed (B|1, H|1, nr, l, nr c)
+            values.append(v_sum.unsqueeze(2))  # (B, H, 1, nr c, Ev)
+
+        dropped, weights, row_ok = _softmax_over_parts(parts, dropout_p, need_weights)
+        out = sum(w @ val for w, val in zip(dropped, values))  # (B, H, nr, l, Ev)
+        out = out.masked_fill(~row_ok, 0.0).reshape(B, H, nr * l, -1)[:, :, :L]  # (B, H, L, Ev)
+        if not need_weights:
+            return out, None
+
+        # Dense (B, H, L, L) weights for inspection and plots (O(L^2): on request only).
+        dense = q.new_zeros(B, H, nr, l, nr * l)
+        if 1 in self.subsets:
+            cols = pos.view(nr, 1, l).expand(B, H, nr, l, l)
+            dense.scatter_add_(-1, cols, weights[0])
+        if 2 in self.subsets:
+            cols = pos[:, l - c:].reshape(1, 1, 1, 1, nr * c).expand(B, H, nr, l, nr * c)
+            dense.scatter_add_(-1, cols, weights[-1])
+        return out, dense.view(B, H, nr * l, nr * l)[:, :, :L, :L]
