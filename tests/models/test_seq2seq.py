@@ -276,3 +276,10 @@ def test_bad_inputs_name_the_argument():
     loc = make("luong-location")
     with pytest.raises(ValueError, match="max_src_len"):
         loc(torch.randint(3, V, (1, 11)), tgt[:1])
+
+
+def test_train_defaults_are_a_valid_recipe():
+    from qkv.train import TrainConfig
+
+    cfg = TrainConfig(**Seq2Seq.train_defaults)  # `qkv train seq2seq` applies these unless flags say otherwise
+    assert cfg.lr > TrainConfig().lr and cfg.steps > 0

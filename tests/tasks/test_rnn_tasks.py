@@ -125,3 +125,42 @@ def test_digit_captions_batches():
         # the first digit's pixels are where the offset says
         torch.testing.assert_close(batch["images"][k, 0, :, offset : offset + 28], images[idx[0]])
     assert batch["tgt_ids"][:, 0].eq(task.vocab.bos_id).all()
+
+
+def _is_png(path) -> bool:
+    return path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("task_cls", [PointerSortTask, ConvexHullTask])
+def test_pointer_visualize_writes_png(tmp_path, task_cls):
+    from qkv.models.pointer import PointerNetwork, PointerNetworkConfig
+
+    task = task_cls(eval_size=3)
+    torch.manual_seed(0)
+    model = PointerNetwork(PointerNetworkConfig(d_input=task.d_input, d_embed=4, d_hidden=6, attn_dim=4))
+    assert _is_png(task.visualize(model, tmp_path / "p.png"))
+    text = "0.3 0.9 0.1" if task.d_input == 1 else "0.1,0.2 0.8,0.3 0.5,0.9 0.4,0.4"
+    assert _is_png(task.visualize(model, tmp_path / "sub" / "q.png", text=text))
+    assert model.training  # visualize restores the mode
+    with pytest.raises(ValueError, match="inputs"):
+        task.parse_inputs("0.1,0.2,0.3" if task.d_input == 2 else "a b")
+    if task.d_input == 2:
+        torch.testing.assert_close(task.parse_inputs("0,1 2,3"), torch.tensor([[0.0, 1.0], [2.0, 3.0]]))
+        assert task.solve(torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.5, 0.2], [0.0, 1.0]])) == [0, 1, 3]
+    else:
+        assert task.solve(task.parse_inputs("0.3, 0.9, 0.1")) == [2, 0, 1]
+
+
+def test_digit_captions_visualize_writes_png(tmp_path):
+    from qkv.models.show_attend_tell import ShowAttendTell, ShowAttendTellConfig
+
+    task = _mnist_or_skip()
+    torch.manual_seed(0)
+    model = ShowAttendTell(ShowAttendTellConfig(vocab_size=task.vocab.size, channels=(4, 6), d_embed=5, d_hidden=7, attn_dim=4))
+    assert _is_png(task.visualize(model, tmp_path / "c.png", n=2))
+    assert _is_png(task.visualize(model, tmp_path / "d.png", text="471"))
+    idx, offset = task.strip_of("47")
+    _, labels, _ = task._data
+    assert offset == 0 and [int(labels[i]) for i in idx] == [4, 7]
+    with pytest.raises(ValueError, match="digits"):
+        task.strip_of("4a")

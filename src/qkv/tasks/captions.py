@@ -145,6 +145,60 @@ class DigitCaptionsTask(Task):
         return {"exact_match": exact / max(n, 1), "token_accuracy": correct / max(tokens, 1),
                 "loss": total_loss / max(tokens, 1), "examples": float(n)}
 
+    def strip_of(self, digits: str, split: str = "test") -> Strip:
+        """A strip showing ``digits`` (e.g. ``"471"``), each the first image of that digit in ``split``."""
+        _check_split(split)
+        if not digits or not digits.isdigit() or not 1 <= len(digits) <= self.max_digits:
+            raise ValueError(f"digits must be 1 to {self.max_digits} decimal digits (e.g. '471'), got {digits!r}")
+        _, labels, splits = self._data
+        pool = splits[split]
+        idx = [int(pool[labels[pool] == int(d)][0]) for d in digits]
+        return idx, 0
+
+    @torch.no_grad()
+    def visualize(self, model: torch.nn.Module, path: Union[str, Path], text: Optional[str] = None, n: int = 3,
+                  max_words: Optional[int] = None, title: Optional[str] = None) -> Path:
+        """Xu et al.-style figure: each strip, then the attention over the CNN grid for each generated digit.
+
+        ``text`` (digits such as ``"471"``) draws one strip of held-out images of those digits;
+        otherwise the first ``n`` test strips. Each panel overlays ``alpha_t`` (upsampled from the
+        ``Hg x Wg`` grid to the image) for the ``t``-th generated word. Returns the PNG path.
+        """
+        from qkv import viz
+
+        strips = [self.strip_of(text.strip())] if text else self.eval_strips("test", n)
+        device = _model_device(model)
+        images = self.collate(strips)["images"].to(device)
+        was_training = getattr(model, "training", False)
+        model.eval()
+        try:
+            ids, w = model.generate(images, max_new_tokens=self.max_digits + 1, return_weights=True)
+            _, (Hg, Wg) = model.encode(images[:1])
+        finally:
+            model.train(was_training)
+        images, ids, w = images.cpu(), ids.cpu(), w.cpu()
+        cols = (max_words or self.max_digits + 1) + 1
+        plt = viz.pyplot()
+        fig, axes = plt.subplots(len(strips), cols, figsize=(2.6 * cols, 1.0 * len(strips) + 0.6), squeeze=False)
+        for b in range(len(strips)):
+            row = ids[b].tolist()
+            words = [self.vocab.decode([i], skip_special=False) for i in row if i != self.vocab.pad_id]
+            axes[b, 0].imshow(images[b, 0], cmap="gray")
+            axes[b, 0].set_title(f"input (caption: {self.caption(row) or '-'})", fontsize=7)
+            for t in range(cols - 1):
+                ax = axes[b, t + 1]
+                ax.imshow(images[b, 0], cmap="gray")
+                if t < len(words) and t < w.shape[1]:
+                    att = w[b, t].float().reshape(1, 1, Hg, Wg)
+                    up = F.interpolate(att, size=tuple(images.shape[-2:]), mode="nearest")[0, 0]
+                    ax.imshow(up.numpy(), cmap="hot", alpha=0.55)
+                    ax.set_title(f"word {t + 1}: {words[t]}", fontsize=7)
+            for ax in axes[b]:
+                ax.axis("off")
+        fig.suptitle(title or f"{type(model).__name__}: attention over the {Hg} x {Wg} feature grid for each generated word",
+                     fontsize=9)
+        return viz.save_figure(fig, path, dpi=110)
+
     def examples(self, n: int = 5) -> List[Dict[str, str]]:
         _, labels, _ = self._data
         return [{"digits": str(idx), "offset": str(off), "caption": "".join(str(int(labels[i])) for i in idx)}

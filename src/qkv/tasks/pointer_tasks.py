@@ -17,7 +17,8 @@ are simple polygons of 3+ distinct inputs), the measures of Vinyals et al. Table
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -182,6 +183,77 @@ class PointerTask(Task):
         metrics.update(self._extra_metrics(examples, predictions))
         return metrics
 
+    def parse_inputs(self, text: str) -> Tensor:
+        """Inputs written as text: numbers (``"0.3 0.9 0.1"``) for ``d_input == 1``, ``x,y`` pairs
+        separated by spaces (``"0.1,0.2 0.8,0.3 0.5,0.9"``) for points. Returns ``(n, d_input)``."""
+        try:
+            if self.d_input == 1:
+                rows = [[float(v)] for v in text.replace(",", " ").replace(";", " ").split()]
+            else:
+                rows = [[float(v) for v in item.split(",")] for item in text.replace(";", " ").split()]
+        except ValueError as err:
+            raise ValueError(f"could not read {text!r} as inputs of {self.d_input} number(s) each: {err}") from None
+        if not rows or any(len(r) != self.d_input for r in rows):
+            want = "numbers separated by spaces" if self.d_input == 1 else f"{self.d_input} comma-separated numbers per point, points separated by spaces"
+            raise ValueError(f"inputs must be {want}, got {text!r}")
+        return torch.tensor(rows)
+
+    def _draw_solution(self, ax, points: Tensor, predicted: List[int], target: List[int]) -> bool:
+        """Draw the inputs with the predicted and true outputs on ``ax``; False if the task has no such picture."""
+        return False
+
+    @torch.no_grad()
+    def visualize(self, model: torch.nn.Module, path: Union[str, Path], text: Optional[str] = None) -> Path:
+        """The pointer distribution of every output step over the inputs (and END), as a heat map.
+
+        ``text`` gives the inputs (see :meth:`parse_inputs`); otherwise the first test example.
+        Tasks with a geometric picture (the hull) add a panel with the points, the true outputs
+        (dashed) and the predicted ones (solid). Returns the PNG path.
+        """
+        from qkv import viz
+
+        if text:
+            points = self.parse_inputs(text)
+            target = self.solve(points)
+        else:
+            points, target = self.eval_examples("test", 1)[0]
+        n = points.shape[0]
+        device = _model_device(model)
+        was_training = getattr(model, "training", False)
+        model.eval()
+        try:
+            ids, w = model.generate(points.unsqueeze(0).to(device), return_weights=True)
+        finally:
+            model.train(was_training)
+        row, w = ids[0].cpu().tolist(), w[0].float().cpu()  # (T,), (T, n + 1)
+        steps = len(row) if n not in row else row.index(n) + 1
+        predicted = [i for i in row[:steps] if 0 <= i < n]
+        fmt = (lambda p: f"{p[0]:.2f}") if self.d_input == 1 else (lambda p: f"({p[0]:.2f},{p[1]:.2f})")
+        x_labels = [f"{j}: {fmt(p)}" for j, p in enumerate(points.tolist())] + ["END"]
+        y_labels = [f"step {t + 1} -> {'END' if i == n else i}" for t, i in enumerate(row[:steps])]
+        plt = viz.pyplot()
+        fig, axes = plt.subplots(1, 2, figsize=(max(5.0, 0.45 * (n + 1) + 2.5) + 5.0, max(3.5, 0.35 * steps + 2.0)))
+        ax = axes[0]
+        im = ax.imshow(w[:steps].numpy(), cmap="viridis", aspect="auto", vmin=0.0, vmax=1.0, interpolation="nearest")
+        ax.set_xticks(range(n + 1))
+        ax.set_xticklabels(x_labels, rotation=90, fontsize=7)
+        ax.set_yticks(range(steps))
+        ax.set_yticklabels(y_labels, fontsize=7)
+        ax.set_xlabel("input position (pointed at)")
+        ax.set_title(f"pointer distributions p(C_i | C_<i, P); target {target}", fontsize=8)
+        fig.colorbar(im, ax=ax, fraction=0.04)
+        if not self._draw_solution(axes[1], points, predicted, target):
+            axes[1].axis("off")
+            axes[1].text(0.0, 0.5, f"inputs: {[round(v, 3) for v in points[:, 0].tolist()]}\n"
+                         f"predicted: {predicted}\ntarget:    {target}\n"
+                         f"{'correct' if predicted == target else 'wrong'}", family="monospace", fontsize=8, va="center")
+        fig.suptitle(f"{type(model).__name__} on {self.registry_name}", fontsize=9)
+        return viz.save_figure(fig, path, dpi=110)
+
+    def solve(self, points: Tensor) -> List[int]:
+        """The target output for ``points (n, d_input)``."""
+        raise NotImplementedError
+
     def examples(self, n: int = 5) -> List[Dict[str, str]]:
         g = torch.Generator().manual_seed(stable_seed(self.registry_name, "examples"))
         out = []
@@ -210,7 +282,10 @@ class PointerSortTask(PointerTask):
 
     def sample(self, g: torch.Generator) -> Example:
         x = torch.rand(self._length(g), 1, generator=g)  # (n, 1)
-        return x, torch.argsort(x[:, 0]).tolist()
+        return x, self.solve(x)
+
+    def solve(self, points: Tensor) -> List[int]:
+        return torch.argsort(points[:, 0], stable=True).tolist()
 
 
 @register("task", "convex-hull")
@@ -233,6 +308,25 @@ class ConvexHullTask(PointerTask):
     def sample(self, g: torch.Generator) -> Example:
         points = torch.rand(self._length(g), 2, generator=g)  # (n, 2)
         return points, convex_hull(points.tolist())
+
+    def solve(self, points: Tensor) -> List[int]:
+        return convex_hull(points.tolist())
+
+    def _draw_solution(self, ax, points: Tensor, predicted: List[int], target: List[int]) -> bool:
+        pts = points.tolist()
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=18, color="black", zorder=3)
+        for j, (x, y) in enumerate(pts):
+            ax.annotate(str(j), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
+        for idx, style, label in ((target, dict(color="tab:green", ls="--", lw=2.5, alpha=0.6), "true hull"),
+                                  (predicted, dict(color="tab:red", ls="-", lw=1.2), "predicted")):
+            if idx:
+                loop = idx + idx[:1]
+                ax.plot([pts[i][0] for i in loop], [pts[i][1] for i in loop], label=label, **style)
+        ax.set_aspect("equal")
+        ax.legend(fontsize=7, loc="best")
+        ok = predicted == target
+        ax.set_title(f"points, true hull and predicted polygon ({'exact' if ok else 'not exact'})", fontsize=8)
+        return True
 
     def _extra_metrics(self, examples: Sequence[Example], predictions: Sequence[List[int]]) -> Dict[str, float]:
         """``area_coverage`` (predicted polygon area / hull area, 0 if invalid) and ``valid``."""
