@@ -135,28 +135,69 @@ def run_captions(args, results: Dict) -> None:
     metrics = task.evaluate(model, "test", max_examples=args.eval_captions)
     results["digit-captions"] = {"steps": args.caption_steps, "batch_size": 32, "train_seconds": round(seconds, 1), **metrics}
     print("captions", results["digit-captions"], flush=True)
-    batch = next(task.eval_batches("test", 3))
-    model.eval()
-    ids, w = model.generate(batch["images"], max_new_tokens=6, return_weights=True)
-    Hg, Wg = model.encode(batch["images"][:1])[1]
-    fig, axes = plt.subplots(3, 6, figsize=(16, 5))
-    for b in range(3):
-        words = [i for i in ids[b].tolist() if i != 0]
-        axes[b, 0].imshow(batch["images"][b, 0], cmap="gray")
-        axes[b, 0].set_title("input", fontsize=8)
-        for t in range(5):
-            ax = axes[b, t + 1]
-            ax.imshow(batch["images"][b, 0], cmap="gray")
-            if t < len(words):
-                att = w[b, t].reshape(1, 1, Hg, Wg)
-                up = torch.nn.functional.interpolate(att, size=batch["images"].shape[-2:], mode="nearest")[0, 0]
-                ax.imshow(up, cmap="hot", alpha=0.55)
-                ax.set_title(f"word {t + 1}: {task.vocab.decode([words[t]], skip_special=False)}", fontsize=8)
-        for ax in axes[b]:
-            ax.axis("off")
-    fig.suptitle("Show, Attend and Tell (soft) on digit strips: attention for each generated word")
+    # the same figure as `qkv viz RUN` on a digit-captions run (DigitCaptionsTask.visualize)
+    task.visualize(model, IMG / "rnn-captions-attention.png",
+                   title="Show, Attend and Tell (soft) on digit strips: attention for each generated word")
+
+
+BIBLE_BUCKETS = ((1, 49), (50, 69), (70, 84), (85, 100))
+
+
+def run_bible(args, results: Dict) -> None:
+    """bible-en-es, character level: BLEU / chrF of greedy translations per source-length bucket."""
+    import sacrebleu
+
+    from qkv.tasks.translation import BibleEnEs
+
+    task = BibleEnEs()
+    pairs = task.eval_pairs("test", args.eval_bible)
+    for label, attention in VARIANTS.items():
+        if args.variants and (attention or "none") not in args.variants.split(","):
+            continue
+        torch.manual_seed(0)
+        model = Seq2Seq(Seq2SeqConfig(src_vocab_size=task.vocab.size, attention=attention, d_embed=32, d_hidden=64,
+                                      attn_dim=64, d_readout=64, window=10))
+        seconds = train(model, task, args.bible_steps, 32, 3e-3, f"bible-{attention}")
+        model.eval()
+        hyps: List[str] = []
+        for first in range(0, len(pairs), 50):
+            batch = task.collate(pairs[first : first + 50])
+            with torch.no_grad():
+                ids = model.generate(batch["src_ids"], batch["src_mask"], max_new_tokens=task.max_chars + 1)
+            hyps += [task.decode_generated(row) for row in ids.tolist()]
+        row = {"train_seconds": round(seconds, 1), "steps": args.bible_steps, "batch_size": 32, "buckets": {}}
+        for lo, hi in BIBLE_BUCKETS + ((1, 100),):
+            sel = [(h, r) for h, (src, r) in zip(hyps, pairs) if lo <= len(src) <= hi]
+            hs, rs = [h for h, _ in sel], [r for _, r in sel]
+            row["buckets"][f"{lo}-{hi}"] = {
+                "n": len(sel), "bleu": sacrebleu.corpus_bleu(hs, [rs]).score, "chrf": sacrebleu.corpus_chrf(hs, [rs]).score,
+                "char_accuracy": sum(sum(x == y for x, y in zip(h, r)) / max(len(r), 1) for h, r in sel) / max(len(sel), 1)}
+        row["samples"] = [{"source": src, "reference": ref, "hypothesis": h} for (src, ref), h in zip(pairs[:3], hyps[:3])]
+        (OUT / f"bible-{attention}.json").write_text(json.dumps(row, indent=2) + "\n")
+        results.setdefault("bible-en-es", {})[label] = row
+        print("bible", label, {k: round(v["bleu"], 2) for k, v in row["buckets"].items()}, flush=True)
+    plot_bible()
+
+
+def plot_bible() -> None:
+    rows = {label: json.loads((OUT / f"bible-{a}.json").read_text()) for label, a in VARIANTS.items()
+            if (OUT / f"bible-{a}.json").exists()}
+    if not rows:
+        return
+    names = [f"{lo}-{hi}" for lo, hi in BIBLE_BUCKETS]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for label, row in rows.items():
+        axes[0].plot(names, [row["buckets"][k]["bleu"] for k in names], marker="o", label=label)
+        axes[1].plot(names, [row["buckets"][k]["chrf"] for k in names], marker="o", label=label)
+    for ax, what in zip(axes, ("BLEU (sacrebleu, greedy)", "chrF (greedy)")):
+        ax.set_xlabel("source length (characters)")
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    steps = next(iter(rows.values()))["steps"]
+    fig.suptitle(f"bible-en-es test verses, character level, {steps} steps x 32 pairs each (cf. Bahdanau 2014 Fig. 2)")
     fig.tight_layout()
-    fig.savefig(IMG / "rnn-captions-attention.png", dpi=110)
+    fig.savefig(IMG / "rnn-bible-length.png", dpi=110)
     plt.close(fig)
 
 
@@ -164,6 +205,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, not the numbers")
     p.add_argument("--parts", default="dates,copy,captions", help="comma list of dates, copy, reverse, captions")
+    p.add_argument("--variants", default="", help="bible: comma list of none, bahdanau, luong-general, local-p (default all)")
+    p.add_argument("--bible-steps", type=int, default=200, help="training steps of each bible-en-es model")
     p.add_argument("--caption-steps", type=int, default=1500, help="training steps of the digit-captions model")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small recurrent steps on a shared machine)")
     args = p.parse_args()
@@ -175,9 +218,11 @@ def main() -> None:
     args.eval_per_length = 8 if q else 50
     args.caption_steps = 30 if q else args.caption_steps
     args.eval_captions = 50 if q else 500
+    args.bible_steps = 20 if q else args.bible_steps
+    args.eval_bible = 50 if q else None
     IMG.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
-    results_path = OUT / (f"results-{'quick-' if q else ''}{args.parts.replace(',', '-')}.json")
+    results_path = OUT / (f"results-{'quick-' if q else ''}{args.parts.replace(',', '-')}{'-' + args.variants.replace(',', '-') if args.variants else ''}.json")
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     t0 = time.time()
     for part in args.parts.split(","):
@@ -187,8 +232,10 @@ def main() -> None:
             run_stress(args, results, part)
         elif part == "captions":
             run_captions(args, results)
+        elif part == "bible":
+            run_bible(args, results)
         else:
-            raise SystemExit(f"unknown part {part!r}; choose from dates, copy, reverse, captions")
+            raise SystemExit(f"unknown part {part!r}; choose from dates, copy, reverse, captions, bible")
         results["machine"] = f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}"
         results_path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"done in {time.time() - t0:.0f} s; results in {results_path}")
