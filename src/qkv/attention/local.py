@@ -32,8 +32,8 @@ Deviations and choices:
   the keys (aligned to the end of the keys).
 * No incremental decoding (``supports_state = False``).
 
-This module also holds the blocked-band helpers shared with ``sparse.py``: ``unfold_band`` (the
-windows of keys a query block sees) and ``to_frame``/``from_frame`` (queries aligned to the end of
+This module also holds helpers shared with ``sparse.py`` (the band of keys a query block sees,
+``window.unfold_band``, is shared with all three) and ``to_frame``/``from_frame`` (queries aligned to the end of
 the keys, handled by padding into one self-attention frame).
 """
 
@@ -51,24 +51,12 @@ from ..functional import masked_softmax
 from ..registry import register
 from ..types import AttentionOutput
 from .base import AttentionKernel
+from .window import unfold_band
 
-__all__ = ["Local1DAttention", "Local2DAttention", "unfold_band", "to_frame", "from_frame", "shift_queries"]
+__all__ = ["Local1DAttention", "Local2DAttention", "to_frame", "from_frame", "shift_queries"]
 
 
 # ----------------------------------------------------------------------------- blocked helpers
-
-
-def unfold_band(x: Tensor, start: int, step: int, width: int, n: int) -> Tensor:
-    """Overlapping windows of ``x (..., L, E)`` along dim -2 (zeros / False outside ``[0, L)``).
-
-    Window ``t`` holds positions ``start + t * step + [0, width)``. Returns ``(..., n, width, E)``
-    — a strided view of one padded copy of ``x``, not ``n`` copies.
-    """
-    L = x.shape[-2]
-    lo = max(0, -start)
-    hi = max(0, start + (n - 1) * step + width - L)
-    x = F.pad(x, (0, 0, lo, hi), value=False if x.dtype == torch.bool else 0.0)
-    return x[..., start + lo:, :].unfold(-2, width, step)[..., :n, :, :].transpose(-1, -2)  # (..., n, width, E)
 
 
 def to_frame(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], period: int):

@@ -15,7 +15,7 @@ attends to ``A_i = A1_i``, ``A2_i`` or their union (``subsets``), with exact sof
     out_i = sum_{j in A_i} softmax_j(q_i . k_j / sqrt(d)) v_j       (qkv.masks.strided / fixed)
 
 Computed structurally, never with an ``(n, n)`` mask. The scores of the two parts are computed
-separately — the band with ``Tensor.unfold`` over query blocks of ``l`` (``local.unfold_band``), the
+separately — the band with ``Tensor.unfold`` over query blocks of ``l`` (``window.unfold_band``), the
 strided columns as ``l`` independent ``(n/l, n/l)`` problems on the ``(n/l, l)`` grid, the fixed
 blocks as ``(l, l)`` blocks and the summaries as ``c n / l`` keys shared by every query — then
 concatenated and normalised by ONE softmax; a key in both parts is masked in the second one, so it
@@ -42,7 +42,8 @@ from .. import _checks, masks
 from ..registry import register
 from ..types import AttentionOutput
 from .base import AttentionKernel
-from .local import _empty, from_frame, shift_queries, to_frame, unfold_band
+from .local import _empty, from_frame, shift_queries, to_frame
+from .window import unfold_band
 
 __all__ = ["StridedAttention", "FixedAttention"]
 

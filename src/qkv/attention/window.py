@@ -24,7 +24,21 @@ from ..types import AttentionOutput, KVCache
 from .base import AttentionKernel
 from .softmax import append_cache
 
-__all__ = ["WindowAttention"]
+__all__ = ["WindowAttention", "unfold_band"]
+
+
+def unfold_band(x: Tensor, start: int, step: int, width: int, n: int) -> Tensor:
+    """Overlapping windows of ``x (..., L, E)`` along dim -2 (zeros / False outside ``[0, L)``).
+
+    Window ``t`` holds positions ``start + t * step + [0, width)``. Returns ``(..., n, width, E)``
+    — a strided view of one padded copy of ``x``, not ``n`` copies.
+    """
+    L = x.shape[-2]
+    lo = max(0, -start)
+    hi = max(0, start + (n - 1) * step + width - L)
+    x = F.pad(x, (0, 0, lo, hi), value=False if x.dtype == torch.bool else 0.0)
+    return x[..., start + lo:, :].unfold(-2, width, step)[..., :n, :, :].transpose(-1, -2)  # (..., n, width, E)
+
 
 
 @register("attention", "window", "restricted", "sliding-window")
@@ -68,12 +82,9 @@ class WindowAttention(AttentionKernel):
         nb = -(-M // b)  # number of query blocks
         W = b + r + right  # keys seen by one query block
 
-        pad_left = r + max(0, -o)
-        base = o - r + pad_left  # padded index of block 0's first key
-        pad_right = max(0, base + (nb - 1) * b + W - (N + pad_left))
         q_blocks = F.pad(q, (0, 0, 0, nb * b - M)).view(B, H, nb, b, E)  # (B, H, nb, b, E)
-        k_blocks = F.pad(k, (0, 0, pad_left, pad_right))[:, :, base:].unfold(2, W, b)  # (B, H, nb, E, W)
-        v_blocks = F.pad(v, (0, 0, pad_left, pad_right))[:, :, base:].unfold(2, W, b)  # (B, H, nb, Ev, W)
+        k_blocks = unfold_band(k, o - r, b, W, nb)  # (B, H, nb, W, E): keys o + t b - r + [0, W)
+        v_blocks = unfold_band(v, o - r, b, W, nb)  # (B, H, nb, W, Ev)
 
         # Query qi of block t is at o + t b + qi; key column kj at o + t b - r + kj: d = qi - kj + r.
         qi = torch.arange(b, device=q.device).view(b, 1)
@@ -83,12 +94,10 @@ class WindowAttention(AttentionKernel):
         key_pos = (torch.arange(nb, device=q.device).view(nb, 1) * b + kj + (o - r))  # (nb, W)
         valid = band & ((key_pos >= 0) & (key_pos < N)).view(nb, 1, W)  # (nb, b, W)
         if mask is not None:
-            kpm = mask[:, :, 0, :]  # (B|1, H|1, N)
-            kpm = F.pad(kpm, (pad_left, pad_right), value=False)[:, :, base:].unfold(2, W, b)  # (B|1, H|1, nb, W)
+            kpm = unfold_band(mask[:, :, 0, :, None], o - r, b, W, nb)[..., 0]  # (B|1, H|1, nb, W)
             valid = valid & kpm.unsqueeze(-2)  # (B|1, H|1, nb, b, W)
 
         dropout_p = self.dropout if self.training else 0.0
-        k_blocks, v_blocks = k_blocks.transpose(-1, -2), v_blocks.transpose(-1, -2)  # (B, H, nb, W, E)
         if not need_weights:
             # Each block is a small dense attention problem: the fused kernel takes them all at once.
             out = F.scaled_dot_product_attention(q_blocks, k_blocks, v_blocks, attn_mask=valid, dropout_p=dropout_p)
@@ -101,10 +110,8 @@ class WindowAttention(AttentionKernel):
         dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
         out = (dropped @ v_blocks).reshape(B, H, nb * b, -1)[:, :, :M]  # (B, H, M, Ev)
 
-        # Scatter the band back into (B, H, M, N) for inspection and plots (O(M N): on request only).
-        n_pad = N + pad_left + pad_right
-        cols = (base + torch.arange(nb, device=q.device).view(nb, 1, 1) * b + kj.view(1, 1, W)).expand(nb, b, W)
-        dense = weights.new_zeros(B, H, nb, b, n_pad)
-        dense.scatter_(-1, cols.expand(B, H, nb, b, W), weights)
-        dense = dense.view(B, H, nb * b, n_pad)[:, :, :M, pad_left:pad_left + N]
-        return AttentionOutput(out, dense, cache)
+        # Scatter the band back into (B, H, M, N) for inspection and plots (O(M N): on request only);
+        # keys outside [0, N) carry weight 0, so clamping their column changes nothing.
+        cols = key_pos.clamp(0, max(N - 1, 0)).view(1, 1, nb, 1, W).expand(B, H, nb, b, W)
+        dense = weights.new_zeros(B, H, nb, b, N).scatter_add_(-1, cols, weights)
+        return AttentionOutput(out, dense.view(B, H, nb * b, N)[:, :, :M], cache)
