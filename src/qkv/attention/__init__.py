@@ -7,16 +7,19 @@ Every kernel module is imported here explicitly so that ``import qkv`` registers
 from __future__ import annotations
 
 from ..registry import describe, lookup, names
-from .alignment import HardAttention, HardAttentionSample, LocalAttention, SoftAttention
 from .base import AttentionKernel, normalize_mask
-from .local import Local1DAttention, Local2DAttention
-from .multihead import MultiHeadAttention, build_attention
+
+# Kernels, in the order `qkv list` shows them (registration order): exact, then sparse, then approximate.
 from .softmax import SoftmaxAttention
-from .sparse import FixedAttention, StridedAttention
 from .window import WindowAttention
+from .local import Local1DAttention, Local2DAttention
+from .sparse import FixedAttention, StridedAttention
 from .linear import LinearAttention, LinearState
 from .performer import PerformerAttention
 from .efficient import EfficientAttention
+
+from .alignment import HardAttention, HardAttentionSample, LocalAttention, SoftAttention
+from .multihead import MultiHeadAttention, build_attention
 
 __all__ = [
     "AttentionKernel", "MultiHeadAttention", "build_attention", "list_attention", "normalize_mask",
