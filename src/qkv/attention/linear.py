@@ -187,12 +187,13 @@ def linear_attention(
         P = P + kc.transpose(-1, -2) @ v1[:, :, :off]  # (B, H, F, Ev + 1)
     tri = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=v.device).tril()  # j <= i inside a chunk
     outs = []
-    for start in range(0, M, chunk_size):
-        stop = min(start + chunk_size, M)
-        qc = phi_q[:, :, start:stop]  # (B, H, c, F)
-        kc, P, m = features(phi_k[:, :, off + start:off + stop], P, m)  # (B, H, c, F)
-        vc = v1[:, :, off + start:off + stop]  # (B, H, c, Ev + 1)
-        c = stop - start
+    # split, not a slice per chunk: a slice's backward writes into a full-length zero gradient
+    # (O(N) per chunk, O(N^2 / C) in all); split's backward is one concatenation.
+    chunks = zip(phi_q.split(chunk_size, dim=2), phi_k[:, :, off:].split(chunk_size, dim=2),
+                 v1[:, :, off:].split(chunk_size, dim=2))
+    for qc, kc, vc in chunks:  # (B, H, c, F), (B, H, c, F), (B, H, c, Ev + 1)
+        kc, P, m = features(kc, P, m)
+        c = qc.shape[2]
         # within the chunk: sum_{j<=i} (phi_q_i . phi_k_j) [v_j, 1] — the masked quadratic form
         local = (qc @ kc.transpose(-1, -2)) * tri[:c, :c]  # (B, H, c, c)
         # across chunks: phi_q_i^T [S, Z] of every earlier chunk
