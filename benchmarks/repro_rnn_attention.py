@@ -157,7 +157,7 @@ def run_bible(args, results: Dict) -> None:
         torch.manual_seed(0)
         model = Seq2Seq(Seq2SeqConfig(src_vocab_size=task.vocab.size, attention=attention, d_embed=32, d_hidden=64,
                                       attn_dim=64, d_readout=64, window=10))
-        seconds = train(model, task, args.bible_steps, 32, 3e-3, f"bible-{attention}")
+        seconds = train(model, task, args.bible_steps, 32, 3e-3, f"bible-{attention}-s{args.bible_steps}")
         model.eval()
         hyps: List[str] = []
         for first in range(0, len(pairs), 50):
@@ -173,15 +173,16 @@ def run_bible(args, results: Dict) -> None:
                 "n": len(sel), "bleu": sacrebleu.corpus_bleu(hs, [rs]).score, "chrf": sacrebleu.corpus_chrf(hs, [rs]).score,
                 "char_accuracy": sum(sum(x == y for x, y in zip(h, r)) / max(len(r), 1) for h, r in sel) / max(len(sel), 1)}
         row["samples"] = [{"source": src, "reference": ref, "hypothesis": h} for (src, ref), h in zip(pairs[:3], hyps[:3])]
-        (OUT / f"bible-{attention}.json").write_text(json.dumps(row, indent=2) + "\n")
+        (OUT / f"bible-{attention}-s{args.bible_steps}.json").write_text(json.dumps(row, indent=2) + "\n")
         results.setdefault("bible-en-es", {})[label] = row
         print("bible", label, {k: round(v["bleu"], 2) for k, v in row["buckets"].items()}, flush=True)
-    plot_bible()
+    plot_bible(args.bible_steps)
 
 
-def plot_bible() -> None:
-    rows = {label: json.loads((OUT / f"bible-{a}.json").read_text()) for label, a in VARIANTS.items()
-            if (OUT / f"bible-{a}.json").exists()}
+def plot_bible(steps: int) -> None:
+    """Plot every variant trained for ``steps`` so far (each a separate run of this part)."""
+    rows = {label: json.loads((OUT / f"bible-{a}-s{steps}.json").read_text()) for label, a in VARIANTS.items()
+            if (OUT / f"bible-{a}-s{steps}.json").exists()}
     if not rows:
         return
     names = [f"{lo}-{hi}" for lo, hi in BIBLE_BUCKETS]
@@ -194,10 +195,9 @@ def plot_bible() -> None:
         ax.set_ylabel(what)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    steps = next(iter(rows.values()))["steps"]
     fig.suptitle(f"bible-en-es test verses, character level, {steps} steps x 32 pairs each (cf. Bahdanau 2014 Fig. 2)")
     fig.tight_layout()
-    fig.savefig(IMG / "rnn-bible-length.png", dpi=110)
+    fig.savefig(IMG / f"rnn-bible-length-{steps}.png", dpi=110)
     plt.close(fig)
 
 
