@@ -120,7 +120,7 @@ class BabiTask(TensorTask):
 
     def story(self, rng: random.Random, n: int) -> Story:
         """One story of ``n`` sentences: ``(sentences, question, answer, supporting indices)``."""
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: subclasses implement it
 
     def encode(self, stories: List[Story]) -> Dict[str, Tensor]:
         """Pad stories into ``story (N, S, J)``, ``story_mask (N, S)``, ``query (N, Jq)``,

@@ -110,7 +110,7 @@ class PointerTask(Task):
         self._eval_cache: Dict[str, List[Example]] = {}
 
     def sample(self, g: torch.Generator) -> Example:
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: subclasses implement it
 
     def _draw(self, g: torch.Generator) -> Example:
         return self.sample(g)
@@ -252,7 +252,7 @@ class PointerTask(Task):
 
     def solve(self, points: Tensor) -> List[int]:
         """The target output for ``points (n, d_input)``."""
-        raise NotImplementedError
+        raise NotImplementedError  # abstract: subclasses implement it
 
     def examples(self, n: int = 5) -> List[Dict[str, str]]:
         g = torch.Generator().manual_seed(stable_seed(self.registry_name, "examples"))
