@@ -219,3 +219,15 @@ def test_forward_validation():
         gen(s.long(), h)
     with pytest.raises(ValueError, match="feature size"):
         scores.build("dot")(s, h)
+
+
+def test_additive_prepared_keys_equal_plain_scores():
+    from qkv import scores as S
+
+    torch.manual_seed(0)
+    score = S.build("additive", query_dim=3, key_dim=4, hidden_dim=5)
+    q, k = torch.randn(2, 6, 3), torch.randn(2, 7, 4)
+    prepared = score.prepare_keys(k)
+    assert prepared.shape == (2, 7, 5)
+    torch.testing.assert_close(score(q, k, prepared=prepared), score(q, k))
+    assert S.build("dot").prepare_keys(k) is None

@@ -64,8 +64,15 @@ class Score(nn.Module):
     def __init__(self) -> None:
         super().__init__()
 
-    def forward(self, query: Tensor, keys: Tensor) -> Tensor:
-        """Scores ``e (B, M, N)`` of ``query (B, M, Dq)`` against ``keys (B, N, Dk)``."""
+    def prepare_keys(self, keys: Tensor) -> Optional[Tensor]:
+        """The part of the score that does not depend on the query (e.g. ``W2 h`` of the additive
+        score), to compute once when the same keys meet many queries — an RNN decoder's steps —
+        and pass back as ``forward(..., prepared=)``. None when there is no such part."""
+        return None
+
+    def forward(self, query: Tensor, keys: Tensor, prepared: Optional[Tensor] = None) -> Tensor:
+        """Scores ``e (B, M, N)`` of ``query (B, M, Dq)`` against ``keys (B, N, Dk)``; ``prepared``
+        is ``prepare_keys(keys)`` computed earlier."""
         _checks.tensor("query", query, ndim=3, floating=True)
         _checks.tensor("keys", keys, ndim=3, floating=True)
         _checks.same("query", query.shape[0], "keys", keys.shape[0], "the batch size (dim 0)")
@@ -77,10 +84,15 @@ class Score(nn.Module):
             raise ValueError(f"query must have query_dim={self.query_dim} features (dim -1), got shape {tuple(query.shape)}")
         if self.key_dim is not None and keys.shape[-1] != self.key_dim:
             raise ValueError(f"keys must have key_dim={self.key_dim} features (dim -1), got shape {tuple(keys.shape)}")
+        if prepared is not None:
+            return self._score_prepared(query, prepared)
         return self._score(query, keys)
 
     def _score(self, query: Tensor, keys: Tensor) -> Tensor:
         raise NotImplementedError  # abstract: every score implements it
+
+    def _score_prepared(self, query: Tensor, prepared: Tensor) -> Tensor:
+        raise TypeError(f"score {self.registry_name!r} has no prepared keys (prepare_keys returns None)")
 
 
 @register("score", "dot")
@@ -157,9 +169,14 @@ class AdditiveScore(Score):
         self.W2 = nn.Linear(key_dim, hidden_dim, bias=bias)
         self.v = nn.Linear(hidden_dim, 1, bias=False)
 
+    def prepare_keys(self, keys: Tensor) -> Tensor:
+        return self.W2(keys)  # W2 h_i (+ b), (B, N, H): the same at every decoder step
+
     def _score(self, query: Tensor, keys: Tensor) -> Tensor:
+        return self._score_prepared(query, self.W2(keys))
+
+    def _score_prepared(self, query: Tensor, Uh: Tensor) -> Tensor:
         Ws = self.W1(query)  # (B, M, H)
-        Uh = self.W2(keys)  # (B, N, H)
         # tanh(W1 s_t + W2 h_i) for every pair (t, i)
         hidden = torch.tanh(Ws.unsqueeze(2) + Uh.unsqueeze(1))  # (B, M, N, H)
         return self.v(hidden).squeeze(-1)  # (B, M, N)

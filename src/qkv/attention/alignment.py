@@ -98,8 +98,8 @@ class _AlignmentAttention(nn.Module):
         # a module registers as a submodule; a plain callable is kept as an attribute
         self.score = _build_score(score, sizes, options)
 
-    def _scores(self, query: Tensor, keys: Tensor) -> Tensor:
-        e = self.score(query, keys)
+    def _scores(self, query: Tensor, keys: Tensor, prepared: Optional[Tensor] = None) -> Tensor:
+        e = self.score(query, keys) if prepared is None else self.score(query, keys, prepared=prepared)
         expected = (query.shape[0], query.shape[1], keys.shape[1])
         if not isinstance(e, Tensor) or tuple(e.shape) != expected:
             got = tuple(e.shape) if isinstance(e, Tensor) else type(e).__name__
@@ -151,9 +151,11 @@ class SoftAttention(_AlignmentAttention):
         super().__init__(score, sizes, score_options)
 
     def forward(self, query: Tensor, keys: Tensor, values: Optional[Tensor] = None,
-                mask: Optional[Tensor] = None) -> AttentionOutput:
+                mask: Optional[Tensor] = None, prepared_keys: Optional[Tensor] = None) -> AttentionOutput:
+        """``prepared_keys``: ``self.score.prepare_keys(keys)`` computed once for many calls with
+        the same keys (see ``qkv.scores.Score.prepare_keys``)."""
         query, keys, values, mask, single = _prepare(query, keys, values, mask)
-        e = self._scores(query, keys)  # (B, M, N)
+        e = self._scores(query, keys, prepared_keys)  # (B, M, N)
         # a_t = softmax(e_t) over the unmasked keys; all-masked rows are zeros
         a = masked_softmax(e, mask)  # (B, M, N)
         # c_t = sum_i a_ti v_i

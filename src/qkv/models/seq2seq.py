@@ -296,14 +296,24 @@ class Seq2Seq(QKVModel):
 
     # ------------------------------------------------------------------------------ decoder
 
-    def decode_step(self, y_prev: Tensor, state: DecoderState, memory: Tensor, mask: Tensor
-                    ) -> Tuple[Tensor, DecoderState, Optional[Tensor]]:
+    def prepare_memory(self, memory: Tensor) -> Optional[Tensor]:
+        """The query-independent part of the attention score over ``memory`` (``U h_i`` of the
+        additive score), computed once per sequence instead of at every decoder step; None when
+        the attention has none."""
+        score = getattr(self.attention, "score", None)
+        if not isinstance(self.attention, SoftAttention) or not callable(getattr(score, "prepare_keys", None)):
+            return None
+        return score.prepare_keys(memory)
+
+    def decode_step(self, y_prev: Tensor, state: DecoderState, memory: Tensor, mask: Tensor,
+                    prepared: Optional[Tensor] = None) -> Tuple[Tensor, DecoderState, Optional[Tensor]]:
         """One decoder step.
 
         Args:
             y_prev: ``(B,)`` the previous target token (``bos_id`` first).
             state: the :class:`DecoderState` after step ``t - 1``.
             memory: ``(B, S, K)`` encoder states; mask ``(B, S)`` bool.
+            prepared: ``prepare_memory(memory)``, when the caller computed it once for all steps.
         Returns:
             logits ``(B, V_tgt)``, the new state, alignment ``a_t (B, S)`` (None without attention).
         """
@@ -317,7 +327,7 @@ class Seq2Seq(QKVModel):
             logits = self.out(self.drop(h[:, -1]))
         elif kind == "bahdanau":
             # e_ti = v^T tanh(W s_{t-1} + U h_i), a_t = softmax(e_t), c_t = sum_i a_ti h_i
-            ctx, a_t, _ = self.attention(state.h[:, -1], memory, mask=mask)  # (B, K), (B, S)
+            ctx, a_t, _ = self.attention(state.h[:, -1], memory, mask=mask, prepared_keys=prepared)  # (B, K), (B, S)
             # s_t = f(s_{t-1}, [E y_{t-1}; c_t])
             h, c = self.decoder(torch.cat([e, ctx], -1), state.h, state.c)
             # t_t = maxout(T [s_t; c_t; E y_{t-1}]);  p(y_t) = softmax(W_o t_t)
@@ -331,7 +341,8 @@ class Seq2Seq(QKVModel):
             if kind == "local-m":
                 ctx, a_t, _ = self.attention(s_t, memory, mask=mask, position=state.t)  # p_t = t
             else:
-                ctx, a_t, _ = self.attention(s_t, memory, mask=mask)  # (B, K), (B, S)
+                extra = {} if prepared is None else {"prepared_keys": prepared}  # local-p has nothing to prepare
+                ctx, a_t, _ = self.attention(s_t, memory, mask=mask, **extra)  # (B, K), (B, S)
             # h~_t = tanh(W_c [c_t; s_t]);  p(y_t) = softmax(W_s h~_t)
             feed = torch.tanh(self.W_c(torch.cat([ctx, s_t], -1)))  # (B, H)
             logits = self.out(self.drop(feed))
@@ -349,9 +360,10 @@ class Seq2Seq(QKVModel):
                 got = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
                 raise ValueError(f"labels must be a tensor shaped like tgt_ids {tuple(tgt_ids.shape)}, got {got}")
         memory, mask, state = self.encode(src_ids, src_mask)
+        prepared = self.prepare_memory(memory)
         logits, weights = [], []
         for t in range(tgt_ids.shape[1]):
-            step_logits, state, a_t = self.decode_step(tgt_ids[:, t], state, memory, mask)
+            step_logits, state, a_t = self.decode_step(tgt_ids[:, t], state, memory, mask, prepared)
             logits.append(step_logits)
             if a_t is not None:
                 weights.append(a_t)
@@ -384,9 +396,10 @@ class Seq2Seq(QKVModel):
             ids, weights = self._greedy(memory, mask, state, max_new_tokens)
         else:
             memory_k, mask_k, state_k = expand_to_beams((memory, mask, state), beam_size)
+            prepared_k = self.prepare_memory(memory_k)
 
             def step(tokens: Tensor, st: DecoderState):
-                logits, st, a_t = self.decode_step(tokens, st, memory_k, mask_k)
+                logits, st, a_t = self.decode_step(tokens, st, memory_k, mask_k, prepared_k)
                 return F.log_softmax(logits.float(), -1), st, a_t
 
             res = beam_search(step, state_k, batch_size=B, beam_size=beam_size, bos_id=cfg.bos_id,
@@ -402,8 +415,9 @@ class Seq2Seq(QKVModel):
         y = torch.full((B,), cfg.bos_id, dtype=torch.long, device=memory.device)
         done = torch.zeros(B, dtype=torch.bool, device=memory.device)
         ids, weights = [], []
+        prepared = self.prepare_memory(memory)
         for _ in range(max_new_tokens):
-            logits, state, a_t = self.decode_step(y, state, memory, mask)
+            logits, state, a_t = self.decode_step(y, state, memory, mask, prepared)
             y = logits.argmax(-1)  # (B,)
             y = torch.where(done, torch.full_like(y, cfg.pad_id), y)  # pad after the end
             ids.append(y)
