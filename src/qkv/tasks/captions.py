@@ -183,11 +183,11 @@ class DigitCaptionsTask(Task):
         for b in range(len(strips)):
             row = ids[b].tolist()
             words = [self.vocab.decode([i], skip_special=False) for i in row if i != self.vocab.pad_id]
-            axes[b, 0].imshow(images[b, 0], cmap="gray")
+            axes[b, 0].imshow(images[b, 0].numpy(), cmap="gray")
             axes[b, 0].set_title(f"input (caption: {self.caption(row) or '-'})", fontsize=7)
             for t in range(cols - 1):
                 ax = axes[b, t + 1]
-                ax.imshow(images[b, 0], cmap="gray")
+                ax.imshow(images[b, 0].numpy(), cmap="gray")
                 if t < len(words) and t < w.shape[1]:
                     att = w[b, t].float().reshape(1, 1, Hg, Wg)
                     up = F.interpolate(att, size=tuple(images.shape[-2:]), mode="nearest")[0, 0]
