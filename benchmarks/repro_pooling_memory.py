@@ -36,14 +36,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from qkv.models.graph_attention import GATConfig, GraphAttention  # noqa: E402
-from qkv.models.han import FlatGRU, FlatGRUConfig, HANConfig, HierarchicalAttentionNetwork  # noqa: E402
-from qkv.models.memnet import EndToEndMemoryNetwork, MemoryNetworkConfig  # noqa: E402
-from qkv.models.nadaraya_watson import NadarayaWatson, NadarayaWatsonConfig  # noqa: E402
-from qkv.models.ntm import LSTMBaseline, LSTMBaselineConfig, NeuralTuringMachine, NTMConfig  # noqa: E402
-from qkv.models.pooling import AttentionMIL, AttentionMILConfig, DeepSets, DeepSetsConfig  # noqa: E402
-from qkv.models.squeeze_excitation import SECNN, SECNNConfig  # noqa: E402
-from qkv.models.stacked_attention import StackedAttention, StackedAttentionConfig  # noqa: E402
+from qkv.models.pooling.graph_attention import GATConfig, GraphAttention  # noqa: E402
+from qkv.models.pooling.han import FlatGRU, FlatGRUConfig, HANConfig, HierarchicalAttentionNetwork  # noqa: E402
+from qkv.models.memory.memnet import EndToEndMemoryNetwork, MemoryNetworkConfig  # noqa: E402
+from qkv.models.pooling.nadaraya_watson import NadarayaWatson, NadarayaWatsonConfig  # noqa: E402
+from qkv.models.memory.ntm import LSTMBaseline, LSTMBaselineConfig, NeuralTuringMachine, NTMConfig  # noqa: E402
+from qkv.models.pooling.sets import AttentionMIL, AttentionMILConfig, DeepSets, DeepSetsConfig  # noqa: E402
+from qkv.models.pooling.squeeze_excitation import SECNN, SECNNConfig  # noqa: E402
+from qkv.models.memory.stacked_attention import StackedAttention, StackedAttentionConfig  # noqa: E402
 from qkv.tasks.babi import BabiCounting, BabiSingle, BabiTwo  # noqa: E402
 from qkv.tasks.bags import DigitBags  # noqa: E402
 from qkv.tasks.bbc import CLASSES, BBCNews, fetch_bbc  # noqa: E402

@@ -30,8 +30,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from qkv.models.seq2seq import Seq2Seq, Seq2SeqConfig  # noqa: E402
-from qkv.models.show_attend_tell import ShowAttendTell, ShowAttendTellConfig  # noqa: E402
+from qkv.models.rnn.seq2seq import Seq2Seq, Seq2SeqConfig  # noqa: E402
+from qkv.models.rnn.show_attend_tell import ShowAttendTell, ShowAttendTellConfig  # noqa: E402
 from qkv.tasks.captions import DigitCaptionsTask  # noqa: E402
 from qkv.tasks.generated import CopyTask, DatesTask, ReverseTask  # noqa: E402
 from qkv.train import TrainConfig, Trainer  # noqa: E402

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from qkv.models.base import QKVModel
-from qkv.models.bert import BERT, BERTConfig
-from qkv.models.gpt import GPT, GPTConfig
-from qkv.models.transformer import Transformer, TransformerConfig
+from qkv.models.transformer.bert import BERT, BERTConfig
+from qkv.models.transformer.gpt import GPT, GPTConfig
+from qkv.models.transformer.transformer import Transformer, TransformerConfig
 
 SMALL = dict(n_layers=2, d_model=16, n_heads=2, d_ff=32, dropout=0.0, max_len=16)
 MODELS = {

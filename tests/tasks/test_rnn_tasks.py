@@ -133,7 +133,7 @@ def _is_png(path) -> bool:
 
 @pytest.mark.parametrize("task_cls", [PointerSortTask, ConvexHullTask])
 def test_pointer_visualize_writes_png(tmp_path, task_cls):
-    from qkv.models.pointer import PointerNetwork, PointerNetworkConfig
+    from qkv.models.rnn.pointer import PointerNetwork, PointerNetworkConfig
 
     task = task_cls(eval_size=3)
     torch.manual_seed(0)
@@ -152,7 +152,7 @@ def test_pointer_visualize_writes_png(tmp_path, task_cls):
 
 
 def test_digit_captions_visualize_writes_png(tmp_path):
-    from qkv.models.show_attend_tell import ShowAttendTell, ShowAttendTellConfig
+    from qkv.models.rnn.show_attend_tell import ShowAttendTell, ShowAttendTellConfig
 
     task = _mnist_or_skip()
     torch.manual_seed(0)

@@ -4,7 +4,7 @@
 Both models have the same sizes (vocabulary, d_model, heads, d_ff, layers, context), the same
 wiring (pre-LN: ``norm_first=True``, final LayerNorm, GELU, learned positions, output tied to the
 token embedding) and the same weights (the baseline's are copied into qkv with
-``qkv.models.stack.copy_torch_layer``; the losses are compared before timing). The baseline runs
+``qkv.models.transformer.stack.copy_torch_layer``; the losses are compared before timing). The baseline runs
 its layers with a causal mask and ``is_causal=True``; qkv's softmax kernel takes
 ``F.scaled_dot_product_attention(is_causal=True)`` with no dense mask. One training step is
 forward, loss, backward and an AdamW update; the two steps are timed interleaved (same load) and
@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..models.gpt import GPT, GPTConfig
-from ..models.stack import copy_torch_layer
+from ..models.transformer.gpt import GPT, GPTConfig
+from ..models.transformer.stack import copy_torch_layer
 from . import common
 
 __all__ = ["add_arguments", "run", "TorchGPT"]

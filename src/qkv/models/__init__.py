@@ -1,4 +1,5 @@
-"""qkv's models: one module per system of the literature, built from the shared parts.
+"""qkv's models: one module per system of the literature, built from the shared parts, grouped by
+family: ``rnn/``, ``pooling/``, ``memory/`` and ``transformer/`` (the shared stack and its presets).
 
 Each model module is imported here explicitly so that ``import qkv`` registers it.
 """
@@ -6,22 +7,22 @@ Each model module is imported here explicitly so that ``import qkv`` registers i
 from __future__ import annotations
 
 from .base import ModelOutput, QKVModel, load_pretrained
-from .bert import BERT, BERTConfig
-from .gpt import GPT, GPTConfig
-from .graph_attention import GATConfig, GraphAttention
-from .han import FlatGRU, FlatGRUConfig, HANConfig, HierarchicalAttentionNetwork
-from .lstmn import LSTMN, LSTMNConfig
-from .memnet import EndToEndMemoryNetwork, MemoryNetworkConfig
-from .nadaraya_watson import NadarayaWatson, NadarayaWatsonConfig
-from .ntm import LSTMBaseline, LSTMBaselineConfig, NeuralTuringMachine, NTMConfig
-from .pointer import PointerNetwork, PointerNetworkConfig
-from .pooling import AttentionMIL, AttentionMILConfig, DeepSets, DeepSetsConfig
-from .seq2seq import Seq2Seq, Seq2SeqConfig
-from .show_attend_tell import ShowAttendTell, ShowAttendTellConfig
-from .squeeze_excitation import SECNN, SECNNConfig, SqueezeExcitation
-from .stacked_attention import StackedAttention, StackedAttentionConfig
-from .stack import StackConfig, TransformerStack
-from .transformer import Transformer, TransformerConfig
+from .transformer.bert import BERT, BERTConfig
+from .transformer.gpt import GPT, GPTConfig
+from .pooling.graph_attention import GATConfig, GraphAttention
+from .pooling.han import FlatGRU, FlatGRUConfig, HANConfig, HierarchicalAttentionNetwork
+from .rnn.lstmn import LSTMN, LSTMNConfig
+from .memory.memnet import EndToEndMemoryNetwork, MemoryNetworkConfig
+from .pooling.nadaraya_watson import NadarayaWatson, NadarayaWatsonConfig
+from .memory.ntm import LSTMBaseline, LSTMBaselineConfig, NeuralTuringMachine, NTMConfig
+from .rnn.pointer import PointerNetwork, PointerNetworkConfig
+from .pooling.sets import AttentionMIL, AttentionMILConfig, DeepSets, DeepSetsConfig
+from .rnn.seq2seq import Seq2Seq, Seq2SeqConfig
+from .rnn.show_attend_tell import ShowAttendTell, ShowAttendTellConfig
+from .pooling.squeeze_excitation import SECNN, SECNNConfig, SqueezeExcitation
+from .memory.stacked_attention import StackedAttention, StackedAttentionConfig
+from .transformer.stack import StackConfig, TransformerStack
+from .transformer.transformer import Transformer, TransformerConfig
 
 __all__ = [
     "ModelOutput", "QKVModel", "load_pretrained", "StackConfig", "TransformerStack",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qkv.models.beam import beam_search, expand_to_beams
-from qkv.models.seq2seq import ATTENTIONS, Seq2Seq, Seq2SeqConfig
+from qkv.models.rnn.seq2seq import ATTENTIONS, Seq2Seq, Seq2SeqConfig
 
 V, S, T, B = 11, 7, 5, 3
 

@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _checks
-from ..registry import register
-from ..types import AttentionOutput
-from .base import ModelOutput, QKVModel
+from ... import _checks
+from ...registry import register
+from ...types import AttentionOutput
+from ..base import ModelOutput, QKVModel
 
 __all__ = ["SqueezeExcitation", "SECNNConfig", "SECNN"]
 

@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _checks
-from ..attention.alignment import SoftAttention
-from ..registry import register
-from .base import ModelOutput, QKVModel
+from ... import _checks
+from ...attention.alignment import SoftAttention
+from ...registry import register
+from ..base import ModelOutput, QKVModel
 
 __all__ = ["LSTMN", "LSTMNConfig", "LSTMNEncoder", "LSTMNOutput"]
 

@@ -24,11 +24,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from .. import _checks
-from ..functional import masked_softmax
-from ..registry import register
-from ..scores import AdditiveScore
-from .base import ModelOutput, QKVModel
+from ... import _checks
+from ...functional import masked_softmax
+from ...registry import register
+from ...scores import AdditiveScore
+from ..base import ModelOutput, QKVModel
 from .seq2seq import check_prefix_mask
 
 __all__ = ["PointerNetwork", "PointerNetworkConfig"]

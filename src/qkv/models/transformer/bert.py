@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _checks
-from ..registry import register
-from .base import ModelOutput, QKVModel
-from .losses import IGNORE_INDEX, check_labels, float32_at_least, lm_loss
+from ... import _checks
+from ...registry import register
+from ..base import ModelOutput, QKVModel
+from ..losses import IGNORE_INDEX, check_labels, float32_at_least, lm_loss
 from .stack import init_normal, StackConfig, TransformerStack, check_ids
 
 __all__ = ["BERT", "BERTConfig", "mask_tokens"]

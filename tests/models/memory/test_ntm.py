@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from qkv.models.ntm import (LSTMBaseline, LSTMBaselineConfig, NeuralTuringMachine, NTMConfig, circular_shift,
+from qkv.models.memory.ntm import (LSTMBaseline, LSTMBaselineConfig, NeuralTuringMachine, NTMConfig, circular_shift,
                             content_addressing, interpolate, read_memory, sharpen, write_memory)
 from qkv.tasks.ntm_copy import NTMCopy
 

@@ -20,11 +20,11 @@ from typing import Any, Dict, Optional
 import torch
 from torch import Tensor, nn
 
-from .. import _checks
-from ..registry import lookup, register
-from .base import ModelOutput, QKVModel
-from .losses import check_labels, lm_loss
-from .beam import beam_search, expand_to_beams
+from ... import _checks
+from ...registry import lookup, register
+from ..base import ModelOutput, QKVModel
+from ..losses import check_labels, lm_loss
+from ..beam import beam_search, expand_to_beams
 from .stack import StackConfig, StackState, TransformerStack, check_ids, reorder_state
 
 __all__ = ["Transformer", "TransformerConfig"]

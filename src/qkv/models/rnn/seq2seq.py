@@ -32,10 +32,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..attention.alignment import LocalAttention, SoftAttention
-from ..registry import register
-from .base import ModelOutput, QKVModel
-from .beam import beam_search, expand_to_beams
+from ...attention.alignment import LocalAttention, SoftAttention
+from ...registry import register
+from ..base import ModelOutput, QKVModel
+from ..beam import beam_search, expand_to_beams
 from .lstmn import LSTMNEncoder
 
 __all__ = ["Seq2Seq", "Seq2SeqConfig", "DecoderState", "ATTENTIONS", "check_ids", "check_prefix_mask"]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from qkv.models.show_attend_tell import ShowAttendTell, ShowAttendTellConfig
+from qkv.models.rnn.show_attend_tell import ShowAttendTell, ShowAttendTellConfig
 
 V = 8
 

@@ -19,10 +19,10 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .. import _checks
-from ..registry import register
-from .base import ModelOutput, QKVModel
-from .losses import check_labels, future_loss, layer_loss_weight, lm_loss
+from ... import _checks
+from ...registry import register
+from ..base import ModelOutput, QKVModel
+from ..losses import check_labels, future_loss, layer_loss_weight, lm_loss
 from .stack import init_normal, StackConfig, StackState, TransformerStack, check_ids
 
 __all__ = ["GPT", "GPTConfig", "sample_logits"]

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkv.models.graph_attention import GATConfig, GraphAttention, GraphAttentionLayer, add_self_loops, segment_softmax
-from qkv.models.squeeze_excitation import SECNN, SECNNConfig, SqueezeExcitation
+from qkv.models.pooling.graph_attention import GATConfig, GraphAttention, GraphAttentionLayer, add_self_loops, segment_softmax
+from qkv.models.pooling.squeeze_excitation import SECNN, SECNNConfig, SqueezeExcitation
 
 torch.manual_seed(0)
 

@@ -41,11 +41,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .. import _checks
-from ..attention import MultiHeadAttention
-from ..blocks import ACTIVATIONS, FeedForward, build_residual
-from ..positional import NoPositionalEncoding
-from ..registry import lookup, names, register
+from ... import _checks
+from ...attention import MultiHeadAttention
+from ...blocks import ACTIVATIONS, FeedForward, build_residual
+from ...positional import NoPositionalEncoding
+from ...registry import lookup, names, register
 
 __all__ = [
     "StackConfig", "TransformerStack", "TransformerBlock", "Embeddings", "BlockState", "StackState",

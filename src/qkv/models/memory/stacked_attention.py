@@ -14,7 +14,7 @@ The score ``W_P tanh(W_I v_i + W_Q u + b)`` is the additive score, so each layer
 every ``i`` and cancels in the softmax).
 
 Here the "regions" are the sentences of a bAbI-style story (the tasks of :mod:`qkv.tasks.babi`):
-``v_i`` and ``u`` are position-encoded bags of word embeddings (:class:`qkv.models.memnet.BagOfWords`),
+``v_i`` and ``u`` are position-encoded bags of word embeddings (:class:`qkv.models.memory.memnet.BagOfWords`),
 and ``v_i`` adds a learned embedding of the sentence's age (the paper's regions have a place in the
 image; sentences need their place in time). Deviations: the paper's CNN/LSTM image and question
 encoders are replaced by these bag-of-words encoders.
@@ -28,10 +28,10 @@ from typing import List, Optional
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _checks
-from ..attention.alignment import SoftAttention
-from ..registry import register
-from .base import ModelOutput, QKVModel
+from ... import _checks
+from ...attention.alignment import SoftAttention
+from ...registry import register
+from ..base import ModelOutput, QKVModel
 from .memnet import BagOfWords, check_story, temporal_index
 
 __all__ = ["StackedAttentionConfig", "StackedAttention"]

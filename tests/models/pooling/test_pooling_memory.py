@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from qkv.models.base import QKVModel
-from qkv.models.han import FlatGRU, FlatGRUConfig, HANConfig, HierarchicalAttentionNetwork
-from qkv.models.memnet import EndToEndMemoryNetwork, MemoryNetworkConfig, position_encoding
-from qkv.models.nadaraya_watson import NadarayaWatson, NadarayaWatsonConfig
-from qkv.models.pooling import AttentionMIL, AttentionMILConfig, AttentionPooling, DeepSets, DeepSetsConfig
-from qkv.models.stacked_attention import StackedAttention, StackedAttentionConfig
+from qkv.models.pooling.han import FlatGRU, FlatGRUConfig, HANConfig, HierarchicalAttentionNetwork
+from qkv.models.memory.memnet import EndToEndMemoryNetwork, MemoryNetworkConfig, position_encoding
+from qkv.models.pooling.nadaraya_watson import NadarayaWatson, NadarayaWatsonConfig
+from qkv.models.pooling.sets import AttentionMIL, AttentionMILConfig, AttentionPooling, DeepSets, DeepSetsConfig
+from qkv.models.memory.stacked_attention import StackedAttention, StackedAttentionConfig
 
 torch.manual_seed(0)
 

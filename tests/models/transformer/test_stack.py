@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from qkv.blocks import FeedForward, PostLN, PreLN, build_residual
-from qkv.models.stack import (BlockState, StackConfig, StackState, TransformerStack, copy_torch_layer,
+from qkv.models.transformer.stack import (BlockState, StackConfig, StackState, TransformerStack, copy_torch_layer,
                               reorder_state)
 from qkv.types import KVCache
 

@@ -28,11 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _checks
-from ..functional import masked_softmax
-from ..registry import register
-from ..types import AttentionOutput
-from .base import ModelOutput, QKVModel
+from ... import _checks
+from ...functional import masked_softmax
+from ...registry import register
+from ...types import AttentionOutput
+from ..base import ModelOutput, QKVModel
 
 __all__ = ["AttentionPooling", "InstanceEncoder", "DeepSetsConfig", "DeepSets", "AttentionMILConfig", "AttentionMIL",
            "masked_pool", "check_bags"]

@@ -11,7 +11,7 @@ second bidirectional GRU and pooled into the document vector with a sentence con
     u_i  = tanh(W_s h_i + b_s),    a_i  = softmax_i(u_i^T u_s),    v   = sum_i a_i h_i
     p    = softmax(W_c v + b_c)
 
-Both attention layers are :class:`qkv.models.pooling.AttentionPooling` (the same function as
+Both attention layers are :class:`qkv.models.pooling.sets.AttentionPooling` (the same function as
 Ilse et al.'s MIL attention, with ``w = u_w`` or ``u_s``). The GRUs run on packed sequences, so
 padding words and sentences (id 0) change nothing. :class:`FlatGRU` is the baseline of the
 paper's Table 2 family: one bidirectional GRU over all the words, mean-pooled.
@@ -30,10 +30,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from .. import _checks
-from ..registry import register
-from .base import ModelOutput, QKVModel
-from .pooling import AttentionPooling, masked_pool
+from ... import _checks
+from ...registry import register
+from ..base import ModelOutput, QKVModel
+from .sets import AttentionPooling, masked_pool
 
 __all__ = ["HANConfig", "HierarchicalAttentionNetwork", "FlatGRUConfig", "FlatGRU", "bigru"]
 

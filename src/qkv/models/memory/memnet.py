@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _checks
-from ..functional import attend
-from ..registry import register
-from .base import ModelOutput, QKVModel
+from ... import _checks
+from ...functional import attend
+from ...registry import register
+from ..base import ModelOutput, QKVModel
 
 __all__ = ["MemoryNetworkConfig", "EndToEndMemoryNetwork", "position_encoding", "BagOfWords", "check_story"]
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from qkv.models.transformer import Transformer, TransformerConfig
+from qkv.models.transformer.transformer import Transformer, TransformerConfig
 
 PAD, BOS, EOS, FIRST = 0, 1, 2, 3  # token ids of the reverse task: 3 .. 12 are symbols
 

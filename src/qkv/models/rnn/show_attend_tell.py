@@ -30,11 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _checks
-from ..attention.alignment import HardAttention, HardAttentionSample, SoftAttention
-from ..registry import register
-from .base import ModelOutput, QKVModel
-from .beam import beam_search, expand_to_beams
+from ... import _checks
+from ...attention.alignment import HardAttention, HardAttentionSample, SoftAttention
+from ...registry import register
+from ..base import ModelOutput, QKVModel
+from ..beam import beam_search, expand_to_beams
 from .seq2seq import check_ids
 
 __all__ = ["ShowAttendTell", "ShowAttendTellConfig"]

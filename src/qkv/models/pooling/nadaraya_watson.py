@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _checks
-from ..functional import nadaraya_watson
-from ..registry import register
-from .base import ModelOutput, QKVModel
+from ... import _checks
+from ...functional import nadaraya_watson
+from ...registry import register
+from ..base import ModelOutput, QKVModel
 
 __all__ = ["NadarayaWatsonConfig", "NadarayaWatson"]
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import qkv
-from qkv.models.gpt import GPT, GPTConfig, sample_logits
+from qkv.models.transformer.gpt import GPT, GPTConfig, sample_logits
 from qkv.models.losses import future_loss, layer_loss_weight, lm_loss
 from qkv.registry import lookup
 

@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _checks
-from ..functional import masked_softmax
-from ..registry import register
-from ..scores import CosineScore
-from .base import ModelOutput, QKVModel
+from ... import _checks
+from ...functional import masked_softmax
+from ...registry import register
+from ...scores import CosineScore
+from ..base import ModelOutput, QKVModel
 
 __all__ = ["NTMConfig", "NeuralTuringMachine", "LSTMBaselineConfig", "LSTMBaseline", "content_addressing",
            "interpolate", "circular_shift", "sharpen", "read_memory", "write_memory", "NTMState"]

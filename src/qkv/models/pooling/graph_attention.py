@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _checks
-from ..registry import register
-from ..types import AttentionOutput
-from .base import ModelOutput, QKVModel
+from ... import _checks
+from ...registry import register
+from ...types import AttentionOutput
+from ..base import ModelOutput, QKVModel
 
 __all__ = ["segment_softmax", "add_self_loops", "GraphAttentionLayer", "GATConfig", "GraphAttention"]
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from qkv.models.lstmn import LSTMN, LSTMNConfig, LSTMNEncoder
-from qkv.models.pointer import PointerNetwork, PointerNetworkConfig
+from qkv.models.rnn.lstmn import LSTMN, LSTMNConfig, LSTMNEncoder
+from qkv.models.rnn.pointer import PointerNetwork, PointerNetworkConfig
 from qkv.tasks.pointer_tasks import PointerSortTask
 from qkv.train import TrainConfig, Trainer
 

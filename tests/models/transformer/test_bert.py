@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import qkv
-from qkv.models.bert import BERT, BERTConfig, mask_tokens
+from qkv.models.transformer.bert import BERT, BERTConfig, mask_tokens
 from qkv.registry import lookup
 
 V, PAD, CLS, SEP, MASK = 50, 0, 1, 2, 3

@@ -1,0 +1,2 @@
+"""Attention as pooling: Nadaraya-Watson, Deep Sets and attention MIL, HAN, squeeze-excitation,
+graph attention."""

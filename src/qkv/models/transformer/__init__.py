@@ -1,0 +1,1 @@
+"""The Transformer family: one shared stack (``stack.py``) and every preset built on it."""
