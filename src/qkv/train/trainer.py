@@ -263,6 +263,8 @@ class Trainer:
         cfg = self.config
         device = ctx.device
         self.model.to(device)
+        if not any(p.requires_grad for p in self.model.parameters()):
+            return self._evaluate_only(ctx)
         self.model.train()
         optimizer = self._make_optimizer()
         scheduler = schedules.build(cfg.schedule, optimizer, warmup=cfg.warmup, total=cfg.steps)
@@ -336,6 +338,20 @@ class Trainer:
             bar.update(1)
         bar.close()
         return {**last, **eval_metrics} if ctx.is_main else last
+
+    def _evaluate_only(self, ctx: distributed.DistContext) -> Dict[str, float]:
+        """A model without trainable parameters (e.g. Nadaraya–Watson with a fixed kernel) has
+        nothing to optimise: say so, evaluate it once and log that evaluation as step 0."""
+        warnings.warn(f"{type(self.model).__name__} has no trainable parameters: nothing to train, "
+                      "evaluating only", stacklevel=3)
+        if not ctx.is_main:
+            return {}
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.out_dir / "train_config.json", json.dumps(dataclasses.asdict(self.config), indent=2) + "\n")
+        metrics = self.evaluate(ctx.device)
+        atomic_write_text(self.out_dir / "metrics.jsonl", json.dumps(
+            {"event": "eval", "step": 0, **metrics, "note": "no trainable parameters", "time": time.time()}) + "\n")
+        return metrics
 
     def _update(self, net, optimizer, scheduler, ctx, step: int) -> Tuple[Tensor, int]:
         """One optimizer update from ``grad_accum`` micro-batches; the mean loss and tokens seen."""

@@ -95,8 +95,9 @@ def test_pointer_bad_inputs():
 # ------------------------------------------------------------------------------------- LSTMN
 
 
-def lstmn_reference(enc: LSTMNEncoder, x, mask=None):
-    """Cheng et al. 2016 written plainly: one example, one tape slot at a time."""
+def lstmn_reference(enc: LSTMNEncoder, x, mask=None, span=None):
+    """Cheng et al. 2016 written plainly: one example, one tape slot at a time; with ``span`` only
+    the newest ``span`` real (unmasked) slots of the tape are attended."""
     B, L, D = x.shape
     H = enc.hidden_size
     sc = enc.attention.score
@@ -110,7 +111,9 @@ def lstmn_reference(enc: LSTMNEncoder, x, mask=None):
             # a_i^t = v^T tanh(W_h h_i + W_x x_t + W_h~ h~_{t-1})
             a = [float(sc.v.weight[0] @ torch.tanh(sc.W2.weight @ h_i + sc.W2.bias + W_x @ x[b, t] + W_ht @ h_tilde))
                  for h_i in tape_h]
-            ex = [math.exp(v) if k else 0.0 for v, k in zip(a, ok)]
+            real = [i for i, k in enumerate(ok) if k]
+            kept = set(real if span is None else real[-span:])
+            ex = [math.exp(v) if i in kept else 0.0 for i, v in enumerate(a)]
             s = [v / sum(ex) for v in ex]
             read = sum(s_i * h_i for s_i, h_i in zip(s, tape_h))
             c_tilde = sum(s_i * c_i for s_i, c_i in zip(s, tape_c))
@@ -159,6 +162,35 @@ def test_lstmn_masked_steps_change_nothing():
     torch.testing.assert_close(out.outputs * keep, out2.outputs * keep)
     torch.testing.assert_close(out.final[0], out2.final[0])
     torch.testing.assert_close(out.final[0][1], out.outputs[1, 3])  # last unmasked step
+
+
+@pytest.mark.parametrize("span", [1, 2, 4])
+def test_lstmn_memory_span_attends_to_the_last_slots_only(span):
+    torch.manual_seed(0)
+    enc = LSTMNEncoder(3, 5, attn_dim=4, memory_span=span).double()
+    x = torch.randn(2, 6, 3, dtype=torch.float64)
+    mask = torch.tensor([[True] * 6, [True, False, True, True, False, True]])
+    for m in (None, mask):
+        out = enc(x, m)
+        with torch.no_grad():
+            ref_h, ref_w = lstmn_reference(enc, x, m, span=span)
+        torch.testing.assert_close(out.outputs, ref_h)
+        torch.testing.assert_close(out.weights, ref_w)
+        assert int((out.weights > 0).sum(-1).max()) == span
+    # span 1: the tape read is the previous state, i.e. an LSTM step
+    if span == 1:
+        w = enc(x).weights
+        torch.testing.assert_close(w, torch.eye(6, 7, dtype=torch.float64).expand(2, 6, 7))
+    # a span covering the whole tape changes nothing
+    full = LSTMNEncoder(3, 5, attn_dim=4).double()
+    full.load_state_dict(enc.state_dict())
+    wide = LSTMNEncoder(3, 5, attn_dim=4, memory_span=7).double()
+    wide.load_state_dict(enc.state_dict())
+    torch.testing.assert_close(wide(x, mask).outputs, full(x, mask).outputs)
+    with pytest.raises(ValueError, match="memory_span"):
+        LSTMNEncoder(3, 5, memory_span=0)
+    model = LSTMN(LSTMNConfig(vocab_size=20, d_embed=8, d_hidden=8, attn_dim=4, memory_span=span))
+    assert model.lstmn.memory_span == span
 
 
 def test_lstmn_model_lm_and_classifier():

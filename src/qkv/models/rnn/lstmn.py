@@ -18,6 +18,12 @@ Deviation: the tape starts with one slot holding the zero initial state ``h_0 = 
 attendable), so the first step is a plain LSTM step and every step has a non-empty tape. Cost:
 ``O(L^2 H)`` per sequence (each step scores the whole tape).
 
+Memory span: the paper's memory "grows with time until an upper bound of the memory span is
+reached". With ``memory_span=N`` step ``t`` attends only to the last ``N`` slots of the tape (the
+initial slot counts while it is among them; masked steps occupy no slot), so ``N = 1`` is an
+LSTM whose previous state is ``(h~_t, c~_t) = (h_{t-1}, c_{t-1})`` and the cost is ``O(L N H)``
+without padding.
+
 :class:`LSTMNEncoder` is the recurrence (also the ``encoder="lstmn"`` of ``Seq2Seq``); :class:`LSTMN`
 is the registered model, a language model or (``n_classes > 0``) a sequence classifier.
 """
@@ -54,17 +60,19 @@ class LSTMNEncoder(nn.Module):
     """The LSTMN recurrence over a sequence of vectors (Cheng et al. 2016; equations in the module docstring).
 
     Args:
-        input_size: ``D`` of ``x_t``; hidden_size: ``H``; attn_dim: size of ``v`` in the score.
+        input_size: ``D`` of ``x_t``; hidden_size: ``H``; attn_dim: size of ``v`` in the score;
+        memory_span: ``None`` (the whole tape) or ``N >= 1``: attend to the last ``N`` tape slots.
 
     Call ``enc(x (B, L, D), mask=None (B, L) bool)`` -> :class:`LSTMNOutput`. Masked steps are
     skipped: never read from the tape and the next query keeps the previous ``h~``, so they do
     not affect the unmasked ones (their own outputs are computed but meaningless).
     """
 
-    def __init__(self, input_size: int, hidden_size: int, *, attn_dim: int = 64) -> None:
+    def __init__(self, input_size: int, hidden_size: int, *, attn_dim: int = 64, memory_span: Optional[int] = None) -> None:
         super().__init__()
         self.input_size = _checks.positive_int("input_size", input_size)
         self.hidden_size = _checks.positive_int("hidden_size", hidden_size)
+        self.memory_span = None if memory_span is None else _checks.positive_int("memory_span", memory_span)
         _checks.positive_int("attn_dim", attn_dim)
         # a_i^t = v^T tanh(W1 [x_t; h~_{t-1}] + W2 h_i + b),  W1 = [W_x, W_h~],  W2 = W_h
         self.attention = SoftAttention("additive", query_dim=input_size + hidden_size, key_dim=hidden_size,
@@ -89,12 +97,20 @@ class LSTMNEncoder(nn.Module):
         slot_ok = [torch.ones(B, dtype=torch.bool, device=x.device)]
         h_tilde = zero  # h~_0
         outputs, cells, weights = [], [], []
+        span = self.memory_span
         for t in range(L):
-            keys = torch.stack(tape_h, 1)  # (B, t+1, H)
-            values = torch.cat([keys, torch.stack(tape_c, 1)], -1)  # (B, t+1, 2H), [h_i; c_i]
-            allowed = torch.stack(slot_ok, 1)  # (B, t+1)
+            # without padding the span is a window of the tape; with it, masked slots do not count
+            first = 0 if span is None or mask is not None else max(0, t + 1 - span)
+            keys = torch.stack(tape_h[first:], 1)  # (B, t+1-first, H)
+            values = torch.cat([keys, torch.stack(tape_c[first:], 1)], -1)  # [h_i; c_i]
+            allowed = torch.stack(slot_ok[first:], 1)  # (B, t+1-first)
+            if span is not None and mask is not None:
+                # keep the last `span` real slots: count real slots from the newest one backwards
+                newer = allowed.flip(1).cumsum(1).flip(1)  # real slots at or after slot i
+                allowed = allowed & (newer <= span)
             # s^t = softmax(v^T tanh(W_h h_i + W_x x_t + W_h~ h~_{t-1}));  [h~_t; c~_t] = sum_i s_i^t [h_i; c_i]
             read, s_t, _ = self.attention(torch.cat([x[:, t], h_tilde], -1), keys, values, mask=allowed)
+            s_t = F.pad(s_t, (first, 0))  # (B, t+1): weights over the whole tape
             read_h, c_tilde = read[:, :H], read[:, H:]  # h~_t, c~_t: (B, H) each
             i, f, o, c_hat = self.gates(torch.cat([read_h, x[:, t]], -1)).chunk(4, -1)
             # c_t = f * c~_t + i * c^_t;  h_t = o * tanh(c_t)
@@ -131,6 +147,7 @@ class LSTMNConfig:
     n_classes: int = 0  # 0: language model (next-token logits at every step); > 0: sequence classifier
     dropout: float = 0.0  # dropout on embeddings and before the output layer
     pad_id: int = 0  # padding id (its embedding is zero)
+    memory_span: Optional[int] = None  # None: attend to the whole tape; N: only to its last N slots
 
 
 @register("model", "lstmn")
@@ -156,7 +173,8 @@ class LSTMN(QKVModel):
         _checks.positive_int("n_classes", config.n_classes, allow_zero=True)
         self.embed = nn.Embedding(config.vocab_size, config.d_embed, padding_idx=config.pad_id)
         self.drop = nn.Dropout(config.dropout)
-        self.lstmn = LSTMNEncoder(config.d_embed, config.d_hidden, attn_dim=config.attn_dim)
+        self.lstmn = LSTMNEncoder(config.d_embed, config.d_hidden, attn_dim=config.attn_dim,
+                                  memory_span=config.memory_span)
         self.head = nn.Linear(config.d_hidden, config.n_classes or config.vocab_size)
 
     def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
