@@ -3,10 +3,14 @@ Language Modeling with Deeper Self-Attention" (arXiv:1808.04444), §2.2:
 
 - **multiple positions**: predict the next token at every position of the window (the ordinary
   causal LM loss, ``lm_loss``);
-- **intermediate layers**: the same prediction from each intermediate layer's output, its weight
-  decaying over training (``layer_loss_weight``) so that the final model relies on the top layer;
+- **intermediate layers**: the same prediction from each intermediate layer's output; layer
+  ``l`` of ``n`` stops predicting after the fraction ``l / (2n)`` of training, lower layers first,
+  all gone half-way (``layer_loss_active``), so that the final model relies on the top layer;
 - **multiple targets**: extra heads predict the token ``k`` steps ahead, ``k = 2 .. K``
-  (``future_loss``), added with a smaller weight (the paper: 0.5).
+  (``future_loss``), each weighted 0.5 and added to the loss of every layer that predicts.
+
+The losses are summed. ``layer_loss_weight`` is an earlier simplification kept as an option (the
+mean of the intermediate losses under one linearly decaying weight).
 
 Labels follow the qkv LM convention (docs/contracts.md): ``labels[:, t]`` is the next token
 after position ``t`` (so ``labels[:, t + k - 1]`` is the token ``k`` steps ahead), ``-100``
@@ -23,7 +27,8 @@ from torch import Tensor
 
 from .. import _checks
 
-__all__ = ["IGNORE_INDEX", "float32_at_least", "check_labels", "lm_loss", "future_loss", "layer_loss_weight"]
+__all__ = ["IGNORE_INDEX", "float32_at_least", "check_labels", "lm_loss", "future_loss", "layer_loss_weight",
+           "layer_loss_active"]
 
 IGNORE_INDEX = -100
 
@@ -82,3 +87,19 @@ def layer_loss_weight(step: int, decay_steps: int) -> float:
     if decay_steps == 0:
         return 1.0
     return max(0.0, 1.0 - step / decay_steps)
+
+
+def layer_loss_active(layer: int, n_layers: int, step: int, total_steps: int) -> bool:
+    """Whether layer ``layer`` (1-based, of ``n_layers``) still predicts at training ``step`` of
+    ``total_steps`` (Al-Rfou et al. 2018, §2.2): an intermediate layer ``l`` stops after the fraction
+    ``l / (2n)`` of training, i.e. it is active while ``step / total_steps < l / (2n)``; the top
+    layer always predicts. ``total_steps = 0`` (length unknown) keeps every layer active."""
+    _checks.positive_int("n_layers", n_layers)
+    _checks.positive_int("layer", layer)
+    if layer > n_layers:
+        raise ValueError(f"layer must be in [1, n_layers={n_layers}], got {layer}")
+    _checks.positive_int("step", step, allow_zero=True)
+    _checks.positive_int("total_steps", total_steps, allow_zero=True)
+    if layer == n_layers or total_steps == 0:
+        return True
+    return 2 * n_layers * step < layer * total_steps  # exact in integers

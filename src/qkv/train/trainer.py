@@ -361,7 +361,7 @@ class Trainer:
         tokens = 0
         set_step = getattr(self.model, "set_step", None)
         if callable(set_step):
-            set_step(step)  # losses scheduled over training (e.g. Al-Rfou's intermediate layers)
+            set_step(step, cfg.steps)  # losses scheduled over training (e.g. Al-Rfou's intermediate layers)
         for micro in range(cfg.grad_accum):
             batch = self.task.get_batch("train", cfg.batch_size, step * cfg.grad_accum + micro,
                                         seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size)
