@@ -1,6 +1,7 @@
 """Contract tests run for every registered self-attention kernel (parametrised over the registry):
 a new kernel gets them for free. Per-kernel knobs for the tests live in KERNEL_KWARGS."""
 
+import inspect
 import math
 
 import pytest
@@ -20,13 +21,18 @@ KERNEL_KWARGS = {
     "local-2d": {"image_size": (4, 4), "block": (2, 2), "memory": (1, 1, 1)},
     "linear": {"chunk_size": 4},
     "performer": {"nb_features": 32, "chunk_size": 4, "seed": 0},
+    "relative": {"mem_len": 16, "clamp_len": 12},
 }
+# Kernels with per-head parameters take the test tensors' head shape (as MultiHeadAttention fills it in).
+HEAD_KWARGS = ("n_heads", "head_dim")
 
 NAMES = list(qkv.list_attention())
 
 
-def build(name, causal=False, **extra):
+def build(name, causal=False, H=3, E=8, **extra):
     kw = dict(KERNEL_KWARGS.get(name, {}))
+    params = inspect.signature(lookup("attention", name).__init__).parameters
+    kw.update({key: value for key, value in zip(HEAD_KWARGS, (H, E)) if key in params})
     kw.update(extra)
     return qkv.build_attention(name, causal=causal, **kw)
 
@@ -162,7 +168,7 @@ def test_stepwise_equals_parallel(name, pieces):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_gradients_flow_and_gradcheck(name):
-    kernel = build(name, causal=can_causal(name))
+    kernel = build(name, causal=can_causal(name), H=2, E=4)
     q, k, v = (t.requires_grad_(True) for t in qkv_tensors(B=1, H=2, M=7, N=7, E=4, dtype=torch.float64))
     pad = torch.tensor([[True] * 6 + [False]])
     mask = pad if kernel.supports_mask != "none" else None

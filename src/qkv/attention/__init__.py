@@ -17,6 +17,7 @@ from .sparse import FixedAttention, StridedAttention
 from .linear import LinearAttention, LinearState
 from .performer import PerformerAttention
 from .efficient import EfficientAttention
+from .relative import RelativeAttention
 
 from .alignment import HardAttention, HardAttentionSample, LocalAttention, SoftAttention
 from .multihead import MultiHeadAttention, build_attention
@@ -26,6 +27,7 @@ __all__ = [
     "SoftmaxAttention", "WindowAttention", "SoftAttention", "HardAttention", "HardAttentionSample",
     "LocalAttention", "LinearAttention", "LinearState", "PerformerAttention", "EfficientAttention",
     "StridedAttention", "FixedAttention", "Local1DAttention", "Local2DAttention",
+    "RelativeAttention",
 ]
 
 

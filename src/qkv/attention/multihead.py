@@ -36,7 +36,7 @@ class MultiHeadAttention(nn.Module):
         bias: biases in the four projections.
         kdim, vdim: feature sizes of ``key`` and ``value`` inputs (default ``d_model``).
         **kernel_kwargs: the kernel's own knobs (e.g. ``radius=``); a kernel that takes
-            ``n_heads``/``d_head`` gets them filled in.
+            ``n_heads``/``d_head`` (or ``head_dim``) gets them filled in.
 
     Parameter mapping to ``torch.nn.MultiheadAttention``: ``in_proj_weight`` is
     ``cat([q_proj.weight, k_proj.weight, v_proj.weight])`` (and likewise ``in_proj_bias``);
@@ -75,7 +75,7 @@ class MultiHeadAttention(nn.Module):
         elif isinstance(attention, str):
             cls = lookup("attention", attention)
             params = inspect.signature(cls.__init__).parameters
-            for key, value in (("n_heads", n_heads), ("d_head", self.d_head)):
+            for key, value in (("n_heads", n_heads), ("d_head", self.d_head), ("head_dim", self.d_head)):
                 if key in params and key not in kernel_kwargs:
                     kernel_kwargs[key] = value
             check_kwargs(cls, kernel_kwargs, f"attention {attention!r}")
