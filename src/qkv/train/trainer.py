@@ -331,6 +331,9 @@ class Trainer:
                 if ctx.is_main:
                     eval_metrics = self.evaluate(device)
                     self._log({"event": "eval", "step": done, **eval_metrics, "time": time.time()})
+                    on_evaluate = getattr(self.model, "on_evaluate", None)
+                    if callable(on_evaluate):
+                        on_evaluate(eval_metrics)  # e.g. a memory network's linear start ends
                     bar.set_postfix(_postfix({"loss": last.get("loss", float("nan"))}, eval_metrics), refresh=False)
                 distributed.barrier(ctx)
             if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps:

@@ -14,6 +14,7 @@ from qkv.models.memory.memnet import EndToEndMemoryNetwork, MemoryNetworkConfig,
 from qkv.models.pooling.nadaraya_watson import NadarayaWatson, NadarayaWatsonConfig
 from qkv.models.pooling.sets import AttentionMIL, AttentionMILConfig, AttentionPooling, DeepSets, DeepSetsConfig
 from qkv.models.memory.stacked_attention import StackedAttention, StackedAttentionConfig
+from qkv.train import TrainConfig, Trainer
 
 torch.manual_seed(0)
 
@@ -193,6 +194,87 @@ def test_memory_network_bad_inputs():
         model(story=story.float(), query=query)
     with pytest.raises(ValueError, match="batch size"):
         model(story=story[:, :3], query=query[:1])
+
+
+# layer-wise tying and linear start (Sukhbaatar et al. 2015, §2.2 and §4.2)
+def _reference(model, story, mask, query, layer_wise, linear):
+    """Sukhbaatar et al. §2 written out per example and hop."""
+    E = [e.weight for e in model.embeddings]
+    T = [t.weight for t in model.temporal]
+    K = model.config.n_hops
+    logits, weights = [], [[] for _ in range(K)]
+    for b in range(story.shape[0]):
+        real = [i for i in range(story.shape[1]) if mask[b, i]]
+        n = len(real)
+        u = _bow(query[b], E[2] if layer_wise else E[0])  # u^1 = B q
+        for k in range(1, K + 1):
+            a, c = (0, 1) if layer_wise else (k - 1, k)  # A^k = A, C^k = C  |  A^k = E_{k-1}, C^k = E_k
+            m = [_bow(story[b, i], E[a]) + T[a][n - 1 - i] for i in real]
+            cs = [_bow(story[b, i], E[c]) + T[c][n - 1 - i] for i in real]
+            e = torch.stack([u @ mi for mi in m])
+            p = e if linear else torch.exp(e) / torch.exp(e).sum()
+            row = torch.zeros(story.shape[1], dtype=e.dtype)
+            row[real] = p
+            weights[k - 1].append(row)
+            o = sum(pi * ci for pi, ci in zip(p, cs))
+            u = (model.H.weight @ u if layer_wise else u) + o  # u^{k+1} = H u^k + o^k
+        logits.append(E[-1] @ u)  # W u^{K+1}
+    return torch.stack(logits), [torch.stack(w) for w in weights]
+
+
+@pytest.mark.parametrize("linear", [False, True])
+@pytest.mark.parametrize("tying", ["adjacent", "layer-wise"])
+def test_tyings_and_linear_start_match_loops(tying, linear):
+    torch.manual_seed(0)
+    model = EndToEndMemoryNetwork(MemoryNetworkConfig(vocab_size=12, d_model=5, n_hops=3, max_sentences=4, tying=tying,
+                                                      linear_start=linear)).double()
+    story, mask, query = _story()
+    out = model(story=story, query=query, story_mask=mask, need_weights=True)
+    with torch.no_grad():
+        logits, weights = _reference(model, story, mask, query, tying == "layer-wise", linear)
+    torch.testing.assert_close(out.logits, logits)
+    for got, want in zip(out.weights, weights):
+        torch.testing.assert_close(got, want)
+    if tying == "layer-wise":
+        # one A, one C, B and W for every hop, however many hops
+        deeper = EndToEndMemoryNetwork(MemoryNetworkConfig(vocab_size=12, d_model=5, n_hops=6, max_sentences=4, tying=tying))
+        assert len(deeper.embeddings) == 4 and len(deeper.temporal) == 2 and deeper.H is not None
+        assert sum(p.numel() for p in deeper.parameters()) == sum(p.numel() for p in model.parameters())
+    with pytest.raises(ValueError, match="tying"):
+        EndToEndMemoryNetwork(MemoryNetworkConfig(tying="global"))
+
+
+def test_linear_start_ends_when_validation_loss_stops_falling():
+    model = EndToEndMemoryNetwork(MemoryNetworkConfig(vocab_size=12, linear_start=True))
+    assert bool(model.linear_phase)
+    for loss in (3.0, 2.5, 2.4):
+        model.on_evaluate({"valid_loss": loss})
+        assert bool(model.linear_phase)
+    model.on_evaluate({"valid_loss": 2.45})  # did not fall: the softmax is back for good
+    assert not bool(model.linear_phase)
+    model.on_evaluate({"valid_loss": 0.1})
+    assert not bool(model.linear_phase)
+    # the phase is state: saved and loaded with the weights
+    fresh = EndToEndMemoryNetwork(MemoryNetworkConfig(vocab_size=12, linear_start=True))
+    fresh.load_state_dict(model.state_dict())
+    assert not bool(fresh.linear_phase)
+    story, mask, query = _story()
+    p = fresh(story=story, query=query, story_mask=mask, need_weights=True).weights[0]
+    torch.testing.assert_close(p.sum(-1), torch.ones(2))
+
+
+def test_trainer_reports_evaluations_to_the_model(tmp_path):
+    from qkv.tasks import build_task
+
+    task = build_task("babi-single")
+    torch.manual_seed(0)
+    model = EndToEndMemoryNetwork(MemoryNetworkConfig(vocab_size=task.vocab.size, d_model=8, n_hops=2,
+                                                      max_sentences=task.max_sentences, linear_start=True))
+    seen = []
+    model.on_evaluate = lambda metrics: seen.append(metrics["valid_loss"])
+    Trainer(model, task, TrainConfig(steps=4, batch_size=8, eval_every=2, eval_batches=1, eval_max_examples=8,
+                                     out_dir=str(tmp_path), progress=False, tensorboard=False)).fit()
+    assert len(seen) == 2
 
 
 def test_stacked_attention_matches_loop():
