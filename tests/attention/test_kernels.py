@@ -22,6 +22,7 @@ KERNEL_KWARGS = {
     "linear": {"chunk_size": 4},
     "performer": {"nb_features": 32, "chunk_size": 4, "seed": 0},
     "relative": {"mem_len": 16, "clamp_len": 12},
+    "adaptive-span": {"max_span": 4, "ramp": 2, "block": 3},
 }
 # Kernels with per-head parameters take the test tensors' head shape (as MultiHeadAttention fills it in).
 HEAD_KWARGS = ("n_heads", "head_dim")

@@ -18,6 +18,7 @@ from .linear import LinearAttention, LinearState
 from .performer import PerformerAttention
 from .efficient import EfficientAttention
 from .relative import RelativeAttention
+from .adaptive_span import AdaptiveSpanAttention
 
 from .alignment import HardAttention, HardAttentionSample, LocalAttention, SoftAttention
 from .multihead import MultiHeadAttention, build_attention
@@ -28,6 +29,7 @@ __all__ = [
     "LocalAttention", "LinearAttention", "LinearState", "PerformerAttention", "EfficientAttention",
     "StridedAttention", "FixedAttention", "Local1DAttention", "Local2DAttention",
     "RelativeAttention",
+    "AdaptiveSpanAttention",
 ]
 
 
