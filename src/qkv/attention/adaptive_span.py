@@ -43,7 +43,7 @@ from ..registry import register
 from ..types import AttentionOutput, KVCache
 from .base import AttentionKernel
 from .softmax import append_cache
-from .window import unfold_band
+from .window import band_blocks, scatter_band
 
 __all__ = ["AdaptiveSpanAttention", "soft_span_mask"]
 
@@ -183,7 +183,6 @@ class AdaptiveSpanAttention(AttentionKernel):
         if state is not None or return_state:
             k, v, cache = append_cache(state, k, v, keep=self.max_span - 1)
         N = k.shape[-2]
-        o = N - M  # query i sits at key position o + i
         S = self.max_span
         if M == 0:
             weights = q.new_zeros(B, H, 0, N) if need_weights else None
@@ -204,21 +203,7 @@ class AdaptiveSpanAttention(AttentionKernel):
         nb = -(-M // b)  # query blocks
         W = b + r + right  # keys seen by one query block
 
-        q_blocks = F.pad(q, (0, 0, 0, nb * b - M)).view(B, H, nb, b, E)  # (B, H, nb, b, E)
-        k_blocks = unfold_band(k, o - r, b, W, nb)  # (B, H, nb, W, E): keys o + t b - r + [0, W)
-        v_blocks = unfold_band(v, o - r, b, W, nb)  # (B, H, nb, W, Ev)
-
-        # query qi of block t sits at o + t b + qi, key column kj at o + t b - r + kj: x = qi - kj + r
-        qi = torch.arange(b, device=q.device).view(b, 1)
-        kj = torch.arange(W, device=q.device).view(1, W)
-        x = qi - kj + r  # (b, W) signed distance t - r
-        band = (x >= (0 if self.causal else -r)) & (x <= r)
-        key_pos = torch.arange(nb, device=q.device).view(nb, 1) * b + kj + (o - r)  # (nb, W)
-        valid = band & ((key_pos >= 0) & (key_pos < N)).view(nb, 1, W)  # (nb, b, W)
-        if mask is not None:
-            kpm = unfold_band(mask[:, :, 0, :, None], o - r, b, W, nb)[..., 0]  # (B|1, H|1, nb, W)
-            valid = valid & kpm.unsqueeze(-2)  # (B|1, H|1, nb, b, W)
-
+        q_blocks, k_blocks, v_blocks, x, valid, key_pos = band_blocks(q, k, v, mask, r, right, b)
         distance = x.abs().to(q.dtype)  # (b, W)
         if self.dynamic:
             z_blocks = F.pad(z, (0, nb * b - M)).view(B, H, nb, b, 1)  # (B, H, nb, b, 1)
@@ -236,8 +221,5 @@ class AdaptiveSpanAttention(AttentionKernel):
         out = out.reshape(B, H, nb * b, -1)[:, :, :M]  # (B, H, M, Ev)
         if weights is None:
             return AttentionOutput(out, None, cache)
-        # scatter the band into (B, H, M, N) for inspection (O(M N): on request only)
-        weights = weights.expand(B, H, nb, b, W)
-        cols = key_pos.clamp(0, max(N - 1, 0)).view(1, 1, nb, 1, W).expand(B, H, nb, b, W)
-        dense = weights.new_zeros(B, H, nb, b, N).scatter_add_(-1, cols, weights)
-        return AttentionOutput(out, dense.view(B, H, nb * b, N)[:, :, :M], cache)
+        # the band scattered into (B, H, M, N) for inspection (O(M N): on request only)
+        return AttentionOutput(out, scatter_band(weights.expand(B, H, nb, b, W), key_pos, N)[:, :, :M], cache)

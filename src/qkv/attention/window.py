@@ -24,7 +24,7 @@ from ..types import AttentionOutput, KVCache
 from .base import AttentionKernel
 from .softmax import append_cache
 
-__all__ = ["WindowAttention", "unfold_band"]
+__all__ = ["WindowAttention", "unfold_band", "band_blocks", "scatter_band"]
 
 
 def unfold_band(x: Tensor, start: int, step: int, width: int, n: int) -> Tensor:
@@ -39,6 +39,45 @@ def unfold_band(x: Tensor, start: int, step: int, width: int, n: int) -> Tensor:
     x = F.pad(x, (0, 0, lo, hi), value=False if x.dtype == torch.bool else 0.0)
     return x[..., start + lo:, :].unfold(-2, width, step)[..., :n, :, :].transpose(-1, -2)  # (..., n, width, E)
 
+
+def band_blocks(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], left: int, right: int, b: int):
+    """Query blocks and the key band each one sees, for kernels whose keys lie within a distance
+    band of the query (queries aligned to the end of the keys).
+
+    Query ``qi`` of block ``t`` sits at key position ``o + t b + qi`` (``o = N - M``) and sees the
+    ``W = b + left + right`` keys ``o + t b - left + [0, W)``. Returns ``(q_blocks (B, H, nb, b, E),
+    k_blocks (B, H, nb, W, E), v_blocks (B, H, nb, W, Ev), distance (b, W)`` (signed ``i - j``),
+    ``valid (.., nb, b, W)`` (in the band, inside ``[0, N)``, allowed by the key-padding ``mask``),
+    ``key_pos (nb, W))``.
+    """
+    B, H, M, E = q.shape
+    N = k.shape[-2]
+    o = N - M
+    nb = -(-M // b)  # number of query blocks
+    W = b + left + right  # keys seen by one query block
+    q_blocks = F.pad(q, (0, 0, 0, nb * b - M)).view(B, H, nb, b, E)  # (B, H, nb, b, E)
+    k_blocks = unfold_band(k, o - left, b, W, nb)  # (B, H, nb, W, E): keys o + t b - left + [0, W)
+    v_blocks = unfold_band(v, o - left, b, W, nb)  # (B, H, nb, W, Ev)
+    # query qi of block t is at o + t b + qi; key column kj at o + t b - left + kj: d = qi - kj + left
+    qi = torch.arange(b, device=q.device).view(b, 1)
+    kj = torch.arange(W, device=q.device).view(1, W)
+    distance = qi - kj + left  # (b, W)
+    band = (distance <= left) & (distance >= -right)  # (b, W), shared by all blocks
+    key_pos = torch.arange(nb, device=q.device).view(nb, 1) * b + kj + (o - left)  # (nb, W)
+    valid = band & ((key_pos >= 0) & (key_pos < N)).view(nb, 1, W)  # (nb, b, W)
+    if mask is not None:
+        kpm = unfold_band(mask[:, :, 0, :, None], o - left, b, W, nb)[..., 0]  # (B|1, H|1, nb, W)
+        valid = valid & kpm.unsqueeze(-2)  # (B|1, H|1, nb, b, W)
+    return q_blocks, k_blocks, v_blocks, distance, valid, key_pos
+
+
+def scatter_band(weights: Tensor, key_pos: Tensor, N: int) -> Tensor:
+    """Band weights ``(B, H, nb, b, W)`` back into ``(B, H, nb b, N)`` for inspection and plots
+    (O(M N): on request only); keys outside ``[0, N)`` carry weight 0, so clamping their column
+    changes nothing."""
+    B, H, nb, b, W = weights.shape
+    cols = key_pos.clamp(0, max(N - 1, 0)).view(1, 1, nb, 1, W).expand(B, H, nb, b, W)
+    return weights.new_zeros(B, H, nb, b, N).scatter_add_(-1, cols, weights).view(B, H, nb * b, N)
 
 
 @register("attention", "window", "restricted", "sliding-window")
@@ -77,25 +116,10 @@ class WindowAttention(AttentionKernel):
         N = k.shape[-2]
         r = min(self.radius, N + M)  # no pair of positions is further apart: a wider band only wastes work
         right = 0 if self.causal else r  # keys a query may see after itself
-        o = N - M  # query i sits at key position o + i
         b = min(M, self.block or max(r, 64)) if M > 0 else 1
         nb = -(-M // b)  # number of query blocks
-        W = b + r + right  # keys seen by one query block
 
-        q_blocks = F.pad(q, (0, 0, 0, nb * b - M)).view(B, H, nb, b, E)  # (B, H, nb, b, E)
-        k_blocks = unfold_band(k, o - r, b, W, nb)  # (B, H, nb, W, E): keys o + t b - r + [0, W)
-        v_blocks = unfold_band(v, o - r, b, W, nb)  # (B, H, nb, W, Ev)
-
-        # Query qi of block t is at o + t b + qi; key column kj at o + t b - r + kj: d = qi - kj + r.
-        qi = torch.arange(b, device=q.device).view(b, 1)
-        kj = torch.arange(W, device=q.device).view(1, W)
-        d = qi - kj + r
-        band = (d <= r) & (d >= (0 if self.causal else -r))  # (b, W), shared by all blocks
-        key_pos = (torch.arange(nb, device=q.device).view(nb, 1) * b + kj + (o - r))  # (nb, W)
-        valid = band & ((key_pos >= 0) & (key_pos < N)).view(nb, 1, W)  # (nb, b, W)
-        if mask is not None:
-            kpm = unfold_band(mask[:, :, 0, :, None], o - r, b, W, nb)[..., 0]  # (B|1, H|1, nb, W)
-            valid = valid & kpm.unsqueeze(-2)  # (B|1, H|1, nb, b, W)
+        q_blocks, k_blocks, v_blocks, _, valid, key_pos = band_blocks(q, k, v, mask, r, right, b)
 
         dropout_p = self.dropout if self.training else 0.0
         if not need_weights:
@@ -110,8 +134,4 @@ class WindowAttention(AttentionKernel):
         dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
         out = (dropped @ v_blocks).reshape(B, H, nb * b, -1)[:, :, :M]  # (B, H, M, Ev)
 
-        # Scatter the band back into (B, H, M, N) for inspection and plots (O(M N): on request only);
-        # keys outside [0, N) carry weight 0, so clamping their column changes nothing.
-        cols = key_pos.clamp(0, max(N - 1, 0)).view(1, 1, nb, 1, W).expand(B, H, nb, b, W)
-        dense = weights.new_zeros(B, H, nb, b, N).scatter_add_(-1, cols, weights)
-        return AttentionOutput(out, dense.view(B, H, nb * b, N)[:, :, :M], cache)
+        return AttentionOutput(out, scatter_band(weights, key_pos, N)[:, :, :M], cache)
