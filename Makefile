@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: it takes the CPU wheel on disk; nothing later may pull a CUDA build.
 	$(BIN)/python -m pip install --disable-pip-version-check -q torch==2.13.0
 	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[dev]"
+	# The peer libraries of `qkv bench peers` and its cross-check tests (optional: they skip without).
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[peers]" || echo "qkv: peers extra not installed; peer cross-checks will skip"
 	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 
@@ -44,6 +46,7 @@ run: setup
 bench: setup
 	$(BIN)/qkv bench complexity
 	$(BIN)/qkv bench kernels
+	$(BIN)/qkv bench peers --threads 1
 
 clean:
 	rm -rf $(VENV) bench-out runs

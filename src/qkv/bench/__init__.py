@@ -27,7 +27,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import common, complexity, gpt, kernels
+from . import common, complexity, gpt, kernels, peers
 
 __all__ = ["BENCHMARKS", "build_parser", "main", "common"]
 
@@ -36,6 +36,7 @@ BENCHMARKS: Dict[str, ModuleType] = {
     "complexity": complexity,
     "kernels": kernels,
     "gpt": gpt,
+    "peers": peers,
 }
 
 
