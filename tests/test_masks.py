@@ -53,18 +53,56 @@ def test_local_1d():
     b, mem = 3, 2
     ref = brute(lambda i, j: j <= i and j >= (i // b) * b - mem, 10, 10)
     assert torch.equal(masks.materialize(masks.local_1d(b, mem), 10, 10), ref)
+    both = brute(lambda i, j: (i // b) * b - mem <= j < (i // b) * b + b, 10, 10)  # bidirectional: the whole block
+    assert torch.equal(masks.materialize(masks.local_1d(b, mem, causal=False), 10, 10), both)
 
 
-def test_local_2d():
-    H, W, bh, bw, (top, left, right) = 4, 6, 2, 3, (1, 1, 2)
+def paper_block_raster_order(H, W, bh, bw):
+    """Parmar et al. 2018's generation order, written plainly: query blocks in raster order, raster
+    order inside a block (border blocks clipped); the list of (row, column) pixels."""
+    order = []
+    for R in range(0, H, bh):
+        for C in range(0, W, bw):
+            for r in range(R, min(R + bh, H)):
+                for c in range(C, min(C + bw, W)):
+                    order.append((r, c))
+    return order
+
+
+@pytest.mark.parametrize("H,W,bh,bw", [(4, 6, 2, 3), (5, 7, 2, 3), (3, 3, 1, 1), (4, 5, 4, 5)])
+def test_block_raster_order(H, W, bh, bw):
+    order = [(r, c) for r, c in paper_block_raster_order(H, W, bh, bw)]
+    assert masks.block_raster_order((H, W), (bh, bw)).tolist() == [r * W + c for r, c in order]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("H,W,bh,bw,memory", [(4, 6, 2, 3, (1, 1, 2)), (5, 7, 2, 3, (2, 1, 1)), (4, 4, 1, 2, (0, 0, 0))])
+def test_local_2d(H, W, bh, bw, memory, causal):
+    """Sequence position t is the t-th pixel of the block-raster scan; a query sees its block's
+    rectangle extended (top, left, right), and, causal, only pixels generated before it."""
+    top, left, right = memory
+    order = paper_block_raster_order(H, W, bh, bw)
 
     def pred(i, j):
-        qr, qc, kr, kc = i // W, i % W, j // W, j % W
+        (qr, qc), (kr, kc) = order[i], order[j]
         r0, c0 = (qr // bh) * bh, (qc // bw) * bw
-        return r0 - top <= kr < r0 + bh and c0 - left <= kc < c0 + bw + right and j <= i
+        inside = r0 - top <= kr < r0 + bh and c0 - left <= kc < c0 + bw + right
+        return inside and (j <= i or not causal)
 
-    got = masks.materialize(masks.local_2d((H, W), (bh, bw), (top, left, right)), H * W, H * W)
+    got = masks.materialize(masks.local_2d((H, W), (bh, bw), memory, causal=causal), H * W, H * W)
     assert torch.equal(got, brute(pred, H * W, H * W))
+
+
+def test_local_2d_left_block_is_entirely_visible():
+    """Block-raster, not image-raster: the first pixel of a block sees every pixel of the block to
+    its left (rows below its own included) and nothing of the block to its right."""
+    H, W, bh, bw = 4, 4, 2, 2
+    allowed = masks.materialize(masks.local_2d((H, W), (bh, bw), (0, 2, 2)), H * W, H * W)
+    order = masks.block_raster_order((H, W), (bh, bw)).tolist()
+    first_of_right_block = order.index(0 * W + 2)  # pixel (0, 2)
+    left_block = [order.index(r * W + c) for r in range(2) for c in range(2)]
+    assert allowed[first_of_right_block, left_block].all()  # (1, 0), (1, 1) are below it, yet generated
+    assert first_of_right_block == 4
 
 
 def test_combinators():

@@ -24,7 +24,7 @@ from . import _checks
 
 __all__ = [
     "MaskMod", "padding_mask", "causal_mask", "causal", "window", "strided", "fixed", "local_1d",
-    "local_2d", "and_masks", "or_masks", "materialize",
+    "local_2d", "block_raster_order", "and_masks", "or_masks", "materialize",
 ]
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -125,39 +125,69 @@ def fixed(stride: int, c: int = 1, subsets: Sequence[int] = (1, 2), causal: bool
     return mod
 
 
-def local_1d(block: int, memory: int = 0) -> MaskMod:
+def local_1d(block: int, memory: int = 0, causal: bool = True) -> MaskMod:
     """Image Transformer 1D local attention (Parmar et al. 2018): raster-order query blocks of
-    ``block`` positions attend causally within their block and to the ``memory`` positions before it."""
+    ``block`` positions attend to their block and to the ``memory`` positions before it; causal
+    (generation) adds ``j <= i``, the bidirectional form sees the whole block."""
     _checks.positive_int("block", block)
     _checks.positive_int("memory", memory, allow_zero=True)
 
     def mod(b, h, q_idx, kv_idx):
         start = torch.div(q_idx, block, rounding_mode="floor") * block
-        return (kv_idx <= q_idx) & (kv_idx >= start - memory)
+        near = kv_idx >= start - memory
+        return near & (kv_idx <= q_idx) if causal else near & (kv_idx < start + block)
 
     return mod
 
 
-def local_2d(image_size: Tuple[int, int], block: Tuple[int, int], memory: Tuple[int, int, int] = (0, 0, 0)) -> MaskMod:
-    """Image Transformer 2D local attention (Parmar et al. 2018) on a raster-scanned image.
+def block_raster_order(image_size: Tuple[int, int], block: Tuple[int, int]) -> Tensor:
+    """The Image Transformer's generation order (Parmar et al. 2018, Fig. 2): query blocks of
+    ``block=(bh, bw)`` pixels in raster order, raster order inside a block (blocks at the right and
+    bottom border are clipped to the image).
 
-    Queries are grouped in ``block=(bh, bw)`` rectangles; a query attends to keys inside its
-    block extended ``memory=(top, left, right)`` pixels up, left and right, and only to keys
-    earlier in raster order (causal within the memory).
+    Returns ``order (H * W,)`` long: ``order[t]`` is the raster index ``r * W + c`` of the ``t``-th
+    pixel generated; ``image.flatten()[order]`` is the sequence ``local-2d`` attends over and
+    ``argsort(order)`` maps raster indices back to sequence positions.
     """
     H, W = _pair("image_size", image_size)
     bh, bw = _pair("block", block)
-    if len(memory) != 3:
+    r = torch.arange(H).view(H, 1)
+    c = torch.arange(W).view(1, W)
+    n_cols = -(-W // bw)
+    blk = torch.div(r, bh, rounding_mode="floor") * n_cols + torch.div(c, bw, rounding_mode="floor")  # (H, W)
+    # Sort key: block first, then the raster index (raster order inside the block).
+    key = blk * (H * W) + r * W + c  # (H, W), distinct
+    return torch.argsort(key.reshape(-1))
+
+
+def local_2d(image_size: Tuple[int, int], block: Tuple[int, int], memory: Tuple[int, int, int] = (0, 0, 0),
+             causal: bool = True) -> MaskMod:
+    """Image Transformer 2D local attention (Parmar et al. 2018) on an image scanned in block-raster
+    order (``block_raster_order``: sequence position ``t`` is pixel ``order[t]``).
+
+    Queries are grouped in ``block=(bh, bw)`` rectangles; a query attends to the keys inside its
+    block extended ``memory=(top, left, right)`` pixels up, left and right; causal (generation)
+    adds ``kv_idx <= q_idx``: only pixels generated before it in block-raster order (the whole
+    block to the left, none of the block to the right). Positions ``>= H * W`` see nothing.
+    """
+    H, W = _pair("image_size", image_size)
+    bh, bw = _pair("block", block)
+    if not isinstance(memory, (tuple, list)) or len(memory) != 3:
         raise ValueError(f"memory must be (top, left, right), got {memory!r}")
     top, left, right = (_checks.positive_int(f"memory[{i}]", v, allow_zero=True) for i, v in enumerate(memory))
+    order = block_raster_order((H, W), (bh, bw))
+    P = H * W
 
     def mod(b, h, q_idx, kv_idx):
-        qr, qc = torch.div(q_idx, W, rounding_mode="floor"), torch.remainder(q_idx, W)
-        kr, kc = torch.div(kv_idx, W, rounding_mode="floor"), torch.remainder(kv_idx, W)
+        table = order.to(q_idx.device)
+        qp, kp = table[q_idx.clamp(0, P - 1)], table[kv_idx.clamp(0, P - 1)]  # raster indices
+        qr, qc = torch.div(qp, W, rounding_mode="floor"), torch.remainder(qp, W)
+        kr, kc = torch.div(kp, W, rounding_mode="floor"), torch.remainder(kp, W)
         r0 = torch.div(qr, bh, rounding_mode="floor") * bh  # query block's first row
         c0 = torch.div(qc, bw, rounding_mode="floor") * bw  # query block's first column
         inside = (kr >= r0 - top) & (kr < r0 + bh) & (kc >= c0 - left) & (kc < c0 + bw + right)
-        return inside & (kv_idx <= q_idx)
+        inside = inside & (q_idx < P) & (kv_idx < P) & (q_idx >= 0) & (kv_idx >= 0)
+        return inside & (kv_idx <= q_idx) if causal else inside
 
     return mod
 

@@ -80,27 +80,28 @@ def test_fixed_equals_dense_softmax_on_its_pattern(N, dm, stride, c, subsets, ca
 
 @settings(max_examples=30, deadline=None)
 @given(N=st.integers(1, 30), dm=st.integers(-3, 3), block=st.integers(1, 7), memory=st.integers(0, 8),
-       seed=st.integers(0, 1000))
-def test_local_1d_equals_dense_softmax_on_its_pattern(N, dm, block, memory, seed):
+       causal=st.booleans(), seed=st.integers(0, 1000))
+def test_local_1d_equals_dense_softmax_on_its_pattern(N, dm, block, memory, causal, seed):
     M = max(1, N + dm)
-    kernel = qkv.build_attention("local-1d", block=block, memory=memory)
+    kernel = qkv.build_attention("local-1d", block=block, memory=memory, causal=causal)
     if M == N:
         assert torch.equal(masks.materialize(kernel.pattern(M, N), M, N),
-                           masks.materialize(masks.local_1d(block, memory), M, N))
+                           masks.materialize(masks.local_1d(block, memory, causal=causal), M, N))
     check_against_dense(kernel, M, N, seed, kernel.pattern(M, N))
 
 
 @settings(max_examples=30, deadline=None)
 @given(H=st.integers(1, 6), W=st.integers(1, 6), bh=st.integers(1, 4), bw=st.integers(1, 4),
        top=st.integers(0, 3), left=st.integers(0, 3), right=st.integers(0, 3),
-       short=st.integers(0, 4), fewer=st.integers(0, 4), seed=st.integers(0, 1000))
-def test_local_2d_equals_dense_softmax_on_its_pattern(H, W, bh, bw, top, left, right, short, fewer, seed):
-    N = max(1, H * W - short)  # a raster prefix of the image (the whole image when short = 0)
+       short=st.integers(0, 4), fewer=st.integers(0, 4), causal=st.booleans(), seed=st.integers(0, 1000))
+def test_local_2d_equals_dense_softmax_on_its_pattern(H, W, bh, bw, top, left, right, short, fewer, causal, seed):
+    N = max(1, H * W - short)  # a block-raster prefix of the image (the whole image when short = 0)
     M = max(1, N - fewer)
-    kernel = qkv.build_attention("local-2d", image_size=(H, W), block=(bh, bw), memory=(top, left, right))
+    kernel = qkv.build_attention("local-2d", image_size=(H, W), block=(bh, bw), memory=(top, left, right),
+                                 causal=causal)
     if M == N == H * W:
         assert torch.equal(masks.materialize(kernel.pattern(M, N), M, N),
-                           masks.materialize(masks.local_2d((H, W), (bh, bw), (top, left, right)), M, N))
+                           masks.materialize(masks.local_2d((H, W), (bh, bw), (top, left, right), causal), M, N))
     check_against_dense(kernel, M, N, seed, kernel.pattern(M, N))
 
 
@@ -178,16 +179,156 @@ def test_no_dense_matrix_on_the_no_weights_path(name, kw):
     assert tracker.peak < dense / 2, f"{name}: peak {tracker.peak} bytes"
 
 
-def test_local_kernels_are_always_causal():
-    for name, kw in [("local-1d", {"block": 2, "memory": 1}), ("local-2d", {"image_size": (2, 3)})]:
+def test_local_kernels_causal_by_default_and_bidirectional_on_request():
+    """Causal (generation) is the default; causal=False is the unmasked neighbourhood, which sees
+    later positions of its block — and refuses incremental decoding."""
+    for name, kw in [("local-1d", {"block": 2, "memory": 1}), ("local-2d", {"image_size": (2, 3), "block": (2, 2)})]:
         assert qkv.build_attention(name, **kw).causal
-        assert qkv.build_attention(name, causal=True, **kw).causal
-        assert lookup_flags(name) == ("key_padding", False, True)
+        both = qkv.build_attention(name, causal=False, **kw)
+        assert not both.causal
+        allowed = masks.materialize(both.pattern(6, 6), 6, 6)
+        assert allowed[0, 1]  # position 0 sees position 1 of its block
+        assert lookup_flags(name) == ("key_padding", True, True)
+        q, k, v = heads(1, 1, 6, 6)
+        with pytest.raises(ValueError, match="causal"):
+            both(q, k, v, return_state=True)
 
 
 def lookup_flags(name):
     cls = qkv.registry.lookup("attention", name)
     return cls.supports_mask, cls.supports_state, cls.exact
+
+
+# ----------------------------------------------------------------------------- incremental decoding
+
+
+INCREMENTAL = [
+    ("strided", {"stride": 3}), ("strided", {"stride": 4, "subsets": (1,)}), ("strided", {"stride": 3, "subsets": (2,)}),
+    ("fixed", {"stride": 4, "c": 2}), ("fixed", {"stride": 3, "c": 1, "subsets": (2,)}),
+    ("fixed", {"stride": 5, "c": 2, "subsets": (1,)}), ("local-1d", {"block": 4, "memory": 3}),
+    ("local-1d", {"block": 1, "memory": 0}), ("local-2d", {"image_size": (5, 7), "block": (2, 3), "memory": (1, 2, 1)}),
+    ("local-2d", {"image_size": (6, 6), "block": (3, 2), "memory": (2, 0, 3)}),
+]
+
+
+@pytest.mark.parametrize("name,kw", INCREMENTAL)
+@settings(max_examples=8, deadline=None)
+@given(cuts=st.lists(st.integers(1, 34), max_size=10), seed=st.integers(0, 1000))
+def test_incremental_equals_parallel(name, kw, cuts, seed):
+    """Pieces of random sizes (single tokens included), each call continuing the returned state,
+    give the outputs and weights of one parallel call; with key padding too."""
+    N = 35
+    kernel = qkv.build_attention(name, causal=True, **kw)
+    q, k, v = heads(2, 2, N, N, seed=seed)
+    pad = torch.rand(2, N, generator=torch.Generator().manual_seed(seed)) > 0.2
+    full = kernel(q, k, v, mask=pad, need_weights=True)
+    bounds = sorted(set(cuts)) + [N]
+    state, start, outs = None, 0, []
+    for stop in bounds:
+        held = kernel._state_length(state) if state is not None else 0
+        first = start - held  # the state's keys end at position start; masks cover them then the new keys
+        piece_mask = _state_mask(kernel, state, pad, start, stop)
+        o = kernel(q[:, :, start:stop], k[:, :, start:stop], v[:, :, start:stop], mask=piece_mask, state=state,
+                   return_state=True, need_weights=True)
+        outs.append(o.output)
+        ref_w = full.weights[:, :, start:stop]
+        assert torch.allclose(o.weights.sum(-1), ref_w.sum(-1), atol=1e-5)  # no key counted twice
+        assert first >= 0
+        state, start = o.state, stop
+    torch.testing.assert_close(torch.cat(outs, 2), full.output, atol=1e-5, rtol=1e-5)
+
+
+def _state_positions(kernel, state, start):
+    """The absolute positions of the keys a state holds (the state ends at position ``start``)."""
+    if state is None:
+        return torch.zeros(0, dtype=torch.long)
+    if isinstance(state, qkv.attention.sparse.FixedState):
+        l, c = kernel.stride, kernel.c
+        nb = state.position // l
+        summaries = [b * l + l - c + s for b in range(nb) for s in range(c)] if 2 in kernel.subsets else []
+        return torch.tensor(summaries + list(range(nb * l, state.position)), dtype=torch.long)
+    return torch.arange(state.offset, state.offset + state.length)
+
+
+def _state_mask(kernel, state, pad, start, stop):
+    cols = torch.cat([_state_positions(kernel, state, start), torch.arange(start, stop)])
+    return pad[:, cols]
+
+
+@pytest.mark.parametrize("name,kw,bound", [
+    ("strided", {"stride": 8, "subsets": (1,)}, lambda n: 8),
+    ("fixed", {"stride": 8, "c": 2}, lambda n: 8 + 2 * n // 8),
+    ("local-1d", {"block": 8, "memory": 5}, lambda n: 8 + 5),
+    ("local-2d", {"image_size": (16, 12), "block": (4, 4), "memory": (2, 3, 3)}, lambda n: (2 + 4 + 1) * 12),
+])
+def test_state_keeps_only_what_the_pattern_can_reach(name, kw, bound):
+    """Token by token: the state stays within the pattern's reach (not the sequence length), and the
+    keys it dropped are never needed (the outputs still match the parallel call)."""
+    N = 192
+    kernel = qkv.build_attention(name, causal=True, **kw)
+    q, k, v = heads(1, 1, N, N)
+    full = kernel(q, k, v).output
+    state, outs = None, []
+    for t in range(N):
+        o = kernel(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], state=state, return_state=True)
+        state = o.state
+        outs.append(o.output)
+        assert kernel._state_length(state) <= bound(t + 1), (t, kernel._state_length(state))
+    torch.testing.assert_close(torch.cat(outs, 2), full, atol=1e-5, rtol=1e-5)
+
+
+def test_state_of_another_kernel_is_refused():
+    q, k, v = heads(1, 1, 4, 4)
+    kv_state = qkv.build_attention("strided", stride=2, causal=True)(q, k, v, return_state=True).state
+    with pytest.raises(TypeError, match="FixedState"):
+        qkv.build_attention("fixed", stride=2, c=1, causal=True)(q, k, v, state=kv_state)
+    with pytest.raises(TypeError, match="KVCache"):
+        fixed_state = qkv.build_attention("fixed", stride=2, c=1, causal=True)(q, k, v, return_state=True).state
+        qkv.build_attention("local-1d", block=2, memory=1)(q, k, v, state=fixed_state)
+
+
+# ----------------------------------------------------------------------------- connectivity (Child et al. 2019, §4.2)
+
+
+def _reach(steps, n):
+    """Boolean reachability of a stack of layers with patterns ``steps`` (first layer first): entry
+    (i, j) is True when output i of the last layer depends on input j."""
+    r = torch.eye(n)
+    for allowed in steps:
+        r = ((allowed.float() @ r) > 0).float()
+    return r > 0
+
+
+@pytest.mark.parametrize("mod", [masks.strided(5), masks.strided(7), masks.fixed(5, 1), masks.fixed(6, 2)])
+def test_factorised_patterns_connect_every_pair_within_p_plus_one_hops(mod):
+    """p = 2 (A1, A2): every position reaches every earlier one within p + 1 = 3 hops of the union
+    pattern; in fact within 2 — and not within 1 (the pattern is sparse)."""
+    n = 60
+    allowed = masks.materialize(mod, n, n) | torch.eye(n, dtype=torch.bool)
+    earlier = torch.ones(n, n, dtype=torch.bool).tril()
+    assert (_reach([allowed] * 3, n) >= earlier).all()
+    assert (_reach([allowed] * 2, n) >= earlier).all()
+    assert not (allowed >= earlier).all()
+
+
+def test_strided_interleaved_over_two_layers_reaches_everything():
+    """Layer 1 attends with A1 (subsets=(1,)), layer 2 with A2 ((2,)): every output depends on every
+    earlier input — checked through the kernels themselves (Jacobian), not only the masks."""
+    n, l = 30, 5
+    first = qkv.build_attention("strided", stride=l, subsets=(1,), causal=True)
+    second = qkv.build_attention("strided", stride=l, subsets=(2,), causal=True)
+    x = torch.randn(1, 1, n, 3, dtype=torch.float64)
+
+    def two_layers(x):
+        h = first(x, x, x).output
+        return second(h, h, h).output
+
+    jac = torch.autograd.functional.jacobian(two_layers, x)[0, 0, :, :, 0, 0, :, :]  # (n, 3, n, 3)
+    depends = jac.abs().sum((1, 3)) > 0  # (n, n)
+    assert torch.equal(depends, torch.ones(n, n, dtype=torch.bool).tril())
+    one = qkv.build_attention("strided", stride=l, subsets=(2,), causal=True)
+    jac1 = torch.autograd.functional.jacobian(lambda x: one(x, x, x).output, x)[0, 0, :, :, 0, 0, :, :]
+    assert not torch.equal(jac1.abs().sum((1, 3)) > 0, torch.ones(n, n, dtype=torch.bool).tril())
 
 
 def test_half_precision_union():

@@ -40,7 +40,7 @@ the keys, handled by padding into one self-attention frame).
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -49,11 +49,13 @@ from torch import Tensor
 from .. import _checks, masks
 from ..functional import masked_softmax
 from ..registry import register
-from ..types import AttentionOutput
+from ..types import AttentionOutput, KVCache
 from .base import AttentionKernel
+from .softmax import append_cache
 from .window import unfold_band
 
-__all__ = ["Local1DAttention", "Local2DAttention", "to_frame", "from_frame", "shift_queries"]
+__all__ = ["Local1DAttention", "Local2DAttention", "to_frame", "from_frame", "shift_queries", "gathered_attend",
+           "check_cache"]
 
 
 # ----------------------------------------------------------------------------- blocked helpers
@@ -120,32 +122,60 @@ def _blocked_attend(qb: Tensor, kb: Tensor, vb: Tensor, allowed: Tensor, dropout
     return dropped @ vb, weights
 
 
+def gathered_attend(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, ok: Tensor, valid: Tensor, dropout_p: float,
+                    need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """Every query its own list of keys — the incremental-decoding path of the sparse kernels.
+
+    ``q (B, H, M, E)``, ``k (B, H, N, E)``, ``v (B, H, N, Ev)``; ``idx (M, W)`` key indices
+    (anything where ``ok`` is False), ``ok (M, W)`` bool; ``valid (B|1, H|1, N)`` key validity.
+    A key must appear at most once in a row among the ``ok`` entries. Cost O(M W E): the pattern's
+    size, not the sequence length. Returns ``(out (B, H, M, Ev), weights (B, H, M, N) or None)``.
+    """
+    B, H, M, _ = q.shape
+    N = k.shape[-2]
+    idx = idx.clamp(0, max(N - 1, 0))
+    allowed = ok & valid[:, :, idx]  # (B|1, H|1, M, W)
+    out, w = _blocked_attend(q.unsqueeze(-2), k[:, :, idx], v[:, :, idx], allowed.unsqueeze(-2),
+                             dropout_p, need_weights)  # (B, H, M, 1, Ev), (B, H, M, 1, W)
+    out = out.squeeze(-2)
+    if not need_weights:
+        return out, None
+    w = w.squeeze(-2)  # (B, H, M, W)
+    return out, w.new_zeros(B, H, M, N).scatter_add_(-1, idx.expand(B, H, M, idx.shape[-1]), w)
+
+
+def check_cache(name: str, state) -> None:
+    """A state passed to ``name`` must be the ``KVCache`` it returned."""
+    if not isinstance(state, KVCache):
+        raise TypeError(f"state must be the KVCache attention {name!r} returned, got {type(state).__name__}")
+
+
 # ----------------------------------------------------------------------------- 1D
 
 
 @register("attention", "local-1d", "local1d", "image-local-1d")
 class Local1DAttention(AttentionKernel):
-    """Image Transformer 1D local attention (Parmar et al. 2018): query blocks see themselves causally plus `memory` earlier positions.
+    """Image Transformer 1D local attention (Parmar et al. 2018): query blocks see their block plus `memory` earlier positions; incremental decoding.
 
-    ``A_i = {j : floor(i / block) * block - memory <= j <= i}`` (``qkv.masks.local_1d``), exact
-    softmax over ``A_i``.
+    Causal (generation): ``A_i = {j : floor(i / b) b - m <= j <= i}``; bidirectional
+    (``causal=False``): the whole block, ``floor(i / b) b - m <= j < floor(i / b) b + b``
+    (``qkv.masks.local_1d``); exact softmax over ``A_i``.
 
     Args:
-        block: query block length ``l_q > 0``.
-        memory: ``l_m >= 0`` positions before each block added to its keys.
-        causal: accepted for interface compatibility; the pattern is causal by definition and
-            ``kernel.causal`` is always True.
+        block: query block length ``l_q = b > 0``.
+        memory: ``l_m = m >= 0`` positions before each block added to its keys.
+        causal: generation order (the paper's decoder) or the unmasked neighbourhood.
     Shapes: ``q (B, H, M, E)``, ``k (B, H, N, E)``, ``v (B, H, N, Ev)`` -> ``(B, H, M, Ev)``;
-    queries aligned to the end of the keys. Cost: O(N (block + memory) E) time, O(N (block + memory))
-    memory.
+    queries aligned to the end of the keys. Cost: O(N (b + m) E) time and O(N (b + m)) memory.
+    Incremental decoding (causal) keeps a ``KVCache`` of the last ``(t mod b) + m`` positions —
+    what the next queries can still reach — so a token costs O((b + m) E), whatever its position.
     """
 
     supports_mask = "key_padding"
-    supports_state = False
+    supports_state = True
 
-    def __init__(self, *, block: int, memory: int, causal: bool = False, dropout: float = 0.0) -> None:
+    def __init__(self, *, block: int, memory: int, causal: bool = True, dropout: float = 0.0) -> None:
         super().__init__(causal=causal, dropout=dropout)
-        self.causal = True  # the Image Transformer's local attention is causal by definition
         self.block = _checks.positive_int("block", block)
         self.memory = _checks.positive_int("memory", memory, allow_zero=True)
 
@@ -153,14 +183,34 @@ class Local1DAttention(AttentionKernel):
         return f"block={self.block}, memory={self.memory}, {super().extra_repr()}"
 
     def pattern(self, n_queries: int, n_keys: int):
-        return shift_queries(masks.local_1d(self.block, self.memory), n_keys - n_queries)
+        return shift_queries(masks.local_1d(self.block, self.memory, causal=self.causal), n_keys - n_queries)
+
+    def _state_length(self, state) -> int:
+        return state.length if isinstance(state, KVCache) else 0
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         B, H, M, E = q.shape
+        b, m = self.block, self.memory
+        cache = None
+        if state is not None or return_state:
+            if state is not None:
+                check_cache(self.registry_name, state)
+            total = (state.offset + state.length if state is not None else 0) + k.shape[-2]  # positions seen
+            first = state.offset if state is not None else 0  # position of k_all[0]
+            # the next query (position total) reaches back to its block's start minus the memory
+            k, v, cache = append_cache(state, k, v, keep=total % b + m)
         N = k.shape[-2]
         if M == 0 or N == 0:
-            return _empty(q, v, N, need_weights)
-        b, m = self.block, self.memory
+            return _empty(q, v, N, need_weights)._replace(state=cache)
+        dropout_p = self.dropout if self.training else 0.0
+        if state is not None:
+            # Decoding: query i at position p = total - M + i sees positions floor(p / b) b - m .. p.
+            p = torch.arange(total - M, total, device=q.device).view(M, 1)
+            pos = torch.div(p, b, rounding_mode="floor") * b - m + torch.arange(b + m, device=q.device)  # (M, b + m)
+            ok = (pos >= first) & (pos <= p)
+            valid = mask[:, :, 0, :] if mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=q.device)
+            out, weights = gathered_attend(q, k, v, pos - first, ok, valid, dropout_p, need_weights)
+            return AttentionOutput(out, weights, cache)
         q, k, v, valid, shift = to_frame(q, k, v, mask, period=b)
         L = k.shape[-2]
         nb = -(-L // b)  # query blocks
@@ -172,11 +222,11 @@ class Local1DAttention(AttentionKernel):
         # Query qi of block t is at t b + qi, key column kj at t b - m + kj: causal is kj <= qi + m.
         qi = torch.arange(b, device=q.device).view(b, 1)
         kj = torch.arange(Wk, device=q.device).view(1, Wk)
-        band = kj <= qi + m  # (b, Wk), shared by all blocks
+        # (b, Wk), shared by all blocks; the bidirectional form sees its whole block
+        band = kj <= qi + m if self.causal else torch.ones(b, Wk, dtype=torch.bool, device=q.device)
         key_ok = unfold_band(valid.unsqueeze(-1), -m, b, Wk, nb).squeeze(-1)  # (B|1, H|1, nb, Wk)
         allowed = band & key_ok.unsqueeze(-2)  # (B|1, H|1, nb, b, Wk)
 
-        dropout_p = self.dropout if self.training else 0.0
         out, weights = _blocked_attend(q_blocks, k_blocks, v_blocks, allowed, dropout_p, need_weights)
         out = out.reshape(B, H, nb * b, -1)[:, :, :L]  # (B, H, L, Ev)
         dense = None
@@ -187,7 +237,7 @@ class Local1DAttention(AttentionKernel):
             dense.scatter_add_(-1, cols.expand(B, H, nb, b, Wk), weights)  # clamped columns carry weight 0
             dense = dense.view(B, H, nb * b, L)[:, :, :L]
         out, dense = from_frame(out, dense, M, shift)
-        return AttentionOutput(out, dense, None)
+        return AttentionOutput(out, dense, cache)
 
 
 # ----------------------------------------------------------------------------- 2D
@@ -202,34 +252,48 @@ def _int_tuple(name: str, value, n: int, what: str) -> Tuple[int, ...]:
     return tuple(int(_checks.positive_int(f"{name}[{i}]", x, allow_zero=True)) for i, x in enumerate(value))
 
 
+class _Blocks2D(NamedTuple):
+    """Index tables of a ``local-2d`` kernel, in block-raster sequence positions (``P = H W`` is a
+    dummy slot outside the image)."""
+
+    q_idx: Tensor  # (n_blk, Q) query positions of each block
+    k_idx: Tensor  # (n_blk, K) memory positions of each block
+    allowed: Tensor  # (n_blk, Q, K) the pattern inside each block's frame
+    slot: Tensor  # (P,) where each position's query sits in the flattened (n_blk * Q) blocks
+    block_of: Tensor  # (P,) the block of each position
+    first_needed: Tensor  # (P + 1,) the earliest position any query at or after t can reach
+
+
 @register("attention", "local-2d", "local2d", "image-local-2d")
 class Local2DAttention(AttentionKernel):
-    """Image Transformer 2D local attention (Parmar et al. 2018): rectangular query blocks see a memory rectangle extended up, left and right, causally in raster order.
+    """Image Transformer 2D local attention (Parmar et al. 2018): rectangular query blocks see a memory rectangle extended up, left and right, in block-raster order; incremental decoding.
 
-    A query at pixel ``(r, c)`` of block ``(r0, c0)`` sees the keys ``(r', c')`` with
-    ``r0 - top <= r' < r0 + bh``, ``c0 - left <= c' < c0 + bw + right`` and raster index
-    ``r' W + c' <= r W + c`` (``qkv.masks.local_2d``), exact softmax over them.
+    The sequence is the image scanned in the paper's generation order, **block-raster**
+    (``qkv.masks.block_raster_order``: query blocks in raster order, raster order inside a block).
+    A query at pixel ``(r, c)`` of the block with origin ``(r0, c0)`` sees the pixels ``(r', c')`` with
+    ``r0 - top <= r' < r0 + bh`` and ``c0 - left <= c' < c0 + bw + right``; causal (generation)
+    keeps those generated before it in block-raster order (``qkv.masks.local_2d``); exact softmax.
 
     Args:
-        image_size: ``(H, W)``; the key sequence is the raster scan of the image, length ``H * W``
-            (a shorter sequence is the first pixels of the scan: causal, so the outputs agree).
-            Longer sequences raise ValueError.
+        image_size: ``(H, W)``; the key sequence is the block-raster scan of the image, length
+            ``<= H * W`` (a shorter sequence is the first pixels of the scan). Longer: ValueError.
         block: ``(bh, bw)`` query rectangle (one int for a square), clipped at the image border.
         memory: ``(top, left, right)`` margins of the memory rectangle (one int for all three).
-        causal: accepted for interface compatibility; the pattern is causal by definition and
-            ``kernel.causal`` is always True.
+        causal: generation order (the paper's decoder) or the unmasked rectangle.
     Shapes: ``q (B, H, M, E)``, ``k (B, H, N, E)``, ``v (B, H, N, Ev)`` with ``M <= N <= H * W``
     (queries aligned to the end of the keys) -> ``(B, H, M, Ev)``. Cost: O(N (top + bh)(left + bw + right) E).
+    Incremental decoding (causal) keeps a ``KVCache`` from the earliest position a later query can
+    reach (about ``(top + bh) W`` pixels: a band of rows, not the image); a token costs
+    O((top + bh)(left + bw + right) E).
     """
 
     supports_mask = "key_padding"
-    supports_state = False
+    supports_state = True
 
     def __init__(self, *, image_size: Tuple[int, int], block: Union[int, Tuple[int, int]] = (8, 8),
-                 memory: Union[int, Tuple[int, int, int]] = (0, 0, 0), causal: bool = False,
+                 memory: Union[int, Tuple[int, int, int]] = (0, 0, 0), causal: bool = True,
                  dropout: float = 0.0) -> None:
         super().__init__(causal=causal, dropout=dropout)
-        self.causal = True  # the Image Transformer's local attention is causal by definition
         if not isinstance(image_size, (tuple, list)) or len(image_size) != 2:
             raise ValueError(f"image_size must be a pair (H, W), got {image_size!r}")
         self.image_size = (_checks.positive_int("image_size[0]", image_size[0]),
@@ -238,79 +302,105 @@ class Local2DAttention(AttentionKernel):
         if min(self.block) == 0:
             raise ValueError(f"block must be positive, got {self.block!r}")
         self.memory = _int_tuple("memory", memory, 3, "a triple (top, left, right)")
-        self._index_cache: Dict[torch.device, Tuple[Tensor, ...]] = {}
+        self._index_cache: Dict[torch.device, _Blocks2D] = {}
 
     def extra_repr(self) -> str:
         return f"image_size={self.image_size}, block={self.block}, memory={self.memory}, {super().extra_repr()}"
 
+    def order(self) -> Tensor:
+        """``(H * W,)``: the raster index of each sequence position (``qkv.masks.block_raster_order``)."""
+        return masks.block_raster_order(self.image_size, self.block)
+
     def pattern(self, n_queries: int, n_keys: int):
-        return shift_queries(masks.local_2d(self.image_size, self.block, self.memory), n_keys - n_queries)
+        return shift_queries(masks.local_2d(self.image_size, self.block, self.memory, causal=self.causal),
+                             n_keys - n_queries)
 
-    def _indices(self, device: torch.device) -> Tuple[Tensor, ...]:
-        """Index tensors of the blocks (built once per device; the image size is fixed).
+    def _state_length(self, state) -> int:
+        return state.length if isinstance(state, KVCache) else 0
 
-        Returns ``q_idx (n_blk, Q)`` and ``k_idx (n_blk, K)`` raster positions of each block's
-        query and memory pixels (``N`` = a dummy slot outside the image), the shared causal mask
-        ``(Q, K)`` and ``slot (N,)``: where each pixel's query sits in the flattened blocks.
-        (``N = H * W`` here.)
-        """
+    def _indices(self, device: torch.device) -> _Blocks2D:
+        """The blocks' index tables (built once per device; the image size is fixed)."""
         if device in self._index_cache:
             return self._index_cache[device]
         (Hi, Wi), (bh, bw), (top, left, right) = self.image_size, self.block, self.memory
-        N = Hi * Wi
+        P = Hi * Wi
         ar = lambda n: torch.arange(n, device=device)  # noqa: E731
+        seq_of = torch.empty(P + 1, dtype=torch.long, device=device)  # raster index (P: outside) -> position
+        seq_of[self.order().to(device)] = ar(P)
+        seq_of[P] = P
         nR, nC = -(-Hi // bh), -(-Wi // bw)
         R, C = (ar(nR) * bh).view(nR, 1, 1, 1), (ar(nC) * bw).view(1, nC, 1, 1)  # block origins
         # Query pixels: block origin + (dr, dc), dr < bh, dc < bw.
-        dr, dc = ar(bh).view(1, 1, bh, 1), ar(bw).view(1, 1, 1, bw)
-        qr, qc = R + dr, C + dc  # (nR, nC, bh, bw)
+        qr, qc = R + ar(bh).view(1, 1, bh, 1), C + ar(bw).view(1, 1, 1, bw)  # (nR, nC, bh, bw)
         q_in = (qr < Hi) & (qc < Wi)
-        q_idx = torch.where(q_in, qr * Wi + qc, N).reshape(nR * nC, bh * bw)  # (n_blk, Q)
+        q_idx = seq_of[torch.where(q_in, qr * Wi + qc, P)].reshape(nR * nC, bh * bw)  # (n_blk, Q)
         # Memory pixels: block origin + (kdr, kdc), -top <= kdr < bh, -left <= kdc < bw + right.
-        kdr, kdc = (ar(top + bh) - top).view(1, 1, -1, 1), (ar(left + bw + right) - left).view(1, 1, 1, -1)
-        kr, kc = R + kdr, C + kdc  # (nR, nC, top + bh, left + bw + right)
+        kr = R + (ar(top + bh) - top).view(1, 1, -1, 1)
+        kc = C + (ar(left + bw + right) - left).view(1, 1, 1, -1)  # (nR, nC, top + bh, left + bw + right)
         k_in = (kr >= 0) & (kr < Hi) & (kc >= 0) & (kc < Wi)
-        k_idx = torch.where(k_in, kr * Wi + kc, N).reshape(nR * nC, -1)  # (n_blk, K)
-        # Raster order inside one block's frame: key (kdr, kdc) precedes query (dr, dc) when it is
-        # on an earlier row, or on the same row and not to the right (columns lie in [0, W)).
-        qdr, qdc = dr.reshape(-1, 1).expand(bh, bw).reshape(-1, 1), dc.reshape(1, -1).expand(bh, bw).reshape(-1, 1)
-        kr_rel = kdr.reshape(-1, 1).expand(top + bh, left + bw + right).reshape(1, -1)
-        kc_rel = kdc.reshape(1, -1).expand(top + bh, left + bw + right).reshape(1, -1)
-        causal = (kr_rel < qdr) | ((kr_rel == qdr) & (kc_rel <= qdc))  # (Q, K)
-        slot = torch.empty(N, dtype=torch.long, device=device)
-        flat_in = q_in.reshape(-1)
-        slot[q_idx.reshape(-1)[flat_in]] = ar(flat_in.numel())[flat_in]  # (N,)
-        self._index_cache[device] = (q_idx, k_idx, causal, slot)
+        k_idx = seq_of[torch.where(k_in, kr * Wi + kc, P)].reshape(nR * nC, -1)  # (n_blk, K)
+        allowed = (k_idx < P).unsqueeze(1) & (q_idx < P).unsqueeze(2)  # (n_blk, Q, K)
+        if self.causal:
+            allowed = allowed & (k_idx.unsqueeze(1) <= q_idx.unsqueeze(2))  # generated before, block-raster
+        flat = q_idx.reshape(-1)
+        inside = flat < P
+        slot = torch.empty(P, dtype=torch.long, device=device)
+        slot[flat[inside]] = ar(flat.numel())[inside]  # (P,)
+        block_of = torch.empty(P, dtype=torch.long, device=device)
+        block_of[flat[inside]] = torch.div(ar(flat.numel()), bh * bw, rounding_mode="floor")[inside]
+        # Blocks occupy consecutive positions, in block order: what block b's queries can reach
+        # starts at lo[b]; a query at or after t belongs to block_of[t] or a later one.
+        lo = torch.where(k_idx < P, k_idx, P).amin(-1)  # (n_blk,)
+        suffix = lo.flip(0).cummin(0).values.flip(0)  # (n_blk,) min over blocks >= b
+        first_needed = torch.cat([suffix[block_of], torch.tensor([P], device=device)])  # (P + 1,)
+        self._index_cache[device] = _Blocks2D(q_idx, k_idx, allowed, slot, block_of, first_needed)
         return self._index_cache[device]
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         B, H, M, E = q.shape
-        N = k.shape[-2]
         Hi, Wi = self.image_size
         P = Hi * Wi  # pixels
-        if N > P:
-            raise ValueError(f"local-2d attends over a raster-scanned image of H * W = {Hi} * {Wi} = {P} pixels "
-                             f"(image_size={self.image_size}): got {N} keys; the sequence length must be <= {P}")
-        if M > N:
-            raise ValueError(f"local-2d: more queries ({M}) than keys ({N}); queries are pixels of the scanned keys")
-        q_idx, k_idx, causal, slot = self._indices(q.device)
-        n_blk, Q = q_idx.shape
-        K = k_idx.shape[1]
-        # Pixels N .. P-1 (not scanned yet) and the dummy slot P are padding, never keys.
+        first = state.offset if isinstance(state, KVCache) else 0  # position of the first key
+        n_seen = first + self._state_length(state) + k.shape[-2]
+        if n_seen > P:
+            raise ValueError(f"local-2d attends over an image of H * W = {Hi} * {Wi} = {P} pixels "
+                             f"(image_size={self.image_size}): got {n_seen} keys; the sequence length must be <= {P}")
+        if M > k.shape[-2]:
+            raise ValueError(f"local-2d: more queries ({M}) than keys ({k.shape[-2]}); queries are pixels of the scanned keys")
+        t = self._indices(q.device)
+        cache = None
+        if state is not None or return_state:
+            if state is not None:
+                check_cache(self.registry_name, state)
+            k, v, cache = append_cache(state, k, v, keep=n_seen - int(t.first_needed[n_seen]))
+        N = k.shape[-2]
+        if M == 0 or N == 0:
+            return _empty(q, v, N, need_weights)._replace(state=cache)
+        dropout_p = self.dropout if self.training else 0.0
+        valid = mask[:, :, 0, :] if mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=k.device)
+        if state is not None:
+            # Decoding: query i at position p = n_seen - M + i sees its block's memory rectangle.
+            p = torch.arange(n_seen - M, n_seen, device=q.device)  # (M,)
+            blk = t.block_of[p]
+            pos = t.k_idx[blk]  # (M, K)
+            ok = (pos < P) & (pos >= first) & (pos <= p.view(M, 1))
+            out, weights = gathered_attend(q, k, v, pos - first, ok, valid, dropout_p, need_weights)
+            return AttentionOutput(out, weights, cache)
+        n_blk, Q = t.q_idx.shape
+        K = t.k_idx.shape[1]
+        # Positions N .. P-1 (not scanned yet) and the dummy slot P are padding, never keys.
         q = F.pad(q, (0, 0, N - M, P - N + 1))  # (B, H, P + 1, E): queries aligned to the end of the keys
         k, v = F.pad(k, (0, 0, 0, P - N + 1)), F.pad(v, (0, 0, 0, P - N + 1))  # (B, H, P + 1, E)
-        valid = mask[:, :, 0, :] if mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=k.device)
         valid = F.pad(valid, (0, P - N + 1), value=False)  # (B|1, H|1, P + 1)
-        q_blocks, k_blocks, v_blocks = q[:, :, q_idx], k[:, :, k_idx], v[:, :, k_idx]  # (B, H, n_blk, Q|K, E)
-        allowed = causal & valid[:, :, k_idx].unsqueeze(-2)  # (B|1, H|1, n_blk, Q, K)
+        q_blocks, k_blocks, v_blocks = q[:, :, t.q_idx], k[:, :, t.k_idx], v[:, :, t.k_idx]  # (B, H, n_blk, Q|K, E)
+        allowed = t.allowed & valid[:, :, t.k_idx].unsqueeze(-2)  # (B|1, H|1, n_blk, Q, K)
 
-        dropout_p = self.dropout if self.training else 0.0
         out, weights = _blocked_attend(q_blocks, k_blocks, v_blocks, allowed, dropout_p, need_weights)
-        out = out.reshape(B, H, n_blk * Q, -1)[:, :, slot[N - M:N]]  # (B, H, M, Ev)
+        out = out.reshape(B, H, n_blk * Q, -1)[:, :, t.slot[N - M:N]]  # (B, H, M, Ev)
         dense = None
         if need_weights:
             # Scatter the blocks back into (B, H, M, N) for inspection and plots (O(N^2): on request only).
             dense = weights.new_zeros(B, H, n_blk, Q, P + 1)
-            dense.scatter_add_(-1, k_idx.view(n_blk, 1, K).expand(B, H, n_blk, Q, K), weights)
-            dense = dense.view(B, H, n_blk * Q, P + 1)[:, :, slot[N - M:N], :N]
-        return AttentionOutput(out, dense, None)
+            dense.scatter_add_(-1, t.k_idx.view(n_blk, 1, K).expand(B, H, n_blk, Q, K), weights)
+            dense = dense.view(B, H, n_blk * Q, P + 1)[:, :, t.slot[N - M:N], :N]
+        return AttentionOutput(out, dense, cache)

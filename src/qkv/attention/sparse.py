@@ -23,15 +23,21 @@ counts once. Cost per query: strided ``3l + n/l`` keys (causal ``2l + n/l``), fi
 ``l + c n / l``: O(n (l + n / l) d) = O(n sqrt(n) d) time and O(n sqrt(n)) memory for
 ``l ~ sqrt(n)`` (fixed: ``c`` times more for the summary part).
 
+Incremental decoding (causal) keeps only what later queries can still reach — strided: every key
+when A2 is used (each residue class stays reachable; ``KVCache``), the last ``l`` otherwise; fixed:
+the ``c`` summaries of every finished block plus the current block (``FixedState``) — and gathers a
+new query's ``|A_i|`` keys from it (``local.gathered_attend``): a token costs O((l + n / l) E)
+(fixed: O((l + c n / l) E)), not O(n E).
+
 Deviations: one head computes the chosen union (interleaving A1/A2 over layers, or splitting them
-across heads, is done by building kernels with ``subsets=(1,)`` and ``(2,)``); no incremental
-decoding (``supports_state = False``); the paper's fused block-sparse GPU kernels are replaced by
-dense batched matrix products over the gathered blocks.
+across heads, is done by building kernels with ``subsets=(1,)`` and ``(2,)``); the paper's fused
+block-sparse GPU kernels are replaced by dense batched matrix products over the gathered blocks.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence, Tuple
 
 import torch
@@ -40,12 +46,13 @@ from torch import Tensor
 
 from .. import _checks, masks
 from ..registry import register
-from ..types import AttentionOutput
+from ..types import AttentionOutput, KVCache
 from .base import AttentionKernel
-from .local import _empty, from_frame, shift_queries, to_frame
+from .local import _empty, check_cache, from_frame, gathered_attend, shift_queries, to_frame
+from .softmax import append_cache
 from .window import unfold_band
 
-__all__ = ["StridedAttention", "FixedAttention"]
+__all__ = ["StridedAttention", "FixedAttention", "FixedState"]
 
 
 def _check_subsets(subsets: Sequence[int]) -> Tuple[int, ...]:
@@ -91,26 +98,59 @@ def _softmax_over_parts(parts: list, dropout_p: float, need_weights: bool):
     return dropped.split(widths, dim=-1), (weights.split(widths, dim=-1) if need_weights else None), row_ok
 
 
+@dataclass(frozen=True)
+class FixedState:
+    """Incremental-decoding state of ``fixed`` attention: what later queries can still reach.
+
+    ``key``/``value`` ``(B, H, S, E)``: the ``c`` summary keys of each of the ``position // l``
+    finished blocks (in block order; none without A2), then the keys of the current block
+    (positions ``(position // l) l .. position - 1``). ``position``: positions seen so far.
+    """
+
+    key: Tensor
+    value: Tensor
+    position: int
+
+    @property
+    def length(self) -> int:
+        """Number of cached keys (masks given with this state cover them, then the new keys)."""
+        return self.key.shape[-2]
+
+
 class _Factorized(AttentionKernel):
     """Shared frame handling of the two Sparse Transformer patterns."""
 
     supports_mask = "key_padding"
-    supports_state = False
+    supports_state = True
 
     def __init__(self, *, stride: int, subsets: Sequence[int], causal: bool, dropout: float) -> None:
         super().__init__(causal=causal, dropout=dropout)
         self.stride = _checks.positive_int("stride", stride)
         self.subsets = _check_subsets(subsets)
 
+    def _state_length(self, state) -> int:
+        return getattr(state, "length", 0)
+
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
-        M, N = q.shape[-2], k.shape[-2]
-        if M == 0 or N == 0:
-            return _empty(q, v, N, need_weights)
-        q, k, v, valid, shift = to_frame(q, k, v, mask, period=self.stride)
         dropout_p = self.dropout if self.training else 0.0
+        if state is not None:
+            return self._decode(q, k, v, mask, state, dropout_p, need_weights)
+        M, N = q.shape[-2], k.shape[-2]
+        new_state = self._initial_state(k, v) if return_state else None
+        if M == 0 or N == 0:
+            return _empty(q, v, N, need_weights)._replace(state=new_state)
+        q, k, v, valid, shift = to_frame(q, k, v, mask, period=self.stride)
         out, weights = self._frame_attend(q, k, v, valid, dropout_p, need_weights)
         out, weights = from_frame(out, weights, M, shift)
-        return AttentionOutput(out, weights, None)
+        return AttentionOutput(out, weights, new_state)
+
+    def _decode(self, q, k, v, mask, state, dropout_p, need_weights) -> AttentionOutput:
+        """Continue a sequence from ``state``: each new query gathers its pattern from the state."""
+        raise NotImplementedError  # abstract: each pattern implements it
+
+    def _initial_state(self, k, v):
+        """The state after the keys ``k``, ``v`` of a sequence's start."""
+        raise NotImplementedError  # abstract: each pattern implements it
 
     def _frame_attend(self, q, k, v, valid, dropout_p, need_weights):
         raise NotImplementedError  # abstract: each pattern implements it
@@ -140,6 +180,33 @@ class StridedAttention(_Factorized):
 
     def pattern(self, n_queries: int, n_keys: int):
         return shift_queries(masks.strided(self.stride, self.subsets, causal=self.causal), n_keys - n_queries)
+
+    def _keep(self):
+        # A2 reaches every earlier position of the query's residue class: all keys stay reachable.
+        return None if 2 in self.subsets else self.stride
+
+    def _initial_state(self, k, v):
+        return append_cache(None, k, v, keep=self._keep())[2]
+
+    def _decode(self, q, k, v, mask, state, dropout_p, need_weights):
+        check_cache(self.registry_name, state)
+        first = state.offset  # position of the first cached key
+        k, v, cache = append_cache(state, k, v, keep=self._keep())
+        M, N = q.shape[-2], k.shape[-2]
+        if M == 0:
+            return _empty(q, v, N, need_weights)._replace(state=cache)
+        l, dev, total = self.stride, q.device, first + N
+        p = torch.arange(total - M, total, device=dev).view(M, 1)  # query positions
+        parts = []
+        if 1 in self.subsets:
+            parts.append(p - l + torch.arange(l + 1, device=dev))  # A1: i - l .. i
+        if 2 in self.subsets:
+            near = 2 if 1 in self.subsets else 0  # i - j in {0, l} lies in the band: counted there
+            parts.append(p - l * torch.arange(near, max(near, total // l + 1), device=dev))  # A2: i - m l
+        pos = torch.cat(parts, dim=1)  # (M, |A|)
+        valid = mask[:, :, 0, :] if mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=dev)
+        out, weights = gathered_attend(q, k, v, pos - first, pos >= first, valid, dropout_p, need_weights)
+        return AttentionOutput(out, weights, cache)
 
     def _frame_attend(self, q, k, v, valid, dropout_p, need_weights):
         B, H, L, E = q.shape
@@ -222,6 +289,54 @@ class FixedAttention(_Factorized):
 
     def pattern(self, n_queries: int, n_keys: int):
         return shift_queries(masks.fixed(self.stride, self.c, self.subsets, causal=self.causal), n_keys - n_queries)
+
+    def _compact(self, k, v, n_summaries: int, start: int, total: int) -> FixedState:
+        """``FixedState`` from keys laid out as [``n_summaries`` summary keys | positions ``start .. total - 1``]."""
+        l, c = self.stride, self.c
+        done = total // l - start // l  # blocks finished among the contiguous positions
+        keep = [torch.arange(n_summaries, device=k.device)]
+        if 2 in self.subsets:  # their summaries: the last c positions of each
+            rows = (torch.arange(done, device=k.device).view(done, 1) * l + (l - c) + torch.arange(c, device=k.device))
+            keep.append(n_summaries + rows.reshape(-1))
+        keep.append(torch.arange(n_summaries + done * l, k.shape[-2], device=k.device))  # the current block
+        keep = torch.cat(keep)
+        return FixedState(k[:, :, keep], v[:, :, keep], total)
+
+    def _initial_state(self, k, v):
+        return self._compact(k, v, 0, 0, k.shape[-2])
+
+    def _decode(self, q, k, v, mask, state, dropout_p, need_weights):
+        if not isinstance(state, FixedState):
+            raise TypeError(f"state must be the FixedState attention {self.registry_name!r} returned, "
+                            f"got {type(state).__name__}")
+        l, c, dev = self.stride, self.c, q.device
+        nb = state.position // l  # finished blocks before this call
+        n_sum = nb * c if 2 in self.subsets else 0  # their summaries come first in the state
+        k = torch.cat([state.key, k], dim=-2)  # (B, H, n_sum + total - nb l, E)
+        v = torch.cat([state.value, v], dim=-2)
+        total = state.position + k.shape[-2] - state.length
+        M, N = q.shape[-2], k.shape[-2]
+        new_state = self._compact(k, v, n_sum, nb * l, total)
+        if M == 0:
+            return _empty(q, v, N, need_weights)._replace(state=new_state)
+        p = torch.arange(total - M, total, device=dev).view(M, 1)  # query positions
+        bp = torch.div(p, l, rounding_mode="floor")  # their blocks
+        slot, ok = [], []
+        if 1 in self.subsets:  # A1: the own block, j <= i
+            pos1 = bp * l + torch.arange(l, device=dev)  # (M, l)
+            slot.append(n_sum + pos1 - nb * l)
+            ok.append(pos1 <= p)
+        if 2 in self.subsets:  # A2: the summaries of every block, j <= i (the own block's once, in A1)
+            blocks = torch.arange(-(-total // l), device=dev).view(-1, 1)
+            pos2 = (blocks * l + (l - c) + torch.arange(c, device=dev)).view(1, -1)  # (1, blocks c)
+            b2 = torch.div(pos2, l, rounding_mode="floor")
+            finished = b2 < nb
+            slot.append(torch.where(finished, b2 * c + (pos2 - b2 * l - (l - c)), n_sum + pos2 - nb * l).expand(M, -1))
+            keep2 = pos2 <= p
+            ok.append(keep2 & (b2 != bp) if 1 in self.subsets else keep2)
+        valid = mask[:, :, 0, :] if mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=dev)
+        out, weights = gathered_attend(q, k, v, torch.cat(slot, 1), torch.cat(ok, 1), valid, dropout_p, need_weights)
+        return AttentionOutput(out, weights, new_state)
 
     def _frame_attend(self, q, k, v, valid, dropout_p, need_weights):
         B, H, L, E = q.shape
