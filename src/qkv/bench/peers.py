@@ -270,7 +270,7 @@ def _relative(L: int, *, B: int, H: int, E: int, dtype: torch.dtype, device: tor
     mem = L // 2
     theirs = Attention(d, heads=H, dim_head=E, causal=True).to(device, dtype)
     bias = RelativePositionBias(scale=E ** -0.5, causal=True, heads=H).to(device, dtype)
-    ours = MultiHeadAttention(d, H, "relative", causal=True, n_heads=H, head_dim=E, mem_len=mem).to(device, dtype)
+    ours = MultiHeadAttention(d, H, "relative", causal=True, mem_len=mem).to(device, dtype)
     x = torch.randn(B, L, d, device=device, dtype=dtype, requires_grad=True)
     m = torch.randn(B, mem, d, device=device, dtype=dtype)
 
@@ -278,20 +278,12 @@ def _relative(L: int, *, B: int, H: int, E: int, dtype: torch.dtype, device: tor
         return theirs(x, mem=m, rel_pos=bias)
 
     def qkv_step() -> Tensor:
-        out = ours(x, state=_xl_state(ours, m), return_state=False)
-        return out.output
+        # XL's step: queries of the segment against [memory; segment] (queries aligned to the end)
+        km = torch.cat([m, x], dim=1)
+        return ours(x, km, km).output
 
     return Case(qkv=qkv_step, peer=peer, inputs=[x], same_function=False,
                 note=f"memory {mem}; x-transformers' relative bias is T5's, not XL's: timing only")
-
-
-def _xl_state(mha: MultiHeadAttention, memory: Tensor) -> Any:
-    """The kernel state that holds ``memory (B, M, d_model)`` as Transformer-XL's segment memory."""
-    kernel = mha.kernel
-    make = getattr(kernel, "memory_state", None)
-    if make is None:
-        raise RuntimeError("the relative kernel has no memory_state(); cannot feed a memory")
-    return make(memory)
 
 
 PAIRS: Dict[str, Pair] = {p.name: p for p in [
