@@ -23,6 +23,7 @@ from .pooling.squeeze_excitation import SECNN, SECNNConfig, SqueezeExcitation
 from .memory.stacked_attention import StackedAttention, StackedAttentionConfig
 from .transformer.stack import StackConfig, TransformerStack
 from .transformer.transformer import Transformer, TransformerConfig
+from .transformer.transformer_xl import GTrXL, GTrXLConfig, TransformerXL, TransformerXLConfig, XLMemory
 
 __all__ = [
     "ModelOutput", "QKVModel", "load_pretrained", "StackConfig", "TransformerStack",
@@ -33,4 +34,5 @@ __all__ = [
     "FlatGRUConfig", "EndToEndMemoryNetwork", "MemoryNetworkConfig", "StackedAttention",
     "StackedAttentionConfig", "NeuralTuringMachine", "NTMConfig", "LSTMBaseline", "LSTMBaselineConfig",
     "SqueezeExcitation", "SECNN", "SECNNConfig", "GraphAttention", "GATConfig",
+    "TransformerXL", "TransformerXLConfig", "XLMemory", "GTrXL", "GTrXLConfig",
 ]

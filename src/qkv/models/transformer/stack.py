@@ -26,7 +26,9 @@ Hooks for the variants (each a name in a registry or one overridable method, nev
 - **state**: every block takes and returns a ``BlockState`` (its self-attention kernel's state and
   the cached cross-attention keys/values); the stack's ``StackState`` holds one per layer and the
   number of positions seen, which offsets the positional encoding. KV caches (softmax, window),
-  ``(S, Z)`` sums (linear) and segment memories (Transformer-XL) all travel this way.
+  ``(S, Z)`` sums (linear) and segment memories (Transformer-XL) all travel this way; a block
+  also reads extra earlier positions as keys/values through ``prefix`` (Transformer-XL's memory of
+  hidden states, ``models/transformer/transformer_xl.py``).
 - **depth**: ``run_layers`` is the layer loop; shared-weight depth with ACT (Universal
   Transformer) or reversible layers (Reformer) override it.
 """
@@ -270,11 +272,18 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, memory: Optional[Tensor] = None,
                 memory_mask: Optional[Tensor] = None, state: Optional[BlockState] = None,
-                need_weights: bool = False, return_state: bool = False) -> BlockOutput:
+                need_weights: bool = False, return_state: bool = False,
+                prefix: Optional[Tensor] = None) -> BlockOutput:
         """``x (B, L, d_model)``; ``mask`` for self-attention (True = may attend); ``memory (B, S, d_model)``
-        and ``memory_mask (B, S)`` for cross-attention."""
+        and ``memory_mask (B, S)`` for cross-attention. ``prefix (B, P, d_model)``: earlier inputs
+        that self-attention reads as extra keys/values before ``x`` but does not update
+        (Transformer-XL's segment memory, ``[SG(m), x]``)."""
         state = state or BlockState()
-        a = self.self_attn(self.res_self.enter(x), mask=mask, state=state.self_attn,
+        h = self.res_self.enter(x)
+        context = None
+        if prefix is not None:
+            context = torch.cat([self.res_self.enter(prefix), h], dim=1)  # (B, P + L, d_model)
+        a = self.self_attn(h, context, context, mask=mask, state=state.self_attn,
                            need_weights=need_weights, return_state=return_state)
         x = self.res_self.exit(x, a.output)
         cross_weights, cross_kv = None, state.cross_kv
