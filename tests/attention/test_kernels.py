@@ -23,6 +23,7 @@ KERNEL_KWARGS = {
     "performer": {"nb_features": 32, "chunk_size": 4, "seed": 0},
     "relative": {"mem_len": 16, "clamp_len": 12},
     "adaptive-span": {"max_span": 4, "ramp": 2, "block": 3},
+    "linformer": {"seq_len": 16, "k": 5},
 }
 # Kernels with per-head parameters take the test tensors' head shape (as MultiHeadAttention fills it in).
 HEAD_KWARGS = ("n_heads", "head_dim")
@@ -210,6 +211,21 @@ def test_bad_input_is_named(name):
     if not kernel.causal:
         with pytest.raises(ValueError, match="causal"):
             kernel(q, k, v, return_state=True)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_dropout_is_applied_or_refused(name):
+    """A kernel either applies dropout (and is deterministic in eval mode) or refuses dropout > 0 —
+    never accepts it silently (design.md: every kernel takes ``dropout``)."""
+    cls = lookup("attention", name)
+    if not cls.applies_dropout:
+        with pytest.raises(ValueError, match="dropout must be 0, got dropout=0.1"):
+            build(name, dropout=0.1)
+        assert build(name, dropout=0.0).dropout == 0.0
+        return
+    kernel = build(name, dropout=0.1).eval()
+    q, k, v = qkv_tensors(M=9, N=9)
+    torch.testing.assert_close(kernel(q, k, v).output, kernel(q, k, v).output)
 
 
 def test_unknown_names_and_kwargs():

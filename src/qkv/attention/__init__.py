@@ -19,6 +19,7 @@ from .performer import PerformerAttention
 from .efficient import EfficientAttention
 from .relative import RelativeAttention
 from .adaptive_span import AdaptiveSpanAttention
+from .linformer import LinformerAttention
 
 from .alignment import HardAttention, HardAttentionSample, LocalAttention, SoftAttention
 from .multihead import MultiHeadAttention, build_attention
@@ -30,6 +31,7 @@ __all__ = [
     "StridedAttention", "FixedAttention", "Local1DAttention", "Local2DAttention",
     "RelativeAttention",
     "AdaptiveSpanAttention",
+    "LinformerAttention",
 ]
 
 

@@ -51,6 +51,9 @@ class AttentionKernel(nn.Module):
     needs_seq_len: ClassVar[bool] = False
     #: weights are returned only when they are computed anyway or asked for.
     registry_name: ClassVar[str] = ""
+    #: applies ``dropout`` somewhere (the paper's or authors' practice); a kernel that forms no
+    #: attention-weight matrix and whose authors apply none sets False and refuses ``dropout > 0``.
+    applies_dropout: ClassVar[bool] = True
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0) -> None:
         super().__init__()
@@ -60,6 +63,10 @@ class AttentionKernel(nn.Module):
             raise ValueError(f"attention {self.registry_name!r} cannot be causal (causal=True given)")
         self.causal = causal
         self.dropout = _checks.probability("dropout", dropout)
+        if self.dropout > 0 and not self.applies_dropout:
+            raise ValueError(f"attention {self.registry_name!r} forms no attention-weight matrix and its authors apply no "
+                             f"dropout inside it, so dropout must be 0, got dropout={dropout!r}; regularise with the "
+                             f"residual dropout of the stack instead")
 
     def extra_repr(self) -> str:
         return f"causal={self.causal}, dropout={self.dropout}"
@@ -117,6 +124,11 @@ class AttentionKernel(nn.Module):
             from ..masks import causal
             return causal(offset=n_keys - n_queries)
         return None
+
+    def share_across_layers(self, first: "AttentionKernel") -> None:
+        """Hook called by ``TransformerStack`` on layers 2 .. N with the first layer's kernel: a kernel
+        whose parameters are shared across the stack (Linformer's layerwise projection) adopts
+        ``first``'s. Default: nothing is shared."""
 
     def _state_length(self, state: Any) -> int:
         """Number of cached key positions in ``state`` (masks cover cached + new keys)."""

@@ -12,7 +12,8 @@ approximation with a knob that converges to it (``docs/approximation.md`` gives 
 
 Cost: O(N d Ev) time, O(d Ev) extra memory. Not causal: the softmax over positions normalises over
 every key (``causal=True`` raises). Key padding removes keys from that softmax.
-Deviation: dropout is accepted for interface compatibility but not applied.
+Dropout must be 0: no weight matrix is formed and the authors' code applies none (``dropout > 0``
+raises rather than being silently ignored).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class EfficientAttention(AttentionKernel):
     """Efficient attention softmax_features(Q) (softmax_positions(K)^T V) (Shen et al. 2018), O(N), not causal.
 
     Args:
-        dropout: accepted, not applied (no weight matrix is formed).
+        dropout: must be 0 (no weight matrix is formed; > 0 raises).
     Shapes: ``q (B, H, M, E)``, ``k (B, H, N, E)``, ``v (B, H, N, Ev)`` -> ``(B, H, M, Ev)``;
     weights ``rho_q(Q) rho_k(K)^T (B, H, M, N)`` only when asked (O(M N)).
     Masks: key padding ``(B, N)`` only. Cost: O(N E Ev).
@@ -44,6 +45,7 @@ class EfficientAttention(AttentionKernel):
     supports_state = False
     supports_causal = False
     exact = False
+    applies_dropout = False  # the authors' code applies none: dropout > 0 raises
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         # rho_q: softmax over each query's features (float32 inside for half types)

@@ -15,8 +15,9 @@ Cost: O(N E' Ev) time and O(E' Ev) extra memory (non-causal); causal is computed
 ``C`` positions — a masked ``(C, C)`` quadratic form inside a chunk, the running ``(S, Z)`` sums
 across chunks — O(N C E' + N E' Ev) time; no ``(N, N)`` matrix is ever formed.
 
-Deviations: ``eps`` is added to the denominator (as in the authors' code); dropout is accepted for
-interface compatibility but not applied (no attention matrix exists to drop from); only key-padding
+Deviations: ``eps`` is added to the denominator (as in the authors' code); dropout must be 0 (no
+attention matrix exists to drop from, and the authors' code applies none; ``dropout > 0`` raises
+rather than being silently ignored); only key-padding
 masks are supported (a mask is a matrix, which the factorisation avoids).
 Linear attention is a *different* attention, not an approximation of softmax: no knob makes it
 converge to softmax (see ``docs/approximation.md`` for how far from softmax it lands).
@@ -229,7 +230,7 @@ class LinearAttention(AttentionKernel):
         eps: added to the denominator (> 0 keeps a row with tiny features finite).
         chunk_size: causal chunk length ``C``: a masked ``(C, C)`` product inside a chunk, running
             sums across chunks.
-        causal, dropout: as every kernel; dropout is not applied (no weight matrix is formed).
+        causal: as every kernel. dropout: must be 0 (no weight matrix is formed; > 0 raises).
     Shapes: ``q (B, H, M, E)``, ``k (B, H, N, E)``, ``v (B, H, N, Ev)`` -> ``(B, H, M, Ev)``;
     weights ``(B, H, M, N)`` only when asked (computed densely, O(M N)).
     Incremental decoding (causal): ``return_state=True`` returns ``LinearState(S, Z)``.
@@ -239,6 +240,7 @@ class LinearAttention(AttentionKernel):
     supports_mask = "key_padding"
     supports_state = True
     exact = False
+    applies_dropout = False  # the authors' code (fast-transformers) applies none: dropout > 0 raises
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0,
                  feature_map: Union[str, Callable[[Tensor], Tensor]] = "elu+1", eps: float = 1e-6,

@@ -7,7 +7,7 @@ projection around any registered kernel.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +35,8 @@ class MultiHeadAttention(nn.Module):
         causal, dropout: passed to the kernel (dropout acts on the attention weights).
         bias: biases in the four projections.
         kdim, vdim: feature sizes of ``key`` and ``value`` inputs (default ``d_model``).
+        linear: the factory ``linear(in_features, out_features, bias=)`` of the four projections
+            (``nn.Linear``; e.g. ``qkv.blocks.QuaternionLinear``).
         **kernel_kwargs: the kernel's own knobs (e.g. ``radius=``); a kernel that takes
             ``n_heads``/``d_head`` (or ``head_dim``) gets them filled in.
 
@@ -54,6 +56,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         kdim: Optional[int] = None,
         vdim: Optional[int] = None,
+        linear: Callable[..., nn.Module] = nn.Linear,
         **kernel_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -64,10 +67,10 @@ class MultiHeadAttention(nn.Module):
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         kdim = d_model if kdim is None else _checks.positive_int("kdim", kdim)
         vdim = kdim if vdim is None else _checks.positive_int("vdim", vdim)
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(kdim, d_model, bias=bias)
-        self.v_proj = nn.Linear(vdim, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.q_proj = linear(d_model, d_model, bias=bias)
+        self.k_proj = linear(kdim, d_model, bias=bias)
+        self.v_proj = linear(vdim, d_model, bias=bias)
+        self.out_proj = linear(d_model, d_model, bias=bias)
         if isinstance(attention, AttentionKernel):
             if kernel_kwargs:
                 raise TypeError(f"kernel kwargs {sorted(kernel_kwargs)} given with a built kernel instance")

@@ -21,7 +21,8 @@ per query row for queries (a factor common to a row's numerator and denominator)
 maximum over all keys (non-causal) or a running maximum carried chunk by chunk and in the state
 (causal) — a factor common to every key in ``S`` and ``Z``. Both cancel in ``D^{-1}(...)`` exactly,
 so they are detached from the graph. Deviations: no ``eps`` in ``D`` (the features are positive;
-a row with no allowed key returns zeros); dropout is accepted but not applied; ``redraw=True``
+a row with no allowed key returns zeros); dropout must be 0 (none in the
+authors' FAVOR+; ``dropout > 0`` raises); ``redraw=True``
 redraws the features on every training-mode forward that does not continue a ``state`` (the
 paper redraws periodically).
 """
@@ -94,7 +95,7 @@ class PerformerAttention(AttentionKernel):
         chunk_size: causal chunk length (see ``linear_attention``).
         d_head: the head size ``d``; given (``MultiHeadAttention`` fills it in), the features are
             drawn at construction, else at the first forward.
-        causal, dropout: as every kernel; dropout is not applied (no weight matrix is formed).
+        causal: as every kernel. dropout: must be 0 (no weight matrix is formed; > 0 raises).
     Shapes: ``q (B, H, M, d)``, ``k (B, H, N, d)``, ``v (B, H, N, Ev)`` -> ``(B, H, M, Ev)``;
     weights ``(B, H, M, N)`` only when asked (the implied ones, O(M N)).
     Incremental decoding (causal): ``return_state=True`` returns a ``LinearState``.
@@ -104,6 +105,7 @@ class PerformerAttention(AttentionKernel):
     supports_mask = "key_padding"
     supports_state = True
     exact = False
+    applies_dropout = False  # FAVOR+ in the authors' code applies none: dropout > 0 raises
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0, nb_features: int = 256,
                  orthogonal: bool = True, redraw: bool = False, seed: Optional[int] = None,

@@ -29,6 +29,10 @@ Hooks for the variants (each a name in a registry or one overridable method, nev
   ``(S, Z)`` sums (linear) and segment memories (Transformer-XL) all travel this way; a block
   also reads extra earlier positions as keys/values through ``prefix`` (Transformer-XL's memory of
   hidden states, ``models/transformer/transformer_xl.py``).
+- **linear layers**: ``config.linear`` names the factory (``qkv.blocks.LINEAR_LAYERS``) of every
+  attention projection and feed-forward layer (dense, or quaternion for the Quaternion Transformer).
+- **shared kernel parameters**: after building the blocks the stack calls
+  ``kernel.share_across_layers(first_layer_kernel)`` on layers 2 .. N (Linformer's layerwise projection).
 - **depth**: ``run_layers`` is the layer loop; shared-weight depth with ACT (Universal
   Transformer) or reversible layers (Reformer) override it.
 """
@@ -45,7 +49,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ... import _checks
 from ...attention import MultiHeadAttention
-from ...blocks import ACTIVATIONS, FeedForward, build_residual
+from ...blocks import ACTIVATIONS, LINEAR_LAYERS, FeedForward, build_residual
 from ...positional import NoPositionalEncoding
 from ...registry import lookup, names, register
 
@@ -87,6 +91,7 @@ class StackConfig:
     ff_chunk_size: Optional[int] = None  # compute the feed-forward network over length chunks of this size
     gradient_checkpointing: bool = False  # recompute each block in backward (torch.utils.checkpoint) to save memory
     layer_norm_eps: float = 1e-5  # epsilon of every LayerNorm
+    linear: str = "dense"  # linear layers of the attention projections and feed-forward: "dense" | "quaternion" (qkv.blocks.LINEAR_LAYERS)
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "d_ff", "max_len"):
@@ -112,6 +117,8 @@ class StackConfig:
             raise TypeError(f"gradient_checkpointing must be a bool, got {self.gradient_checkpointing!r}")
         if isinstance(self.layer_norm_eps, bool) or not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
             raise ValueError(f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}")
+        if self.linear not in LINEAR_LAYERS:
+            raise ValueError(f"linear must be one of {sorted(LINEAR_LAYERS)}, got {self.linear!r}")
 
 
 # ----------------------------------------------------------------------------- states and outputs
@@ -246,15 +253,17 @@ class TransformerBlock(nn.Module):
                  cross_attention_kwargs: Optional[Dict[str, Any]] = None) -> None:
         super().__init__()
         c = config
+        linear = LINEAR_LAYERS[c.linear]
         self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention, causal=causal,
-                                            dropout=c.attention_dropout, **dict(c.attention_kwargs))
+                                            dropout=c.attention_dropout, linear=linear, **dict(c.attention_kwargs))
         self.res_self = build_residual(c.residual, c.d_model, c.dropout, c.layer_norm_eps)
         self.cross_attn = self.res_cross = None
         if cross_attention is not None:
             self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, cross_attention, causal=False,
-                                                 dropout=c.attention_dropout, **dict(cross_attention_kwargs or {}))
+                                                 dropout=c.attention_dropout, linear=linear,
+                                                 **dict(cross_attention_kwargs or {}))
             self.res_cross = build_residual(c.residual, c.d_model, c.dropout, c.layer_norm_eps)
-        self.ff = FeedForward(c.d_model, c.d_ff, c.activation, chunk_size=c.ff_chunk_size)
+        self.ff = FeedForward(c.d_model, c.d_ff, c.activation, chunk_size=c.ff_chunk_size, linear=linear)
         self.res_ff = build_residual(c.residual, c.d_model, c.dropout, c.layer_norm_eps)
 
     def _cross_attend(self, h: Tensor, memory: Tensor, memory_mask: Optional[Tensor],
@@ -335,6 +344,8 @@ class TransformerStack(nn.Module):
             TransformerBlock(config, causal=causal, cross_attention=cross_attention,
                              cross_attention_kwargs=cross_attention_kwargs)
             for _ in range(n_layers))
+        for block in self.layers[1:]:  # parameters a kernel shares across the stack (Linformer's layerwise E)
+            block.self_attn.kernel.share_across_layers(self.layers[0].self_attn.kernel)
         final = lookup("residual", config.residual).final_norm
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if final else nn.Identity()
 
