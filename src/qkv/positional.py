@@ -15,7 +15,8 @@ from torch import Tensor, nn
 from . import _checks
 from .registry import register
 
-__all__ = ["sinusoid_table", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "NoPositionalEncoding"]
+__all__ = ["sinusoid_table", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "NoPositionalEncoding",
+           "TimestepEncoding"]
 
 
 def sinusoid_table(positions: Tensor, d_model: int) -> Tensor:
@@ -88,3 +89,20 @@ class NoPositionalEncoding(nn.Module):
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         return self.dropout(x)
+
+
+@register("positional", "timestep", "coordinate")
+class TimestepEncoding(SinusoidalPositionalEncoding):
+    """Universal Transformer coordinate embedding (Dehghani et al. 2019, §2.1): the sinusoid of the
+    position ``i`` plus the sinusoid of the recurrent step ``t`` (the same formula),
+
+        P^t_{i,2j} = sin(i / 10000^{2j/d}) + sin(t / 10000^{2j/d}),   P^t_{i,2j+1}: cos likewise,
+
+    added to the state before every step. ``forward(x, offset, step=0)``; as a plain positional
+    scheme (``step = 0``) it adds the position sinusoid and the constant ``P^0``.
+    """
+
+    def forward(self, x: Tensor, offset: int = 0, step: int = 0) -> Tensor:
+        _checks.positive_int("step", step, allow_zero=True)
+        t = sinusoid_table(torch.tensor(float(step), device=x.device), self.d_model).to(x.dtype)  # (d_model,)
+        return super().forward(x + t, offset)

@@ -24,6 +24,8 @@ from .memory.stacked_attention import StackedAttention, StackedAttentionConfig
 from .transformer.stack import StackConfig, TransformerStack
 from .transformer.transformer import Transformer, TransformerConfig
 from .transformer.transformer_xl import GTrXL, GTrXLConfig, TransformerXL, TransformerXLConfig, XLMemory
+from .transformer.universal_transformer import (UniversalTransformer, UniversalTransformerConfig,
+                                                UniversalTransformerLM, UniversalTransformerLMConfig)
 
 __all__ = [
     "ModelOutput", "QKVModel", "load_pretrained", "StackConfig", "TransformerStack",
@@ -35,4 +37,5 @@ __all__ = [
     "StackedAttentionConfig", "NeuralTuringMachine", "NTMConfig", "LSTMBaseline", "LSTMBaselineConfig",
     "SqueezeExcitation", "SECNN", "SECNNConfig", "GraphAttention", "GATConfig",
     "TransformerXL", "TransformerXLConfig", "XLMemory", "GTrXL", "GTrXLConfig",
+    "UniversalTransformer", "UniversalTransformerConfig", "UniversalTransformerLM", "UniversalTransformerLMConfig",
 ]

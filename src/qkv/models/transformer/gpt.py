@@ -109,11 +109,12 @@ class GPT(QKVModel):
 
     config_class = GPTConfig
     task_kinds = frozenset({"lm"})
+    stack_class = TransformerStack  # the decoder stack (Universal Transformer: a shared-depth stack)
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
         c = config
-        self.stack = TransformerStack(c, vocab_size=c.vocab_size, causal=True)
+        self.stack = self.stack_class(c, vocab_size=c.vocab_size, causal=True)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         # Al-Rfou 2018 multiple targets: head k - 2 predicts the token k steps ahead, k = 2 .. K
         self.target_heads = nn.ModuleList(nn.Linear(c.d_model, c.vocab_size, bias=False) for _ in range(c.n_targets - 1))

@@ -76,15 +76,16 @@ class Transformer(QKVModel):
 
     config_class = TransformerConfig
     task_kinds = frozenset({"seq2seq"})
+    stack_class = TransformerStack  # the encoder's and decoder's stack (Universal Transformer: a shared-depth stack)
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__(config)
         c = config
         self.tgt_vocab_size = c.tgt_vocab_size or c.vocab_size
         scale = math.sqrt(c.d_model)  # §3.4: embeddings are multiplied by sqrt(d_model)
-        self.encoder = TransformerStack(c, vocab_size=c.vocab_size, embedding_scale=scale)
+        self.encoder = self.stack_class(c, vocab_size=c.vocab_size, embedding_scale=scale)
         shared = self.encoder.embed.token if c.tgt_vocab_size is None else None
-        self.decoder = TransformerStack(c, vocab_size=self.tgt_vocab_size, causal=True, n_layers=c.n_decoder_layers,
+        self.decoder = self.stack_class(c, vocab_size=self.tgt_vocab_size, causal=True, n_layers=c.n_decoder_layers,
                                         cross_attention=c.cross_attention,
                                         cross_attention_kwargs=c.cross_attention_kwargs,
                                         token_embedding=shared, embedding_scale=scale)

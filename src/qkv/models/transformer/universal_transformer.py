@@ -1,0 +1,291 @@
+"""Universal Transformer (Dehghani et al. 2019, "Universal Transformers", arXiv:1807.03819) on the
+shared stack: one block, its weights shared across depth, applied ``T`` times or, per position,
+under Adaptive Computation Time (Graves 2016).
+
+    H^0 = E[ids]                                                (embeddings, no positions)
+    A^t = LN(H^{t-1} + P^t + MHA(H^{t-1} + P^t))                t = 1 .. T
+    H^t = LN(A^t + Transition(A^t))
+    P^t_{i} = sinusoid(i) + sinusoid(t)                         (``positional="timestep"``)
+
+Under ACT each position ``i`` computes a halting probability after every step and stops when
+they sum to ``1 - eps`` (at most ``M = max_steps`` steps); its output is the halting-weighted mean
+of its states and a halted position's state is copied forward (``qkv.blocks.AdaptiveComputationTime``).
+The ponder cost ``tau * mean_i (N(i) + R(i))`` is added to the loss.
+
+The depth loop is ``UniversalStack.run_layers`` (the stack's depth hook); the models are the
+``Transformer`` encoder–decoder and the ``GPT`` decoder-only LM with that stack in place of theirs
+(``stack_class``), plus the ponder cost. Incremental decoding keeps one ``BlockState`` per step.
+Known failure (tensor2tensor #1723): with a positive halting bias every position halts after ~2
+steps at initialisation and ACT never learns to use more; ``halting_bias_init`` defaults to -1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ... import _checks
+from ...blocks import ACTOutput, AdaptiveComputationTime
+from ...positional import TimestepEncoding
+from ...registry import lookup, register
+from ..base import ModelOutput
+from ..losses import check_labels, lm_loss
+from .gpt import GPT, GPTConfig
+from .stack import StackOutput, StackState, TransformerStack, _drop_if_full, check_ids
+from .transformer import Transformer, TransformerConfig
+
+__all__ = ["UniversalStack", "UniversalTransformer", "UniversalTransformerConfig", "UniversalTransformerLM",
+           "UniversalTransformerLMConfig", "UniversalOptions"]
+
+
+@dataclass
+class UniversalOptions:
+    """The Universal Transformer's own fields, shared by its encoder–decoder and LM configs."""
+
+    max_steps: int = 6  # T (fixed depth) or M (the most ACT steps)
+    act: bool = True  # per-position Adaptive Computation Time; False: exactly max_steps steps everywhere
+    act_eps: float = 0.01  # eps: halt once the halting probabilities sum to 1 - eps
+    halting_bias_init: float = -1.0  # b_h at init (-1: h ~ 0.27, ~4 steps; t2t's +1 halts everything after 2)
+    ponder_weight: float = 0.01  # tau: weight of the ponder cost mean_i (N(i) + R(i)) in the loss
+
+    def _check_universal(self) -> None:
+        _checks.positive_int("max_steps", self.max_steps)
+        if not isinstance(self.act, bool):
+            raise TypeError(f"act must be a bool, got {self.act!r}")
+        if isinstance(self.act_eps, bool) or not isinstance(self.act_eps, (int, float)) or not 0 <= self.act_eps < 1:
+            raise ValueError(f"act_eps must be a float in [0, 1), got {self.act_eps!r}")
+        if isinstance(self.halting_bias_init, bool) or not isinstance(self.halting_bias_init, (int, float)):
+            raise TypeError(f"halting_bias_init must be a float, got {self.halting_bias_init!r}")
+        if isinstance(self.ponder_weight, bool) or not isinstance(self.ponder_weight, (int, float)) or self.ponder_weight < 0:
+            raise ValueError(f"ponder_weight must be a float >= 0, got {self.ponder_weight!r}")
+        if self.n_layers != 1:  # type: ignore[attr-defined]
+            raise ValueError(f"a Universal Transformer has one shared block (depth is max_steps): n_layers must be 1, "
+                             f"got {self.n_layers}")  # type: ignore[attr-defined]
+
+
+class UniversalStack(TransformerStack):
+    """A ``TransformerStack`` with one block applied ``max_steps`` times, or under per-position ACT.
+
+    Takes the ``TransformerStack`` arguments; ``config`` must also carry ``UniversalOptions``.
+    ``config.positional`` is added before every step (``timestep``: position and step sinusoids)
+    instead of once to the embeddings. ``run_steps`` returns the ``StackOutput`` and the
+    ``ACTOutput`` (None without ACT); ``run_layers``, the stack's depth hook, returns the former.
+    With ``need_weights`` the per-layer lists hold one entry per step taken; with ``return_state``
+    the state holds one ``BlockState`` per step (every step runs, so that later positions find
+    the states of halted ones).
+    """
+
+    def __init__(self, config: Any, *, n_layers: Optional[int] = None, **kwargs: Any) -> None:
+        if not isinstance(config, UniversalOptions):
+            raise TypeError(f"config must carry UniversalOptions (a Universal Transformer config), got {type(config).__name__}")
+        if n_layers not in (None, 1):
+            raise ValueError(f"a Universal Transformer stack has one shared block; n_layers must be 1, got {n_layers}")
+        super().__init__(dataclasses.replace(config, positional="none"), n_layers=1, **kwargs)
+        self.coordinates = lookup("positional", config.positional)(config.d_model, max_len=config.max_len, dropout=0.0)
+        self.max_steps = config.max_steps
+        self.act = (AdaptiveComputationTime(config.d_model, config.max_steps, config.act_eps, config.halting_bias_init)
+                    if config.act else None)
+
+    def add_coordinates(self, h: Tensor, offset: int, step: int) -> Tensor:
+        """``H + P^t``: the positional scheme of positions ``offset ..`` (and, ``timestep``, step ``t``)."""
+        if isinstance(self.coordinates, TimestepEncoding):
+            return self.coordinates(h, offset, step=step)
+        return self.coordinates(h, offset)
+
+    def run_steps(self, x: Tensor, mask: Optional[Tensor] = None, memory: Optional[Tensor] = None,
+                  memory_mask: Optional[Tensor] = None, state: Optional[StackState] = None,
+                  need_weights: bool = False, return_state: bool = False,
+                  return_hidden: bool = False) -> Tuple[StackOutput, Optional[ACTOutput]]:
+        """The shared block on embeddings ``x (B, L, d_model)``: ``T`` steps or ACT."""
+        _checks.tensor("x", x, ndim=3, floating=True)
+        mask, memory_mask = _drop_if_full(mask), _drop_if_full(memory_mask)
+        if state is not None and not isinstance(state, StackState):
+            raise TypeError(f"state must be the StackState a previous call returned, got {type(state).__name__}")
+        step_states = state.layers if state is not None else (None,) * self.max_steps
+        if len(step_states) != self.max_steps:
+            raise ValueError(f"state has {len(step_states)} steps, the stack runs max_steps={self.max_steps}")
+        offset = state.position if state is not None else 0
+        block = self.layers[0]
+
+        def step(h: Tensor, n: int):
+            out = block(self.add_coordinates(h, offset, n), mask=mask, memory=memory, memory_mask=memory_mask,
+                        state=step_states[n - 1], need_weights=need_weights, return_state=return_state)
+            return out.hidden, out
+
+        act = None
+        if self.act is None:
+            outs = []
+            for n in range(1, self.max_steps + 1):
+                x, out = step(x, n)
+                outs.append(out)
+        else:
+            act = self.act(step, x, run_all_steps=return_state)
+            x, outs = act.output, act.states
+        new_state = None
+        if return_state:
+            new_state = StackState(tuple(o.state for o in outs), offset + x.shape[1])
+        has_cross = block.cross_attn is not None
+        output = StackOutput(self.final_norm(x), [o.self_weights for o in outs] if need_weights else None,
+                             [o.cross_weights for o in outs] if need_weights and has_cross else None, new_state,
+                             [o.hidden for o in outs] if return_hidden else None)
+        return output, act
+
+    def run_layers(self, x: Tensor, mask: Optional[Tensor] = None, memory: Optional[Tensor] = None,
+                   memory_mask: Optional[Tensor] = None, state: Optional[StackState] = None,
+                   need_weights: bool = False, return_state: bool = False,
+                   return_hidden: bool = False) -> StackOutput:
+        """The depth hook: ``run_steps`` without its ACT statistics."""
+        return self.run_steps(x, mask, memory, memory_mask, state, need_weights, return_state, return_hidden)[0]
+
+    def embed_and_run(self, input_ids: Tensor, **kwargs: Any) -> Tuple[StackOutput, Optional[ACTOutput]]:
+        """``forward`` (embeddings after ``state.position``) returning the ACT statistics too."""
+        state = kwargs.get("state")
+        offset = state.position if isinstance(state, StackState) else 0
+        return self.run_steps(self.embed(input_ids, offset=offset), **kwargs)
+
+
+def ponder_cost(act: Optional[ACTOutput], keep: Optional[Tensor]) -> Optional[Tensor]:
+    """Mean ``N(i) + R(i)`` over the positions where ``keep (B, L)`` is True (all when None)."""
+    if act is None:
+        return None
+    cost = act.ponder_cost  # (B, L)
+    if keep is None:
+        return cost.mean()
+    return (cost * keep).sum() / keep.sum().clamp_min(1)
+
+
+# ----------------------------------------------------------------------------- encoder–decoder
+
+
+@dataclass
+class UniversalTransformerConfig(TransformerConfig, UniversalOptions):
+    """A small Universal Transformer for the generated seq2seq tasks (CPU minutes)."""
+
+    n_layers: int = 1  # one shared block per stack (depth: max_steps)
+    d_model: int = 128  # width
+    n_heads: int = 4  # heads
+    d_ff: int = 512  # transition (feed-forward) width
+    dropout: float = 0.1  # residual and embedding dropout
+    positional: str = "timestep"  # P^t: sinusoids of the position and of the step, added before every step
+    max_len: int = 512  # sinusoid rows cached
+    label_smoothing: float = 0.0  # the generated tasks need exact answers
+    vocab_size: int = 64  # source (and shared target) vocabulary; the task's when trained from the CLI
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_universal()
+
+
+@register("model", "universal-transformer", "ut")
+class UniversalTransformer(Transformer):
+    """Universal Transformer encoder–decoder (Dehghani et al. 2019): shared-weight depth with per-position ACT.
+
+    ``forward`` as ``Transformer.forward``; ``aux`` adds ``ponder_cost`` (encoder + decoder, mean
+    over real positions), ``encoder_steps`` and ``decoder_steps`` (mean ``N``), and with
+    ``return_act=True`` the ``ACTOutput`` of each (``aux["encoder_act"]``, ``aux["decoder_act"]``).
+    """
+
+    config_class = UniversalTransformerConfig
+    stack_class = UniversalStack
+    train_defaults = {"lr": 1e-3, "steps": 1500, "batch_size": 64, "warmup": 100}
+
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Optional[Tensor] = None,
+                labels: Optional[Tensor] = None, need_weights: bool = False, return_act: bool = False) -> ModelOutput:
+        """Teacher-forced logits ``(B, T, V)``; with ``labels (B, T)``: cross-entropy + ``tau`` ponder cost."""
+        check_ids("src_ids", src_ids, self.config.vocab_size)
+        check_ids("tgt_ids", tgt_ids, self.tgt_vocab_size)
+        src_mask = self._check_mask(src_mask, src_ids)
+        enc, enc_act = self.encoder.embed_and_run(src_ids, mask=src_mask, need_weights=need_weights)
+        dec, dec_act = self.decoder.embed_and_run(tgt_ids, memory=enc.hidden, memory_mask=src_mask,
+                                                  need_weights=need_weights)
+        logits = self.lm_head(dec.hidden)  # (B, T, V)
+        aux: dict = {}
+        ponder = None
+        if enc_act is not None:
+            tgt_keep = labels != -100 if labels is not None else None
+            ponder = ponder_cost(enc_act, src_mask) + ponder_cost(dec_act, tgt_keep)
+            aux.update(ponder_cost=ponder.detach(), encoder_steps=enc_act.n_steps.float().mean(),
+                       decoder_steps=dec_act.n_steps.float().mean())
+            if return_act:
+                aux.update(encoder_act=enc_act, decoder_act=dec_act)
+        loss = None
+        if labels is not None:
+            check_labels("labels", labels, self.tgt_vocab_size, tgt_ids.shape)
+            loss = lm_loss(logits, labels, label_smoothing=self.config.label_smoothing)
+            aux["lm_loss"] = loss.detach()
+            if ponder is not None and self.training:
+                loss = loss + self.config.ponder_weight * ponder
+        weights = None
+        if need_weights:
+            weights = {"encoder": enc.weights, "decoder_self": dec.weights, "decoder_cross": dec.cross_weights}
+        return ModelOutput(loss=loss, logits=logits, weights=weights, aux=aux)
+
+
+# ----------------------------------------------------------------------------- encoder-only (LM)
+
+
+@dataclass
+class UniversalTransformerLMConfig(GPTConfig, UniversalOptions):
+    """An encoder-only (causal, decoder-only in today's words) Universal Transformer LM, CPU-sized."""
+
+    n_layers: int = 1  # one shared block (depth: max_steps)
+    d_model: int = 128  # width
+    n_heads: int = 4  # heads
+    d_ff: int = 512  # transition width
+    dropout: float = 0.1  # residual and embedding dropout
+    activation: str = "relu"  # transition activation
+    residual: str = "post-ln"  # the paper's A^t = LN(H + MHA(H)) wiring
+    positional: str = "timestep"  # P^t before every step
+    max_len: int = 256  # sinusoid rows cached (any length works)
+    vocab_size: int = 256  # the task's when trained from the CLI
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_universal()
+        if self.aux_layer_losses or self.n_targets != 1:
+            raise ValueError("the Al-Rfou auxiliary losses (aux_layer_losses, n_targets) are GPT options, not the UT's")
+
+
+@register("model", "universal-transformer-lm", "ut-lm")
+class UniversalTransformerLM(GPT):
+    """Encoder-only Universal Transformer language model (Dehghani et al. 2019, LAMBADA setting), causal ACT.
+
+    ``forward(input_ids (B, L), labels=None, need_weights=False, state=None, return_state=False,
+    return_act=False)`` -> ``ModelOutput``; ``aux``: ``ponder_cost``, ``steps`` (mean ``N``), ``act``.
+    ``generate`` is GPT's (one token at a time through the per-step caches).
+    """
+
+    config_class = UniversalTransformerLMConfig
+    stack_class = UniversalStack
+    train_defaults = {"lr": 1e-3, "steps": 1000, "batch_size": 32, "warmup": 100}
+
+    def __init__(self, config: UniversalTransformerLMConfig) -> None:
+        super().__init__(config)
+        if self.stack.act is not None:  # GPT's init zeroed every bias: restore the halting bias
+            torch.nn.init.constant_(self.stack.act.halting.bias, config.halting_bias_init)
+
+    def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, need_weights: bool = False,
+                state: Optional[StackState] = None, return_state: bool = False, return_act: bool = False) -> ModelOutput:
+        c = self.config
+        if labels is not None:
+            check_labels("labels", labels, c.vocab_size, getattr(input_ids, "shape", ()))
+        check_ids("input_ids", input_ids, c.vocab_size)
+        out, act = self.stack.embed_and_run(input_ids, state=state, need_weights=need_weights, return_state=return_state)
+        logits = self.lm_head(out.hidden)  # (B, L, V)
+        aux: dict = {}
+        ponder = ponder_cost(act, labels != -100 if labels is not None else None)
+        if act is not None:
+            aux.update(ponder_cost=ponder.detach(), steps=act.n_steps.float().mean())
+            if return_act:
+                aux["act"] = act
+        loss = None
+        if labels is not None:
+            loss = lm_loss(logits, labels)
+            aux["lm_loss"] = loss.detach()
+            if ponder is not None and self.training:
+                loss = loss + c.ponder_weight * ponder
+        return ModelOutput(loss=loss, logits=logits, weights=out.weights, state=out.state, aux=aux)
