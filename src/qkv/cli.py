@@ -266,6 +266,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     import qkv.tasks  # noqa: F401
 
     task, model, info = _restore(args.run)
+    if hasattr(task, "write_samples"):  # tasks whose samples are pictures draw them (images)
+        path = Path(args.out or Path(args.run) / "samples.png")
+        options = _split_sets(args.set or [])[0]  # key=value strings; the task parses them
+        print(task.write_samples(model, path, n=args.n, seed=args.seed, options=options))
+        return 0
     if task.kind != "lm":
         raise CLIError(f"`qkv generate` samples from language models; {info['task']} is a {task.kind} task (try `qkv translate`)")
     ids = task.vocab.encode(args.prompt) if args.prompt else [task.vocab.bos_id if hasattr(task.vocab, "bos_id") else 0]
@@ -424,6 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n", type=int, default=16, help="image tasks: samples in the PNG grid")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="image tasks: class=C, temperature=T")
+    p.add_argument("--out", default=None, help="image tasks: PNG path (default RUN/samples.png)")
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("translate", help="translate text with a sequence-to-sequence run")

@@ -16,7 +16,7 @@ from . import _checks
 from .registry import register
 
 __all__ = ["sinusoid_table", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "NoPositionalEncoding",
-           "TimestepEncoding"]
+           "TimestepEncoding", "RowColumnEmbedding"]
 
 
 def sinusoid_table(positions: Tensor, d_model: int) -> Tensor:
@@ -106,3 +106,53 @@ class TimestepEncoding(SinusoidalPositionalEncoding):
         _checks.positive_int("step", step, allow_zero=True)
         t = sinusoid_table(torch.tensor(float(step), device=x.device), self.d_model).to(x.dtype)  # (d_model,)
         return super().forward(x + t, offset)
+
+
+@register("positional", "row-column", "image")
+class RowColumnEmbedding(nn.Module):
+    """Learned row and column embeddings of an image's pixels added to ``x`` (Parmar et al. 2018,
+    the Image Transformer: each pixel's position is the sum of a row and a column embedding).
+
+    ``x_t += R[row(order[t])] + C[col(order[t])]`` for sequence position ``t``, where ``order``
+    maps the sequence to raster indices ``r W + c`` (the identity for a raster scan;
+    ``qkv.masks.block_raster_order`` for ``local-2d``).
+
+    Args:
+        d_model: feature size.
+        max_len: ``H * W``; without ``image_size`` the image is square (``max_len`` a perfect square).
+        image_size: ``(H, W)``.
+        order: ``(H * W,)`` long, the raster index of each sequence position (default raster order).
+    """
+
+    def __init__(self, d_model: int, max_len: int = 784, dropout: float = 0.0, image_size=None, order: Tensor = None) -> None:
+        super().__init__()
+        self.d_model = _checks.positive_int("d_model", d_model)
+        if image_size is None:
+            side = math.isqrt(_checks.positive_int("max_len", max_len))
+            if side * side != max_len:
+                raise ValueError(f"row-column positions need image_size=(H, W) or a square max_len, got max_len={max_len}")
+            image_size = (side, side)
+        if not isinstance(image_size, (tuple, list)) or len(image_size) != 2:
+            raise ValueError(f"image_size must be a pair (H, W), got {image_size!r}")
+        H, W = (_checks.positive_int(f"image_size[{i}]", s) for i, s in enumerate(image_size))
+        self.image_size = (H, W)
+        order = torch.arange(H * W) if order is None else torch.as_tensor(order, dtype=torch.long)
+        if order.shape != (H * W,) or not torch.equal(order.sort().values, torch.arange(H * W)):
+            raise ValueError(f"order must be a permutation of range(H * W = {H * W}), got shape {tuple(order.shape)}")
+        self.register_buffer("order", order, persistent=False)
+        self.row = nn.Embedding(H, d_model)
+        self.col = nn.Embedding(W, d_model)
+        nn.init.normal_(self.row.weight, std=0.02)
+        nn.init.normal_(self.col.weight, std=0.02)
+        self.dropout = nn.Dropout(_checks.probability("dropout", dropout))
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        _checks.tensor("x", x, ndim=3, floating=True)
+        _checks.same("x", x.shape[-1], "d_model", self.d_model, "the feature size")
+        H, W = self.image_size
+        L = x.shape[1]
+        if offset + L > H * W:
+            raise ValueError(f"positions up to {offset + L} exceed the image's H * W = {H * W} pixels")
+        pixel = self.order[offset:offset + L]  # (L,) raster indices
+        pos = self.row(torch.div(pixel, W, rounding_mode="floor")) + self.col(pixel % W)  # (L, d_model)
+        return self.dropout(x + pos.to(x.dtype))

@@ -26,6 +26,7 @@ from .transformer.transformer import Transformer, TransformerConfig
 from .transformer.transformer_xl import GTrXL, GTrXLConfig, TransformerXL, TransformerXLConfig, XLMemory
 from .transformer.universal_transformer import (UniversalTransformer, UniversalTransformerConfig,
                                                 UniversalTransformerLM, UniversalTransformerLMConfig)
+from .transformer.image_transformer import ImageTransformer, ImageTransformerConfig
 
 __all__ = [
     "ModelOutput", "QKVModel", "load_pretrained", "StackConfig", "TransformerStack",
@@ -38,4 +39,5 @@ __all__ = [
     "SqueezeExcitation", "SECNN", "SECNNConfig", "GraphAttention", "GATConfig",
     "TransformerXL", "TransformerXLConfig", "XLMemory", "GTrXL", "GTrXLConfig",
     "UniversalTransformer", "UniversalTransformerConfig", "UniversalTransformerLM", "UniversalTransformerLMConfig",
+    "ImageTransformer", "ImageTransformerConfig",
 ]

