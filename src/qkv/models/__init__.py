@@ -27,6 +27,7 @@ from .transformer.transformer_xl import GTrXL, GTrXLConfig, TransformerXL, Trans
 from .transformer.universal_transformer import (UniversalTransformer, UniversalTransformerConfig,
                                                 UniversalTransformerLM, UniversalTransformerLMConfig)
 from .transformer.image_transformer import ImageTransformer, ImageTransformerConfig
+from .transformer.sparse_transformer import SparseTransformer, SparseTransformerConfig
 
 __all__ = [
     "ModelOutput", "QKVModel", "load_pretrained", "StackConfig", "TransformerStack",
@@ -39,5 +40,5 @@ __all__ = [
     "SqueezeExcitation", "SECNN", "SECNNConfig", "GraphAttention", "GATConfig",
     "TransformerXL", "TransformerXLConfig", "XLMemory", "GTrXL", "GTrXLConfig",
     "UniversalTransformer", "UniversalTransformerConfig", "UniversalTransformerLM", "UniversalTransformerLMConfig",
-    "ImageTransformer", "ImageTransformerConfig",
+    "ImageTransformer", "ImageTransformerConfig", "SparseTransformer", "SparseTransformerConfig",
 ]
