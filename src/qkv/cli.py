@@ -251,10 +251,33 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_overrides(task: Any, model: Any, info: Dict[str, Any], pairs: Sequence[str]) -> Tuple[Any, Any]:
+    """``qkv eval --set``: evaluation-time model options (e.g. Transformer-XL's ``eval_mem_len``)
+    and task options (``task.key=value``) on a trained run; the weights must still fit."""
+    from qkv.tasks import build_task
+
+    model_sets, task_sets, train_sets = _split_sets(pairs)
+    if train_sets:
+        raise CLIError(f"qkv eval takes no training options, got {sorted(train_sets)}")
+    if task_sets:
+        options = {**info.get("task_options", {}), **_typed(task_sets, _init_params(type(task)), f"task {info['task']!r}")}
+        task = build_task(info["task"], **options)
+    if model_sets:
+        values = {**dataclasses.asdict(model.config), **_typed(model_sets, _fields(type(model.config)), f"model {info['model']!r}")}
+        rebuilt = type(model).from_config(values)
+        try:
+            rebuilt.load_state_dict(model.state_dict())
+        except RuntimeError as e:
+            raise CLIError(f"--set {sorted(model_sets)} changes the model's weights; eval can only change how it runs: {e}") from None
+        model = rebuilt.eval()
+    return task, model
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     import qkv.tasks  # noqa: F401
 
-    task, model, _ = _restore(args.run)
+    task, model, info = _restore(args.run)
+    task, model = _eval_overrides(task, model, info, args.set or [])
     metrics = task.evaluate(model, args.split, max_examples=args.max_examples)
     print(json.dumps({k: round(float(v), 4) for k, v in metrics.items()}))
     return 0
@@ -419,6 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run")
     p.add_argument("--split", default="test", choices=["train", "valid", "test"])
     p.add_argument("--max-examples", type=int, default=None)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="evaluation-time model option (e.g. eval_mem_len=512) or task.KEY=VALUE; repeatable")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("generate", help="sample text from a language-model run")

@@ -7,8 +7,8 @@ world_size)`` (a pure function of its arguments), ``eval_batches``, ``evaluate``
 =================  =========  ====================================================================
 name               kind       options
 =================  =========  ====================================================================
-shakespeare-char   lm         ``block_size=128``, ``cache_dir``
-enwiki-bytes       lm         ``block_size=256``, ``cache_dir``
+shakespeare-char   lm         ``block_size=128``, ``cache_dir``, ``stream=False``
+enwiki-bytes       lm         ``block_size=256``, ``cache_dir``, ``stream=False``
 bible-en-es        seq2seq    ``max_chars=100``, ``cache_dir``
 copy               seq2seq    ``min_len=1``, ``max_len=10``, ``alphabet="digits"``, ``eval_size=1000``
 reverse            seq2seq    same as copy

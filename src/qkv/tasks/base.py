@@ -133,16 +133,26 @@ class LanguageModelTask(Task):
         vocab: encodes/decodes the tokens.
         block_size: window length L.
         fractions: train/valid/test shares of the stream.
+        stream: contiguous streams instead of random windows (Transformer-XL's training): the
+            split is cut into ``B * world_size`` equal streams (row ``b`` of rank ``r`` reads stream
+            ``r B + b``) and the ``t``-th batch holds segment ``t`` of each stream (wrapping at the
+            end), so every batch continues the previous one row by row — still a pure function of
+            the step. Held-out batches and ``evaluate`` likewise read ``B`` streams segment by
+            segment, passing a model that ``carries_state`` its state from one segment to the next.
     """
 
     kind = "lm"
 
-    def __init__(self, tokens: Tensor, vocab: Any, block_size: int, fractions: Tuple[float, float, float] = (0.9, 0.05, 0.05)) -> None:
+    def __init__(self, tokens: Tensor, vocab: Any, block_size: int, fractions: Tuple[float, float, float] = (0.9, 0.05, 0.05),
+                 stream: bool = False) -> None:
         _check_positive_int("block_size", block_size)
         if tokens.dim() != 1:
             raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
+        if not isinstance(stream, bool):
+            raise TypeError(f"stream must be a bool, got {stream!r}")
         self.vocab = vocab
         self.block_size = block_size
+        self.stream = stream
         n = tokens.numel()
         cut1 = int(n * fractions[0])
         cut2 = cut1 + int(n * fractions[1])
@@ -159,20 +169,45 @@ class LanguageModelTask(Task):
         _check_split(split)
         return self._splits[split]
 
+    def _stream_index(self, data: Tensor, n_streams: int, rows: Tensor, segment: int) -> Tensor:
+        """``(len(rows), L)`` token indices of segment ``segment`` (mod the segments there are) of
+        streams ``rows`` when ``data`` is cut into ``n_streams`` contiguous streams."""
+        stream_len = (data.numel() - 1) // n_streams
+        n_segments = stream_len // self.block_size
+        if n_segments < 1:
+            raise ValueError(f"{n_streams} streams of {stream_len} tokens are shorter than block_size={self.block_size}; "
+                             f"use fewer streams (batch_size) or a smaller block_size")
+        starts = rows * stream_len + (segment % n_segments) * self.block_size  # (B,)
+        return starts[:, None] + torch.arange(self.block_size)  # (B, L)
+
     def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
-        """Random windows: ``input_ids (B, L)`` and ``labels (B, L)`` (the next tokens)."""
+        """Random windows: ``input_ids (B, L)`` and ``labels (B, L)`` (the next tokens); with
+        ``stream=True`` segment ``step`` of the rank's contiguous streams (``seed`` unused)."""
         _check_batch_args(split, batch_size, step, rank, world_size)
         data = self._splits[split]
+        if self.stream:
+            index = self._stream_index(data, batch_size * world_size, rank * batch_size + torch.arange(batch_size), step)
+            return {"input_ids": data[index], "labels": data[index + 1]}
         g = torch.Generator().manual_seed(stable_seed(seed, split, step, rank, world_size))
         starts = torch.randint(0, data.numel() - self.block_size, (batch_size,), generator=g)  # (B,)
         index = starts[:, None] + torch.arange(self.block_size)  # (B, L)
         return {"input_ids": data[index], "labels": data[index + 1]}
 
     def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
-        """Consecutive non-overlapping windows covering the split (at most ``max_examples``)."""
+        """Consecutive non-overlapping windows covering the split (at most ``max_examples``); with
+        ``stream=True`` the segments of ``batch_size`` contiguous streams, one batch per segment."""
         _check_split(split)
         _check_positive_int("batch_size", batch_size)
         data = self._splits[split]
+        if self.stream:
+            n_streams = max(1, min(batch_size, (data.numel() - 1) // self.block_size))
+            n_segments = (data.numel() - 1) // n_streams // self.block_size
+            if max_examples is not None:
+                n_segments = min(n_segments, max(1, max_examples // n_streams))
+            for t in range(n_segments):
+                index = self._stream_index(data, n_streams, torch.arange(n_streams), t)
+                yield {"input_ids": data[index], "labels": data[index + 1]}
+            return
         n_blocks = (data.numel() - 1) // self.block_size
         if max_examples is not None:
             n_blocks = min(n_blocks, max_examples)
@@ -193,10 +228,17 @@ class LanguageModelTask(Task):
         model.eval()
         device = _model_device(model)
         total, count = 0.0, 0
+        carry = self.stream and getattr(model, "carries_state", False)
+        state = None
         try:
             for batch in self.eval_batches(split, batch_size, max_examples):
                 batch = {k: v.to(device) for k, v in batch.items()}
-                logits = _logits_of(model(**batch), batch["labels"])
+                if carry:  # each segment continues the previous one: pass the model's memory on
+                    out = model(**batch, state=state, return_state=True)
+                    state = out.state
+                else:
+                    out = model(**batch)
+                logits = _logits_of(out, batch["labels"])
                 # sum in float32 whatever the model's dtype
                 total += F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), reduction="sum").item()
                 count += batch["labels"].numel()

@@ -29,13 +29,14 @@ class ShakespeareChar(LanguageModelTask):
     Args:
         block_size: window length L of ``input_ids (B, L)``.
         cache_dir: data cache (default ``$QKV_DATA`` or ``~/.cache/qkv``; ``qkv data fetch shakespeare``).
+        stream: batches continue contiguous streams segment by segment (``LanguageModelTask``).
     """
 
-    def __init__(self, *, block_size: int = 128, cache_dir: Optional[Union[str, Path]] = None) -> None:
+    def __init__(self, *, block_size: int = 128, cache_dir: Optional[Union[str, Path]] = None, stream: bool = False) -> None:
         text = load_shakespeare(cache_dir)
         vocab = CharVocab(text)
         tokens = torch.tensor(vocab.encode(text), dtype=torch.long)  # (N,)
-        super().__init__(tokens, vocab, block_size)
+        super().__init__(tokens, vocab, block_size, stream=stream)
 
 
 @register("task", "enwiki-bytes")
@@ -45,9 +46,10 @@ class EnwikiBytes(LanguageModelTask):
     Args:
         block_size: window length L of ``input_ids (B, L)``.
         cache_dir: data cache (default ``$QKV_DATA`` or ``~/.cache/qkv``; ``qkv data fetch enwiki``).
+        stream: batches continue contiguous streams segment by segment (``LanguageModelTask``).
     """
 
-    def __init__(self, *, block_size: int = 256, cache_dir: Optional[Union[str, Path]] = None) -> None:
+    def __init__(self, *, block_size: int = 256, cache_dir: Optional[Union[str, Path]] = None, stream: bool = False) -> None:
         data = load_enwiki(cache_dir)
         tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()  # (N,)
-        super().__init__(tokens, ByteVocab(), block_size)
+        super().__init__(tokens, ByteVocab(), block_size, stream=stream)

@@ -44,6 +44,7 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "read_checkpoint_meta",
+    "read_carried_state",
     "CheckpointManager",
     "save_model",
     "load_model_state",
@@ -256,6 +257,7 @@ def save_checkpoint(
     step: int,
     rng_states: Optional[List[Mapping[str, Any]]] = None,
     extra: Optional[Mapping[str, Any]] = None,
+    carried: Optional[List[Mapping[str, Tensor]]] = None,
 ) -> Path:
     """Write a training checkpoint to ``path`` atomically.
 
@@ -266,6 +268,8 @@ def save_checkpoint(
         step: number of optimizer updates done.
         rng_states: one ``capture_rng_state()`` per rank (index = rank); default: this process's.
         extra: JSON-serialisable data kept in the header (e.g. the training config).
+        carried: per rank, the named tensors of the model state carried between batches
+            (Transformer-XL's memory); ``read_carried_state`` gives them back.
     Returns the path written.
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -279,6 +283,8 @@ def save_checkpoint(
         tensors.update(optim_tensors)
     if scheduler is not None:
         meta["scheduler"] = scheduler.state_dict()
+    for rank, named in enumerate(carried or []):
+        tensors.update({f"carry/{rank}/{name}": t.detach().cpu().contiguous() for name, t in named.items()})
     meta["rng"] = []
     for rank, state in enumerate(rng_states if rng_states is not None else [capture_rng_state()]):
         rng_tensors, rng_meta = _rng_to_stored(rank, state)
@@ -304,6 +310,14 @@ def read_checkpoint_meta(path: str | os.PathLike) -> Dict[str, Any]:
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {e}") from e
     return _parse_meta(metadata, path)
+
+
+def read_carried_state(path: str | os.PathLike, rank: int = 0) -> Dict[str, Tensor]:
+    """The carried-state tensors ``save_checkpoint(carried=...)`` stored for ``rank`` (``{}`` if none)."""
+    path = Path(path)
+    tensors, _ = _read(path)
+    prefix = f"carry/{rank}/"
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
 def _parse_meta(metadata: Mapping[str, str], path: Path) -> Dict[str, Any]:

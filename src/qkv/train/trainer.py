@@ -7,6 +7,12 @@ Exact resume rests on the task contract (docs/contracts.md): a batch is a pure f
 optimizer, scheduler and every rank's RNG states) draws the same batches and dropout masks as the
 uninterrupted run and logs the same losses.
 
+Carried state (Transformer-XL's segment memory): on a task whose batches continue the previous
+ones (``task.stream``), a model that declares ``carries_state = True`` is called with
+``state=<its previous out.state>, return_state=True``; the trainer keeps ``out.state`` between
+micro-batches and updates and saves it in checkpoints through the model's
+``export_state(state) -> {name: tensor}`` / ``import_state(tensors) -> state``, so resume is exact.
+
 Batch indexing: the ``m``-th micro-batch of update ``s`` (0-based) is
 ``task.get_batch("train", batch_size, s * grad_accum + m, seed=seed, rank=rank, world_size=world)``.
 A task whose examples are a stream indexed by ``(step * world + rank) * batch_size + i`` therefore
@@ -33,6 +39,7 @@ from tqdm.auto import tqdm
 
 from . import distributed, schedules
 from .checkpoint import CheckpointManager, atomic_write_text, capture_rng_state, load_checkpoint, read_checkpoint_meta
+from .checkpoint import read_carried_state
 
 __all__ = ["TrainConfig", "Trainer"]
 
@@ -140,6 +147,12 @@ class Trainer:
         self._writer = None
         self._grad_norm = float("nan")
         self._lr = float("nan")
+        self._carried: Any = None  # the model's state carried from one micro-batch to the next (carries_state)
+
+    @property
+    def carries_state(self) -> bool:
+        """Whether the model's ``out.state`` is passed on between batches (a stream task and a model that carries)."""
+        return bool(getattr(self.task, "stream", False) and getattr(self.model, "carries_state", False))
 
     # ------------------------------------------------------------------------------------------
     # Setup
@@ -223,12 +236,14 @@ class Trainer:
         results: Dict[str, float] = {}
         try:
             if cfg.eval_batches and callable(getattr(self.task, "eval_batches", None)):
-                total, n = 0.0, 0
+                total, n, state = 0.0, 0, None
                 for i, batch in enumerate(self.task.eval_batches("valid", cfg.batch_size)):
                     if i >= cfg.eval_batches:
                         break
+                    carry = {"state": state, "return_state": True} if self.carries_state else {}
                     with self._autocast(device):
-                        out = self.model(**_to_device(batch, device))
+                        out = self.model(**_to_device(batch, device), **carry)
+                    state = out.state if carry else None
                     total += float(out.loss)
                     n += 1
                 if n:
@@ -271,6 +286,7 @@ class Trainer:
         self._seed(ctx.rank)
 
         start = 0
+        self._carried = None
         latest = self.checkpoints.latest() if resume else None
         if not resume and self.checkpoints.checkpoints():
             raise ValueError(f"out_dir {str(self.out_dir)!r} already holds checkpoints; pass resume=True to continue "
@@ -285,6 +301,8 @@ class Trainer:
             self._apply_hyperparameters(optimizer)
             _restore_schedule(scheduler, meta["scheduler"])
             start = meta["step"]
+            if self.carries_state:
+                self._carried = self.model.import_state(_to_device(read_carried_state(latest, ctx.rank), device))
 
         self._writer = None
         if ctx.is_main:
@@ -373,8 +391,11 @@ class Trainer:
             # DDP all-reduces gradients on the last micro-batch only.
             sync = micro == cfg.grad_accum - 1 or not ctx.distributed
             with (nullcontext() if sync else net.no_sync()):
+                carry = {"state": self._carried, "return_state": True} if self.carries_state else {}
                 with self._autocast(device):
-                    out = net(**batch)
+                    out = net(**batch, **carry)
+                if carry:
+                    self._carried = out.state  # the next micro-batch continues these rows
                 loss = out.loss
                 if loss is None or not isinstance(loss, Tensor) or loss.dim() != 0:
                     raise ValueError(f"model(**batch).loss must be a scalar tensor, got {loss!r}")
@@ -391,8 +412,12 @@ class Trainer:
 
     def _save(self, ctx: distributed.DistContext, step: int, optimizer, scheduler) -> None:
         rng_states = distributed.all_gather_objects(ctx, capture_rng_state())
+        carried = None
+        if self.carries_state:
+            mine = {k: v.detach().cpu() for k, v in self.model.export_state(self._carried).items()}
+            carried = distributed.all_gather_objects(ctx, mine)
         if ctx.is_main:
-            self.checkpoints.save(step, self.model, optimizer, scheduler, rng_states=rng_states,
+            self.checkpoints.save(step, self.model, optimizer, scheduler, rng_states=rng_states, carried=carried,
                                   extra={"train_config": dataclasses.asdict(self.config)})
         distributed.barrier(ctx)
 

