@@ -279,6 +279,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     task, model, info = _restore(args.run)
     task, model = _eval_overrides(task, model, info, args.set or [])
     metrics = task.evaluate(model, args.split, max_examples=args.max_examples)
+    if callable(getattr(model, "eval_report", None)):  # what the model itself reports (e.g. learned spans)
+        metrics.update(model.eval_report())
     print(json.dumps({k: round(float(v), 4) for k, v in metrics.items()}))
     return 0
 
@@ -352,6 +354,8 @@ def _cmd_viz(args: argparse.Namespace) -> int:
     if len(view.panels) > args.max_panels:
         print(f"showing {args.max_panels} of {len(view.panels)} panels (cross-attention first); --max-panels to see more")
     print(f"wrote {path}")
+    if callable(getattr(model, "visualize", None)):  # a model's own picture (e.g. learned spans)
+        print(f"wrote {model.visualize(path.with_name(path.stem + '-model.png'))}")
     return 0
 
 

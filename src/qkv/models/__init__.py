@@ -24,6 +24,7 @@ from .memory.stacked_attention import StackedAttention, StackedAttentionConfig
 from .transformer.stack import StackConfig, TransformerStack
 from .transformer.transformer import Transformer, TransformerConfig
 from .transformer.transformer_xl import GTrXL, GTrXLConfig, TransformerXL, TransformerXLConfig, XLMemory
+from .transformer.adaptive_span import AdaptiveSpanTransformer, AdaptiveSpanTransformerConfig
 from .transformer.universal_transformer import (UniversalTransformer, UniversalTransformerConfig,
                                                 UniversalTransformerLM, UniversalTransformerLMConfig)
 from .transformer.image_transformer import ImageTransformer, ImageTransformerConfig
@@ -39,6 +40,7 @@ __all__ = [
     "StackedAttentionConfig", "NeuralTuringMachine", "NTMConfig", "LSTMBaseline", "LSTMBaselineConfig",
     "SqueezeExcitation", "SECNN", "SECNNConfig", "GraphAttention", "GATConfig",
     "TransformerXL", "TransformerXLConfig", "XLMemory", "GTrXL", "GTrXLConfig",
+    "AdaptiveSpanTransformer", "AdaptiveSpanTransformerConfig",
     "UniversalTransformer", "UniversalTransformerConfig", "UniversalTransformerLM", "UniversalTransformerLMConfig",
     "ImageTransformer", "ImageTransformerConfig", "SparseTransformer", "SparseTransformerConfig",
 ]
