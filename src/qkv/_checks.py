@@ -29,6 +29,14 @@ def same(name_a: str, a: int, name_b: str, b: int, what: str) -> None:
         raise ValueError(f"{what} of {name_a} ({a}) and {name_b} ({b}) must match")
 
 
+def same_dtype(name: str, x: Tensor, owner: str, param: Tensor) -> None:
+    """Check that input ``x`` has the dtype of ``owner``'s parameter ``param`` (TypeError naming both;
+    under autocast the module casts, so any input dtype is accepted)."""
+    if x.dtype != param.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"{name} has dtype {x.dtype} but the parameters of {owner} are {param.dtype}; convert the "
+                        f"input (.to({param.dtype})) or the module (.to({x.dtype}))")
+
+
 def positive_int(name: str, value: object, allow_zero: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")

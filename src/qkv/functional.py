@@ -17,7 +17,7 @@ from torch import Tensor
 from . import _checks
 from .types import AttentionOutput
 
-__all__ = ["masked_softmax", "attend", "nadaraya_watson", "dot_score", "scaled_dot_score", "cosine_score"]
+__all__ = ["masked_softmax", "scaled_scores", "attend", "nadaraya_watson", "dot_score", "scaled_dot_score", "cosine_score"]
 
 ScoreFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -47,6 +47,17 @@ def masked_softmax(scores: Tensor, mask: Optional[Tensor] = None, dim: int = -1)
     filled = work.masked_fill(~mask, torch.finfo(work.dtype).min)
     weights = torch.softmax(filled, dim=dim) * mask
     return weights.to(scores.dtype)
+
+
+def scaled_scores(q: Tensor, k: Tensor, scale: float) -> Tensor:
+    """``(q * scale) k^T``: ``(..., M, E)``, ``(..., N, E)`` -> ``(..., M, N)``.
+
+    Scaled before the product, and in float32 for half types: ``q . k`` overflows float16 long
+    before ``q . k / sqrt(d)`` does (``masked_softmax`` works in float32 for them anyway).
+    """
+    if q.dtype in (torch.float16, torch.bfloat16):
+        q, k = q.float(), k.float()
+    return (q * scale) @ k.transpose(-1, -2)
 
 
 def dot_score(query: Tensor, key: Tensor) -> Tensor:

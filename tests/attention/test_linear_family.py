@@ -64,7 +64,8 @@ def test_linear_matches_literal_reference(causal, M):
     out = kernel(q, k, v, mask=PAD).output
     phi = lambda x: F.elu(x) + 1
     ref = literal_kernel_attention(phi(q), phi(k), v, allowed_pairs(1, M, 7, causal, PAD), eps=1e-6)
-    torch.testing.assert_close(out, ref)
+    # eps acts on max-normalised features (linear.py, Deviations): equal up to eps-sized terms
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -156,7 +157,7 @@ def test_linear_state_and_masks():
     kernel = qkv.build_attention("linear", causal=True)
     q, k, v = tensors(M=6, N=6, dtype=torch.float32)
     st = kernel(q[:, :, :4], k[:, :, :4], v[:, :, :4], return_state=True).state
-    assert st.S.shape == (1, 2, 4, 4) and st.Z.shape == (1, 2, 4) and st.log_scale is None
+    assert st.S.shape == (1, 2, 4, 4) and st.Z.shape == (1, 2, 4) and st.log_scale.shape == (1, 2)  # elu+1 in log space
     ok = torch.ones(1, 6, dtype=torch.bool)
     ok[0, 5] = False  # masking a new key is fine
     kernel(q[:, :, 4:], k[:, :, 4:], v[:, :, 4:], state=st, mask=ok)
@@ -167,7 +168,7 @@ def test_linear_state_and_masks():
     with pytest.raises(TypeError, match="LinearState"):
         kernel(q, k, v, state=qkv.KVCache(k, v))
     with pytest.raises(ValueError, match="state"):
-        qkv.build_attention("performer", causal=True, nb_features=4)(q[:, :, 4:], k[:, :, 4:], v[:, :, 4:], state=st)
+        qkv.build_attention("performer", causal=True, nb_features=8)(q[:, :, 4:], k[:, :, 4:], v[:, :, 4:], state=st)
 
 
 def test_linear_half_precision_sums_do_not_overflow():
@@ -315,6 +316,7 @@ def test_bad_knobs_are_named():
     with pytest.raises(ValueError, match="feature_map"):
         q, k, v = tensors()
         qkv.build_attention("linear", feature_map=lambda x: x.sum(-2))(q, k, v)
-    with pytest.raises(ValueError, match="at least as many keys"):
-        q, k, v = tensors(M=6, N=4)
-        qkv.build_attention("linear", causal=True)(q, k, v)
+    q, k, v = tensors(M=6, N=4)
+    st = qkv.build_attention("linear", causal=True)(q[:, :, :3], k, v, return_state=True).state
+    with pytest.raises(ValueError, match="may not precede the new keys"):
+        qkv.build_attention("linear", causal=True)(q, k, v, state=st)

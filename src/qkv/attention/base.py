@@ -31,6 +31,17 @@ def normalize_mask(mask: Optional[Tensor], B: int, H: int, M: int, N: int, name:
     return _checks.attention_mask(name, mask, B, M, N, H=H)
 
 
+def _select_away_masked(k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Zero the non-finite entries of keys/values that ``mask`` (``(B|1, H|1, M|1, n_total)``)
+    hides from every query, so that a masked key has no influence at all: a weight of 0 times
+    inf or NaN would be NaN. Finite entries are kept as they are (a cache keeps the true values)."""
+    hidden = ~mask[..., mask.shape[-1] - k.shape[-2]:].any(-2).unsqueeze(-1)  # (B|1, H|1, N, 1): masked for every query
+    if not bool(hidden.any()):
+        return k, v
+    return tuple(torch.where(hidden & ~torch.isfinite(x), torch.zeros((), dtype=x.dtype, device=x.device), x)
+                 for x in (k, v))
+
+
 class AttentionKernel(nn.Module):
     """Base class of the registered self-attention kernels.
 
@@ -114,6 +125,34 @@ class AttentionKernel(nn.Module):
                 raise ValueError(f"attention {self.registry_name!r} supports only key-padding masks (B, N) or (B, 1, 1, N); "
                                  f"got a mask with {mask.shape[-2]} query rows — use causal=True or the kernel's own knobs "
                                  f"for structured patterns")
+        if mask is not None:
+            k, v = _select_away_masked(k, v, mask)
+        return self._attend_edges(q, k, v, mask, state, need_weights, return_state, n_total)
+
+    def _attend_edges(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], state: Any, need_weights: bool,
+                      return_state: bool, n_total: int) -> AttentionOutput:
+        """The edge cases every kernel shares, then ``_attend``.
+
+        * Empty inputs (no batch, head, query or key) give empty outputs: zeros ``(B, H, M, Ev)``
+          (a sum over no key), zero weights, and the state unchanged when no key was added. A
+          first call that asks for a state still reaches the kernel, which builds its empty state.
+        * Causal: queries aligned before the first key (``M > n_total``) have no allowed key and
+          return zero rows (design.md §2); the kernel sees only the others.
+        """
+        B, H, M, _ = q.shape
+        N = k.shape[-2]
+        if (B * H * M == 0 or n_total == 0) and (not return_state or (state is not None and N == 0)):
+            out = (q @ k.transpose(-1, -2)) @ v  # (B, H, M, Ev) zeros: an empty sum, still in the graph
+            weights = v.new_zeros(B, H, M, n_total) if need_weights else None
+            return AttentionOutput(out, weights, state if return_state else None)
+        if self.causal and M > n_total:
+            lead = M - n_total  # queries at key positions < 0
+            rows = mask if mask is None or mask.shape[-2] == 1 else mask[..., lead:, :]
+            res = self._attend_edges(q[:, :, lead:], k, v, rows, state, need_weights, return_state, n_total)
+            out = torch.cat([res.output.new_zeros(B, H, lead, v.shape[-1]), res.output], dim=2)
+            weights = None if res.weights is None else torch.cat(
+                [res.weights.new_zeros(B, H, lead, res.weights.shape[-1]), res.weights], dim=2)
+            return AttentionOutput(out, weights, res.state)
         return self._attend(q, k, v, mask, state, need_weights, return_state)
 
     def pattern(self, n_queries: int, n_keys: int):

@@ -15,7 +15,10 @@ Cost: O(N E' Ev) time and O(E' Ev) extra memory (non-causal); causal is computed
 ``C`` positions — a masked ``(C, C)`` quadratic form inside a chunk, the running ``(S, Z)`` sums
 across chunks — O(N C E' + N E' Ev) time; no ``(N, N)`` matrix is ever formed.
 
-Deviations: ``eps`` is added to the denominator (as in the authors' code); dropout must be 0 (no
+Deviations: ``eps`` is added to the denominator (as in the authors' code) — with ``elu+1`` after
+each query row's features and the keys' features are divided by their largest (computed in log
+space, so that features below float range still rank the keys; the factors cancel in the ratio,
+so eps guards a zero denominator without shrinking rows of small features); dropout must be 0 (no
 attention matrix exists to drop from, and the authors' code applies none; ``dropout > 0`` raises
 rather than being silently ignored); only key-padding
 masks are supported (a mask is a matrix, which the factorisation avoids).
@@ -29,7 +32,6 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _checks
@@ -37,7 +39,7 @@ from ..registry import register
 from ..types import AttentionOutput
 from .base import AttentionKernel
 
-__all__ = ["LinearAttention", "LinearState", "linear_attention", "accumulation_dtype", "elu_plus_one",
+__all__ = ["LinearAttention", "LinearState", "linear_attention", "accumulation_dtype", "elu_plus_one", "log_elu_plus_one",
            "resolve_feature_map", "split_key_mask"]
 
 
@@ -67,8 +69,27 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def elu_plus_one(x: Tensor) -> Tensor:
-    """``phi(x) = elu(x) + 1`` (Katharopoulos 2020, eq. 7): positive, so every denominator is > 0."""
-    return F.elu(x) + 1.0
+    """``phi(x) = elu(x) + 1`` (Katharopoulos 2020, eq. 7): positive, so every denominator is > 0.
+
+    Written as ``x + 1`` (x > 0) or ``exp(x)`` (x <= 0): ``(exp(x) - 1) + 1`` cancels to exactly 0
+    below x = -16.6 in float32. The exp sees ``min(x, 0)`` so that the branch not taken never
+    overflows (its gradient would be 0 * inf = NaN).
+    """
+    return torch.where(x > 0, x + 1.0, torch.exp(x.clamp(max=0.0)))
+
+
+def log_elu_plus_one(x: Tensor) -> Tensor:
+    """``log phi(x)`` for ``phi = elu + 1``: ``log(1 + x)`` (x > 0) or ``x`` — finite where
+    ``phi(x)`` underflows to 0, so the features can be scaled by their maximum before the exp."""
+    return torch.where(x > 0, torch.log1p(x.clamp(min=0.0)), x)
+
+
+def _key_max(x: Tensor) -> Tensor:
+    """``max`` of ``x (B, H, L, F)`` over positions and features, ``(B, H, 1, 1)``, detached (the
+    factor it gives cancels in ``S / Z``); -inf when there is no entry."""
+    if x.shape[-2] == 0 or x.shape[-1] == 0:
+        return x.new_full((*x.shape[:-2], 1, 1), float("-inf"))
+    return x.detach().amax(dim=(-2, -1), keepdim=True)
 
 
 def _finite_or_zero(m: Tensor) -> Tensor:
@@ -135,7 +156,7 @@ def linear_attention(
                              "the state; call without state to see them")
         fk = phi_k
         if log_keys:
-            fk = torch.exp(fk - _finite_or_zero(fk.detach().amax(dim=(-2, -1), keepdim=True)))
+            fk = torch.exp(fk - _finite_or_zero(_key_max(fk)))
         a = phi_q @ fk.transpose(-1, -2)  # (B, H, M, N) unnormalised weights
         if causal:
             allowed = torch.ones(M, N, dtype=torch.bool, device=a.device).tril(N - M)
@@ -147,13 +168,16 @@ def linear_attention(
         if state is not None:
             raise ValueError("state is only used by causal linear attention")
         if log_keys:
-            phi_k = torch.exp(phi_k - _finite_or_zero(phi_k.detach().amax(dim=(-2, -1), keepdim=True)))
+            phi_k = torch.exp(phi_k - _finite_or_zero(_key_max(phi_k)))
         kv = torch.einsum("bhnf,bhne->bhfe", phi_k, v1)  # (B, H, F, Ev + 1): [S, Z]
         return divide(phi_q @ kv).to(out_dtype), weights, None  # (B, H, M, Ev)
 
     if M > N:
-        raise ValueError(f"causal linear attention aligns queries to the end of the keys and needs at least as many "
-                         f"keys as queries; got {M} queries and {N} keys")
+        # Without a state the kernel's caller returns zero rows for queries before the first key; with
+        # one, such a query would need part of the keys already summed away in the state.
+        raise ValueError(f"causal linear attention aligns queries to the end of the keys: got {M} queries for {N} new "
+                         f"keys after a state of {state.length if state is not None else 0}; a query may not "
+                         f"precede the new keys (its keys are summed away in the state)")
     _checks.positive_int("chunk_size", chunk_size)
     # P = [S, Z] of the keys summed so far; in log mode stored divided by exp(m).
     if state is None:
@@ -176,7 +200,7 @@ def linear_attention(
         """Exponentiate a chunk of log key features against the running max; rescale P to it."""
         if not log_keys:
             return kc, P, m
-        m_new = torch.maximum(m, kc.detach().amax(dim=(-2, -1), keepdim=True))  # (B, H, 1, 1)
+        m_new = torch.maximum(m, _key_max(kc))  # (B, H, 1, 1)
         safe_new = _finite_or_zero(m_new)
         P = P * torch.exp(m - safe_new)  # <= 1; 0 while m was -inf (P is still 0 then)
         return torch.exp(kc - safe_new), P, m_new
@@ -262,13 +286,21 @@ class LinearAttention(AttentionKernel):
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         key_mask = split_key_mask(mask, state, k.shape[-2], self._state_length(state))
         acc = accumulation_dtype(q.dtype)
-        phi_q, phi_k = self.feature_map(q.to(acc)), self.feature_map(k.to(acc))  # (B, H, L, E')
+        log_keys = self.feature_map is elu_plus_one
+        if log_keys:
+            # In log space, so that features that underflow (x < -87 in float32) still rank the keys:
+            # each query row is divided by its largest feature, the keys by theirs (inside the core);
+            # both factors cancel between numerator and denominator (eps then guards a relative 0).
+            log_q, phi_k = log_elu_plus_one(q.to(acc)), log_elu_plus_one(k.to(acc))  # (B, H, L, E)
+            phi_q = torch.exp(log_q - log_q.detach().amax(dim=-1, keepdim=True))
+        else:
+            phi_q, phi_k = self.feature_map(q.to(acc)), self.feature_map(k.to(acc))  # (B, H, L, E')
         if phi_q.shape[:-1] != q.shape[:-1] or phi_k.shape[:-1] != k.shape[:-1] or phi_q.shape[-1] != phi_k.shape[-1]:
             raise ValueError(f"feature_map must map (B, H, L, E) to (B, H, L, E'); got {tuple(phi_q.shape)} for q "
                              f"{tuple(q.shape)} and {tuple(phi_k.shape)} for k {tuple(k.shape)}")
         out, weights, new_state = linear_attention(
             phi_q, phi_k, v, causal=self.causal, chunk_size=self.chunk_size, key_mask=key_mask, state=state,
-            eps=self.eps, need_weights=need_weights)
+            log_keys=log_keys, eps=self.eps, need_weights=need_weights)
         return AttentionOutput(out, weights, new_state if return_state else None)
 
 

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _checks, masks
-from ..functional import masked_softmax
+from ..functional import masked_softmax, scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache
 from .base import AttentionKernel
@@ -116,8 +116,8 @@ def _blocked_attend(qb: Tensor, kb: Tensor, vb: Tensor, allowed: Tensor, dropout
         out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=allowed, dropout_p=dropout_p)
         # Rows with no allowed key: zeros on every backend (design.md §2).
         return out.masked_fill(~allowed.any(-1, keepdim=True), 0.0), None
-    scores = (qb @ kb.transpose(-1, -2)) / math.sqrt(qb.shape[-1])  # (..., b, W)
-    weights = masked_softmax(scores, allowed)
+    scores = scaled_scores(qb, kb, 1.0 / math.sqrt(qb.shape[-1]))  # (..., b, W), float32 for half types
+    weights = masked_softmax(scores, allowed).to(vb.dtype)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     return dropped @ vb, weights
 
@@ -228,7 +228,7 @@ class Local1DAttention(AttentionKernel):
         allowed = band & key_ok.unsqueeze(-2)  # (B|1, H|1, nb, b, Wk)
 
         out, weights = _blocked_attend(q_blocks, k_blocks, v_blocks, allowed, dropout_p, need_weights)
-        out = out.reshape(B, H, nb * b, -1)[:, :, :L]  # (B, H, L, Ev)
+        out = out.reshape(B, H, nb * b, v.shape[-1])[:, :, :L]  # (B, H, L, Ev)
         dense = None
         if need_weights:
             # Scatter the blocks back into (B, H, L, L) for inspection and plots (O(L^2): on request only).
@@ -396,7 +396,7 @@ class Local2DAttention(AttentionKernel):
         allowed = t.allowed & valid[:, :, t.k_idx].unsqueeze(-2)  # (B|1, H|1, n_blk, Q, K)
 
         out, weights = _blocked_attend(q_blocks, k_blocks, v_blocks, allowed, dropout_p, need_weights)
-        out = out.reshape(B, H, n_blk * Q, -1)[:, :, t.slot[N - M:N]]  # (B, H, M, Ev)
+        out = out.reshape(B, H, n_blk * Q, v.shape[-1])[:, :, t.slot[N - M:N]]  # (B, H, M, Ev)
         dense = None
         if need_weights:
             # Scatter the blocks back into (B, H, M, N) for inspection and plots (O(N^2): on request only).

@@ -117,6 +117,8 @@ class MultiHeadAttention(nn.Module):
         _checks.same("value", value.shape[-1], "vdim", self.v_proj.in_features, "the feature size")
         _checks.same("key", key.shape[0], "value", value.shape[0], "the batch size")
         _checks.same("key", key.shape[1], "value", value.shape[1], "the number of positions")
+        _checks.same_dtype("key", key, "MultiHeadAttention.k_proj", self.k_proj.weight)
+        _checks.same_dtype("value", value, "MultiHeadAttention.v_proj", self.v_proj.weight)
         return self._split(self.k_proj(key)), self._split(self.v_proj(value))  # (B, H, N, E) each
 
     def forward(
@@ -139,6 +141,7 @@ class MultiHeadAttention(nn.Module):
         """
         _checks.tensor("query", query, ndim=3, floating=True)
         _checks.same("query", query.shape[-1], "d_model", self.d_model, "the feature size")
+        _checks.same_dtype("query", query, "MultiHeadAttention.q_proj", self.q_proj.weight)
         if kv is not None:
             if key is not None or value is not None:
                 raise ValueError("give either key/value or kv (projected heads), not both")

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..functional import masked_softmax
+from ..functional import masked_softmax, scaled_scores
 from ..masks import causal_mask
 from ..registry import register
 from ..types import AttentionOutput, KVCache
@@ -87,10 +87,10 @@ class SoftmaxAttention(AttentionKernel):
                     out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
             return AttentionOutput(out, None, cache)
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        scores = (q @ k.transpose(-1, -2)) * scale  # (B, H, M, N)
+        scores = scaled_scores(q, k, scale)  # (B, H, M, N), float32 for half types
         if self.causal:
             allowed = causal_mask(M, N, offset=N - M, device=q.device)
             mask = allowed if mask is None else mask & allowed
-        weights = masked_softmax(scores, mask)  # (B, H, M, N)
+        weights = masked_softmax(scores, mask).to(v.dtype)  # (B, H, M, N)
         dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
         return AttentionOutput(dropped @ v, weights, cache)

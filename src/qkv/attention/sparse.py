@@ -48,6 +48,7 @@ from .. import _checks, masks
 from ..registry import register
 from ..types import AttentionOutput, KVCache
 from .base import AttentionKernel
+from .linear import accumulation_dtype
 from .local import _empty, check_cache, from_frame, gathered_attend, shift_queries, to_frame
 from .softmax import append_cache
 from .window import unfold_band
@@ -139,10 +140,12 @@ class _Factorized(AttentionKernel):
         new_state = self._initial_state(k, v) if return_state else None
         if M == 0 or N == 0:
             return _empty(q, v, N, need_weights)._replace(state=new_state)
-        q, k, v, valid, shift = to_frame(q, k, v, mask, period=self.stride)
+        dtype = v.dtype
+        acc = accumulation_dtype(dtype)  # half inputs: scores overflow float16, so the parts work in float32
+        q, k, v, valid, shift = to_frame(q.to(acc), k.to(acc), v.to(acc), mask, period=self.stride)
         out, weights = self._frame_attend(q, k, v, valid, dropout_p, need_weights)
         out, weights = from_frame(out, weights, M, shift)
-        return AttentionOutput(out, weights, new_state)
+        return AttentionOutput(out.to(dtype), None if weights is None else weights.to(dtype), new_state)
 
     def _decode(self, q, k, v, mask, state, dropout_p, need_weights) -> AttentionOutput:
         """Continue a sequence from ``state``: each new query gathers its pattern from the state."""
@@ -246,7 +249,7 @@ class StridedAttention(_Factorized):
         if 2 in self.subsets:
             w2 = dropped[-1].transpose(2, 3)  # (B, H, l(c), nr(a), nr(a'))
             out = out + (w2 @ values[-1]).transpose(2, 3)  # (B, H, nr, l, Ev)
-        out = out.masked_fill(~row_ok, 0.0).reshape(B, H, nr * l, -1)[:, :, :L]  # (B, H, L, Ev)
+        out = out.masked_fill(~row_ok, 0.0).reshape(B, H, nr * l, v.shape[-1])[:, :, :L]  # (B, H, L, Ev)
         if not need_weights:
             return out, None
 
@@ -358,7 +361,7 @@ class FixedAttention(_Factorized):
         if 2 in self.subsets:
             # A2, the summaries: the last c positions of every block, nr c keys shared by all queries.
             k_sum = k_grid[:, :, :, l - c:].reshape(B, H, nr * c, E)  # (B, H, nr c, E)
-            v_sum = v_grid[:, :, :, l - c:].reshape(B, H, nr * c, -1)  # (B, H, nr c, Ev)
+            v_sum = v_grid[:, :, :, l - c:].reshape(B, H, nr * c, v.shape[-1])  # (B, H, nr c, Ev)
             s2 = q_grid @ k_sum.unsqueeze(2).transpose(-1, -2)  # (B, H, nr, l, nr c)
             k_pos = pos[:, l - c:].reshape(1, 1, nr * c)
             q_pos = pos.view(nr, l, 1)
@@ -373,7 +376,7 @@ class FixedAttention(_Factorized):
 
         dropped, weights, row_ok = _softmax_over_parts(parts, dropout_p, need_weights)
         out = sum(w @ val for w, val in zip(dropped, values))  # (B, H, nr, l, Ev)
-        out = out.masked_fill(~row_ok, 0.0).reshape(B, H, nr * l, -1)[:, :, :L]  # (B, H, L, Ev)
+        out = out.masked_fill(~row_ok, 0.0).reshape(B, H, nr * l, v.shape[-1])[:, :, :L]  # (B, H, L, Ev)
         if not need_weights:
             return out, None
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _checks, masks
-from ..functional import masked_softmax
+from ..functional import masked_softmax, scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache
 from .base import AttentionKernel
@@ -34,6 +34,8 @@ def unfold_band(x: Tensor, start: int, step: int, width: int, n: int) -> Tensor:
     — a strided view of one padded copy of ``x``, not ``n`` copies.
     """
     L = x.shape[-2]
+    if n == 0:
+        return x.new_zeros(*x.shape[:-2], 0, width, x.shape[-1])
     lo = max(0, -start)
     hi = max(0, start + (n - 1) * step + width - L)
     x = F.pad(x, (0, 0, lo, hi), value=False if x.dtype == torch.bool else 0.0)
@@ -127,11 +129,11 @@ class WindowAttention(AttentionKernel):
             out = F.scaled_dot_product_attention(q_blocks, k_blocks, v_blocks, attn_mask=valid, dropout_p=dropout_p)
             if q.device.type != "cpu":
                 out = out.masked_fill(~valid.any(-1, keepdim=True), 0.0)  # rows with no key: zeros on every backend
-            return AttentionOutput(out.reshape(B, H, nb * b, -1)[:, :, :M], None, cache)  # (B, H, M, Ev)
+            return AttentionOutput(out.reshape(B, H, nb * b, v.shape[-1])[:, :, :M], None, cache)  # (B, H, M, Ev)
 
-        scores = (q_blocks @ k_blocks.transpose(-1, -2)) / math.sqrt(E)  # (B, H, nb, b, W)
-        weights = masked_softmax(scores, valid)  # (B, H, nb, b, W)
+        scores = scaled_scores(q_blocks, k_blocks, 1.0 / math.sqrt(E))  # (B, H, nb, b, W), float32 for half types
+        weights = masked_softmax(scores, valid).to(v.dtype)  # (B, H, nb, b, W)
         dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-        out = (dropped @ v_blocks).reshape(B, H, nb * b, -1)[:, :, :M]  # (B, H, M, Ev)
+        out = (dropped @ v_blocks).reshape(B, H, nb * b, v.shape[-1])[:, :, :M]  # (B, H, M, Ev)
 
         return AttentionOutput(out, scatter_band(weights, key_pos, N)[:, :, :M], cache)
