@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from test_kernels import KERNEL_KWARGS
+from test_kernels import KERNEL_KWARGS, build as contract_build
 
 import qkv
 from qkv.attention.linear import elu_plus_one
@@ -18,8 +18,8 @@ CAUSAL = [(name, causal) for name in NAMES for causal in (False, True)
           if not causal or lookup("attention", name).supports_causal]
 
 
-def build(name, causal=False, **extra):
-    return qkv.build_attention(name, causal=causal, **{**KERNEL_KWARGS.get(name, {}), **extra})
+def build(name, causal=False, H=2, E=4, **extra):
+    return contract_build(name, causal, H=H, E=E, **extra)
 
 
 def heads(B, H, M, N, E=4, Ev=3, dtype=torch.float32, seed=0, scale=1.0):
@@ -113,7 +113,7 @@ def test_linear_attention_is_a_weighted_average_at_extreme_magnitudes(causal, sh
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_weights_path_matches_fused_path(name, causal, dtype):
     """q . k = 1e4 E overflows float16 before the 1/sqrt(E) scale; both paths must agree."""
-    kernel = build(name, causal)
+    kernel = build(name, causal, E=16)
     g = torch.Generator().manual_seed(0)
     q, k = (100.0 * torch.randn(1, 2, 9, 16, generator=g).sign()).to(dtype), (100.0 * torch.randn(1, 2, 9, 16, generator=g).sign()).to(dtype)
     v = torch.randn(1, 2, 9, 3, generator=g).to(dtype)

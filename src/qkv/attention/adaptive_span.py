@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import _checks, masks
-from ..functional import masked_softmax
+from ..functional import masked_softmax, scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache
 from .base import AttentionKernel
@@ -64,9 +64,9 @@ def _attend_band(q_blocks: Tensor, k_blocks: Tensor, v_blocks: Tensor, bias: Ten
         return out.masked_fill(~row_valid.unsqueeze(-1), 0.0), None
     scale = 1.0 / math.sqrt(q_blocks.shape[-1])
     allowed = torch.isfinite(bias) & row_valid.unsqueeze(-1)
-    scores = (q_blocks @ k_blocks.transpose(-1, -2)) * scale  # (..., b, W)
+    scores = scaled_scores(q_blocks, k_blocks, scale)  # (..., b, W), float32 for half types
     # a_tr = m exp(s) / sum m exp(s) = softmax(s + log m) over the keys with m > 0
-    weights = masked_softmax(scores + bias.masked_fill(~allowed, 0.0).to(scores.dtype), allowed)
+    weights = masked_softmax(scores + bias.masked_fill(~allowed, 0.0).to(scores.dtype), allowed).to(v_blocks.dtype)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     return dropped @ v_blocks, weights
 
@@ -218,7 +218,7 @@ class AdaptiveSpanAttention(AttentionKernel):
 
         dropout_p = self.dropout if self.training else 0.0
         out, weights = _attend_band(q_blocks, k_blocks, v_blocks, bias, row_valid, need_weights, dropout_p)
-        out = out.reshape(B, H, nb * b, -1)[:, :, :M]  # (B, H, M, Ev)
+        out = out.reshape(B, H, nb * b, v.shape[-1])[:, :, :M]  # (B, H, M, Ev)
         if weights is None:
             return AttentionOutput(out, None, cache)
         # the band scattered into (B, H, M, N) for inspection (O(M N): on request only)

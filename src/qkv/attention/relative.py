@@ -36,6 +36,7 @@ from ..positional import sinusoid_table
 from ..registry import register
 from ..types import AttentionOutput, KVCache
 from .base import AttentionKernel
+from .linear import accumulation_dtype
 from .softmax import append_cache
 
 __all__ = ["RelativeAttention", "relative_shift", "relative_distances"]
@@ -146,18 +147,20 @@ class RelativeAttention(AttentionKernel):
         N = k.shape[-2]
         if M == 0 or N == 0:
             return AttentionOutput(q.new_zeros(B, H, M, v.shape[-1]), q.new_zeros(B, H, M, N) if need_weights else None, cache)
-        u = self.u.to(q.dtype)[None, :, None, :]  # (1, H, 1, E)
-        w = self.v.to(q.dtype)[None, :, None, :]
-        r = self.position_keys(M, N, q.dtype, q.device)  # (H, K, E)
+        acc = accumulation_dtype(q.dtype)  # scores in float32 for half types: q . k overflows float16
+        u = self.u.to(acc)[None, :, None, :]  # (1, H, 1, E)
+        w = self.v.to(acc)[None, :, None, :]
+        r = self.position_keys(M, N, acc, q.device)  # (H, K, E)
+        qs = q.to(acc) / math.sqrt(E)  # scaled before the products
         # (a) + (c): (q_i + u)^T k_j
-        content = (q + u) @ k.transpose(-1, -2)  # (B, H, M, N)
+        content = (qs + u / math.sqrt(E)) @ k.to(acc).transpose(-1, -2)  # (B, H, M, N)
         # (b) + (d): (q_i + v)^T W_{k,R} R_{i-j}, for every distance at once, then shifted into place
-        position = relative_shift((q + w) @ r.transpose(-1, -2), N)  # (B, H, M, K) -> (B, H, M, N)
-        scores = (content + position) / math.sqrt(E)
+        position = relative_shift((qs + w / math.sqrt(E)) @ r.transpose(-1, -2), N)  # (B, H, M, K) -> (B, H, M, N)
+        scores = content + position
         if self.causal:
             allowed = causal_mask(M, N, offset=N - M, device=q.device)  # (M, N)
             mask = allowed if mask is None else mask & allowed
-        weights = masked_softmax(scores, mask)  # (B, H, M, N)
+        weights = masked_softmax(scores, mask).to(v.dtype)  # (B, H, M, N)
         dropout_p = self.dropout if self.training else 0.0
         dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
         return AttentionOutput(dropped @ v, weights if need_weights else None, cache)
