@@ -195,6 +195,18 @@ def _restore(run: str) -> Tuple[Any, Any, Dict[str, Any]]:
     return task, model, info
 
 
+def _init_config(args: argparse.Namespace, model_cls: Any, values: Dict[str, Any], user: Dict[str, Any]):
+    """``--init RUN``: RUN's architecture, the new task's head fields (``init_task_fields``), then
+    the user's ``--set``; and RUN's model, whose weights the new one starts from."""
+    if args.resume:
+        raise CLIError("--init starts a new run from another run's weights; it cannot be combined with --resume")
+    _, source, info = _restore(args.init)
+    if info["model"] != args.model:
+        raise CLIError(f"--init {args.init} holds a {info['model']!r} model, not {args.model!r}")
+    head = {k: v for k, v in values.items() if k in model_cls.init_task_fields}
+    return {**info["model_config"], **head, **user}, source
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     import qkv.tasks  # noqa: F401  (registers tasks)
     from qkv.registry import lookup
@@ -202,6 +214,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from qkv.train import TrainConfig, Trainer
 
     model_cls = lookup("model", args.model)
+    args.task = qkv.tasks.task_for_model(args.task, model_cls)  # e.g. bbc-news as token ids for BERT
     model_sets, task_sets, train_sets = _split_sets(args.set or [])
     task_cls = lookup("task", args.task)
     task_options = _typed(task_sets, _init_params(task_cls), f"task {args.task!r}")
@@ -213,6 +226,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
             raise CLIError(f"model {args.model!r} has no attention kernel option")
         config_values["attention"] = args.attention
     config_values.update(_typed(model_sets, fields, f"model {args.model!r}"))
+    if args.init:
+        config_values, init_model = _init_config(args, model_cls, config_values, _typed(model_sets, fields, "model"))
     task_kinds = getattr(model_cls, "task_kinds", None)
     if task_kinds is not None and task.kind not in task_kinds:
         raise CLIError(f"model {args.model!r} trains on {sorted(task_kinds)} tasks; {args.task!r} is a {task.kind!r} task")
@@ -232,6 +247,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
             raise CLIError(f"{out} holds a {info['model']} run on {info['task']}, not {args.model} on {args.task}")
         config_values, task_options = info["model_config"], info["task_options"]
     model = model_cls.from_config(config_values)
+    if args.init:
+        fresh = model.init_from(init_model)
+        print(f"qkv: initialised from {args.init}; fresh: {', '.join(fresh) or 'nothing'}")
     config = TrainConfig(**train_values)
     from qkv._io import atomic_path
 
@@ -439,6 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model config field; task.KEY for task options; train.KEY for training fields")
     p.add_argument("--out", default=None, help="run directory (default runs/MODEL-TASK)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--init", default=None, metavar="RUN", help="start from run RUN's weights (fine-tuning; the task's head starts fresh)")
     _add_train_flags(p)
     p.set_defaults(func=_cmd_train)
 

@@ -9,7 +9,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Dict, Optional, Union
+from typing import Any, ClassVar, Dict, List, Optional, Union
 
 from torch import Tensor, nn
 
@@ -54,6 +54,10 @@ class QKVModel(nn.Module):
     registry_name: ClassVar[str] = ""
     #: the task kinds (docs/contracts.md) whose batches ``forward`` takes; None: not declared.
     task_kinds: ClassVar[Optional[frozenset]] = None
+    #: config fields the new task sets when a run starts from another run's weights (``--init``)
+    init_task_fields: ClassVar[tuple] = ()
+    #: parameter-name prefixes that start fresh under ``--init`` (the new task's head)
+    init_fresh: ClassVar[tuple] = ()
 
     def __init__(self, config: Any) -> None:
         super().__init__()
@@ -67,6 +71,22 @@ class QKVModel(nn.Module):
         if isinstance(config, dict):
             config = config_from_dict(cls.config_class, config)
         return cls(config)
+
+    def init_from(self, source: nn.Module) -> List[str]:
+        """Copy ``source``'s parameters and buffers into this model by name (fine-tuning a
+        pre-trained run), except those under :attr:`init_fresh`; returns the names that start
+        fresh (not copied). A copied tensor whose shape differs raises ``ValueError`` naming it."""
+        theirs = source.state_dict()
+        mine = self.state_dict()
+        fresh = [n for n in mine if n not in theirs or n.startswith(self.init_fresh)]
+        for name in mine:
+            if name in fresh:
+                continue
+            if tuple(theirs[name].shape) != tuple(mine[name].shape):
+                raise ValueError(f"cannot initialise {name!r} of shape {tuple(mine[name].shape)} from a tensor of "
+                                 f"shape {tuple(theirs[name].shape)} (the runs differ in vocabulary or size)")
+        self.load_state_dict({n: theirs[n] for n in mine if n not in fresh}, strict=False)
+        return fresh
 
     def save_pretrained(self, directory: Union[str, os.PathLike]) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (each atomically;

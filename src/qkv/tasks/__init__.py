@@ -30,6 +30,7 @@ from qkv.tasks import lm, translation, generated
 from qkv.tasks import captions, pointer_tasks
 from qkv.tasks import babi, bags, bbc, classify, digits, graphs, ntm_copy, regression
 from qkv.tasks import images
+from qkv.tasks import bert_tasks
 from qkv.tasks.base import GeneratedSeq2SeqTask, LanguageModelTask, PairsSeq2SeqTask, Seq2SeqTask, Task
 from qkv.tasks.data import DATASETS, fetch, load_bible, load_enwiki, load_mnist, load_shakespeare
 from qkv.tasks.generated import AdditionTask, CopyTask, DatesTask, ReverseTask, SortTask
@@ -55,3 +56,19 @@ def build_task(name: str, **kwargs: Any) -> Task:
 def list_tasks() -> List[Tuple[str, str]]:
     """``(name, one-line description)`` for every registered task."""
     return [(name, registry.describe(registry.lookup("task", name))) for name in registry.names("task")]
+
+
+def task_for_model(name: str, model_cls: type) -> str:
+    """The form of task ``name`` that ``model_cls`` reads: a task whose batches come in another
+    form for other models lists it as ``variants = {batch key: task name}`` (``bbc-news`` is
+    ``bbc-news-tokens`` for a model whose ``forward`` takes ``input_ids`` and not ``doc``)."""
+    import inspect
+
+    cls = registry.lookup("task", name)
+    params = inspect.signature(model_cls.forward).parameters
+    if getattr(cls, "input_key", None) in params:
+        return name
+    for key, variant in getattr(cls, "variants", {}).items():
+        if key in params:
+            return variant
+    return name

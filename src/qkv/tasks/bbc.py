@@ -121,12 +121,18 @@ def tokenize(text: str) -> List[List[str]]:
 class BBCNews(TensorTask):
     """BBC News topic classification (5 classes) of tokenised articles (sentences of words).
 
+    A model that reads token ids (BERT) gets the same articles as ``bbc-news-tokens``
+    (``variants``; :func:`qkv.tasks.task_for_model`).
+
     Args:
         max_sentences: sentences kept per article (``S``); max_words: words kept per sentence (``J``).
         min_count: training-set count a word needs to enter the vocabulary; max_vocab: cap.
         cache_dir: the data cache.
         articles: ``[(text, class)]`` to use instead of the cache (tests use small fixtures).
     """
+
+    input_key = "doc"  # what a model reads from this task's batches
+    variants = {"input_ids": "bbc-news-tokens"}  # the task for models that read token ids instead
 
     def __init__(self, *, max_sentences: int = 30, max_words: int = 40, min_count: int = 3, max_vocab: int = 20000,
                  cache_dir: Optional[str] = None, articles: Optional[List[Tuple[str, str]]] = None) -> None:

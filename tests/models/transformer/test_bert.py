@@ -146,3 +146,38 @@ def test_bad_inputs():
         tiny(head="qa")
     with pytest.raises(ValueError, match="num_labels"):
         tiny(num_labels=0)
+
+
+def test_selected_mlm_logits_are_the_full_logits_at_the_labelled_positions():
+    torch.manual_seed(0)
+    full = BERT(tiny()).train()
+    picked_model = BERT(tiny(mlm_logits="selected")).train()
+    picked_model.load_state_dict(full.state_dict())
+    ids = torch.randint(4, V, (3, 10))
+    inputs, labels = mask_tokens(ids, V, MASK, SPECIAL, prob=0.3, generator=torch.Generator().manual_seed(0))
+    a = full(inputs, labels=labels, next_sentence_label=torch.tensor([0, 1, 0]))
+    b = picked_model(inputs, labels=labels, next_sentence_label=torch.tensor([0, 1, 0]))
+    picked = labels != -100
+    assert b.logits.shape == (int(picked.sum()), V)
+    torch.testing.assert_close(b.logits, a.logits[picked])
+    torch.testing.assert_close(b.loss, a.loss)
+    assert picked_model(inputs).logits.shape == (3, 10, V)  # without labels: every position
+    with pytest.raises(ValueError, match="mlm_logits"):
+        tiny(mlm_logits="some")
+
+
+def test_init_from_copies_the_encoder_and_leaves_the_new_head_fresh():
+    torch.manual_seed(0)
+    pre = BERT(tiny())
+    torch.manual_seed(1)
+    fine = BERT(tiny(head="classification", num_labels=5))
+    head = fine.classifier.weight.clone()
+    fresh = fine.init_from(pre)
+    assert fresh == ["classifier.weight", "classifier.bias"]
+    for name, value in fine.state_dict().items():
+        if not name.startswith("classifier."):
+            torch.testing.assert_close(value, pre.state_dict()[name], rtol=0, atol=0, msg=name)
+    torch.testing.assert_close(fine.classifier.weight, head, rtol=0, atol=0)
+    assert fine.mlm_decoder.weight is fine.stack.embed.token.weight  # the tie survives
+    with pytest.raises(ValueError, match="stack.embed.token.weight"):
+        BERT(tiny(vocab_size=V + 1, head="classification")).init_from(pre)

@@ -94,6 +94,7 @@ class BERTConfig(StackConfig):
     layer_norm_eps: float = 1e-12  # BERT's LayerNorm epsilon
     num_labels: int = 2  # classes of the sequence-classification head
     head: str = "pretraining"  # "pretraining": logits = MLM (B, L, V), loss = MLM + NSP | "classification": logits (B, num_labels)
+    mlm_logits: str = "all"  # "all": MLM logits at every position | "selected": with labels, only at the selected positions (M, V)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -102,6 +103,8 @@ class BERTConfig(StackConfig):
         _checks.positive_int("num_labels", self.num_labels)
         if self.head not in HEADS:
             raise ValueError(f"head must be one of {HEADS}, got {self.head!r}")
+        if self.mlm_logits not in ("all", "selected"):
+            raise ValueError(f"mlm_logits must be 'all' or 'selected', got {self.mlm_logits!r}")
 
 
 @register("model", "bert")
@@ -110,13 +113,17 @@ class BERT(QKVModel):
 
     ``forward(input_ids (B, L), token_type_ids=None (B, L), attention_mask=None (B, L) bool,
     labels=None, next_sentence_label=None (B,))``. With ``head="pretraining"``: ``labels (B, L)``
-    are MLM targets (-100 ignored), ``logits (B, L, V)``, ``aux["nsp_logits"] (B, 2)``; with
+    are MLM targets (-100 ignored), ``logits (B, L, V)`` (with ``mlm_logits="selected"`` and
+    labels: ``(M, V)`` at the ``M`` labelled positions in row-major order, as the original
+    implementation gathers ``masked_lm_positions``), ``aux["nsp_logits"] (B, 2)``; with
     ``head="classification"``: ``labels (B,)``, ``logits (B, num_labels)``. ``weights``: per layer
     ``(B, H, L, L)``.
     """
 
     config_class = BERTConfig
-    task_kinds = frozenset({"classification"})
+    task_kinds = frozenset({"classification", "pretraining"})
+    init_task_fields = ("head", "num_labels")  # a fine-tuning task chooses the head (qkv train --init)
+    init_fresh = ("classifier.",)  # ...which starts fresh; the encoder, pooler and MLM/NSP heads are copied
 
     def __init__(self, config: BERTConfig) -> None:
         super().__init__(config)
@@ -156,13 +163,21 @@ class BERT(QKVModel):
                 check_labels("labels", labels, c.num_labels, (input_ids.shape[0],))
                 loss = F.cross_entropy(float32_at_least(logits), labels, ignore_index=IGNORE_INDEX)
         else:
-            logits = self.mlm_decoder(self.mlm_transform(h))  # (B, L, V)
+            if labels is not None:
+                check_labels("labels", labels, c.vocab_size, input_ids.shape)
+            if labels is not None and c.mlm_logits == "selected":
+                # the original implementation's masked_lm_positions: decode the selected positions only
+                picked = labels != IGNORE_INDEX  # (B, L)
+                logits = self.mlm_decoder(self.mlm_transform(h[picked]))  # (M, V), row-major order
+                targets = labels[picked][None]  # (1, M)
+            else:
+                logits = self.mlm_decoder(self.mlm_transform(h))  # (B, L, V)
+                targets = labels
             nsp_logits = self.nsp_head(pooled)  # (B, 2)
             aux["nsp_logits"] = nsp_logits
             terms = []
             if labels is not None:
-                check_labels("labels", labels, c.vocab_size, input_ids.shape)
-                terms.append(lm_loss(logits, labels))
+                terms.append(lm_loss(logits if logits.dim() == 3 else logits[None], targets))
                 aux["mlm_loss"] = terms[-1].detach()
             if next_sentence_label is not None:
                 check_labels("next_sentence_label", next_sentence_label, 2, (input_ids.shape[0],))
