@@ -76,6 +76,18 @@ def test_set_step_clamps_spans_and_reports(tmp_path):
     assert m.visualize(tmp_path / "spans.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_carried_cache_is_detached_and_exported():
+    m = model().train()
+    x = ids(2, 10)
+    state = m(x, labels=x, return_state=True).state
+    assert all(not b.self_attn.key.requires_grad for b in state.layers)
+    again = m.import_state(m.export_state(state))
+    assert again.position == 10 and torch.equal(again.layers[1].self_attn.value, state.layers[1].self_attn.value)
+    assert m.import_state({}) is None and m.export_state(None) == {}
+    with pytest.raises(ValueError, match="cache.0.key"):
+        m.import_state({"position": torch.tensor(3)})
+
+
 def test_save_load_and_bad_config(tmp_path):
     m = model()
     m.save_pretrained(tmp_path)
@@ -94,13 +106,16 @@ def test_qkv_train_eval_viz_report_spans(tmp_path, monkeypatch, capsys):
     (texts / "hamlet_gut.txt").write_text("HAMLET\n\nTo be, or not to be, that is the question:\n" * 60)
     monkeypatch.setenv("QKV_DATA", str(tmp_path / "data"))
     run = tmp_path / "run"
-    sets = ["n_layers=2", "d_model=16", "n_heads=2", "d_ff=32", "max_span=8", "ramp=2", "task.block_size=16"]
+    sets = ["n_layers=2", "d_model=16", "n_heads=2", "d_ff=32", "max_span=24", "ramp=2", "task.block_size=16",
+            "task.stream=true"]
     argv = ["train", "adaptive-span", "--task", "shakespeare-char", "--out", str(run), "--steps", "3",
             "--batch-size", "4", "--warmup", "1", "--eval-batches", "1", "--eval-max-examples", "4",
             "--progress", "false", "--tensorboard", "false"]
     for s in sets:
         argv += ["--set", s]
-    assert main(argv) == 0
+    assert main(argv + ["--save-every", "2"]) == 0
+    # the span cache is carried between batches and checkpointed: resuming continues it exactly
+    assert main(argv[:6] + ["--steps", "4"] + argv[8:] + ["--save-every", "2", "--resume"]) == 0
     capsys.readouterr()
     assert main(["eval", str(run), "--max-examples", "4"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -9,9 +9,13 @@ a cache of the last ``S - 1`` keys and values per layer, so a segment continued 
 looks up to ``S`` positions back across the segment boundary (as the paper's XL-style cache);
 evaluation segment by segment with the state equals one pass over the concatenation.
 
-Deviations: absolute sinusoidal positions (offset by the state's position) instead of the paper's
-learned relative position embeddings on the keys; training batches are independent windows
-(``block_size``), so spans can grow to ``block_size - 1`` in training; ``S`` bounds them.
+Training on ``--set task.stream=true`` carries that cache from one batch to the next (the
+trainer's ``carries_state`` hook; detached, no gradient flows into it, and saved in checkpoints),
+so every position sees ``S`` back, as in the paper; on random windows a span can only use the
+``block_size - 1`` positions of its window.
+
+Deviation: absolute sinusoidal positions (offset by the state's position) instead of the paper's
+learned relative position embeddings on the keys.
 ``set_step`` (called by the trainer before every update) clamps each span into ``[0, S]``.
 """
 
@@ -29,9 +33,14 @@ from ...attention.adaptive_span import AdaptiveSpanAttention
 from ...registry import register
 from ..base import ModelOutput
 from .gpt import GPT, GPTConfig
-from .stack import StackState
+from ...types import KVCache
+from .stack import BlockState, StackState
 
 __all__ = ["AdaptiveSpanTransformer", "AdaptiveSpanTransformerConfig"]
+
+
+def _detach(cache: KVCache) -> KVCache:
+    return KVCache(cache.key.detach(), cache.value.detach(), cache.offset)
 
 
 @dataclass
@@ -82,6 +91,7 @@ class AdaptiveSpanTransformer(GPT):
     """
 
     config_class = AdaptiveSpanTransformerConfig
+    carries_state = True  # on stream tasks the trainer passes the span cache from one batch to the next
     train_defaults = {"lr": 1e-3, "steps": 1500, "batch_size": 16, "warmup": 100}
 
     def kernels(self) -> list:
@@ -110,7 +120,34 @@ class AdaptiveSpanTransformer(GPT):
         out.aux["mean_span"] = self.spans().mean()
         if out.loss is not None and self.training:
             out.loss = out.loss + self.config.span_loss_coef * penalty
+        if out.state is not None:  # stop-gradient: the cache is context, not a path for gradients
+            out.state = StackState(tuple(BlockState(_detach(b.self_attn), b.cross_kv) for b in out.state.layers),
+                                   out.state.position)
         return out
+
+    # -- carried state in checkpoints (the trainer's hooks)
+
+    def export_state(self, state: Optional[StackState]) -> Dict[str, Tensor]:
+        """The span caches as named tensors for a checkpoint (``{}`` for none)."""
+        if state is None:
+            return {}
+        tensors = {"position": torch.tensor(state.position)}
+        for n, block in enumerate(state.layers):
+            tensors.update({f"cache.{n}.key": block.self_attn.key, f"cache.{n}.value": block.self_attn.value,
+                            f"cache.{n}.offset": torch.tensor(block.self_attn.offset)})
+        return tensors
+
+    def import_state(self, tensors: Dict[str, Tensor]) -> Optional[StackState]:
+        """Inverse of ``export_state``."""
+        if not tensors:
+            return None
+        try:
+            layers = tuple(BlockState(KVCache(tensors[f"cache.{n}.key"], tensors[f"cache.{n}.value"],
+                                              int(tensors[f"cache.{n}.offset"])))
+                           for n in range(len(self.stack.layers)))
+            return StackState(layers, int(tensors["position"]))
+        except KeyError as e:
+            raise ValueError(f"saved span cache lacks {e.args[0]!r}; it holds {sorted(tensors)}") from None
 
     def attention_cost(self) -> Dict[str, float]:
         """Attention score computations per query, as fractions of the full span ``S`` in every layer:
