@@ -24,6 +24,7 @@ KERNEL_KWARGS = {
     "relative": {"mem_len": 16, "clamp_len": 12},
     "adaptive-span": {"max_span": 4, "ramp": 2, "block": 3},
     "linformer": {"seq_len": 16, "k": 5},
+    "lsh": {"bucket_size": 4, "n_rounds": 2, "n_buckets": 4, "seed": 0},
 }
 # Kernels with per-head parameters take the test tensors' head shape (as MultiHeadAttention fills it in).
 HEAD_KWARGS = ("n_heads", "head_dim")
@@ -48,9 +49,18 @@ def qkv_tensors(B=2, H=3, M=11, N=11, E=8, dtype=torch.float32, seed=0):
     return tuple(torch.randn(B, H, L, E, generator=g, dtype=dtype) for L in (M, N, N))
 
 
-def literal_attention(q, k, v, allowed):
-    """softmax(q k^T / sqrt(d)) v over allowed pairs, written with loops (float64)."""
+def literal_attention(q, k, v, allowed, shared_qk=False):
+    """softmax(q k^T / sqrt(d)) v over allowed pairs, written with loops (float64).
+
+    ``shared_qk`` (kernels with that capability flag, Reformer): the keys are the unit-normalised
+    queries ``k_j = q_j / ||q_j||`` and query ``i`` attends to itself only when no other key is allowed.
+    """
     B, H, M, E = q.shape
+    if shared_qk:
+        k = q / q.norm(dim=-1, keepdim=True)
+        eye = torch.eye(M, dtype=torch.bool)
+        others = allowed & ~eye
+        allowed = torch.where(others.any(-1, keepdim=True), others, allowed & eye)
     N = k.shape[2]
     out = torch.zeros(B, H, M, v.shape[-1], dtype=torch.float64)
     for b in range(B):
@@ -85,9 +95,11 @@ def test_exact_kernels_match_literal_reference(name, causal):
         pytest.skip(f"{name} cannot be causal")
     kernel = build(name, causal=causal)
     if not kernel.exact:
-        pytest.skip(f"{name} is approximate: see its error test")
+        if kernel.exact_kwargs is None:
+            pytest.skip(f"{name} is approximate: see its error test")
+        kernel = build(name, causal=causal, **kernel.exact_kwargs)  # the knobs that make it exact
     q, k, v = qkv_tensors(M=11, N=11)
-    ref = literal_attention(q, k, v, allowed_pairs(kernel, 2, 3, 11, 11))
+    ref = literal_attention(q, k, v, allowed_pairs(kernel, 2, 3, 11, 11), shared_qk=kernel.shared_qk)
     for need_weights in (False, True):
         out = kernel(q, k, v, need_weights=need_weights)
         torch.testing.assert_close(out.output.double(), ref, atol=1e-5, rtol=1e-4)
@@ -97,7 +109,9 @@ def test_exact_kernels_match_literal_reference(name, causal):
 def test_weights_are_distributions_on_the_pattern(name):
     kernel = build(name)
     if not kernel.exact:
-        pytest.skip("approximate kernel")
+        if kernel.exact_kwargs is None:
+            pytest.skip("approximate kernel")
+        kernel = build(name, **kernel.exact_kwargs)
     q, k, v = qkv_tensors(M=9, N=9)
     out = kernel(q, k, v, need_weights=True)
     assert out.weights.shape == (2, 3, 9, 9)

@@ -20,6 +20,7 @@ from .efficient import EfficientAttention
 from .relative import RelativeAttention
 from .adaptive_span import AdaptiveSpanAttention
 from .linformer import LinformerAttention
+from .lsh import LSHAttention, LSHState
 
 from .alignment import HardAttention, HardAttentionSample, LocalAttention, SoftAttention
 from .multihead import MultiHeadAttention, build_attention
@@ -32,6 +33,7 @@ __all__ = [
     "RelativeAttention",
     "AdaptiveSpanAttention",
     "LinformerAttention",
+    "LSHAttention", "LSHState",
 ]
 
 

@@ -60,6 +60,12 @@ class AttentionKernel(nn.Module):
     exact: ClassVar[bool] = True
     #: needs the sequence length at construction (e.g. Linformer's projections).
     needs_seq_len: ClassVar[bool] = False
+    #: keys are the unit-normalised queries (``k`` unused) and a position attends to itself only
+    #: when nothing else is available (Reformer's shared-QK attention); contract tests use a
+    #: shared-QK reference for such kernels.
+    shared_qk: ClassVar[bool] = False
+    #: knobs under which an approximate kernel is exact (tested against the literal reference), or None.
+    exact_kwargs: ClassVar[Optional[dict]] = None
     #: weights are returned only when they are computed anyway or asked for.
     registry_name: ClassVar[str] = ""
     #: applies ``dropout`` somewhere (the paper's or authors' practice); a kernel that forms no

@@ -85,6 +85,8 @@ class MultiHeadAttention(nn.Module):
             self.kernel = cls(causal=causal, dropout=dropout, **kernel_kwargs)
         else:
             raise TypeError(f"attention must be a registry name or an AttentionKernel, got {type(attention).__name__}")
+        if self.kernel.shared_qk:
+            self.k_proj = None  # shared-QK kernels (Reformer) take the queries as keys: no key projection
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, **kwargs: Any) -> "MultiHeadAttention":
@@ -111,6 +113,9 @@ class MultiHeadAttention(nn.Module):
         """Project ``key (B, N, kdim)`` and ``value (B, N, vdim)`` (default ``key``) into heads
         ``(B, H, N, E)`` each — computed once and passed as ``kv=`` when the same memory is
         attended many times (cross-attention while decoding)."""
+        if self.k_proj is None:
+            raise ValueError(f"attention {self.kernel.registry_name!r} shares queries and keys (shared_qk=True): it has "
+                             f"no key projection and does only self-attention")
         _checks.tensor("key", key, ndim=3, floating=True)
         value = key if value is None else _checks.tensor("value", value, ndim=3, floating=True)
         _checks.same("key", key.shape[-1], "kdim", self.k_proj.in_features, "the feature size")
@@ -142,6 +147,14 @@ class MultiHeadAttention(nn.Module):
         _checks.tensor("query", query, ndim=3, floating=True)
         _checks.same("query", query.shape[-1], "d_model", self.d_model, "the feature size")
         _checks.same_dtype("query", query, "MultiHeadAttention.q_proj", self.q_proj.weight)
+        if self.k_proj is None:
+            if kv is not None or (key is not None and key is not query):
+                raise ValueError(f"attention {self.kernel.registry_name!r} shares queries and keys (shared_qk=True): "
+                                 f"self-attention only, call it as mha(x)")
+            v = self._split(self.v_proj(query if value is None else value))  # (B, H, L, E)
+            q = self._split(self.q_proj(query))  # (B, H, L, E), also the keys
+            out = self.kernel(q, q, v, mask=mask, state=state, need_weights=need_weights, return_state=return_state)
+            return self._merge(out)
         if kv is not None:
             if key is not None or value is not None:
                 raise ValueError("give either key/value or kv (projected heads), not both")
@@ -153,6 +166,10 @@ class MultiHeadAttention(nn.Module):
         _checks.same("query", query.shape[0], "key", k.shape[0], "the batch size")
         q = self._split(self.q_proj(query))  # (B, H, M, E)
         out = self.kernel(q, k, v, mask=mask, state=state, need_weights=need_weights, return_state=return_state)
+        return self._merge(out)
+
+    def _merge(self, out: AttentionOutput) -> AttentionOutput:
+        """Merge the kernel's heads ``(B, H, M, E)`` and apply the output projection."""
         B, H, M, E = out.output.shape
         merged = out.output.transpose(1, 2).reshape(B, M, H * E)  # (B, M, d_model)
         return AttentionOutput(self.out_proj(merged), out.weights, out.state)

@@ -1,0 +1,402 @@
+"""LSH attention (Kitaev, Kaiser, Levskaya 2020, "Reformer: The Efficient Transformer",
+arXiv:2001.04451, §2).
+
+Hashing by random rotations (Andoni et al. 2015): for ``b`` buckets draw ``R`` of shape
+``(d, b/2)`` and set
+
+    h(x) = argmax([x R ; -x R])
+
+so that nearby vectors share a bucket with high probability. Shared-QK attention uses one
+projection for queries and keys, with keys normalised, ``k_j = q_j / ||q_j||``, so that
+``h(q_j) = h(k_j)``; scores are ``q_i . k_j / sqrt(d)``. Positions are sorted by
+``(bucket, position)``, cut into chunks of ``m = bucket_size`` and every chunk attends to itself
+and to the previous chunk (the authors' code: everything in those two chunks, whatever its bucket).
+A position attends to itself only when nothing else is available (its score gets ``-1e5``, as in
+the authors' code: ``q_i . k_i`` is the largest score and would otherwise dominate). ``n_rounds``
+independent hashes give per-round outputs ``o^(r)`` and normalisers ``z^(r) = logsumexp`` of the
+round's scores, combined as (eq. 4 and Appendix)
+
+    o_i = sum_r exp(z_i^(r) - logsumexp_r z_i^(r)) o_i^(r)
+
+which is softmax attention over the multiset of keys met in all rounds. ``dedup=True`` subtracts
+``log N_ij`` (``N_ij`` = rounds in which ``j`` is in ``i``'s window) from each score so that each
+key counts once: the result is softmax over the union of the rounds' windows.
+
+Causal attention (a deviation, for exactness). Chunk boundaries in the sorted order depend on
+every position, later ones included: with causal masking alone, which earlier keys share query
+``i``'s chunk depends on how later tokens hash — a (small) leak from the future, and no
+incremental decoding can reproduce it. Here a causal query ``i`` attends, in each round, to the
+``bucket_size`` most recent positions ``j <= i`` that share its bucket (itself included): in the
+sorted order these are the positions of its bucket at most ``bucket_size - 1`` places before it —
+always inside its chunk or the previous one, and determined by positions ``<= i`` only. That is
+the paper's ``P_i = {j : h(q_i) = h(k_j), j <= i}`` (eq. 3) restricted to a window, computed in the
+same chunks; outputs never depend on later positions, and decoding one token at a time gives the
+same numbers.
+
+"The same hashing" for a growing sequence: the rotations and the number of buckets must not change
+while a sequence grows. A decoding ``LSHState`` keeps the rotations drawn (or seeded) at its
+first call and the number of buckets fixed then (``n_buckets`` given, or derived from the first
+call's length); each cached key keeps its bucket per round. Stepwise equals parallel when the
+parallel call hashes with the same rotations and bucket count (``seed`` and ``n_buckets`` given).
+
+Randomness: ``seed=None`` draws fresh rotations from torch's global generator on every call (the
+paper re-hashes every step); ``ReversibleSequence`` saves and restores that generator to replay a
+layer's hashing in backward. ``seed=int`` fixes them (tests, deterministic evaluation).
+
+Cost: one batched ``argsort`` of ``(B, H, n_rounds, L)`` keys, gathers, and ``(m, 2m)`` score
+blocks: O(n_rounds L (log L + m d)) time and O(n_rounds L m) memory — never an ``L x L`` matrix
+(only ``need_weights=True`` builds one). Any length works: the sequence is padded to a multiple of
+``m`` inside (padding sorts into its own bucket after every real one and is never seen). Masks:
+key padding only; masked keys move to that padding bucket too, so their hashes do not shift the
+chunks of the others.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import _checks
+from ..registry import register
+from ..types import AttentionOutput
+from .base import AttentionKernel
+
+__all__ = ["LSHAttention", "LSHState", "hash_vectors", "draw_rotations", "derived_n_buckets", "SELF_PENALTY"]
+
+#: subtracted from a position's score with itself (the authors' code uses the same constant).
+SELF_PENALTY = 1e5
+
+
+def derived_n_buckets(length: int, bucket_size: int) -> int:
+    """The paper's bucket count for ``m = 2 l / n_b`` (§2): ``n_b = 2 ceil(l / m)``, at least 2."""
+    return max(2, 2 * math.ceil(length / bucket_size))
+
+
+def draw_rotations(n_heads: int, dim: int, n_rounds: int, n_buckets: int, *, seed: Optional[int] = None,
+                   device: torch.device = torch.device("cpu")) -> Optional[Tensor]:
+    """Random rotations ``R (H, d, n_rounds, n_buckets / 2)`` (float32); None for one bucket.
+
+    ``seed`` draws them from a private CPU generator (the same on every device); None from
+    torch's global generator of ``device`` (saved/restored by ``ReversibleSequence``).
+    """
+    if n_buckets == 1:
+        return None
+    shape = (n_heads, dim, n_rounds, n_buckets // 2)
+    if seed is None:
+        return torch.randn(shape, device=device)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+@torch.no_grad()
+def hash_vectors(x: Tensor, rotations: Optional[Tensor]) -> Tensor:
+    """``h(x) = argmax([x R ; -x R])`` per round: ``x (B, H, L, d)`` -> buckets ``(B, H, n_rounds, L)`` (long).
+
+    ``rotations`` None means one bucket (every position in bucket 0). Hashing runs in float32.
+    """
+    B, H, L, _ = x.shape
+    if rotations is None:
+        return torch.zeros(B, H, 1, L, dtype=torch.long, device=x.device)
+    xR = torch.einsum("bhld,hdrk->bhrlk", x.float(), rotations)  # (B, H, R, L, b/2)
+    return torch.cat([xR, -xR], dim=-1).argmax(dim=-1)  # (B, H, R, L)
+
+
+@dataclass(frozen=True)
+class LSHState:
+    """What causal LSH attention needs to continue a sequence.
+
+    key: ``(B, H, S, E)`` unit-length keys seen so far; value: ``(B, H, S, Ev)``.
+    buckets: ``(B, H, n_rounds, S)`` each cached key's bucket in every round.
+    rotations: ``(H, E, n_rounds, n_buckets / 2)`` (None for one bucket) — fixed for the sequence.
+    n_buckets: fixed for the sequence.
+    """
+
+    key: Tensor
+    value: Tensor
+    buckets: Tensor
+    rotations: Optional[Tensor]
+    n_buckets: int
+
+    @property
+    def length(self) -> int:
+        return self.key.shape[-2]
+
+
+def _flat_gather(x: Tensor, index: Tensor) -> Tensor:
+    """``x (B, H, L, D)`` rows at ``index (B, H, *rest)`` (values in ``[0, L)``) -> ``(B, H, *rest, D)``.
+
+    One ``index_select`` on the flattened rows: its backward is one ``index_add`` (a ``gather``
+    would need a ``D``-times larger index tensor).
+    """
+    B, H, L, D = x.shape
+    base = torch.arange(B * H, device=x.device).view(B, H, *([1] * (index.dim() - 2))) * L
+    return x.reshape(B * H * L, D).index_select(0, (index + base).reshape(-1)).view(*index.shape, D)
+
+
+def _look_back(x: Tensor, dim: int) -> Tensor:
+    """Chunks ``c`` followed by chunks ``c - 1`` (cyclically) along ``dim + 1``; ``dim`` indexes chunks."""
+    if x.shape[dim] == 1:
+        return x  # one chunk: its "previous chunk" is itself
+    return torch.cat([x, x.roll(1, dims=dim)], dim=dim + 1)
+
+
+def _softmax_lse(s: Tensor) -> tuple[Tensor, Tensor]:
+    """Softmax over the last dim and its ``logsumexp`` normaliser; an all ``-inf`` row gives zero
+    weights and ``-inf``, with finite gradients. Normalising by the sum (not by ``exp(s - lse)``)
+    keeps rows exact when the scores sit far from 0 (the ``-1e5`` of a self-only row in float32)."""
+    mx = s.detach().amax(dim=-1, keepdim=True)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+    e = torch.exp(s - mx)
+    total = e.sum(-1, keepdim=True)
+    ok = total > 0
+    safe = torch.where(ok, total, torch.ones_like(total))
+    lse = torch.where(ok, torch.log(safe) + mx, torch.full_like(total, float("-inf")))
+    return e / safe, lse.squeeze(-1)
+
+
+@register("attention", "lsh", "reformer")
+class LSHAttention(AttentionKernel):
+    """LSH attention: softmax over the sorted chunks of a random-rotation hash (Kitaev et al. 2020).
+
+    ``h(x) = argmax([xR; -xR])``; shared-QK keys ``k_j = q_j / ||q_j||``; scores ``q_i . k_j / sqrt(d)``
+    within each chunk of the ``(bucket, position)``-sorted sequence and its previous chunk; a
+    position attends to itself only when nothing else is available; rounds combined by their
+    log-sum-exp normalisers.
+
+    Args:
+        bucket_size: chunk length ``m`` (the paper: 64); a causal query sees at most ``m``
+            positions of its bucket per round.
+        n_rounds: independent hashes (the error against full attention falls as they grow).
+        n_buckets: buckets per round (even, or 1 for no hashing); None derives ``2 ceil(L / m)``
+            from the length.
+        shared_qk: keys are the unit-normalised queries (``k`` is ignored; ``q`` and ``v`` must
+            have the same length). False: separate sorts of queries and keys, unnormalised keys,
+            no self rule (non-causal only).
+        dedup: count a key met in several rounds once (subtract ``log N_ij``).
+        seed: fixes the rotations; None draws new ones every call.
+        causal, dropout: as every kernel (dropout on each round's weights).
+    Shapes: ``q (B, H, L, E)``, ``k (B, H, L, E)``, ``v (B, H, L, Ev)`` -> ``(B, H, L, Ev)``;
+    weights ``(B, H, L, L)`` only when asked (built densely). Masks: key padding ``(B, L)``.
+    Incremental decoding (causal): ``LSHState``; O(S) per new token, as a KV cache.
+    Cost: O(n_rounds L (log L + m E)) time, O(n_rounds L m) memory.
+    """
+
+    supports_mask = "key_padding"
+    supports_state = True
+    exact = False
+    #: with one bucket and one chunk covering the sequence this is exact shared-QK attention.
+    exact_kwargs: ClassVar[dict] = {"n_buckets": 1, "bucket_size": 1 << 20}
+
+    def __init__(self, *, causal: bool = False, dropout: float = 0.0, bucket_size: int = 64, n_rounds: int = 1,
+                 n_buckets: Optional[int] = None, shared_qk: bool = True, dedup: bool = False,
+                 seed: Optional[int] = None) -> None:
+        super().__init__(causal=causal, dropout=dropout)
+        self.bucket_size = _checks.positive_int("bucket_size", bucket_size)
+        self.n_rounds = _checks.positive_int("n_rounds", n_rounds)
+        if n_buckets is not None:
+            _checks.positive_int("n_buckets", n_buckets)
+            if n_buckets != 1 and n_buckets % 2:
+                raise ValueError(f"n_buckets must be even (argmax over [xR; -xR]) or 1, got {n_buckets}")
+        self.n_buckets = n_buckets
+        for name, flag in (("shared_qk", shared_qk), ("dedup", dedup)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {flag!r}")
+        if causal and not shared_qk:
+            raise ValueError("shared_qk=False is supported only with causal=False: separately sorted queries and "
+                             "keys do not line up in chunks, so no causal window can be kept exact")
+        self.shared_qk = shared_qk
+        self.dedup = dedup
+        if seed is not None:
+            _checks.positive_int("seed", seed, allow_zero=True)
+        self.seed = seed
+
+    def extra_repr(self) -> str:
+        return (f"bucket_size={self.bucket_size}, n_rounds={self.n_rounds}, n_buckets={self.n_buckets}, "
+                f"shared_qk={self.shared_qk}, dedup={self.dedup}, seed={self.seed}, {super().extra_repr()}")
+
+    def _state_length(self, state) -> int:
+        return state.length if isinstance(state, LSHState) else 0
+
+    def rotations(self, n_heads: int, dim: int, length: int, device: torch.device) -> tuple[Optional[Tensor], int]:
+        """``(R, n_buckets)`` for a call on ``length`` positions (see ``draw_rotations``)."""
+        nb = self.n_buckets if self.n_buckets is not None else derived_n_buckets(length, self.bucket_size)
+        return draw_rotations(n_heads, dim, self.n_rounds, nb, seed=self.seed, device=device), nb
+
+    # ------------------------------------------------------------------------------------------
+
+    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        B, H, M, E = q.shape
+        if self.shared_qk and state is None and k.shape[-2] != M:
+            raise ValueError(f"shared-QK LSH attention uses the queries as keys: q and k must have the same length, "
+                             f"got {M} and {k.shape[-2]} (use shared_qk=False for other keys)")
+        if not self.shared_qk and k.shape[-2] != M:
+            raise ValueError(f"LSH attention sorts queries and keys into aligned chunks: q and k must have the same "
+                             f"length, got {M} and {k.shape[-2]}")
+        out_dtype = v.dtype
+        work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # softmax in float32
+        q, k, v = q.to(work), k.to(work), v.to(work)
+        key_mask = None if mask is None else mask[:, :, 0, :].expand(B, H, -1)  # (B, H, N_total)
+        if state is not None:
+            if not isinstance(state, LSHState):
+                raise TypeError(f"state must be an LSHState returned by this kernel, got {type(state).__name__}")
+            if state.key.shape[:2] != (B, H) or state.key.shape[-1] != E or state.value.shape[-1] != v.shape[-1]:
+                raise ValueError(f"state holds keys {tuple(state.key.shape)} and values {tuple(state.value.shape)}, "
+                                 f"incompatible with q {tuple(q.shape)} and v {tuple(v.shape)}")
+            out, weights, new_state = self._attend_cached(q, v, key_mask, state, need_weights)
+        else:
+            if M == 0:
+                empty = v.new_zeros(B, H, 0, v.shape[-1])
+                return AttentionOutput(empty.to(out_dtype), v.new_zeros(B, H, 0, 0).to(out_dtype) if need_weights else None,
+                                       None)
+            R, nb = self.rotations(H, E, M, q.device)
+            out, weights, buckets = self._attend_chunked(q, k, v, key_mask, R, nb, need_weights)
+            new_state = None
+            if return_state:
+                new_state = LSHState(self._unit(q), v, buckets, R, nb)
+        return AttentionOutput(out.to(out_dtype), None if weights is None else weights.to(out_dtype),
+                               new_state if return_state else None)
+
+    @staticmethod
+    def _unit(x: Tensor) -> Tensor:
+        """``x / ||x||`` (a zero vector stays zero)."""
+        return x / x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny ** 0.5)
+
+    # ------------------------------------------------------------------------------------------
+    # The parallel path: sort, chunk, attend within the chunk and the previous one, unsort.
+
+    def _attend_chunked(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], rotations: Optional[Tensor],
+                        nb: int, need_weights: bool):
+        B, H, L, E = q.shape
+        Ev = v.shape[-1]
+        dev = q.device
+        m = min(self.bucket_size, L)  # chunk length; one chunk when the sequence is shorter
+        C = -(-L // m)  # chunks per round
+        Lp = C * m  # padded length
+        pad = Lp - L
+
+        # h(x) = argmax([xR; -xR]) per round; masked keys and padding go to bucket nb (sorted last)
+        raw_q = hash_vectors(q, rotations)  # (B, H, R, L)
+        R = raw_q.shape[2]
+        raw_k = raw_q if self.shared_qk else hash_vectors(k, rotations)
+
+        def prepare(raw: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            b = raw if key_mask is None else raw.masked_fill(~key_mask[:, :, None, :], nb)
+            b = F.pad(b, (0, pad), value=nb)  # (B, H, R, Lp)
+            pos = torch.arange(Lp, device=dev)
+            perm = (b * Lp + pos).argsort(dim=-1)  # sort by (bucket, position): one batched argsort
+            inv = torch.empty_like(perm).scatter_(-1, perm, pos.expand_as(perm))  # sorted index of each position
+            return b, perm, inv
+
+        b_q, perm_q, inv_q = prepare(raw_q)
+        b_k, perm_k, inv_k = (b_q, perm_q, inv_q) if self.shared_qk else prepare(raw_k)
+
+        qp = F.pad(q, (0, 0, 0, pad))  # (B, H, Lp, E)
+        vp = F.pad(v, (0, 0, 0, pad))
+        sq = _flat_gather(qp, perm_q).view(B, H, R, C, m, E)  # sorted queries in chunks
+        if self.shared_qk:
+            sk = self._unit(sq)  # k_j = q_j / ||q_j||
+        else:
+            sk = _flat_gather(F.pad(k, (0, 0, 0, pad)), perm_k).view(B, H, R, C, m, E)
+        sv = _flat_gather(vp, perm_k).view(B, H, R, C, m, Ev)
+        pos_q = perm_q.view(B, H, R, C, m)
+        pos_k = _look_back(perm_k.view(B, H, R, C, m), dim=3)  # (B, H, R, C, W), W = m or 2m
+        bq = b_q.gather(-1, perm_q).view(B, H, R, C, m)  # bucket of each sorted query
+        bk = _look_back(b_k.gather(-1, perm_k).view(B, H, R, C, m), dim=3)
+        kw = _look_back(sk, dim=3)  # (B, H, R, C, W, E)
+        vw = _look_back(sv, dim=3)  # (B, H, R, C, W, Ev)
+        W = kw.shape[-2]
+
+        # scores q_i . k_j / sqrt(d) within the chunk and its predecessor
+        s = (sq @ kw.transpose(-1, -2)) * (1.0 / math.sqrt(E))  # (B, H, R, C, m, W)
+        allowed = (bk < nb)[..., None, :]  # real, unmasked keys (B, H, R, C, 1, W)
+        if self.causal:
+            # the bucket_size most recent positions of i's bucket: same bucket, j <= i, and at most
+            # bucket_size - 1 places before i in the sorted order (only possible in the previous chunk)
+            t = torch.arange(m, device=dev)
+            u = torch.arange(W, device=dev)
+            dist = t[:, None] - u[None, :] + 2 * m * (u[None, :] >= m)  # (m, W): i's sorted index minus j's
+            allowed = allowed & (bq[..., :, None] == bk[..., None, :]) & (pos_k[..., None, :] <= pos_q[..., :, None])
+            allowed = allowed & (dist < self.bucket_size)
+        logits = s.masked_fill(~allowed, float("-inf"))
+        if self.shared_qk:
+            self_pair = pos_k[..., None, :] == pos_q[..., :, None]  # (B, H, R, C, m, W)
+            logits = torch.where(self_pair & allowed, s - SELF_PENALTY, logits)
+        if self.dedup and R > 1:
+            logits = logits - torch.log(self._round_counts(pos_q, pos_k, b_q, b_k, inv_q, inv_k, m, C).to(logits.dtype))
+
+        # each round's softmax and its normaliser z^(r)
+        p, z = _softmax_lse(logits)  # (B, H, R, C, m, W), (B, H, R, C, m)
+        if self.dropout and self.training:
+            p = F.dropout(p, self.dropout)
+        o = p @ vw  # (B, H, R, C, m, Ev)
+
+        # undo the sort, then o_i = sum_r exp(z_i^(r) - logsumexp_r z_i^(r)) o_i^(r)
+        o = _flat_gather(o.reshape(B, H * R, Lp, Ev), inv_q.view(B, H * R, Lp)).view(B, H, R, Lp, Ev)
+        z = z.view(B, H, R, Lp).gather(-1, inv_q)  # (B, H, R, Lp)
+        w = _softmax_lse(z.transpose(-1, -2))[0].transpose(-1, -2)  # (B, H, R, Lp); 0 for a row with no key
+        out = (w[..., None] * o).sum(dim=2)[:, :, :L]  # (B, H, L, Ev)
+
+        weights = None
+        if need_weights:
+            # the combined weight of each (i, j) pair, scattered into a dense (Lp, Lp) matrix
+            wr = w.gather(-1, perm_q).view(B, H, R, C, m, 1)  # round weights in sorted order
+            pair = (p * wr).reshape(B, H, -1)
+            index = (pos_q[..., :, None] * Lp + pos_k[..., None, :]).expand(B, H, R, C, m, W).reshape(B, H, -1)
+            dense = pair.new_zeros(B, H, Lp * Lp).scatter_add_(-1, index, pair)
+            weights = dense.view(B, H, Lp, Lp)[:, :, :L, :L]
+        return out, weights, raw_q
+
+    def _round_counts(self, pos_q, pos_k, b_q, b_k, inv_q, inv_k, m, C) -> Tensor:
+        """``N_ij``: in how many rounds key ``j`` is in query ``i``'s window, for each pair of the
+        chunked windows ``(B, H, R, C, m, W)`` (the duplicate-attention correction)."""
+        B, H, R = pos_q.shape[:3]
+
+        def per_round(table: Tensor, pos: Tensor) -> Tensor:  # table (B, H, R', Lp), pos (B, H, ...) -> (B, H, ..., R')
+            return _flat_gather(table.transpose(-1, -2).contiguous(), pos)
+
+        sq_all = per_round(inv_q, pos_q)[..., :, None, :]  # (B, H, R, C, m, 1, R') sorted index of i in round r'
+        sk_all = per_round(inv_k, pos_k)[..., None, :, :]  # (B, H, R, C, 1, W, R')
+        if self.causal:
+            same = per_round(b_q, pos_q)[..., :, None, :] == per_round(b_k, pos_k)[..., None, :, :]
+            d = sq_all - sk_all
+            inside = same & (d >= 0) & (d < self.bucket_size)
+        else:
+            cq, ck = sq_all // m, sk_all // m
+            inside = (ck == cq) | ((C > 1) & (ck == (cq - 1) % C))
+        return inside.sum(-1).clamp_min(1)  # (B, H, R, C, m, W)
+
+    # ------------------------------------------------------------------------------------------
+    # The incremental path: new queries against the cache, with the same windows as above.
+
+    def _attend_cached(self, q: Tensor, v: Tensor, key_mask: Optional[Tensor], state: LSHState, need_weights: bool):
+        B, H, M, E = q.shape
+        S = state.length
+        N = S + M
+        R = state.rotations
+        nb = state.n_buckets
+        k_all = torch.cat([state.key.to(q.dtype), self._unit(q)], dim=-2)  # (B, H, N, E)
+        v_all = torch.cat([state.value.to(v.dtype), v], dim=-2)
+        raw = torch.cat([state.buckets, hash_vectors(q, R)], dim=-1)  # (B, H, R, N)
+        new_state = LSHState(k_all, v_all, raw, R, nb)
+        b = raw if key_mask is None else raw.masked_fill(~key_mask[:, :, None, :], nb)
+        i_pos = torch.arange(S, N, device=q.device)  # query positions
+        j_pos = torch.arange(N, device=q.device)
+        causal = j_pos[None, :] <= i_pos[:, None]  # (M, N)
+        member = (b[..., S:, None] == b[..., None, :]) & (b[..., None, :] < nb) & causal  # (B, H, R, M, N)
+        # rank distance within the bucket: positions of i's bucket in (j, i]
+        cnt = member.cumsum(-1)
+        at_i = cnt.gather(-1, i_pos.view(1, 1, 1, M, 1).expand(B, H, cnt.shape[2], M, 1))
+        window = member & (at_i - cnt < self.bucket_size)
+        n_ij = window.sum(dim=2)  # (B, H, M, N) rounds in which j is in i's window
+        s = (q @ k_all.transpose(-1, -2)) * (1.0 / math.sqrt(E))  # (B, H, M, N)
+        s = torch.where(j_pos[None, :] == i_pos[:, None], s - SELF_PENALTY, s)
+        bonus = 0.0 if self.dedup else torch.log(n_ij.clamp_min(1).to(s.dtype))  # multiset of the rounds
+        logits = (s + bonus).masked_fill(n_ij == 0, float("-inf"))
+        p = _softmax_lse(logits)[0]  # (B, H, M, N)
+        if self.dropout and self.training:
+            p = F.dropout(p, self.dropout)
+        return p @ v_all, (p if need_weights else None), new_state
