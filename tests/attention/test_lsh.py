@@ -50,9 +50,10 @@ def literal_lsh(kernel, q, k, v, key_mask=None):
     For each query: the multiset of keys over all rounds (a set with ``dedup``); self dropped when
     anything else is there; softmax of ``q_i . k_j / sqrt(d)`` with ``k_j = q_j / ||q_j||`` (shared QK)."""
     B, H, L, E = q.shape
-    rot, nb = kernel.rotations(H, E, L, q.device)
-    raw_q = hash_vectors(q, rot)
-    raw_k = raw_q if kernel.shared_qk else hash_vectors(k, rot)
+    hashing = kernel.hashing(H, E, L, q.device)
+    nb = hashing.n_buckets
+    raw_q = hash_vectors(q, hashing)
+    raw_k = raw_q if kernel.shared_qk else hash_vectors(k, hashing)
     keys = q / q.norm(dim=-1, keepdim=True) if kernel.shared_qk else k
     rows = []
     for b in range(B):
@@ -83,6 +84,8 @@ CASES = [  # (L, bucket_size, n_rounds, n_buckets, causal, dedup)
     (13, 2, 3, 4, True, True),
     (11, 4, 1, None, False, False),
     (9, 16, 2, 2, True, False),
+    (23, 2, 2, (4, 2), False, True),
+    (19, 2, 3, (2, 4), True, False),
 ]
 
 
@@ -215,18 +218,17 @@ def test_state_keeps_the_hashing_of_its_first_call():
     q, k, v = heads(L=12)
     torch.manual_seed(0)
     first = kernel(q[:, :, :5], k[:, :, :5], v[:, :, :5], return_state=True)
-    assert isinstance(first.state, LSHState) and first.state.n_buckets == derived_n_buckets(5, 4)
+    assert isinstance(first.state, LSHState) and first.state.hashing.factors == derived_n_buckets(5, 4) == (4,)
     torch.manual_seed(0)
     again = kernel(q[:, :, :5], k[:, :, :5], v[:, :, :5])
     torch.testing.assert_close(again.output, first.output)  # the same global generator state: the same rotations
     state, outs = first.state, [first.output]
     for t in range(5, 12):
         o = kernel(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], state=state, return_state=True)
-        assert torch.equal(o.state.rotations, first.state.rotations) and o.state.n_buckets == first.state.n_buckets
+        assert o.state.hashing is first.state.hashing
         state = o.state
         outs.append(o.output)
-    fixed = LSHAttention(causal=True, bucket_size=4, n_rounds=2, n_buckets=state.n_buckets)
-    full = fixed._attend_chunked(q, k, v, None, state.rotations, state.n_buckets, False)[0]
+    full = kernel.attend_chunked(q, k, v, None, state.hashing)[0]  # the whole sequence, hashed the same way
     torch.testing.assert_close(torch.cat(outs, dim=2), full)
 
 

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -66,43 +66,69 @@ from ..registry import register
 from ..types import AttentionOutput
 from .base import AttentionKernel
 
-__all__ = ["LSHAttention", "LSHState", "hash_vectors", "draw_rotations", "derived_n_buckets", "SELF_PENALTY"]
+__all__ = ["LSHAttention", "LSHState", "LSHHashing", "hash_vectors", "draw_hashing", "derived_n_buckets",
+           "SELF_PENALTY"]
 
 #: subtracted from a position's score with itself (the authors' code uses the same constant).
 SELF_PENALTY = 1e5
 
 
-def derived_n_buckets(length: int, bucket_size: int) -> int:
-    """The paper's bucket count for ``m = 2 l / n_b`` (§2): ``n_b = 2 ceil(l / m)``, at least 2."""
-    return max(2, 2 * math.ceil(length / bucket_size))
+def derived_n_buckets(length: int, bucket_size: int) -> Tuple[int, ...]:
+    """The bucket factors for ``n_buckets=None``: the paper's ``n_b = 2 l / m`` (§2, average bucket
+    ``m / 2``) rounded up to a power of two, at least 2. Above 64 buckets it is hashed as two
+    factors ``n_b = n_1 n_2`` (the authors' code does the same for large counts): hashing then costs
+    O(L sqrt(n_b)) instead of O(L n_b), which would grow as L^2 / m."""
+    k = max(1, math.ceil(math.log2(2 * math.ceil(length / bucket_size))))
+    return (2 ** k,) if k <= 6 else (2 ** ((k + 1) // 2), 2 ** (k // 2))
 
 
-def draw_rotations(n_heads: int, dim: int, n_rounds: int, n_buckets: int, *, seed: Optional[int] = None,
-                   device: torch.device = torch.device("cpu")) -> Optional[Tensor]:
-    """Random rotations ``R (H, d, n_rounds, n_buckets / 2)`` (float32); None for one bucket.
+@dataclass(frozen=True)
+class LSHHashing:
+    """The random rotations of ``n_rounds`` hashes into ``prod(factors)`` buckets.
+
+    rotations: ``(H, d, n_rounds, sum(factors) / 2)`` float32, or None for one bucket.
+    factors: bucket ``= h_1 + f_1 h_2`` with ``h_i = argmax([x R_i; -x R_i])`` over factor ``i``'s
+        ``f_i / 2`` columns of ``R`` (one factor: the paper's hash).
+    """
+
+    rotations: Optional[Tensor]
+    factors: Tuple[int, ...]
+
+    @property
+    def n_buckets(self) -> int:
+        return math.prod(self.factors)
+
+
+def draw_hashing(n_heads: int, dim: int, n_rounds: int, factors: Tuple[int, ...], *, seed: Optional[int] = None,
+                 device: torch.device = torch.device("cpu")) -> LSHHashing:
+    """Draw the rotations of an ``LSHHashing``.
 
     ``seed`` draws them from a private CPU generator (the same on every device); None from
     torch's global generator of ``device`` (saved/restored by ``ReversibleSequence``).
     """
-    if n_buckets == 1:
-        return None
-    shape = (n_heads, dim, n_rounds, n_buckets // 2)
+    if math.prod(factors) == 1:
+        return LSHHashing(None, (1,))
+    shape = (n_heads, dim, n_rounds, sum(factors) // 2)
     if seed is None:
-        return torch.randn(shape, device=device)
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(device)
+        return LSHHashing(torch.randn(shape, device=device), tuple(factors))
+    return LSHHashing(torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(device), tuple(factors))
 
 
 @torch.no_grad()
-def hash_vectors(x: Tensor, rotations: Optional[Tensor]) -> Tensor:
+def hash_vectors(x: Tensor, hashing: LSHHashing) -> Tensor:
     """``h(x) = argmax([x R ; -x R])`` per round: ``x (B, H, L, d)`` -> buckets ``(B, H, n_rounds, L)`` (long).
 
-    ``rotations`` None means one bucket (every position in bucket 0). Hashing runs in float32.
+    One bucket: every position in bucket 0. Hashing runs in float32.
     """
     B, H, L, _ = x.shape
-    if rotations is None:
+    if hashing.rotations is None:
         return torch.zeros(B, H, 1, L, dtype=torch.long, device=x.device)
-    xR = torch.einsum("bhld,hdrk->bhrlk", x.float(), rotations)  # (B, H, R, L, b/2)
-    return torch.cat([xR, -xR], dim=-1).argmax(dim=-1)  # (B, H, R, L)
+    xR = torch.einsum("bhld,hdrk->bhrlk", x.float(), hashing.rotations)  # (B, H, R, L, sum(f) / 2)
+    buckets, scale = 0, 1
+    for f, part in zip(hashing.factors, xR.split([f // 2 for f in hashing.factors], dim=-1)):
+        buckets = buckets + scale * torch.cat([part, -part], dim=-1).argmax(dim=-1)  # (B, H, R, L)
+        scale *= f
+    return buckets
 
 
 @dataclass(frozen=True)
@@ -111,15 +137,13 @@ class LSHState:
 
     key: ``(B, H, S, E)`` unit-length keys seen so far; value: ``(B, H, S, Ev)``.
     buckets: ``(B, H, n_rounds, S)`` each cached key's bucket in every round.
-    rotations: ``(H, E, n_rounds, n_buckets / 2)`` (None for one bucket) — fixed for the sequence.
-    n_buckets: fixed for the sequence.
+    hashing: the rotations and bucket count, fixed for the whole sequence.
     """
 
     key: Tensor
     value: Tensor
     buckets: Tensor
-    rotations: Optional[Tensor]
-    n_buckets: int
+    hashing: LSHHashing
 
     @property
     def length(self) -> int:
@@ -144,18 +168,31 @@ def _look_back(x: Tensor, dim: int) -> Tensor:
     return torch.cat([x, x.roll(1, dims=dim)], dim=dim + 1)
 
 
-def _softmax_lse(s: Tensor) -> tuple[Tensor, Tensor]:
-    """Softmax over the last dim and its ``logsumexp`` normaliser; an all ``-inf`` row gives zero
-    weights and ``-inf``, with finite gradients. Normalising by the sum (not by ``exp(s - lse)``)
-    keeps rows exact when the scores sit far from 0 (the ``-1e5`` of a self-only row in float32)."""
-    mx = s.detach().amax(dim=-1, keepdim=True)
-    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
-    e = torch.exp(s - mx)
-    total = e.sum(-1, keepdim=True)
-    ok = total > 0
-    safe = torch.where(ok, total, torch.ones_like(total))
-    lse = torch.where(ok, torch.log(safe) + mx, torch.full_like(total, float("-inf")))
-    return e / safe, lse.squeeze(-1)
+#: the score of a pair that may not attend: finite, so that a row with no allowed key stays
+#: NaN-free through the fused softmax (its output is zeroed afterwards, see ``EMPTY``).
+MASKED = -1e9
+#: a row's normaliser below this means it had no allowed key.
+EMPTY = MASKED / 2
+
+
+class _SoftmaxLSE(torch.autograd.Function):
+    """Softmax over the last dim and its log-sum-exp normaliser ``z`` (fused kernels), saving only ``p``.
+
+    Backward: ``ds = p * (dp - sum(dp * p)) + p dz`` (``dz/ds = p``): gradients reach the scores
+    through both the weights and the normaliser that weighs each hash round.
+    """
+
+    @staticmethod
+    def forward(ctx, s: Tensor) -> tuple[Tensor, Tensor]:
+        p = torch.softmax(s, dim=-1)
+        ctx.save_for_backward(p)
+        return p, torch.logsumexp(s, dim=-1)
+
+    @staticmethod
+    def backward(ctx, dp: Optional[Tensor], dz: Optional[Tensor]) -> Tensor:
+        (p,) = ctx.saved_tensors
+        g = torch.zeros_like(p) if dp is None else torch._softmax_backward_data(dp, p, -1, p.dtype)
+        return g if dz is None else torch.addcmul(g, p, dz.unsqueeze(-1))
 
 
 @register("attention", "lsh", "reformer")
@@ -171,8 +208,9 @@ class LSHAttention(AttentionKernel):
         bucket_size: chunk length ``m`` (the paper: 64); a causal query sees at most ``m``
             positions of its bucket per round.
         n_rounds: independent hashes (the error against full attention falls as they grow).
-        n_buckets: buckets per round (even, or 1 for no hashing); None derives ``2 ceil(L / m)``
-            from the length.
+        n_buckets: buckets per round: an even int (or 1: no hashing), a tuple of even factors
+            hashed separately (``n_b = n_1 n_2``, cheaper for many buckets), or None: derived
+            from the length (``derived_n_buckets``: ``2 L / m`` rounded up to a power of two).
         shared_qk: keys are the unit-normalised queries (``k`` is ignored; ``q`` and ``v`` must
             have the same length). False: separate sorts of queries and keys, unnormalised keys,
             no self rule (non-causal only).
@@ -192,15 +230,12 @@ class LSHAttention(AttentionKernel):
     exact_kwargs: ClassVar[dict] = {"n_buckets": 1, "bucket_size": 1 << 20}
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0, bucket_size: int = 64, n_rounds: int = 1,
-                 n_buckets: Optional[int] = None, shared_qk: bool = True, dedup: bool = False,
+                 n_buckets: Union[int, Tuple[int, ...], None] = None, shared_qk: bool = True, dedup: bool = False,
                  seed: Optional[int] = None) -> None:
         super().__init__(causal=causal, dropout=dropout)
         self.bucket_size = _checks.positive_int("bucket_size", bucket_size)
         self.n_rounds = _checks.positive_int("n_rounds", n_rounds)
-        if n_buckets is not None:
-            _checks.positive_int("n_buckets", n_buckets)
-            if n_buckets != 1 and n_buckets % 2:
-                raise ValueError(f"n_buckets must be even (argmax over [xR; -xR]) or 1, got {n_buckets}")
+        self.factors = None if n_buckets is None else self._check_buckets(n_buckets)
         self.n_buckets = n_buckets
         for name, flag in (("shared_qk", shared_qk), ("dedup", dedup)):
             if not isinstance(flag, bool):
@@ -214,6 +249,17 @@ class LSHAttention(AttentionKernel):
             _checks.positive_int("seed", seed, allow_zero=True)
         self.seed = seed
 
+    @staticmethod
+    def _check_buckets(n_buckets) -> Tuple[int, ...]:
+        factors = tuple(n_buckets) if isinstance(n_buckets, (tuple, list)) else (n_buckets,)
+        if not factors:
+            raise ValueError("n_buckets must be an int, a non-empty tuple of ints or None, got ()")
+        for f in factors:
+            _checks.positive_int("n_buckets", f)
+        if factors != (1,) and any(f % 2 for f in factors):
+            raise ValueError(f"n_buckets must be even (argmax over [xR; -xR]) or 1, got {n_buckets}")
+        return factors
+
     def extra_repr(self) -> str:
         return (f"bucket_size={self.bucket_size}, n_rounds={self.n_rounds}, n_buckets={self.n_buckets}, "
                 f"shared_qk={self.shared_qk}, dedup={self.dedup}, seed={self.seed}, {super().extra_repr()}")
@@ -221,10 +267,10 @@ class LSHAttention(AttentionKernel):
     def _state_length(self, state) -> int:
         return state.length if isinstance(state, LSHState) else 0
 
-    def rotations(self, n_heads: int, dim: int, length: int, device: torch.device) -> tuple[Optional[Tensor], int]:
-        """``(R, n_buckets)`` for a call on ``length`` positions (see ``draw_rotations``)."""
-        nb = self.n_buckets if self.n_buckets is not None else derived_n_buckets(length, self.bucket_size)
-        return draw_rotations(n_heads, dim, self.n_rounds, nb, seed=self.seed, device=device), nb
+    def hashing(self, n_heads: int, dim: int, length: int, device: torch.device) -> LSHHashing:
+        """The rotations for a call on ``length`` positions (seeded, or drawn now; see ``draw_hashing``)."""
+        factors = self.factors if self.factors is not None else derived_n_buckets(length, self.bucket_size)
+        return draw_hashing(n_heads, dim, self.n_rounds, factors, seed=self.seed, device=device)
 
     # ------------------------------------------------------------------------------------------
 
@@ -252,36 +298,37 @@ class LSHAttention(AttentionKernel):
                 empty = v.new_zeros(B, H, 0, v.shape[-1])
                 return AttentionOutput(empty.to(out_dtype), v.new_zeros(B, H, 0, 0).to(out_dtype) if need_weights else None,
                                        None)
-            R, nb = self.rotations(H, E, M, q.device)
-            out, weights, buckets = self._attend_chunked(q, k, v, key_mask, R, nb, need_weights)
-            new_state = None
-            if return_state:
-                new_state = LSHState(self._unit(q), v, buckets, R, nb)
+            hashing = self.hashing(H, E, M, q.device)
+            out, weights, buckets = self.attend_chunked(q, k, v, key_mask, hashing, need_weights)
+            new_state = LSHState(self._unit(q), v, buckets, hashing) if return_state else None
         return AttentionOutput(out.to(out_dtype), None if weights is None else weights.to(out_dtype),
                                new_state if return_state else None)
 
     @staticmethod
-    def _unit(x: Tensor) -> Tensor:
-        """``x / ||x||`` (a zero vector stays zero)."""
-        return x / x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny ** 0.5)
+    def _unit(x: Tensor, scale: float = 1.0) -> Tensor:
+        """``x / (scale ||x||)`` (a zero vector stays zero)."""
+        return x / (x.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny ** 0.5) * scale)
 
     # ------------------------------------------------------------------------------------------
     # The parallel path: sort, chunk, attend within the chunk and the previous one, unsort.
 
-    def _attend_chunked(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], rotations: Optional[Tensor],
-                        nb: int, need_weights: bool):
+    def attend_chunked(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], hashing: LSHHashing,
+                       need_weights: bool = False) -> tuple[Tensor, Optional[Tensor], Tensor]:
+        """LSH attention of ``q, k (B, H, L, E)``, ``v (B, H, L, Ev)`` with the given hashing;
+        ``key_mask (B, H, L)`` or None. Returns ``(out (B, H, L, Ev), weights or None, buckets (B, H, R, L))``."""
         B, H, L, E = q.shape
         Ev = v.shape[-1]
         dev = q.device
+        nb = hashing.n_buckets
         m = min(self.bucket_size, L)  # chunk length; one chunk when the sequence is shorter
         C = -(-L // m)  # chunks per round
         Lp = C * m  # padded length
         pad = Lp - L
 
         # h(x) = argmax([xR; -xR]) per round; masked keys and padding go to bucket nb (sorted last)
-        raw_q = hash_vectors(q, rotations)  # (B, H, R, L)
+        raw_q = hash_vectors(q, hashing)  # (B, H, R, L)
         R = raw_q.shape[2]
-        raw_k = raw_q if self.shared_qk else hash_vectors(k, rotations)
+        raw_k = raw_q if self.shared_qk else hash_vectors(k, hashing)
 
         def prepare(raw: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             b = raw if key_mask is None else raw.masked_fill(~key_mask[:, :, None, :], nb)
@@ -294,42 +341,23 @@ class LSHAttention(AttentionKernel):
         b_q, perm_q, inv_q = prepare(raw_q)
         b_k, perm_k, inv_k = (b_q, perm_q, inv_q) if self.shared_qk else prepare(raw_k)
 
-        qp = F.pad(q, (0, 0, 0, pad))  # (B, H, Lp, E)
-        vp = F.pad(v, (0, 0, 0, pad))
-        sq = _flat_gather(qp, perm_q).view(B, H, R, C, m, E)  # sorted queries in chunks
+        sq = _flat_gather(F.pad(q, (0, 0, 0, pad)), perm_q).view(B, H, R, C, m, E)  # sorted queries in chunks
+        # keys carry the 1/sqrt(d) of the scores (one multiply of an L x E tensor, not of L x W scores)
         if self.shared_qk:
-            sk = self._unit(sq)  # k_j = q_j / ||q_j||
+            sk = self._unit(sq, scale=math.sqrt(E))  # k_j = q_j / ||q_j||
         else:
-            sk = _flat_gather(F.pad(k, (0, 0, 0, pad)), perm_k).view(B, H, R, C, m, E)
-        sv = _flat_gather(vp, perm_k).view(B, H, R, C, m, Ev)
-        pos_q = perm_q.view(B, H, R, C, m)
-        pos_k = _look_back(perm_k.view(B, H, R, C, m), dim=3)  # (B, H, R, C, W), W = m or 2m
-        bq = b_q.gather(-1, perm_q).view(B, H, R, C, m)  # bucket of each sorted query
-        bk = _look_back(b_k.gather(-1, perm_k).view(B, H, R, C, m), dim=3)
-        kw = _look_back(sk, dim=3)  # (B, H, R, C, W, E)
+            sk = _flat_gather(F.pad(k, (0, 0, 0, pad)), perm_k).view(B, H, R, C, m, E) * (1.0 / math.sqrt(E))
+        sv = _flat_gather(F.pad(v, (0, 0, 0, pad)), perm_k).view(B, H, R, C, m, Ev)
+        kw = _look_back(sk, dim=3)  # (B, H, R, C, W, E), W = m or 2m
         vw = _look_back(sv, dim=3)  # (B, H, R, C, W, Ev)
-        W = kw.shape[-2]
+        pos_q = perm_q.view(B, H, R, C, m)
+        pos_k = _look_back(perm_k.view(B, H, R, C, m), dim=3)  # (B, H, R, C, W)
+        with torch.no_grad():
+            bias = self._bias(pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, kw.dtype)
 
-        # scores q_i . k_j / sqrt(d) within the chunk and its predecessor
-        s = (sq @ kw.transpose(-1, -2)) * (1.0 / math.sqrt(E))  # (B, H, R, C, m, W)
-        allowed = (bk < nb)[..., None, :]  # real, unmasked keys (B, H, R, C, 1, W)
-        if self.causal:
-            # the bucket_size most recent positions of i's bucket: same bucket, j <= i, and at most
-            # bucket_size - 1 places before i in the sorted order (only possible in the previous chunk)
-            t = torch.arange(m, device=dev)
-            u = torch.arange(W, device=dev)
-            dist = t[:, None] - u[None, :] + 2 * m * (u[None, :] >= m)  # (m, W): i's sorted index minus j's
-            allowed = allowed & (bq[..., :, None] == bk[..., None, :]) & (pos_k[..., None, :] <= pos_q[..., :, None])
-            allowed = allowed & (dist < self.bucket_size)
-        logits = s.masked_fill(~allowed, float("-inf"))
-        if self.shared_qk:
-            self_pair = pos_k[..., None, :] == pos_q[..., :, None]  # (B, H, R, C, m, W)
-            logits = torch.where(self_pair & allowed, s - SELF_PENALTY, logits)
-        if self.dedup and R > 1:
-            logits = logits - torch.log(self._round_counts(pos_q, pos_k, b_q, b_k, inv_q, inv_k, m, C).to(logits.dtype))
-
-        # each round's softmax and its normaliser z^(r)
-        p, z = _softmax_lse(logits)  # (B, H, R, C, m, W), (B, H, R, C, m)
+        # scores q_i . k_j / sqrt(d) within the chunk and its predecessor, plus the mask
+        s = (sq @ kw.transpose(-1, -2)).add_(bias)  # (B, H, R, C, m, W)
+        p, z = _SoftmaxLSE.apply(s)  # each round's softmax and its normaliser z^(r)
         if self.dropout and self.training:
             p = F.dropout(p, self.dropout)
         o = p @ vw  # (B, H, R, C, m, Ev)
@@ -337,18 +365,53 @@ class LSHAttention(AttentionKernel):
         # undo the sort, then o_i = sum_r exp(z_i^(r) - logsumexp_r z_i^(r)) o_i^(r)
         o = _flat_gather(o.reshape(B, H * R, Lp, Ev), inv_q.view(B, H * R, Lp)).view(B, H, R, Lp, Ev)
         z = z.view(B, H, R, Lp).gather(-1, inv_q)  # (B, H, R, Lp)
-        w = _softmax_lse(z.transpose(-1, -2))[0].transpose(-1, -2)  # (B, H, R, Lp); 0 for a row with no key
-        out = (w[..., None] * o).sum(dim=2)[:, :, :L]  # (B, H, L, Ev)
+        found = (z.detach().amax(dim=2) > EMPTY).to(o.dtype)  # (B, H, Lp): 0 where no key was allowed
+        if R == 1:
+            w = found[:, :, None]  # one round: its softmax is the answer
+            out = o[:, :, 0, :L] * found[:, :, :L, None]
+        else:
+            w = torch.softmax(z, dim=2) * found[:, :, None]  # (B, H, R, Lp)
+            out = (w[..., None] * o).sum(dim=2)[:, :, :L]  # (B, H, L, Ev)
 
         weights = None
         if need_weights:
             # the combined weight of each (i, j) pair, scattered into a dense (Lp, Lp) matrix
-            wr = w.gather(-1, perm_q).view(B, H, R, C, m, 1)  # round weights in sorted order
+            wr = w.expand(B, H, R, Lp).gather(-1, perm_q).view(B, H, R, C, m, 1)  # round weights in sorted order
             pair = (p * wr).reshape(B, H, -1)
-            index = (pos_q[..., :, None] * Lp + pos_k[..., None, :]).expand(B, H, R, C, m, W).reshape(B, H, -1)
+            index = (pos_q[..., :, None] * Lp + pos_k[..., None, :]).reshape(B, H, -1)
             dense = pair.new_zeros(B, H, Lp * Lp).scatter_add_(-1, index, pair)
             weights = dense.view(B, H, Lp, Lp)[:, :, :L, :L]
         return out, weights, raw_q
+
+    def _bias(self, pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, dtype) -> Tensor:
+        """The additive score bias of the chunked windows, broadcastable to ``(B, H, R, C, m, W)``:
+        ``MASKED`` where a pair may not attend, ``-SELF_PENALTY`` on a position and itself,
+        ``-log N_ij`` (dedup). Only what varies is materialised: without causality or dedup it is
+        ``(B, H, R, C, 1, W)`` (masked keys) plus a fixed ``(m, W)`` diagonal (self sits on the
+        diagonal of the chunk's own block, since queries and keys share one sort)."""
+        B, H, R = pos_q.shape[:3]
+        dev = pos_q.device
+        W = pos_k.shape[-1]
+        bk = _look_back(b_k.gather(-1, perm_k).view(B, H, R, C, m), dim=3)  # bucket of each window key
+        bias = torch.zeros(B, H, R, C, 1, W, dtype=dtype, device=dev).masked_fill_((bk == nb)[..., None, :], MASKED)
+        t = torch.arange(m, device=dev)
+        u = torch.arange(W, device=dev)
+        if self.shared_qk:
+            bias = bias + torch.where(t[:, None] == u[None, :], -SELF_PENALTY, 0.0).to(dtype)  # (m, W) diagonal
+        if self.causal:
+            # the bucket_size most recent positions of i's bucket: same bucket and at most
+            # bucket_size - 1 places before i in the sorted order (then j <= i, as ties sort by
+            # position); chunk 0's "previous chunk" wraps around to the end: never earlier.
+            bq = b_q.gather(-1, perm_q).view(B, H, R, C, m)
+            dist = t[:, None] - u[None, :] + 2 * m * (u[None, :] >= m)  # (m, W): i's sorted index minus j's
+            window = (dist >= 0) & (dist < self.bucket_size)
+            window = window.expand(C, m, W).clone()
+            window[0, :, m:] = False
+            allowed = (bq[..., :, None] == bk[..., None, :]).logical_and_(window)  # (B, H, R, C, m, W)
+            bias = torch.where(allowed, bias, MASKED)
+        if self.dedup and R > 1:
+            bias = bias - torch.log(self._round_counts(pos_q, pos_k, b_q, b_k, inv_q, inv_k, m, C).to(dtype))
+        return bias
 
     def _round_counts(self, pos_q, pos_k, b_q, b_k, inv_q, inv_k, m, C) -> Tensor:
         """``N_ij``: in how many rounds key ``j`` is in query ``i``'s window, for each pair of the
@@ -376,12 +439,11 @@ class LSHAttention(AttentionKernel):
         B, H, M, E = q.shape
         S = state.length
         N = S + M
-        R = state.rotations
-        nb = state.n_buckets
+        nb = state.hashing.n_buckets
         k_all = torch.cat([state.key.to(q.dtype), self._unit(q)], dim=-2)  # (B, H, N, E)
         v_all = torch.cat([state.value.to(v.dtype), v], dim=-2)
-        raw = torch.cat([state.buckets, hash_vectors(q, R)], dim=-1)  # (B, H, R, N)
-        new_state = LSHState(k_all, v_all, raw, R, nb)
+        raw = torch.cat([state.buckets, hash_vectors(q, state.hashing)], dim=-1)  # (B, H, R, N)
+        new_state = LSHState(k_all, v_all, raw, state.hashing)
         b = raw if key_mask is None else raw.masked_fill(~key_mask[:, :, None, :], nb)
         i_pos = torch.arange(S, N, device=q.device)  # query positions
         j_pos = torch.arange(N, device=q.device)
@@ -395,8 +457,8 @@ class LSHAttention(AttentionKernel):
         s = (q @ k_all.transpose(-1, -2)) * (1.0 / math.sqrt(E))  # (B, H, M, N)
         s = torch.where(j_pos[None, :] == i_pos[:, None], s - SELF_PENALTY, s)
         bonus = 0.0 if self.dedup else torch.log(n_ij.clamp_min(1).to(s.dtype))  # multiset of the rounds
-        logits = (s + bonus).masked_fill(n_ij == 0, float("-inf"))
-        p = _softmax_lse(logits)[0]  # (B, H, M, N)
+        p = torch.softmax((s + bonus).masked_fill(n_ij == 0, MASKED), dim=-1)  # (B, H, M, N)
+        p = p * (n_ij > 0).any(-1, keepdim=True)  # no allowed key: zeros
         if self.dropout and self.training:
             p = F.dropout(p, self.dropout)
         return p @ v_all, (p if need_weights else None), new_state
