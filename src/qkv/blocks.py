@@ -390,6 +390,7 @@ class AdaptiveComputationTime(nn.Module):
         ponder = n_steps.to(remainder.dtype) + remainder  # N(t) + R(t)
         return ACTOutput(output, ponder, n_steps, remainder, torch.stack(probabilities, dim=-1), states)
 
+
 # ----------------------------------------------------------------------------- reversible residuals
 
 

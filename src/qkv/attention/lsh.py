@@ -137,13 +137,14 @@ class LSHState:
 
     key: ``(B, H, S, E)`` unit-length keys seen so far; value: ``(B, H, S, Ev)``.
     buckets: ``(B, H, n_rounds, S)`` each cached key's bucket in every round.
-    hashing: the rotations and bucket count, fixed for the whole sequence.
+    hashing: the rotations and bucket count, fixed for the whole sequence (None until the first
+        call with tokens).
     """
 
     key: Tensor
     value: Tensor
     buckets: Tensor
-    hashing: LSHHashing
+    hashing: Optional[LSHHashing]
 
     @property
     def length(self) -> int:
@@ -286,6 +287,8 @@ class LSHAttention(AttentionKernel):
         work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # softmax in float32
         q, k, v = q.to(work), k.to(work), v.to(work)
         key_mask = None if mask is None else mask[:, :, 0, :].expand(B, H, -1)  # (B, H, N_total)
+        if state is not None and state.hashing is None:
+            state = None  # the state of an empty first call: nothing is hashed yet
         if state is not None:
             if not isinstance(state, LSHState):
                 raise TypeError(f"state must be an LSHState returned by this kernel, got {type(state).__name__}")
@@ -294,10 +297,12 @@ class LSHAttention(AttentionKernel):
                                  f"incompatible with q {tuple(q.shape)} and v {tuple(v.shape)}")
             out, weights, new_state = self._attend_cached(q, v, key_mask, state, need_weights)
         else:
-            if M == 0:
-                empty = v.new_zeros(B, H, 0, v.shape[-1])
-                return AttentionOutput(empty.to(out_dtype), v.new_zeros(B, H, 0, 0).to(out_dtype) if need_weights else None,
-                                       None)
+            if M == 0:  # a first call with no token: an empty state, hashed at the first real call
+                empty = LSHState(q.new_zeros(B, H, 0, E), v.new_zeros(B, H, 0, v.shape[-1]),
+                                 torch.zeros(B, H, self.n_rounds, 0, dtype=torch.long, device=q.device), None)
+                return AttentionOutput(v.new_zeros(B, H, 0, v.shape[-1]).to(out_dtype),
+                                       v.new_zeros(B, H, 0, 0).to(out_dtype) if need_weights else None,
+                                       empty if return_state else None)
             hashing = self.hashing(H, E, M, q.device)
             out, weights, buckets = self.attend_chunked(q, k, v, key_mask, hashing, need_weights)
             new_state = LSHState(self._unit(q), v, buckets, hashing) if return_state else None
