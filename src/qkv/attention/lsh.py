@@ -287,11 +287,11 @@ class LSHAttention(AttentionKernel):
         work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # softmax in float32
         q, k, v = q.to(work), k.to(work), v.to(work)
         key_mask = None if mask is None else mask[:, :, 0, :].expand(B, H, -1)  # (B, H, N_total)
+        if state is not None and not isinstance(state, LSHState):
+            raise TypeError(f"state must be an LSHState returned by this kernel, got {type(state).__name__}")
         if state is not None and state.hashing is None:
             state = None  # the state of an empty first call: nothing is hashed yet
         if state is not None:
-            if not isinstance(state, LSHState):
-                raise TypeError(f"state must be an LSHState returned by this kernel, got {type(state).__name__}")
             if state.key.shape[:2] != (B, H) or state.key.shape[-1] != E or state.value.shape[-1] != v.shape[-1]:
                 raise ValueError(f"state holds keys {tuple(state.key.shape)} and values {tuple(state.value.shape)}, "
                                  f"incompatible with q {tuple(q.shape)} and v {tuple(v.shape)}")
