@@ -132,13 +132,14 @@ class PerformerAttention(AttentionKernel):
     def _draw(self, d: int) -> Tensor:
         return draw_projection(self.nb_features, d, self.orthogonal, self._generator)
 
-    def redraw_features(self, d: Optional[int] = None) -> None:
-        """Draw new random features (for head size ``d``, default the current one)."""
+    def redraw_features(self, d: Optional[int] = None, generator: Optional[torch.Generator] = None) -> None:
+        """Draw new random features (for head size ``d``, default the current one), from
+        ``generator`` (default: the kernel's own, seeded by ``seed``)."""
         if d is None:
             if self.projection is None:
                 raise ValueError("redraw_features needs d (the head size): no features drawn yet")
             d = self.projection.shape[-1]
-        W = self._draw(d)
+        W = draw_projection(self.nb_features, d, self.orthogonal, generator) if generator is not None else self._draw(d)
         self.projection = W if self.projection is None else W.to(self.projection.device)
 
     def _state_length(self, state) -> int:

@@ -23,6 +23,11 @@ from .pooling.squeeze_excitation import SECNN, SECNNConfig, SqueezeExcitation
 from .memory.stacked_attention import StackedAttention, StackedAttentionConfig
 from .transformer.stack import StackConfig, TransformerStack
 from .transformer.transformer import Transformer, TransformerConfig
+from .transformer.linformer import Linformer, LinformerConfig
+from .transformer.linear_transformer import LinearTransformer, LinearTransformerConfig
+from .transformer.performer import Performer, PerformerConfig, PerformerEncoder, PerformerEncoderConfig
+from .transformer.quaternion import (QuaternionEncoder, QuaternionEncoderConfig, QuaternionTransformer,
+                                     QuaternionTransformerConfig)
 from .transformer.transformer_xl import GTrXL, GTrXLConfig, TransformerXL, TransformerXLConfig, XLMemory
 from .transformer.adaptive_span import AdaptiveSpanTransformer, AdaptiveSpanTransformerConfig
 from .transformer.universal_transformer import (UniversalTransformer, UniversalTransformerConfig,
@@ -43,4 +48,7 @@ __all__ = [
     "AdaptiveSpanTransformer", "AdaptiveSpanTransformerConfig",
     "UniversalTransformer", "UniversalTransformerConfig", "UniversalTransformerLM", "UniversalTransformerLMConfig",
     "ImageTransformer", "ImageTransformerConfig", "SparseTransformer", "SparseTransformerConfig",
+    "Linformer", "LinformerConfig", "LinearTransformer", "LinearTransformerConfig", "Performer", "PerformerConfig",
+    "PerformerEncoder", "PerformerEncoderConfig", "QuaternionTransformer", "QuaternionTransformerConfig",
+    "QuaternionEncoder", "QuaternionEncoderConfig",
 ]

@@ -222,16 +222,19 @@ class GPT(QKVModel):
             raise ValueError("input_ids must hold at least one token (the prompt), got length 0")
         _checks.positive_int("max_new_tokens", max_new_tokens, allow_zero=True)
         window = c.max_len if c.positional == "learned" else None
-        ids, state = input_ids, None
-        for _ in range(max_new_tokens):
-            if window is not None and ids.shape[1] > window:
+        B, L = input_ids.shape
+        ids = input_ids.new_empty(B, L + max_new_tokens)  # filled in place: no per-token copy of the sequence
+        ids[:, :L] = input_ids
+        state = None
+        for n in range(L, L + max_new_tokens):
+            seq = ids[:, :n]  # (B, n): the sequence so far (a view)
+            if window is not None and n > window:
                 # past the learned positions: the context slides, its positions restart at 0, so re-read it
-                out, state = self(ids[:, -window:]), None
+                out, state = self(seq[:, -window:]), None
             elif use_cache:
-                out = self(ids if state is None else ids[:, -1:], state=state, return_state=True)
+                out = self(seq if state is None else seq[:, -1:], state=state, return_state=True)
                 state = out.state
             else:
-                out = self(ids)
-            next_id = sample_logits(out.logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
-            ids = torch.cat([ids, next_id[:, None].to(ids.dtype)], dim=1)  # (B, L + t)
+                out = self(seq)
+            ids[:, n] = sample_logits(out.logits[:, -1], temperature, top_k, top_p, generator).to(ids.dtype)  # (B,)
         return ids
