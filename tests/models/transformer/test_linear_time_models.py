@@ -60,7 +60,8 @@ def test_rnn_state_has_a_fixed_size_while_the_kv_cache_grows():
             sizes[name].append(state_bytes(state))
     assert len(set(sizes["linear"])) == 1 and sizes["linear"][0] > 0
     E = 16 // 2  # head size
-    assert sizes["linear"][0] == 2 * 1 * 2 * (E * E + E) * 4  # layers x B x H x (S + Z) float32
+    # layers x B x H x (S (E, E) + Z (E) + at most a log scale) float32
+    assert 2 * 1 * 2 * (E * E + E) * 4 <= sizes["linear"][0] <= 2 * 1 * 2 * (E * E + E + 1) * 4
     assert sizes["gpt"][-1] == 40 * sizes["gpt"][0]  # the KV cache holds every position
 
 
