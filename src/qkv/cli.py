@@ -343,6 +343,15 @@ def _cmd_viz(args: argparse.Namespace) -> int:
     import qkv.tasks  # noqa: F401
     from qkv import viz
 
+    if args.pattern:  # a kernel's connectivity, no run needed
+        path = Path(args.out or f"pattern-{args.pattern}-{args.length}.png")
+        from qkv.bench.complexity import parse_kernel_kwargs
+
+        knobs = parse_kernel_kwargs([f"{args.pattern}:{spec}" for spec in args.kernel_kwargs]).get(args.pattern, {})
+        print(f"wrote {viz.plot_kernel_pattern(args.pattern, args.length, path, causal=args.causal, overrides=knobs)}")
+        return 0
+    if args.run is None:
+        raise CLIError("qkv viz needs a RUN directory, or --pattern NAME --length N")
     task, model, info = _restore(args.run)
     if args.compare and not args.html:
         raise CLIError("--compare adds models to the --html page: give --html OUT.html too")
@@ -489,8 +498,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.set_defaults(func=_cmd_translate)
 
-    p = sub.add_parser("viz", help="plot a run's attention weights (every layer and head) as a PNG")
-    p.add_argument("run")
+    p = sub.add_parser("viz", help="plot a run's attention weights (every layer and head), or a kernel's pattern, as a PNG")
+    p.add_argument("run", nargs="?")
+    p.add_argument("--pattern", default=None, metavar="NAME", help="plot which keys each query of kernel NAME sees")
+    p.add_argument("--length", type=int, default=64, help="with --pattern: sequence length (default 64)")
+    p.add_argument("--kernel-kwargs", action="append", default=[], metavar="KEY=VALUE,...",
+                   help="with --pattern: the kernel's knobs, e.g. 'stride=8' or 'image_size=(8,8),block=(2,4)'")
+    p.add_argument("--causal", action="store_true", help="with --pattern: the causal form")
     p.add_argument("--text", default=None, help="input to show (default: a training example)")
     p.add_argument("--out", default=None, help="PNG path (default RUN/attention.png)")
     p.add_argument("--max-len", type=int, default=48)

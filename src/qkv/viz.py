@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["attention_panels", "plot_attention", "plot_attention_grid", "plot_pattern", "save_figure", "pyplot",
-           "AttentionView", "attention_view", "show_token"]
+           "AttentionView", "attention_view", "show_token", "kernel_pattern", "plot_kernel_pattern"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -255,3 +255,103 @@ def _seq2seq_view(task: Any, model: Any, text: Optional[str], max_len: int) -> A
     labels = {"encoder": (src, src), "decoder": (tgt, tgt), "self": (tgt, tgt), "cross": (src, tgt)}
     return AttentionView.from_weights(out.weights, x_labels=src, y_labels=tgt, labels=labels,
                                       title=type(model).__name__, caption=f"{source} -> {target}")
+
+
+# ----------------------------------------------------------------------------- kernel patterns
+
+
+def _pattern_defaults(name: str, n: int) -> Dict[str, Any]:
+    """Knobs that make a kernel's pattern readable at length ``n`` (about sqrt(n) for the
+    factorised patterns, as the papers choose them)."""
+    side = max(1, round(math.sqrt(n)))
+    if name == "window":
+        return {"radius": max(1, n // 8)}
+    if name == "strided":
+        return {"stride": side}
+    if name == "fixed":
+        return {"stride": side, "c": max(1, side // 4)}
+    if name == "local-1d":
+        return {"block": side, "memory": side}
+    if name == "local-2d":
+        if side * side != n:
+            raise ValueError(f"local-2d: --length must be a square (an image H = W) unless image_size is given, got {n}")
+        return {"image_size": (side, side), "block": (max(1, side // 4), max(1, side // 2)),
+                "memory": (max(1, side // 4), max(1, side // 4), max(1, side // 4))}
+    return {}
+
+
+def kernel_pattern(name: str, length: int, causal: bool = False, overrides: Optional[Dict[str, Any]] = None,
+                   seed: int = 0):
+    """Which keys each query sees: ``(kernel, allowed (length, length) bool, how)``.
+
+    ``how`` is ``"pattern"`` for kernels with a structural pattern (``kernel.pattern``) and
+    ``"weights"`` for the others: the non-zero weights on a random input (dense and approximate
+    kernels see every key; LSH's buckets depend on the input).
+    """
+    from . import masks
+    from .attention import build_attention
+    from .bench.complexity import kernel_kwargs
+    from .registry import lookup
+
+    cls = lookup("attention", name)
+    overrides = dict(overrides or {})
+    defaults = {k: v for k, v in _pattern_defaults(cls.registry_name, length).items() if k not in overrides}
+    kwargs, _ = kernel_kwargs(name, length, heads=1, head_dim=16, overrides={**defaults, **overrides})
+    kernel = build_attention(name, causal=causal, **kwargs) if cls.supports_causal else build_attention(name, **kwargs)
+    if causal and not kernel.causal:
+        raise ValueError(f"attention {name!r} cannot be causal")
+    kernel.eval()
+    mod = kernel.pattern(length, length)
+    if mod is not None:
+        return kernel, masks.materialize(mod, length, length), "pattern"
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 1, length, 16, generator=g) for _ in range(3))
+    weights = kernel(q, k, v, need_weights=True).weights
+    if weights is None:
+        allowed = torch.ones(length, length, dtype=torch.bool)
+        return kernel, allowed.tril() if kernel.causal else allowed, "all keys"
+    return kernel, weights[0, 0] != 0, "weights"
+
+
+def plot_kernel_pattern(name: str, length: int, path: PathLike, causal: bool = False,
+                        overrides: Optional[Dict[str, Any]] = None, query: Optional[int] = None) -> Path:
+    """The pictures of Child et al. 2019 (Fig. 3) and Parmar et al. 2018 (Fig. 2): left, the
+    ``(query, key)`` connectivity matrix of kernel ``name``; right, the keys one query sees laid
+    out in 2-D (rows of the stride / block for 1-D patterns, the image for ``local-2d``)."""
+    kernel, allowed, how = kernel_pattern(name, length, causal, overrides)
+    n = length
+    width = getattr(kernel, "stride", None) or getattr(kernel, "block", None) or max(1, round(math.sqrt(n)))
+    image = getattr(kernel, "image_size", None)
+    if image is not None:
+        H, W = image
+        order = kernel.order()  # sequence position -> raster index
+        seq_of = torch.empty_like(order)
+        seq_of[order] = torch.arange(order.numel())
+        i = int(seq_of[(H // 2) * W + W // 2]) if query is None else query  # a pixel in the middle
+        layout = torch.full((H * W,), -1.0)
+        layout[order[:n]] = 0.0
+        layout[order[:n][allowed[i]]] = 1.0
+        layout[order[i]] = 2.0
+        grid = layout.view(H, W)
+        where = f"image {H}x{W}, block-raster order"
+    else:
+        width = width if isinstance(width, int) else int(width[1])
+        i = min(n - 1, (3 * n) // 4 + width // 2) if query is None else query
+        rows = -(-n // width)
+        layout = torch.full((rows * width,), -1.0)
+        layout[:n] = 0.0
+        layout[:n][allowed[i]] = 1.0
+        layout[i] = 2.0
+        grid = layout.view(rows, width)
+        where = f"sequence in rows of {width}"
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(8.5, 4))
+    axes[0].imshow(allowed.float().numpy(), cmap="Greys", interpolation="nearest", vmin=0, vmax=1)
+    axes[0].set_title(f"{name} ({how}; {allowed.float().mean().item():.1%} of pairs)", fontsize=9)
+    axes[0].set_xlabel("key j")
+    axes[0].set_ylabel("query i")
+    axes[1].imshow(grid.numpy(), cmap="viridis", interpolation="nearest", vmin=-1, vmax=2)
+    axes[1].set_title(f"keys of query {i} (yellow): {int(allowed[i].sum())} of {n}\n{where}", fontsize=9)
+    axes[1].set_xticks([])
+    axes[1].set_yticks([])
+    return save_figure(fig, path, dpi=120)
