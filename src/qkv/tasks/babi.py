@@ -156,6 +156,17 @@ class BabiTask(TensorTask):
         return [{"story": ". ".join(s) + ".", "question": q + "?", "answer": a}
                 for s, q, a, _ in self.stories["train"][:n]]
 
+    def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
+        """Each hop's weights over the sentences of a held-out story (``text``: the story's index)."""
+        from .views import story_view
+
+        pick = 0 if text is None else int(text)
+        if not 0 <= pick < len(self.stories["test"]):
+            raise ValueError(f"story index must be in [0, {len(self.stories['test'])}), got {pick}")
+        sentences, question, answer, _ = self.stories["test"][pick]
+        batch = self._take("test", torch.tensor([pick]), meta=True)
+        return story_view(model, batch, list(sentences), question, answer, self.vocab.decode)
+
 
 @register("task", "babi-single")
 class BabiSingle(BabiTask):

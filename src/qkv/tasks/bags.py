@@ -96,10 +96,12 @@ class DigitBags(TensorTask):
         parts = split_indices(len(digits), key="digit-bags")
         counts = {"train": n_train, "valid": n_valid, "test": n_test}
         self._images: Dict[str, Tensor] = {}
+        self._digits: Dict[str, Tensor] = {}  # the digit of every image of a split (for pictures)
         self._splits = {}
         for split in SPLITS:
             idx = parts[split]
             self._images[split] = images[idx].float().div(255).unsqueeze(1)  # (N_split, 1, 28, 28)
+            self._digits[split] = digits[idx]
             bags = make_bags(digits[idx], counts[split], target=target, mean=bag_mean, std=bag_std, max_bag=max_bag,
                              seed=stable_seed("digit-bags", split, target))
             self._splits[split] = bags
@@ -127,3 +129,22 @@ class DigitBags(TensorTask):
                         aucs.append(binary_auc(w[m], inst[m]))
             metrics["instance_auc"] = sum(aucs) / len(aucs) if aucs else float("nan")
         return metrics
+
+    def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
+        """The weights of a held-out positive bag over its digits (``qkv viz``); ``text``: the bag's
+        index in the test split."""
+        from .views import bag_view
+
+        part = self._splits["test"]
+        if text is not None:
+            try:
+                pick = int(text)
+            except ValueError:
+                raise ValueError(f"--text for digit-bags is a test bag index, got {text!r}") from None
+            if not 0 <= pick < self.size("test"):
+                raise ValueError(f"bag index must be in [0, {self.size('test')}), got {pick}")
+        else:
+            pick = int(torch.nonzero(part["labels"] == 1)[0])
+        batch = self._take("test", torch.tensor([pick]), meta=True)
+        digits = self._digits["test"][part["index"][pick]]
+        return bag_view(model, batch, digits, self.target, self.meta_keys)

@@ -22,7 +22,7 @@ import hashlib
 import re
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -169,3 +169,19 @@ class BBCNews(TensorTask):
                 ids = [index.get(w, WordVocab.unk_id) for w in sentence[:J]]
                 out[n, i, : len(ids)] = torch.tensor(ids)
         return out
+
+    def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
+        """Sentence and word weights of a held-out article (``text``: another article to read)."""
+        from .views import document_view
+
+        if text is not None:
+            doc, label = self.encode([tokenize(text)])[0], None
+        else:
+            doc, label = self._splits["test"]["doc"][0], int(self._splits["test"]["labels"][0])
+        if not bool((doc != 0).any()):
+            raise ValueError("the text has no word in the vocabulary")
+        view = document_view(model, doc, lambda i: self.vocab.decode([i]), CLASSES, label if label is not None else 0,
+                             max_words=max_len)
+        if label is None:
+            view.caption = view.caption.split(", ", 1)[1]
+        return view

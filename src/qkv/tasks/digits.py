@@ -8,7 +8,7 @@ Batches: ``images (B, 1, 28, 28)`` float (pixels / 255), ``labels (B,)`` long. M
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -43,3 +43,11 @@ class Digits(TensorTask):
         x = images.float().div(255).unsqueeze(1)  # (N, 1, H, W)
         self._splits = {s: {"images": x[parts[s]], "labels": digits[parts[s]].long()} for s in SPLITS}
         self._check_splits()
+
+    def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
+        """Channel gates of every stage for the first held-out image of each digit (``qkv viz``)."""
+        from .views import gates_view
+
+        part = self._splits["test"]
+        picks = [int(torch.nonzero(part["labels"] == d)[0]) for d in range(10) if bool((part["labels"] == d).any())]
+        return gates_view(model, part["images"][picks], [int(part["labels"][i]) for i in picks])

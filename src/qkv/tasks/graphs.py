@@ -12,7 +12,7 @@ Batches are the whole graph: ``x (34, 34)`` float, ``edge_index (2, 156)`` long 
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 from torch import Tensor
@@ -102,3 +102,10 @@ class KarateClub(Task):
 
     def __repr__(self) -> str:
         return f"KarateClub(train {len(self.nodes['train'])}, valid {len(self.nodes['valid'])}, test {len(self.nodes['test'])} nodes)"
+
+    def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
+        """Every layer's and head's edge weights on the club graph (``qkv viz``)."""
+        from .views import graph_view
+
+        names = [f"{i} ({int(c)})" for i, c in enumerate(self.labels.tolist())]
+        return graph_view(model, self._graph("test"), names)

@@ -19,7 +19,7 @@ share of sequences copied exactly (``exact@L``).
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -119,3 +119,12 @@ class NTMCopy(Task):
 
     def __repr__(self) -> str:
         return f"NTMCopy(width={self.width}, lengths {self.min_len}..{self.max_len}, eval {self.eval_lengths})"
+
+    def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
+        """Write and read weightings while copying one held-out sequence (``text``: its length)."""
+        from .views import ntm_view
+
+        length = self.max_len if text is None else int(text)
+        _check_positive_int("length", length)
+        batch = next(self.eval_batches("test", 1, max_examples=1, length=length))
+        return ntm_view(model, batch, length)

@@ -63,3 +63,11 @@ class NWRegression(TensorTask):
         pred = torch.cat([o.logits.float() for o in outputs])
         labels = torch.cat([b["labels"] for b in batches]).float()
         return {"mse": torch.mean((pred - labels) ** 2).item(), "examples": float(len(labels))}
+
+    def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
+        """Kernel weights of the held-out grid points over the training points (``qkv viz``)."""
+        from .views import nadaraya_watson_view
+
+        n = min(max_len, self.size("test"))
+        batch = self._take("test", torch.arange(n))
+        return nadaraya_watson_view(model, batch["x"], self.x_train, batch)
