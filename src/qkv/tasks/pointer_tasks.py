@@ -5,6 +5,16 @@
 * ``convex-hull`` — points uniform in the unit square; the target is the convex hull's vertices
   counter-clockwise, starting at the vertex with the smallest input index, solved exactly by
   Andrew's monotone chain (collinear points on an edge are not vertices).
+* ``tsp`` — planar symmetric travelling salesman: the optimal closed tour from point 0, solved
+  exactly by Held–Karp dynamic programming (``O(2^n n^2)``, so small ``n``); of its two directions
+  the one whose second point has the smaller index. Metrics: ``tour_ratio`` (predicted tour
+  length / optimal, over valid tours) and ``valid``; the decoder may end only after visiting every
+  point (Vinyals et al. constrain the search to valid tours).
+* ``delaunay`` — the Delaunay triangulation as the paper outputs it, a sequence of triangles,
+  each a triple of input indices: ascending within a triangle, triangles in lexicographic order.
+  Solved exactly by the empty-circumcircle test over all triples (``O(n^4)``, points in general
+  position with probability 1). Metric: ``triangle_coverage`` (share of the true triangles among the
+  predicted ones, Vinyals et al. Table 2).
 
 Batches (``kind == "pointer"``): ``inputs (B, n, d) float``, ``input_mask (B, n) bool`` (right
 padding), ``labels (B, T) long`` — input indices, then ``n`` (END, ``n`` the padded length), then
@@ -17,16 +27,19 @@ are simple polygons of 3+ distinct inputs), the measures of Vinyals et al. Table
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from qkv.registry import register
 from qkv.tasks.base import IGNORE_INDEX, Task, _check_batch_args, _check_positive_int, _check_split, _model_device, stable_seed
 
-__all__ = ["PointerTask", "PointerSortTask", "ConvexHullTask", "convex_hull", "polygon_area", "is_simple_polygon"]
+__all__ = ["PointerTask", "PointerSortTask", "ConvexHullTask", "TSPTask", "DelaunayTask", "convex_hull", "polygon_area",
+           "is_simple_polygon", "held_karp", "tour_length", "nearest_neighbour_tour", "delaunay_triangles"]
 
 Example = Tuple[Tensor, List[int]]
 
@@ -99,6 +112,8 @@ class PointerTask(Task):
 
     kind = "pointer"
     d_input = 1
+    repeats = False  # whether an output may point at an input twice (Delaunay triangles share vertices)
+    point_all = False  # whether a valid output visits every input (TSP): END only after all
 
     def __init__(self, *, min_len: int, max_len: int, eval_size: int = 1000) -> None:
         _check_positive_int("min_len", min_len)
@@ -157,6 +172,13 @@ class PointerTask(Task):
     def _extra_metrics(self, examples: Sequence[Example], predictions: Sequence[List[int]]) -> Dict[str, float]:
         return {}
 
+    def _generate_options(self, n: int) -> Dict[str, object]:
+        """Decoding constraints of this task for ``n`` (padded) inputs, beyond ``generate``'s defaults."""
+        options: Dict[str, object] = {"forbid_repeats": False} if self.repeats else {}
+        if self.point_all:
+            options["point_all"] = True
+        return options
+
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None, batch_size: int = 128) -> Dict[str, float]:
         """``exact_match`` and ``loss`` (teacher forced) over the held-out set, plus the task's metrics."""
@@ -173,7 +195,7 @@ class PointerTask(Task):
                 total_loss += float(model(**batch).loss)
                 n_batches += 1
                 n = batch["inputs"].shape[1]
-                ids = model.generate(batch["inputs"], input_mask=batch["input_mask"])
+                ids = model.generate(batch["inputs"], input_mask=batch["input_mask"], **self._generate_options(n))
                 for row in ids.tolist():
                     predictions.append(row[: row.index(n)] if n in row else [i for i in row if 0 <= i < n])
         finally:
@@ -222,7 +244,7 @@ class PointerTask(Task):
         was_training = getattr(model, "training", False)
         model.eval()
         try:
-            ids, w = model.generate(points.unsqueeze(0).to(device), return_weights=True)
+            ids, w = model.generate(points.unsqueeze(0).to(device), return_weights=True, **self._generate_options(n))
         finally:
             model.train(was_training)
         row, w = ids[0].cpu().tolist(), w[0].float().cpu()  # (T,), (T, n + 1)
@@ -313,20 +335,7 @@ class ConvexHullTask(PointerTask):
         return convex_hull(points.tolist())
 
     def _draw_solution(self, ax, points: Tensor, predicted: List[int], target: List[int]) -> bool:
-        pts = points.tolist()
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=18, color="black", zorder=3)
-        for j, (x, y) in enumerate(pts):
-            ax.annotate(str(j), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
-        for idx, style, label in ((target, dict(color="tab:green", ls="--", lw=2.5, alpha=0.6), "true hull"),
-                                  (predicted, dict(color="tab:red", ls="-", lw=1.2), "predicted")):
-            if idx:
-                loop = idx + idx[:1]
-                ax.plot([pts[i][0] for i in loop], [pts[i][1] for i in loop], label=label, **style)
-        ax.set_aspect("equal")
-        ax.legend(fontsize=7, loc="best")
-        ok = predicted == target
-        ax.set_title(f"points, true hull and predicted polygon ({'exact' if ok else 'not exact'})", fontsize=8)
-        return True
+        return _draw_polygons(ax, points, [predicted], [target], "hull")
 
     def _extra_metrics(self, examples: Sequence[Example], predictions: Sequence[List[int]]) -> Dict[str, float]:
         """``area_coverage`` (predicted polygon area / hull area, 0 if invalid) and ``valid``."""
@@ -342,3 +351,257 @@ class ConvexHullTask(PointerTask):
             coverage += polygon_area(polygon) / polygon_area([pts[i] for i in target])
         n = max(len(examples), 1)
         return {"area_coverage": coverage / n, "valid": valid / n}
+
+
+# ------------------------------------------------------------------------------ TSP
+
+
+def _distances(points: Sequence[Sequence[float]]) -> np.ndarray:
+    p = np.asarray(points, dtype=np.float64).reshape(len(points), -1)
+    return np.sqrt(((p[:, None, :] - p[None, :, :]) ** 2).sum(-1))  # (n, n)
+
+
+def tour_length(points: Sequence[Sequence[float]], tour: Sequence[int]) -> float:
+    """Length of the closed tour ``tour[0] -> tour[1] -> ... -> tour[0]``."""
+    d = _distances(points)
+    return float(sum(d[tour[i], tour[(i + 1) % len(tour)]] for i in range(len(tour)))) if len(tour) > 1 else 0.0
+
+
+@lru_cache(maxsize=32)
+def _masks_by_size(m: int) -> Tuple[np.ndarray, ...]:
+    """The subsets of ``m`` cities as bit masks, grouped by their size (index = size)."""
+    masks = np.arange(1 << m)
+    sizes = np.array([bin(x).count("1") for x in range(1 << m)])
+    return tuple(masks[sizes == s] for s in range(m + 1))
+
+
+def _canonical(tour: List[int]) -> List[int]:
+    """The tour from 0 in the direction whose second point has the smaller index."""
+    start = tour.index(0)
+    tour = tour[start:] + tour[:start]
+    return tour if len(tour) < 3 or tour[1] < tour[-1] else [0] + tour[1:][::-1]
+
+
+def held_karp(points: Sequence[Sequence[float]]) -> Tuple[float, List[int]]:
+    """The optimal closed tour through ``points`` and its length (Held & Karp 1962); see
+    :func:`held_karp_batch`. Returns ``(length, tour)``."""
+    lengths, tours = held_karp_batch(np.asarray(points, dtype=np.float64).reshape(1, len(points), 2))
+    return float(lengths[0]), tours[0]
+
+
+def held_karp_batch(points: np.ndarray) -> Tuple[np.ndarray, List[List[int]]]:
+    """Optimal tours of ``B`` instances of ``n`` planar points, ``points (B, n, 2)``.
+
+    ``C(S, j)``, the shortest path from point 0 through the set ``S`` ending at ``j in S``:
+    ``C({j}, j) = d(0, j)``, ``C(S, j) = min_{k in S - {j}} C(S - {j}, k) + d(k, j)``; the tour is
+    ``min_j C({1..n-1}, j) + d(j, 0)``, ``O(2^n n^2)``. All subsets of one size and all instances
+    are computed at once (numpy). Returns the lengths ``(B,)`` and the tours, each from 0 in the
+    direction whose second point has the smaller index.
+    """
+    points = np.asarray(points, dtype=np.float64)
+    B, n = points.shape[:2]
+    if n <= 3:
+        return np.array([tour_length(p, list(range(n))) for p in points]), [list(range(n)) for _ in range(B)]
+    d = np.sqrt(((points[:, :, None, :] - points[:, None, :, :]) ** 2).sum(-1))  # (B, n, n)
+    m = n - 1  # cities 1..n-1 as bits 0..m-1
+    cost = np.full((B, 1 << m, m), np.inf)
+    parent = np.full((B, 1 << m, m), -1, dtype=np.int8)
+    cost[:, 1 << np.arange(m), np.arange(m)] = d[:, 0, 1:]
+    for masks in _masks_by_size(m)[2:]:
+        for j in range(m):
+            with_j = masks[(masks >> j) & 1 == 1]  # (M,)
+            cand = cost[:, with_j ^ (1 << j)] + d[:, None, 1:, j + 1]  # (B, M, m): ... -> k -> j
+            k = cand.argmin(-1)  # (B, M)
+            cost[:, with_j, j] = np.take_along_axis(cand, k[..., None], -1)[..., 0]
+            parent[:, with_j, j] = k
+    full = (1 << m) - 1
+    closing = cost[:, full] + d[:, 1:, 0]  # (B, m)
+    last = closing.argmin(-1)
+    tours = []
+    for b in range(B):
+        j, mask, tour = int(last[b]), full, []
+        while j >= 0:
+            tour.append(j + 1)
+            j, mask = int(parent[b, mask, j]), mask ^ (1 << j)
+        tours.append(_canonical([0] + tour[::-1]))
+    return closing[np.arange(B), last], tours
+
+
+def nearest_neighbour_tour(points: Sequence[Sequence[float]]) -> List[int]:
+    """The greedy tour: from point 0 always to the nearest unvisited point (a baseline)."""
+    d = _distances(points)
+    tour, left = [0], set(range(1, len(points)))
+    while left:
+        nxt = min(left, key=lambda j: (d[tour[-1], j], j))
+        tour.append(nxt)
+        left.remove(nxt)
+    return tour
+
+
+@register("task", "tsp")
+class TSPTask(PointerTask):
+    """Planar travelling salesman by pointing: the optimal tour from point 0 (exact, Held–Karp).
+
+    Args:
+        min_len, max_len: how many points, uniform in the unit square (default 5-10; exact
+            solutions cost ``O(2^n n^2)``, so keep ``max_len`` small).
+        eval_size: size of each fixed held-out set.
+        train_size: size of the fixed training set (solved once, on the first training batch).
+    """
+
+    d_input = 2
+    point_all = True
+
+    def __init__(self, *, min_len: int = 5, max_len: int = 10, eval_size: int = 1000, train_size: int = 10000) -> None:
+        if isinstance(max_len, int) and not isinstance(max_len, bool) and max_len > 14:
+            raise ValueError(f"max_len must be <= 14 (exact Held-Karp costs O(2^n n^2)), got {max_len}")
+        _check_positive_int("train_size", train_size)
+        super().__init__(min_len=min_len, max_len=max_len, eval_size=eval_size)
+        self.train_size = train_size
+
+    def sample(self, g: torch.Generator) -> Example:
+        return self._instances(g, 1)[0]
+
+    def _instances(self, g: torch.Generator, count: int) -> List[Example]:
+        """``count`` random instances, solved together (one batched Held–Karp per length)."""
+        points = [torch.rand(self._length(g), 2, generator=g) for _ in range(count)]
+        tours: List[Optional[List[int]]] = [None] * count
+        for n in sorted({len(p) for p in points}):
+            which = [i for i, p in enumerate(points) if len(p) == n]
+            for first in range(0, len(which), 256):  # bounded memory: 256 x 2^(n-1) x (n-1)
+                chunk = which[first : first + 256]
+                _, solved = held_karp_batch(torch.stack([points[i] for i in chunk]).double().numpy())
+                for i, tour in zip(chunk, solved):
+                    tours[i] = tour
+        return [(p, t) for p, t in zip(points, tours)]
+
+    def _pool(self) -> List[Example]:
+        """The fixed training set (``train_size`` solved instances, as Vinyals et al.'s), built once."""
+        if "train" not in self._eval_cache:
+            g = torch.Generator().manual_seed(stable_seed(self.registry_name, "train-pool", self.min_len, self.max_len))
+            self._eval_cache["train"] = self._instances(g, self.train_size)
+        return self._eval_cache["train"]
+
+    def eval_examples(self, split: str, max_examples: Optional[int] = None) -> List[Example]:
+        _check_split(split)
+        if split == "train":
+            return self._pool()[:max_examples]
+        if split not in self._eval_cache:
+            g = torch.Generator().manual_seed(stable_seed(self.registry_name, "eval", split, self.min_len, self.max_len))
+            self._eval_cache[split] = self._instances(g, self.eval_size)
+        return self._eval_cache[split][:max_examples]
+
+    def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
+        """Training batches draw from the fixed training set; held-out splits as the base class."""
+        if split != "train":
+            return super().get_batch(split, batch_size, step, seed=seed, rank=rank, world_size=world_size)
+        _check_batch_args(split, batch_size, step, rank, world_size)
+        g = torch.Generator().manual_seed(stable_seed(self.registry_name, seed, split, step, rank, world_size))
+        pool = self._pool()
+        return self.collate([pool[int(i)] for i in torch.randint(len(pool), (batch_size,), generator=g)])
+
+    def solve(self, points: Tensor) -> List[int]:
+        return held_karp(points.tolist())[1]
+
+    def _extra_metrics(self, examples: Sequence[Example], predictions: Sequence[List[int]]) -> Dict[str, float]:
+        """``valid`` (a permutation of all points) and ``tour_ratio`` (length / optimal, over the valid ones)."""
+        ratios = []
+        for (points, target), pred in zip(examples, predictions):
+            pts = points.tolist()
+            if sorted(pred) == list(range(len(pts))):
+                ratios.append(tour_length(pts, pred) / tour_length(pts, target))
+        return {"valid": len(ratios) / max(len(examples), 1), "tour_ratio": float(np.mean(ratios)) if ratios else float("nan")}
+
+    def _draw_solution(self, ax, points: Tensor, predicted: List[int], target: List[int]) -> bool:
+        return _draw_polygons(ax, points, [predicted], [target], "tour")
+
+
+def _draw_polygons(ax, points: Tensor, predicted: List[List[int]], target: List[List[int]], what: str) -> bool:
+    """The points with their indices, the true closed polygons (dashed) and the predicted ones (solid)."""
+    pts = points.tolist()
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=18, color="black", zorder=3)
+    for j, (x, y) in enumerate(pts):
+        ax.annotate(str(j), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    for loops, style, label in ((target, dict(color="tab:green", ls="--", lw=2.5, alpha=0.6), f"true {what}"),
+                                (predicted, dict(color="tab:red", ls="-", lw=1.2), "predicted")):
+        for n, idx in enumerate(i for i in loops if i):
+            loop = idx + idx[:1]
+            ax.plot([pts[i][0] for i in loop], [pts[i][1] for i in loop], label=label if n == 0 else None, **style)
+    ax.set_aspect("equal")
+    ax.legend(fontsize=7, loc="best")
+    ax.set_title(f"points, true {what} and prediction ({'exact' if predicted == target else 'not exact'})", fontsize=8)
+    return True
+
+
+# ------------------------------------------------------------------------------ Delaunay
+
+
+def delaunay_triangles(points: Sequence[Sequence[float]]) -> List[Tuple[int, int, int]]:
+    """The Delaunay triangulation of planar ``points``: the triangles ``(i, j, k)``, ``i < j < k``,
+    whose circumcircle holds no other point, in lexicographic order.
+
+    Every triple is tested at once with the in-circle determinant: for a counter-clockwise
+    ``(a, b, c)``, ``p`` lies strictly inside the circumcircle iff
+    ``det [[a - p, |a - p|^2], [b - p, |b - p|^2], [c - p, |c - p|^2]] > 0``. Collinear triples
+    are not triangles. Exact for points in general position (no four on a circle).
+    """
+    p = np.asarray(points, dtype=np.float64).reshape(len(points), 2)
+    n = len(p)
+    if n < 3:
+        return []
+    tri = np.array([(i, j, k) for i in range(n) for j in range(i + 1, n) for k in range(j + 1, n)])  # (T, 3)
+    a, b, c = p[tri[:, 0]], p[tri[:, 1]], p[tri[:, 2]]
+    orient = (b[:, 0] - a[:, 0]) * (c[:, 1] - a[:, 1]) - (b[:, 1] - a[:, 1]) * (c[:, 0] - a[:, 0])  # (T,)
+    rel = p[None, None, :, :] - np.stack([a, b, c], 1)[:, :, None, :]  # (T, 3, n, 2): vertex -> point
+    rel = -rel  # vertex - point
+    lift = (rel ** 2).sum(-1, keepdims=True)  # (T, 3, n, 1)
+    m = np.concatenate([rel, lift], -1)  # (T, 3, n, 3)
+    det = np.linalg.det(np.moveaxis(m, 2, 1))  # (T, n): rows are the three vertices
+    inside = det * np.sign(orient)[:, None] > 1e-12  # ccw orientation makes "inside" positive
+    empty = ~inside.any(1) & (np.abs(orient) > 1e-12)
+    return [tuple(int(v) for v in t) for t in tri[empty]]
+
+
+@register("task", "delaunay")
+class DelaunayTask(PointerTask):
+    """Delaunay triangulation by pointing: the triangles as index triples, ``i < j < k``, sorted.
+
+    Args:
+        min_len, max_len: how many points, uniform in the unit square (default 5-10; Vinyals et
+            al. used 5-50).
+        eval_size: size of each fixed held-out set.
+    """
+
+    d_input = 2
+    repeats = True
+
+    def __init__(self, *, min_len: int = 5, max_len: int = 10, eval_size: int = 1000) -> None:
+        if isinstance(min_len, int) and not isinstance(min_len, bool) and min_len < 3:
+            raise ValueError(f"min_len must be >= 3 (a triangle needs three points), got {min_len}")
+        super().__init__(min_len=min_len, max_len=max_len, eval_size=eval_size)
+
+    def sample(self, g: torch.Generator) -> Example:
+        points = torch.rand(self._length(g), 2, generator=g)  # (n, 2)
+        return points, self.solve(points)
+
+    def solve(self, points: Tensor) -> List[int]:
+        return [i for t in delaunay_triangles(points.tolist()) for i in t]
+
+    def _generate_options(self, n: int) -> Dict[str, object]:
+        # at most 2n - 5 triangles for n >= 3 points (Euler), three indices each, then END
+        return {"forbid_repeats": False, "max_new_tokens": 3 * max(2 * n - 5, 1) + 1}
+
+    def _extra_metrics(self, examples: Sequence[Example], predictions: Sequence[List[int]]) -> Dict[str, float]:
+        """``triangle_coverage``: the share of the true triangles the prediction lists (as vertex sets)."""
+        coverage = 0.0
+        for (_, target), pred in zip(examples, predictions):
+            true = {frozenset(target[i : i + 3]) for i in range(0, len(target), 3)}
+            got = {frozenset(pred[i : i + 3]) for i in range(0, len(pred) - 2, 3)}
+            coverage += len(true & got) / max(len(true), 1)
+        return {"triangle_coverage": coverage / max(len(examples), 1)}
+
+    def _draw_solution(self, ax, points: Tensor, predicted: List[int], target: List[int]) -> bool:
+        def triangles(idx: List[int]) -> List[List[int]]:
+            return [list(idx[t : t + 3]) for t in range(0, len(idx) - 2, 3)]
+
+        return _draw_polygons(ax, points, triangles(predicted), triangles(target), "triangulation")

@@ -132,17 +132,20 @@ class PointerNetwork(QKVModel):
 
     @torch.no_grad()
     def generate(self, inputs: Tensor, input_mask: Optional[Tensor] = None, max_new_tokens: Optional[int] = None,
-                 forbid_repeats: bool = True, return_weights: bool = False
+                 forbid_repeats: bool = True, return_weights: bool = False, point_all: bool = False
                  ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         """Greedy pointing.
 
         Args:
             inputs ``(B, n, d_input)``, input_mask ``(B, n)``; max_new_tokens: the most outputs
-            (default ``n + 1``); forbid_repeats: never point at an input twice.
+            (default ``n + 1``); forbid_repeats: never point at an input twice; point_all: END only
+            once every unmasked input was pointed at (valid TSP tours; needs ``forbid_repeats``).
         Returns:
             indices ``(B, T)`` long: input positions, ``n`` for END, ``-1`` after END; with
             ``return_weights`` also the pointer distributions ``(B, T, n + 1)``.
         """
+        if point_all and not forbid_repeats:
+            raise ValueError("point_all=True needs forbid_repeats=True (otherwise the output never has to end)")
         x, keys, mask, (h, c) = self._encode(inputs, input_mask)
         B, n = inputs.shape[:2]
         steps = n + 1 if max_new_tokens is None else _checks.positive_int("max_new_tokens", max_new_tokens)
@@ -152,8 +155,11 @@ class PointerNetwork(QKVModel):
         out, weights = [], []
         for _ in range(steps):
             h, c = self.decoder(inp, (h, c))
-            u = self._point(h, keys, allowed)  # (B, n + 1)
-            weights.append(masked_softmax(u, allowed))
+            now = allowed
+            if point_all:  # END only when no input is left
+                now = torch.cat([allowed[:, :n], allowed[:, n:] & ~allowed[:, :n].any(1, keepdim=True)], 1)
+            u = self._point(h, keys, now)  # (B, n + 1)
+            weights.append(masked_softmax(u, now))
             j = u.argmax(-1)  # (B,)
             j = torch.where(done, torch.full_like(j, -1), j)
             out.append(j)
