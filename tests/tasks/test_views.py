@@ -73,3 +73,16 @@ def test_gat_edge_weights_sit_on_the_graph():
         assert torch.allclose(w.sum(-1), torch.ones(34), atol=1e-5)  # softmax over each node's neighbours
     assert view.x_labels[0] == "0 (0)" and view.x_labels[33] == "33 (1)"
     assert "layer 0" in render_html([("gat", view)])
+
+
+def test_pointer_distributions_are_labelled_by_the_inputs():
+    from qkv.models.rnn.pointer import PointerNetwork, PointerNetworkConfig
+    from qkv.tasks.pointer_tasks import PointerSortTask
+
+    task = PointerSortTask(min_len=4, max_len=5, eval_size=8)
+    model = PointerNetwork(PointerNetworkConfig(d_input=1, d_embed=8, d_hidden=8, attn_dim=8))
+    view = task.attention_view(model, text="0.3 0.9 0.1")
+    (name, w), = view.panels
+    assert view.x_labels == ["0: 0.30", "1: 0.90", "2: 0.10", "END"]
+    assert w.shape[1] == 4 and torch.allclose(w.sum(-1), torch.ones(w.shape[0]), atol=1e-5)
+    assert len(view.y_labels) == w.shape[0] and "target [2, 0, 1]" in view.caption

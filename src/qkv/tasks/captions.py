@@ -20,7 +20,7 @@ from __future__ import annotations
 import string
 from functools import cached_property
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -154,6 +154,30 @@ class DigitCaptionsTask(Task):
         pool = splits[split]
         idx = [int(pool[labels[pool] == int(d)][0]) for d in digits]
         return idx, 0
+
+    @torch.no_grad()
+    def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
+        """The attention of each generated word over the CNN's feature grid (``qkv viz --html``);
+        ``text``: digits such as ``"471"`` to draw a strip of (default: the first test strip)."""
+        from qkv.viz import AttentionView
+
+        strip = self.strip_of(text.strip()) if text else self.eval_strips("test", 1)[0]
+        images = self.collate([strip])["images"].to(_model_device(model))
+        was_training = getattr(model, "training", False)
+        model.eval()
+        try:
+            ids, w = model.generate(images, max_new_tokens=self.max_digits + 1, return_weights=True)
+            _, (Hg, Wg) = model.encode(images[:1])
+        finally:
+            model.train(was_training)
+        row = [i for i in ids[0].tolist() if i != self.vocab.pad_id]
+        words = [self.vocab.decode([i], skip_special=False) for i in row][: w.shape[1]]
+        cells = [f"r{r}c{c}" for r in range(Hg) for c in range(Wg)]
+        _, labels, _ = self._data
+        truth = "".join(str(int(labels[i])) for i in strip[0])
+        return AttentionView([("attention over the grid", w[0, : len(words)].float().cpu())], x_labels=cells,
+                             y_labels=words, title=f"{type(model).__name__}: alpha_t over the {Hg} x {Wg} feature grid",
+                             caption=f"strip of {truth}; caption {self.caption(ids[0].tolist()) or '-'}")
 
     @torch.no_grad()
     def visualize(self, model: torch.nn.Module, path: Union[str, Path], text: Optional[str] = None, n: int = 3,

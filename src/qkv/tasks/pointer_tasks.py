@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -225,15 +225,9 @@ class PointerTask(Task):
         return False
 
     @torch.no_grad()
-    def visualize(self, model: torch.nn.Module, path: Union[str, Path], text: Optional[str] = None) -> Path:
-        """The pointer distribution of every output step over the inputs (and END), as a heat map.
-
-        ``text`` gives the inputs (see :meth:`parse_inputs`); otherwise the first test example.
-        Tasks with a geometric picture (the hull) add a panel with the points, the true outputs
-        (dashed) and the predicted ones (solid). Returns the PNG path.
-        """
-        from qkv import viz
-
+    def _pointed(self, model: torch.nn.Module, text: Optional[str]):
+        """Generate the outputs for ``text``'s inputs (or the first test example): the points, the
+        target, the pointer distributions ``(steps, n + 1)``, the predicted outputs and axis labels."""
         if text:
             points = self.parse_inputs(text)
             target = self.solve(points)
@@ -253,6 +247,29 @@ class PointerTask(Task):
         fmt = (lambda p: f"{p[0]:.2f}") if self.d_input == 1 else (lambda p: f"({p[0]:.2f},{p[1]:.2f})")
         x_labels = [f"{j}: {fmt(p)}" for j, p in enumerate(points.tolist())] + ["END"]
         y_labels = [f"step {t + 1} -> {'END' if i == n else i}" for t, i in enumerate(row[:steps])]
+        return points, target, w[:steps], steps, predicted, x_labels, y_labels
+
+    def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
+        """The pointer distributions of every output step over the inputs and END (``qkv viz --html``)."""
+        from qkv.viz import AttentionView
+
+        _, target, w, _, predicted, x_labels, y_labels = self._pointed(model, text)
+        return AttentionView([("pointer", w)], x_labels=x_labels, y_labels=y_labels,
+                             title=f"{type(model).__name__}: p(C_i | C_<i, P) over the inputs",
+                             caption=f"target {target}, predicted {predicted}")
+
+    @torch.no_grad()
+    def visualize(self, model: torch.nn.Module, path: Union[str, Path], text: Optional[str] = None) -> Path:
+        """The pointer distribution of every output step over the inputs (and END), as a heat map.
+
+        ``text`` gives the inputs (see :meth:`parse_inputs`); otherwise the first test example.
+        Tasks with a geometric picture (the hull) add a panel with the points, the true outputs
+        (dashed) and the predicted ones (solid). Returns the PNG path.
+        """
+        from qkv import viz
+
+        points, target, w, steps, predicted, x_labels, y_labels = self._pointed(model, text)
+        n = points.shape[0]
         plt = viz.pyplot()
         fig, axes = plt.subplots(1, 2, figsize=(max(5.0, 0.45 * (n + 1) + 2.5) + 5.0, max(3.5, 0.35 * steps + 2.0)))
         ax = axes[0]
