@@ -8,6 +8,8 @@ Subcommands (``qkv bench NAME --help``):
   ``nn.MultiheadAttention``, as time ratios (``qkv.bench.kernels``);
 * ``gpt`` — training tokens/s of a small qkv GPT against the same GPT built from
   ``nn.TransformerEncoderLayer`` (``qkv.bench.gpt``).
+* ``generation`` — per-token time and memory of generation as the context grows: the Linear
+  Transformer's RNN state against GPT's KV cache (``qkv.bench.generation``).
 
 Adding a benchmark: write a module exposing ``add_arguments(parser)`` (its own options) and
 ``run(args) -> dict`` (measure, write results into ``args.out``, print a table, return the
@@ -27,7 +29,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import common, complexity, gpt, kernels, peers
+from . import common, complexity, generation, gpt, kernels, peers
 
 __all__ = ["BENCHMARKS", "build_parser", "main", "common"]
 
@@ -36,6 +38,7 @@ BENCHMARKS: Dict[str, ModuleType] = {
     "complexity": complexity,
     "kernels": kernels,
     "gpt": gpt,
+    "generation": generation,
     "peers": peers,
 }
 
