@@ -70,6 +70,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, not the numbers")
     p.add_argument("--pretrain-steps", type=int, default=1200)
     p.add_argument("--finetune-steps", type=int, default=300)
+    p.add_argument("--pretrain-lr", type=float, default=1e-3)
+    p.add_argument("--max-vocab", type=int, default=5000, help="words in the vocabulary (both tasks)")
     args = p.parse_args()
     torch.set_num_threads(1)
     pre_steps = 20 if args.quick else args.pretrain_steps
@@ -78,14 +80,15 @@ def main() -> None:
         shutil.rmtree(OUT)
     pre, fine, scratch = OUT / "pretrain", OUT / "finetune", OUT / "scratch"
     every = max(pre_steps // 6, 1)
+    vocab = ["--set", f"task.max_vocab={args.max_vocab}"]
     commands = {
-        "pretrain": ["train", "bert", "--task", "bert-pretrain", *ARCH, "--out", str(pre), "--steps", str(pre_steps),
-                     "--batch-size", "32", "--lr", "1e-3", "--warmup", "100", "--eval-every", str(every),
+        "pretrain": ["train", "bert", "--task", "bert-pretrain", *ARCH, *vocab, "--out", str(pre), "--steps", str(pre_steps),
+                     "--batch-size", "32", "--lr", str(args.pretrain_lr), "--warmup", "100", "--eval-every", str(every),
                      "--eval-batches", "4", "--eval-max-examples", "512", *COMMON],
-        "finetune": ["train", "bert", "--task", "bbc-news", "--init", str(pre), "--out", str(fine), "--steps",
+        "finetune": ["train", "bert", "--task", "bbc-news", *vocab, "--init", str(pre), "--out", str(fine), "--steps",
                      str(fine_steps), "--batch-size", "32", "--lr", "5e-4", "--warmup", "30", "--eval-every",
                      str(max(fine_steps // 6, 1)), "--eval-batches", "0", "--eval-max-examples", "256", *COMMON],
-        "scratch": ["train", "bert", "--task", "bbc-news", *ARCH, "--out", str(scratch), "--steps", str(fine_steps),
+        "scratch": ["train", "bert", "--task", "bbc-news", *ARCH, *vocab, "--out", str(scratch), "--steps", str(fine_steps),
                     "--batch-size", "32", "--lr", "5e-4", "--warmup", "30", "--eval-every", str(max(fine_steps // 6, 1)),
                     "--eval-batches", "0", "--eval-max-examples", "256", *COMMON],
     }
@@ -101,7 +104,7 @@ def main() -> None:
 
     # chance levels on the same held-out pairs: the most frequent word for the masked LM, the
     # majority class for next-sentence prediction
-    task = build_task("bert-pretrain")
+    task = build_task("bert-pretrain", max_vocab=args.max_vocab)
     most_frequent = len(task.vocab.special_ids)  # words are sorted by count after the 5 specials
     targets = torch.cat([b["labels"][b["labels"] != -100] for b in task.eval_batches("test", 64)])
     nsp = torch.cat([b["next_sentence_label"] for b in task.eval_batches("test", 64)])
@@ -109,14 +112,16 @@ def main() -> None:
                          "most_frequent_word": task.vocab.words[most_frequent],
                          "nsp_majority": max(nsp.float().mean().item(), 1 - nsp.float().mean().item()),
                          "mlm_targets": len(targets), "pairs": len(nsp)}
-    fine_task = build_task("bbc-news-tokens")
+    fine_task = build_task("bbc-news-tokens", max_vocab=args.max_vocab)
     counts = torch.bincount(fine_task._splits["test"]["labels"], minlength=5)
     results["chance"]["bbc_majority"] = (counts.max() / counts.sum()).item()
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    results["settings"] = {"pretrain_steps": pre_steps, "finetune_steps": fine_steps, "pretrain_lr": args.pretrain_lr,
+                           "max_vocab": args.max_vocab}
     plots = plot(results, args.quick)
     if not args.quick:
-        write_doc(results, plots)
+        write_doc(results, plots, " ".join(["python benchmarks/repro_bert.py", *_flags(args)]))
 
 
 def plot(results: Dict, quick: bool) -> List[str]:
@@ -149,7 +154,12 @@ def plot(results: Dict, quick: bool) -> List[str]:
     return [name]
 
 
-def write_doc(results: Dict, plots: List[str]) -> None:
+def _flags(args) -> List[str]:
+    defaults = {"pretrain_steps": 1200, "finetune_steps": 300, "pretrain_lr": 1e-3, "max_vocab": 5000}
+    return [f"--{k.replace('_', '-')} {getattr(args, k)}" for k, v in defaults.items() if getattr(args, k) != v]
+
+
+def write_doc(results: Dict, plots: List[str], command: str) -> None:
     pre, fine, scratch, chance = results["pretrain"], results["finetune"], results["scratch"], results["chance"]
     pt, ft, st = pre["test"], fine["test"], scratch["test"]
     lines = [
@@ -164,10 +174,11 @@ def write_doc(results: Dict, plots: List[str]) -> None:
         "Reproduced at small scale on CPU with real text: the 2,225 BBC News articles. Pre-training pairs come",
         "from the 1,780 *training* articles of `bbc-news` (`bert-pretrain`); fine-tuning is `bbc-news` topic",
         "classification (5 classes) on `[CLS]` + the first 62 words of an article (`bbc-news-tokens`, the form",
-        "`qkv train bert --task bbc-news` takes); the vocabulary is the 5,000 most frequent training words.",
+        "`qkv train bert --task bbc-news` takes); the vocabulary is the "
+        f"{results['settings']['max_vocab']:,} most frequent training words.",
         "Model: 2 layers, d_model 64, 4 heads, d_ff 256 (post-LN, GELU, learned positions, max_len 64).",
         "",
-        "Command (one run, seeded, single-threaded): `python benchmarks/repro_bert.py` "
+        f"Command (one run, seeded, single-threaded): `{command}` "
         f"({pre['train_seconds'] + fine['train_seconds'] + scratch['train_seconds']:.0f} s of training on a shared 2-core machine).",
         "It runs:",
         "",

@@ -11,6 +11,10 @@
    exact match per source length.
 3. ``digit-captions`` with ``ShowAttendTell`` (soft attention): exact match and the attention map
    over the CNN grid for each generated digit.
+   ``--parts hard``: hard attention (REINFORCE, moving-average baseline, entropy bonus, 50%
+   expected-context mixing) against soft attention and an image-blind captioner, same budget.
+4. ``--parts tsp``: ``PointerNetwork`` on ``tsp`` (5-10 points): tour length over the exact
+   optimum (Held-Karp) against the nearest-neighbour heuristic on the same test instances.
 
 Writes ``runs/repro_rnn_attention/results.json`` and the PNGs in ``docs/reproductions/img/``.
 """
@@ -34,6 +38,8 @@ from qkv.models.rnn.seq2seq import Seq2Seq, Seq2SeqConfig  # noqa: E402
 from qkv.models.rnn.show_attend_tell import ShowAttendTell, ShowAttendTellConfig  # noqa: E402
 from qkv.tasks.captions import DigitCaptionsTask  # noqa: E402
 from qkv.tasks.generated import CopyTask, DatesTask, ReverseTask  # noqa: E402
+from qkv.tasks.pointer_tasks import TSPTask, nearest_neighbour_tour, tour_length  # noqa: E402
+from qkv.models.rnn.pointer import PointerNetwork, PointerNetworkConfig  # noqa: E402
 from qkv.train import TrainConfig, Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,6 +146,44 @@ def run_captions(args, results: Dict) -> None:
                    title="Show, Attend and Tell (soft) on digit strips: attention for each generated word")
 
 
+class ImageBlindCaptioner(ShowAttendTell):
+    """The same captioner fed an all-zero grid: it can only learn the captions' statistics."""
+
+    def encode(self, images):
+        a, grid = super().encode(images)
+        return torch.zeros_like(a), grid
+
+
+def run_hard(args, results: Dict) -> None:
+    """Soft vs hard (Xu et al. §4.1 with its variance reducers) vs image-blind, the same budget."""
+    task = DigitCaptionsTask()
+    out = {}
+    for name, cls, attention in (("soft", ShowAttendTell, "soft"), ("hard", ShowAttendTell, "hard"),
+                                 ("image-blind", ImageBlindCaptioner, "soft")):
+        torch.manual_seed(0)
+        model = cls(ShowAttendTellConfig(vocab_size=task.vocab.size, attention=attention))
+        seconds = train(model, task, args.hard_steps, 32, 3e-3, f"captions-{name}")
+        out[name] = {"train_seconds": round(seconds, 1), **task.evaluate(model, "test", max_examples=args.eval_captions)}
+        print("captions", name, out[name], flush=True)
+    results["digit-captions-hard"] = {"steps": args.hard_steps, "batch_size": 32, "lr": 3e-3, **out}
+
+
+def run_tsp(args, results: Dict) -> None:
+    """Pointer network on TSP 5-10: tour length / optimum, against nearest neighbour."""
+    task = TSPTask(min_len=5, max_len=10, eval_size=args.eval_tsp, train_size=args.tsp_train)
+    torch.manual_seed(0)
+    model = PointerNetwork(PointerNetworkConfig(d_input=2, d_embed=64, d_hidden=128, attn_dim=64))
+    seconds = train(model, task, args.tsp_steps, 128, 1e-3, "tsp")
+    metrics = task.evaluate(model, "test")
+    examples = task.eval_examples("test")
+    ratios = [tour_length(p.tolist(), nearest_neighbour_tour(p.tolist())) / tour_length(p.tolist(), t) for p, t in examples]
+    results["tsp"] = {"steps": args.tsp_steps, "batch_size": 128, "lr": 1e-3, "train_size": args.tsp_train,
+                      "train_seconds": round(seconds, 1), **metrics,
+                      "nearest_neighbour_ratio": sum(ratios) / len(ratios), "test_instances": len(examples)}
+    print("tsp", results["tsp"], flush=True)
+    task.visualize(model, IMG / "rnn-tsp.png")
+
+
 BIBLE_BUCKETS = ((1, 49), (50, 69), (70, 84), (85, 100))
 
 
@@ -208,6 +252,8 @@ def main() -> None:
     p.add_argument("--variants", default="", help="bible: comma list of none, bahdanau, luong-general, local-p (default all)")
     p.add_argument("--bible-steps", type=int, default=200, help="training steps of each bible-en-es model")
     p.add_argument("--caption-steps", type=int, default=1500, help="training steps of the digit-captions model")
+    p.add_argument("--hard-steps", type=int, default=600, help="training steps of each captioner of --parts hard")
+    p.add_argument("--tsp-steps", type=int, default=1500, help="training steps of the TSP pointer network")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small recurrent steps on a shared machine)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -219,6 +265,10 @@ def main() -> None:
     args.caption_steps = 30 if q else args.caption_steps
     args.eval_captions = 50 if q else 500
     args.bible_steps = 20 if q else args.bible_steps
+    args.hard_steps = 20 if q else args.hard_steps
+    args.tsp_steps = 20 if q else args.tsp_steps
+    args.tsp_train = 500 if q else 10000
+    args.eval_tsp = 50 if q else 1000
     args.eval_bible = 50 if q else None
     IMG.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -234,8 +284,12 @@ def main() -> None:
             run_captions(args, results)
         elif part == "bible":
             run_bible(args, results)
+        elif part == "hard":
+            run_hard(args, results)
+        elif part == "tsp":
+            run_tsp(args, results)
         else:
-            raise SystemExit(f"unknown part {part!r}; choose from dates, copy, reverse, captions, bible")
+            raise SystemExit(f"unknown part {part!r}; choose from dates, copy, reverse, captions, bible, hard, tsp")
         results["machine"] = f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}"
         results_path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"done in {time.time() - t0:.0f} s; results in {results_path}")

@@ -80,7 +80,7 @@ def test_hard_attention_estimator_reduces_loss_on_a_toy():
     # REINFORCE can teach the score to select the left cell
     torch.manual_seed(0)
     model = ShowAttendTell(ShowAttendTellConfig(vocab_size=6, channels=(8,), d_embed=8, d_hidden=16, attn_dim=8,
-                                                attention="hard", entropy_bonus=0.001))
+                                                attention="hard", entropy_bonus=0.001, hard_mix=0.0))
     g = torch.Generator().manual_seed(0)
     n = 64
     cls = torch.randint(0, 2, (n,), generator=g)
@@ -110,6 +110,56 @@ def test_hard_attention_estimator_reduces_loss_on_a_toy():
     assert nll_after < 0.5 * nll_before
     assert left_after > left_before + 0.2  # REINFORCE moved the attention to the informative cell
     assert model.attention.baseline_steps > 0
+
+
+def test_hard_mix_reads_the_expected_context_and_skips_reinforce():
+    """Xu et al. §4.1: a caption whose s~ is set to its expected value reads z_t = sum_i alpha_ti a_i."""
+    model = make("hard", hard_mix=1.0).train()
+    images, tgt, labels = data()
+    out = model(images, tgt, labels=labels, need_weights=True)
+    assert "reinforce" not in out.aux and int(model.attention.baseline_steps) == 0
+    a, _ = model.encode(images)
+    sc = model.attention.score
+    with torch.no_grad():
+        for b in range(2):
+            h = torch.tanh(model.init_h.weight @ a[b].mean(0) + model.init_h.bias)
+            c = torch.tanh(model.init_c.weight @ a[b].mean(0) + model.init_c.bias)
+            for t in range(4):
+                e = torch.stack([sc.v.weight[0] @ torch.tanh(sc.W1.weight @ h + sc.W2.weight @ a_i + sc.W2.bias) for a_i in a[b]])
+                alpha = torch.softmax(e, 0)
+                torch.testing.assert_close(out.weights[b, t], alpha)
+                z = alpha @ a[b]  # no gate beta: the expected value of a_{s_t}
+                emb = model.embed.weight[tgt[b, t]]
+                hh, cc = model.lstm(torch.cat([emb, z])[None], (h[None], c[None]))
+                h, c = hh[0], cc[0]
+                torch.testing.assert_close(out.logits[b, t], model.L_o(emb + model.L_h(h) + model.L_z(z)))
+    out.loss.backward()  # the attention learns by backpropagation through the expected context
+    assert model.attention.score.v.weight.grad.abs().sum() > 0
+    torch.testing.assert_close(out.loss, out.aux["nll"])
+    with pytest.raises(ValueError, match="hard_mix"):
+        make("hard", hard_mix=1.5)
+
+
+def test_reinforce_estimator_has_the_sign_and_scale_of_the_true_gradient():
+    """d/de E_{s ~ softmax(e)}[R(s)] = p_i (R_i - E[R]); the REINFORCE loss's gradient is minus a
+    Monte Carlo estimate of it (descending the loss ascends the expected reward)."""
+    from qkv.attention.alignment import HardAttention
+
+    torch.manual_seed(0)
+    att = HardAttention("dot").double().train()
+    keys = torch.eye(3, dtype=torch.float64).unsqueeze(0)  # e_i = q_i (dot score of a unit key)
+    logits = torch.tensor([0.3, -0.2, 0.5], dtype=torch.float64, requires_grad=True)
+    R = torch.tensor([1.0, 2.0, 5.0], dtype=torch.float64)
+    B = 40000
+    scale = keys.shape[-1] ** 0.5 if getattr(att.score, "scaled", False) else 1.0
+    out = att((logits * scale).expand(B, 3), keys.expand(B, 3, 3))
+    sample = out.state
+    p = torch.softmax(sample.probs[0].log(), 0).detach()
+    loss = att.reinforce_loss(R[sample.index], sample, baseline=None)
+    (grad,) = torch.autograd.grad(loss, logits)
+    true = p * (R - (p * R).sum())  # gradient of the expected reward w.r.t. the scores
+    torch.testing.assert_close(sample.probs[0], torch.softmax(logits, 0).detach())
+    torch.testing.assert_close(-grad, true, atol=0.08, rtol=0.0)
 
 
 def test_beam_one_equals_greedy():

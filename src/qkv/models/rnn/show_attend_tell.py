@@ -15,10 +15,13 @@ at output step ``t`` the decoder LSTM attends over them from its previous state 
 Losses: soft — ``-log p(y) + lambda sum_i (1 - sum_t alpha_ti)^2`` (doubly stochastic penalty,
 eq. 14); hard — ``-log p(y)`` plus the REINFORCE surrogate of ``qkv`` ``HardAttention.reinforce_loss``
 with reward ``log p(y | a, s)`` per caption, a moving-average baseline and an entropy bonus (eq. 12).
+Hard, in training, as §4.1: "with probability 0.5 for a given image, we set the sampled attention
+location ``s~`` to its expected value ``alpha``" (``hard_mix``): that caption reads the expected
+context ``z_t = sum_i alpha_ti a_i``, whose gradient reaches the attention directly, and takes no
+part in the REINFORCE term (nor in the baseline's average).
 
 The attention is ``qkv.attention.alignment.SoftAttention`` / ``HardAttention`` (additive score).
-Deviations: a 3-layer CNN trained from scratch stands in for the paper's pretrained VGG; Xu et al.'s
-0.5-probability mixing of hard and soft attention is not used.
+Deviation: a 3-layer CNN trained from scratch stands in for the paper's pretrained VGG.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class ShowAttendTellConfig:
     doubly_stochastic: float = 0.1  # lambda of the penalty sum_i (1 - sum_t alpha_ti)^2 (soft only; Xu et al. used 1 with L = 196 cells and longer captions)
     entropy_bonus: float = 0.01  # lambda_e of the entropy bonus in the REINFORCE loss (hard only)
     baseline_decay: float = 0.9  # moving-average baseline decay (hard only)
+    hard_mix: float = 0.5  # hard only: probability that a training caption uses the expected context sum_i alpha_i a_i (Xu et al.: 0.5)
     dropout: float = 0.0  # dropout before the output layer
     pad_id: int = 0  # padding id of captions
     bos_id: int = 1  # start token
@@ -80,6 +84,8 @@ class ShowAttendTell(QKVModel):
             _checks.positive_int(name, getattr(cfg, name))
         if cfg.attention not in ("soft", "hard"):
             raise ValueError(f"attention must be 'soft' or 'hard', got {cfg.attention!r}")
+        if isinstance(cfg.hard_mix, bool) or not isinstance(cfg.hard_mix, (int, float)) or not 0 <= cfg.hard_mix <= 1:
+            raise ValueError(f"hard_mix must be a probability in [0, 1], got {cfg.hard_mix!r}")
         if not cfg.channels or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in cfg.channels):
             raise ValueError(f"channels must be a non-empty tuple of positive ints, got {cfg.channels!r}")
         layers, c_in = [], cfg.in_channels
@@ -121,9 +127,10 @@ class ShowAttendTell(QKVModel):
         mean = a.mean(1)  # (B, D)
         return torch.tanh(self.init_h(mean)), torch.tanh(self.init_c(mean))
 
-    def decode_step(self, y_prev: Tensor, state: Tuple[Tensor, Tensor], a: Tensor):
+    def decode_step(self, y_prev: Tensor, state: Tuple[Tensor, Tensor], a: Tensor, expected: Optional[Tensor] = None):
         """One step: ``(y_{t-1} (B,), (h, c) (B, H) each, a (B, L, D))`` ->
-        ``(logits (B, V), (h, c), alpha_t (B, L), HardAttentionSample or None)``."""
+        ``(logits (B, V), (h, c), alpha_t (B, L), HardAttentionSample or None)``. ``expected (B,)``
+        bool (hard only): the rows that read the expected context instead of the sample."""
         h, c = state
         att = self.attention(h, a)  # attends from h_{t-1}
         if self.config.attention == "soft":
@@ -134,6 +141,10 @@ class ShowAttendTell(QKVModel):
             # z_t = a_{s_t}, s_t ~ Multinoulli(alpha_t); alpha_t itself is sample.probs
             z, sample = att.output, att.state
             alpha = sample.probs
+            if expected is not None:
+                # s~ set to its expected value: z_t = sum_i alpha_ti a_i
+                mean = torch.bmm(alpha.unsqueeze(1), a).squeeze(1)  # (B, D)
+                z = torch.where(expected.unsqueeze(-1), mean, z)
         e = self.embed(y_prev)  # E y_{t-1}, (B, E)
         h, c = self.lstm(torch.cat([e, z], -1), (h, c))
         # p(y_t) = softmax(L_o(E y_{t-1} + L_h h_t + L_z z_t))
@@ -151,9 +162,13 @@ class ShowAttendTell(QKVModel):
             got = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
             raise ValueError(f"labels must be a tensor shaped like tgt_ids {tuple(tgt_ids.shape)}, got {got}")
         state = self.init_state(a)
+        expected = None
+        if cfg.attention == "hard" and self.training and cfg.hard_mix > 0:
+            # Xu et al. §4.1: with probability 0.5 per image the location is its expected value
+            expected = torch.rand(a.shape[0], device=a.device) < cfg.hard_mix  # (B,)
         logits, alphas, samples = [], [], []
         for t in range(tgt_ids.shape[1]):
-            step_logits, state, alpha, sample = self.decode_step(tgt_ids[:, t], state, a)
+            step_logits, state, alpha, sample = self.decode_step(tgt_ids[:, t], state, a, expected)
             logits.append(step_logits)
             alphas.append(alpha)
             samples.append(sample)
@@ -175,16 +190,18 @@ class ShowAttendTell(QKVModel):
                 aux["doubly_stochastic"] = penalty.detach()
                 loss = loss + cfg.doubly_stochastic * penalty
             elif self.training:
-                # REINFORCE with reward R = log p(y | a, s), one per caption
+                # REINFORCE with reward R = log p(y | a, s), one per caption that sampled its locations
+                sampled = torch.ones_like(keep[:, 0]) if expected is None else ~expected  # (B,)
                 reward = -token_nll.sum(1).detach()  # (B,)
                 stacked = HardAttentionSample(
-                    index=torch.stack([s.index for s in samples], 1),
-                    log_prob=torch.stack([s.log_prob for s in samples], 1) * keep,  # (B, T), padded steps 0
-                    entropy=torch.stack([s.entropy for s in samples], 1) * keep,
-                    probs=alpha_t)
-                reinforce = self.attention.reinforce_loss(reward, stacked)
-                aux["reinforce"] = reinforce.detach()
-                loss = loss + reinforce
+                    index=torch.stack([s.index for s in samples], 1)[sampled],
+                    log_prob=(torch.stack([s.log_prob for s in samples], 1) * keep)[sampled],  # (B', T), padded steps 0
+                    entropy=(torch.stack([s.entropy for s in samples], 1) * keep)[sampled],
+                    probs=alpha_t[sampled])
+                if bool(sampled.any()):
+                    reinforce = self.attention.reinforce_loss(reward[sampled], stacked)
+                    aux["reinforce"] = reinforce.detach()
+                    loss = loss + reinforce
         return ModelOutput(loss=loss, logits=logits_t, weights=alpha_t if need_weights else None, aux=aux)
 
     @torch.no_grad()
