@@ -83,7 +83,7 @@ class AdaptiveSpanAttention(AttentionKernel):
             paper's code starts from 0 and lets spans grow.
         dynamic: ``z_t = S sigmoid(v^T q_t + b)`` per query position and head (needs ``d_head``).
         d_head: head size (filled in by ``MultiHeadAttention``); needed when ``dynamic``.
-        block: query block length (default ``max(W, 64)``).
+        block: query block length (default ``W / 4`` clamped to ``[64, 256]``).
     Shapes: ``q (B, H, M, E)``, ``k, v (B, H, N, E)`` -> ``(B, H, M, E)``. Cost
     ``O(M (b + W) E)`` per head with ``W = min(S, ceil(max z + R))``. Incremental decoding keeps
     the last ``S - 1`` keys and values (a bounded ``KVCache``).
@@ -199,7 +199,8 @@ class AdaptiveSpanAttention(AttentionKernel):
             width = self.current_span()
         r = min(width - 1, N + M)  # keys before (and, bidirectional, after) a query that can carry weight
         right = 0 if self.causal else r
-        b = min(M, self.block or max(r + 1, 64))
+        # blocks of W / 4 queries (64 .. 256): the band of W + b keys then wastes at most ~25-60% of its scores
+        b = min(M, self.block or max(64, min(256, (r + 1) // 4)))
         nb = -(-M // b)  # query blocks
         W = b + r + right  # keys seen by one query block
 
