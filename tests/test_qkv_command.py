@@ -114,3 +114,235 @@ def test_transformer_on_reverse_translate_and_viz(tmp_path, capsys):
     assert main(["viz", str(run), "--text", "1234", "--out", str(out)]) == 0
     assert out.stat().st_size > 1000
     assert main(["generate", str(run)]) == 2
+
+
+# ----------------------------------------------------------------------------- issue 14: runs
+
+
+def _gpt_argv(run, *extra):
+    return ["train", "gpt", "--task", "shakespeare-char", "--out", str(run), *TINY, "--set", "task.block_size=16",
+            "--threads", "1", *TRAIN, *extra]
+
+
+def _snapshot(directory):
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _losses(run):
+    return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["event"] == "train"]
+
+
+def test_same_seed_same_losses(shakespeare_cache):
+    base = shakespeare_cache
+    for name, seed in (("a", "3"), ("b", "3"), ("c", "4")):
+        assert main(_gpt_argv(base / name, "--steps", "3", "--seed", seed, "--set", "dropout=0.1")) == 0
+    assert _losses(base / "a") == _losses(base / "b")
+    assert _losses(base / "a") != _losses(base / "c")
+
+
+def test_refused_train_changes_nothing(shakespeare_cache, tmp_path, capsys):
+    run = shakespeare_cache / "run"
+    assert main(_gpt_argv(run, "--steps", "2", "--save-every", "1")) == 0
+    before = _snapshot(run)
+    refused = [
+        ["train", "transformer", "--task", "reverse", "--out", str(run), "--steps", "1"],  # another model, no resume
+        ["train", "transformer", "--task", "reverse", "--out", str(run), "--steps", "1", "--resume"],
+        _gpt_argv(run, "--steps", "3"),  # a fresh run over checkpoints
+        _gpt_argv(run, "--steps", "3", "--resume", "--lr", "0.5"),  # contradicts the run's lr
+        _gpt_argv(run, "--steps", "3", "--resume", "--set", "d_model=64"),
+        _gpt_argv(run, "--steps", "3", "--resume", "--device", "cuda:7"),
+    ]
+    for argv in refused:
+        assert main(argv) == 2, argv
+        assert _snapshot(run) == before, argv
+    err = capsys.readouterr().err
+    assert "contradicts" in err and "already holds a run" in err
+
+
+def test_bare_resume_restores_training_settings(shakespeare_cache, capsys):
+    run = shakespeare_cache / "run"
+    first = ["train", "gpt", "--task", "shakespeare-char", "--out", str(run), *TINY, "--set", "task.block_size=16",
+             "--threads", "1", "--progress", "false", "--tensorboard", "false", "--eval-batches", "1",
+             "--eval-max-examples", "8", "--batch-size", "4", "--seed", "5", "--lr", "0.01", "--warmup", "1",
+             "--save-every", "2", "--log-every", "1", "--grad-clip", "0.5", "--schedule", "constant"]
+    assert main([*first, "--steps", "2"]) == 0
+    # a bare resume with only a new step count: every other setting is the run's
+    assert main(["train", "gpt", "--task", "shakespeare-char", "--out", str(run), "--resume", "--steps", "4"]) == 0
+    config = json.loads((run / "train_config.json").read_text())
+    assert (config["steps"], config["batch_size"], config["seed"], config["lr"], config["save_every"], config["grad_clip"]) == \
+        (4, 4, 5, 0.01, 2, 0.5)
+    assert json.loads((run / "run.json").read_text())["model_config"]["d_model"] == 32
+    assert "resuming with steps=4 (the run had 2)" in capsys.readouterr().err
+    assert [r for r in _losses(run)] and len(_losses(run)) == 4
+    # the same run uninterrupted gives the same losses (a constant schedule does not depend on --steps)
+    assert main([*first[:5], str(run.parent / "whole"), *first[6:], "--steps", "4"]) == 0
+    assert _losses(run.parent / "whole") == _losses(run)
+
+
+def test_corrupt_newest_checkpoint_falls_back(shakespeare_cache, capsys):
+    run = shakespeare_cache / "run"
+    assert main(_gpt_argv(run, "--steps", "4", "--save-every", "2")) == 0
+    newest = run / "checkpoints" / "step-00000004.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-5] ^= 0xFF  # a flipped bit inside the tensors
+    newest.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="checksum"):
+        assert main(_gpt_argv(run, "--steps", "5", "--resume")) == 0
+    resumed = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"resume"' in line]
+    assert resumed[-1]["checkpoint"] == "step-00000002.safetensors"
+
+
+def test_run_json_missing_field_is_one_line(tmp_path, capsys):
+    (tmp_path / "run.json").write_text(json.dumps({"model": "gpt", "task": "shakespeare-char"}))
+    assert main(["eval", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "incomplete" in err and "model_config" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--lr", "inf"], "lr must be a finite float"),
+    (["--weight-decay", "nan"], "weight_decay must be a finite float"),
+    (["--grad-clip", "nan"], "grad_clip must be a finite float"),
+    (["--lr", "-1"], "lr must be a finite float > 0"),
+    (["--eval-max-examples", "-1"], "eval_max_examples must be > 0"),
+])
+def test_bad_hyperparameters_are_refused(flags, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) if flags[1] in ("inf", "nan") else _no_exit():
+        code = main(["train", "transformer", "--task", "reverse", "--out", str(tmp_path / "r"), "--steps", "1", *flags])
+        assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+class _no_exit:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_bad_device_out_and_counts(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cases = [
+        (["--device", "cuda:7"], "CUDA device"),
+        (["--device", "tpu9"], "not a device name"),
+        (["--out", str(blocker / "run")], "is a file, not a directory"),
+        (["--out", str(blocker)], "not a directory"),
+    ]
+    for flags, message in cases:
+        argv = ["train", "transformer", "--task", "reverse", "--steps", "1", "--out", str(tmp_path / "run"), *flags]
+        assert main(argv) == 2, flags
+        assert message in capsys.readouterr().err, flags
+    with pytest.raises(SystemExit):
+        main(["eval", str(tmp_path), "--max-examples", "-1"])
+    assert ">= 1" in capsys.readouterr().err
+
+
+def test_crafted_sizes_refused_before_allocation(tmp_path):
+    from qkv.models import QKVModel
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt", "vocab_size": 10**13}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match="memory available.*vocab_size=10000000000000"):
+        QKVModel.from_pretrained(tmp_path)
+    assert main(["train", "gpt", "--task", "reverse", "--set", f"vocab_size={10**13}", "--out", str(tmp_path / "r")]) == 2
+
+
+# ----------------------------------------------------------------------------- issue 16: the command line
+
+
+def test_presets_defaults_and_dotted_set(shakespeare_cache, capsys):
+    from qkv.models.transformer.gpt import GPT
+
+    assert GPT.preset("paper") == {} and GPT.default_preset == "cpu"
+    run = shakespeare_cache / "run"
+    argv = ["train", "gpt", "--task", "shakespeare-char", "--out", str(run), "--set", "task.block_size=16", "--threads", "1",
+            "--steps", "2", "--eval-batches", "1", "--eval-max-examples", "4", "--progress", "false", "--tensorboard", "false",
+            "--attention", "window", "--set", "attention_kwargs.radius=3"]
+    assert main(argv) == 0
+    info = json.loads((run / "run.json").read_text())
+    assert info["preset"] == "cpu" and info["model_config"]["n_layers"] == GPT.presets["cpu"]["n_layers"]
+    assert info["model_config"]["attention_kwargs"] == {"radius": 3}
+    out = capsys.readouterr()
+    assert "M parameters, preset cpu" in out.out and "s per update" in out.err
+    # checkpoints by default: at every evaluation and at the end
+    assert (run / "checkpoints" / "step-00000002.safetensors").is_file()
+    # the flat, Hugging Face-style config and the vocabulary sit beside the weights
+    config = json.loads((run / "model" / "config.json").read_text())
+    assert config["model_type"] == "gpt" and config["d_model"] == info["model_config"]["d_model"]
+    from qkv.tasks.vocab import vocab_from_dict
+
+    vocab = vocab_from_dict(json.loads((run / "model" / "vocab.json").read_text()))
+    assert vocab.decode(vocab.encode("To be")) == "To be"
+    for bad, message in ((["--preset", "huge"], "no preset 'huge'; its presets: cpu, paper"),
+                         (["--set", "attention_kwargs={}"], "attention 'window' needs radius: add --set attention_kwargs.radius"),
+                         (["--set", "d_model.x=1"], "not a dict")):
+        assert main([*argv[:-2], *bad, "--out", str(shakespeare_cache / "bad")]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_old_nested_model_config_still_loads(tmp_path):
+    from qkv.models import QKVModel
+    from qkv.models.transformer.gpt import GPT
+
+    model = GPT.from_config({"vocab_size": 11, "n_layers": 1, "d_model": 8, "n_heads": 2, "d_ff": 16, "max_len": 8})
+    model.save_pretrained(tmp_path)
+    flat = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({"model": flat.pop("model_type"), "config": flat}))
+    assert QKVModel.from_pretrained(tmp_path).config == model.config
+
+
+def test_cli_surface(capsys):
+    import qkv
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and qkv.__version__ in capsys.readouterr().out
+    for command in ("list", "data", "train", "eval", "generate", "translate", "viz", "bench"):
+        with pytest.raises(SystemExit) as exit_:
+            main([command, "--help"])
+        assert exit_.value.code == 0, command
+        assert "usage:" in capsys.readouterr().out, command
+    assert main(["list", "model"]) == 0
+    out = capsys.readouterr().out
+    assert "task kinds: lm; tasks: shakespeare-char" in out and "presets: cpu, paper" in out
+    assert main(["list", "task"]) == 0
+    assert "kind: seq2seq" in capsys.readouterr().out
+
+
+def test_closed_pipe_is_quiet():
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    proc = subprocess.run(f"{sys.executable} -m qkv list | head -1", shell=True, capture_output=True, text=True, env=env)
+    assert proc.stdout.strip() and "Traceback" not in proc.stderr and "Error" not in proc.stderr
+
+
+def test_generate_on_a_model_that_cannot(shakespeare_cache, capsys):
+    run = shakespeare_cache / "lstmn"
+    argv = ["train", "lstmn", "--task", "shakespeare-char", "--out", str(run), "--set", "d_embed=8", "--set", "d_hidden=8",
+            "--set", "attn_dim=8", "--set", "task.block_size=8", "--steps", "1", *TRAIN]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["generate", str(run)]) == 2
+    assert "cannot generate" in capsys.readouterr().err
+
+
+def test_bench_threads_default(monkeypatch, capsys):
+    import os
+
+    from qkv import cli
+
+    seen = {}
+    monkeypatch.setattr("qkv.bench.main", lambda argv: seen.setdefault("argv", argv) and 0)
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    cli._run_bench(["kernels", "--quick"])
+    assert seen["argv"][:3] == ["kernels", "--threads", "1"] and "load average" in capsys.readouterr().err
+    seen.clear()
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    cli._run_bench(["kernels", "--threads", "2"])
+    assert seen["argv"] == ["kernels", "--threads", "2"]
+    assert cli.physical_cores() >= 1

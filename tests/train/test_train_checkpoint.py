@@ -187,3 +187,53 @@ def test_non_checkpoint_and_mismatch_errors(tmp_path):
 def test_never_unpickles():
     source = open(ckpt.__file__).read()
     assert "torch.load(" not in source and "pickle" not in source
+
+
+def test_checksum_catches_a_flipped_bit(tmp_path):
+    model, opt, sched = _trained()
+    path = save_checkpoint(tmp_path / "c.safetensors", model, opt, sched, step=3)
+    data = bytearray(path.read_bytes())
+    data[-7] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="checksum"):
+        load_checkpoint(path, ToyLM(dropout=0.1, tied=True))
+    save_model(model, {"x": 1}, tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x80
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="checksum"):
+        load_model_state(tmp_path / "m")
+
+
+def test_latest_intact_keeps_the_previous_one(tmp_path):
+    model, opt, sched = _trained()
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    for step in (1, 2, 3):
+        manager.save(step, model, opt, sched)
+    assert [p.name for p in manager.checkpoints()] == ["step-00000002.safetensors", "step-00000003.safetensors"]
+    manager.path_for(3).write_bytes(manager.path_for(3).read_bytes()[:100])
+    with pytest.warns(UserWarning, match="corrupt or truncated"):
+        assert manager.latest_intact() == manager.path_for(2)
+
+
+@pytest.mark.parametrize("drop", ["step", "rng", "extra", "scheduler"])
+def test_missing_header_field_is_a_one_line_error(tmp_path, drop):
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    model, opt, sched = _trained()
+    path = save_checkpoint(tmp_path / "c.safetensors", model, opt, sched, step=3)
+    with safe_open(str(path), framework="pt") as f:
+        metadata = dict(f.metadata())
+    header = json.loads(metadata["qkv"])
+    del header[drop]
+    metadata["qkv"] = json.dumps(header)
+    save_file(load_file(str(path)), str(path), metadata=metadata)
+    target = ToyLM(dropout=0.1, tied=True)
+    fresh_opt = torch.optim.AdamW(target.parameters(), lr=1e-2)
+    with pytest.raises(CheckpointError, match=drop) as error:
+        load_checkpoint(path, target, fresh_opt, schedules.warmup_cosine(fresh_opt, warmup=2, total=10))
+    assert "\n" not in str(error.value)

@@ -187,3 +187,38 @@ def test_torchrun_two_process_ddp_equals_one_process_combined_batch(tmp_path):
     # only rank 0 logs: one train record per step, one eval record (at the end)
     lines = (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 6 + 1
+
+
+@pytest.mark.parametrize("field,value", [("lr", float("inf")), ("lr", float("nan")), ("lr", 0.0), ("weight_decay", float("nan")),
+                                         ("weight_decay", -1.0), ("grad_clip", float("nan")), ("grad_clip", float("inf")),
+                                         ("eps", float("nan")), ("betas", (float("nan"), 0.9))])
+def test_non_finite_or_negative_hyperparameters_are_refused(tmp_path, field, value):
+    with pytest.raises(ValueError, match=field):
+        _config(tmp_path, **{field: value})
+
+
+def test_checkpoints_by_default_at_every_evaluation(tmp_path):
+    assert TrainConfig().save_every is None  # None: at every evaluation
+    Trainer(_fresh_model(), ToyTask(), _config(tmp_path, eval_every=2, save_every=None, steps=20)).fit()
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*.safetensors"))
+    assert saved == ["step-00000016.safetensors", "step-00000018.safetensors", "step-00000020.safetensors"]
+    evals = [json.loads(r)["step"] for r in (tmp_path / "metrics.jsonl").read_text().splitlines() if '"eval"' in r]
+    assert evals == list(range(2, 21, 2))
+
+
+def test_progress_bar_shows_training_loss_and_validation_apart():
+    from qkv.train.trainer import _postfix
+
+    shown = _postfix({"loss": 1.0, "tokens_per_s": 10.0}, {"valid_loss": 2.0, "loss": 2.0, "bpc": 3.0})
+    assert shown["loss"] == "1.0000" and shown["val_loss"] == "2.0000" and shown["val_bpc"] == "3"
+
+
+def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path):
+    Trainer(_fresh_model(), ToyTask(), _config(tmp_path, steps=4, save_every=2)).fit()
+    newest = tmp_path / "checkpoints" / "step-00000004.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-3] ^= 0x10
+    newest.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="checksum"):
+        Trainer(_fresh_model(), ToyTask(), _config(tmp_path, steps=6, save_every=2)).fit(resume=True)
+    assert _resumed_from(tmp_path) == [2]

@@ -1,6 +1,13 @@
-"""What every qkv model shares: a ``Config`` dataclass, ``from_config``, and
+"""What every qkv model shares: a ``Config`` dataclass, ``from_config``, named ``presets``, and
 ``save_pretrained`` / ``from_pretrained`` (``config.json`` + ``model.safetensors``; loading never
 unpickles). Models register with ``@register("model", name)``.
+
+``config.json`` is flat, as in Hugging Face: ``{"model_type": "gpt", "n_layers": 4, ...}``; the
+older nested layout ``{"model": "gpt", "config": {...}}`` still loads.
+
+Sizes are checked before anything is allocated: ``from_config`` first builds the model on PyTorch's
+``meta`` device (shapes only, no memory) and refuses a configuration whose parameters and buffers
+would not fit in the memory this machine has available (``estimate_bytes``).
 """
 
 from __future__ import annotations
@@ -9,13 +16,17 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Dict, List, Optional, Union
+from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 
+import torch
 from torch import Tensor, nn
 
 from ..registry import lookup
 
-__all__ = ["ModelOutput", "QKVModel", "config_from_dict", "load_pretrained"]
+__all__ = ["ModelOutput", "QKVModel", "config_from_dict", "load_pretrained", "available_memory", "MODEL_TYPE_KEY"]
+
+#: the key of ``config.json`` naming the registered model (Hugging Face's ``model_type``)
+MODEL_TYPE_KEY = "model_type"
 
 @dataclass
 class ModelOutput:
@@ -58,6 +69,14 @@ class QKVModel(nn.Module):
     init_task_fields: ClassVar[tuple] = ()
     #: parameter-name prefixes that start fresh under ``--init`` (the new task's head)
     init_fresh: ClassVar[tuple] = ()
+    #: tasks this model trains on as it is (``qkv list model``; their kinds when task_kinds is None)
+    suggested_tasks: ClassVar[Tuple[str, ...]] = ()
+    #: named configurations, e.g. ``{"paper": {}, "cpu": {"n_layers": 4, ..., "train": {"steps": 600}}}``:
+    #: config fields to set, plus an optional ``"train"`` dict of ``TrainConfig`` fields
+    #: (``qkv train MODEL --preset NAME``).
+    presets: ClassVar[Dict[str, Dict[str, Any]]] = {}
+    #: the preset ``qkv train`` uses without ``--preset`` (a CPU-sized one); None: the config's defaults.
+    default_preset: ClassVar[Optional[str]] = None
 
     def __init__(self, config: Any) -> None:
         super().__init__()
@@ -70,6 +89,7 @@ class QKVModel(nn.Module):
         """Build from a ``config_class`` instance or a plain dict of its fields."""
         if isinstance(config, dict):
             config = config_from_dict(cls.config_class, config)
+        cls.check_size(config)
         return cls(config)
 
     def init_from(self, source: nn.Module) -> List[str]:
@@ -88,12 +108,47 @@ class QKVModel(nn.Module):
         self.load_state_dict({n: theirs[n] for n in mine if n not in fresh}, strict=False)
         return fresh
 
+    @classmethod
+    def preset(cls, name: str) -> Dict[str, Any]:
+        """The preset ``name`` (config fields, and ``"train"`` settings when it has them)."""
+        if name not in cls.presets:
+            known = ", ".join(sorted(cls.presets)) or "none"
+            raise ValueError(f"model {cls.registry_name or cls.__name__!r} has no preset {name!r}; its presets: {known}")
+        return dict(cls.presets[name])
+
+    @classmethod
+    def estimate_bytes(cls, config: Any) -> Optional[int]:
+        """Bytes of parameters and buffers of ``cls(config)``, found by building it on the ``meta``
+        device (no memory is allocated); None when the model cannot be built there."""
+        try:
+            with torch.device("meta"):
+                model = cls(config)
+        except Exception:  # noqa: BLE001 - an __init__ that needs real data (e.g. .item()) on meta
+            return None  # then the real construction is the check
+        tensors = list(model.parameters()) + list(model.buffers())
+        seen, total = set(), 0
+        for t in tensors:
+            if id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+        return total
+
+    @classmethod
+    def check_size(cls, config: Any) -> None:
+        """Refuse a config whose model would not fit in the available memory, before allocating."""
+        need = cls.estimate_bytes(config)
+        have = available_memory()
+        if need is not None and have is not None and need > have:
+            raise ValueError(f"{type(config).__name__} describes a model of {_human_bytes(need)} of parameters and "
+                             f"buffers, more than the {_human_bytes(have)} of memory available; check its sizes "
+                             f"({_size_fields(config)})")
+
     def save_pretrained(self, directory: Union[str, os.PathLike]) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (each atomically;
         tied parameters stored once)."""
         from ..train.checkpoint import save_model
 
-        meta = {"model": self.registry_name, "config": dataclasses.asdict(self.config)}
+        meta = {MODEL_TYPE_KEY: self.registry_name, **dataclasses.asdict(self.config)}
         return save_model(self, meta, directory)
 
     @classmethod
@@ -101,24 +156,58 @@ class QKVModel(nn.Module):
         """Load a model written by ``save_pretrained`` (any registered model when called on
         ``QKVModel``; this class otherwise). A missing, corrupt or truncated file raises
         ``CheckpointError`` (a ``ValueError``) naming it; nothing is unpickled."""
-        from ..train.checkpoint import CheckpointError, load_model_state
+        from ..train.checkpoint import CheckpointError, load_model_tensors, read_model_config
 
         directory = Path(directory)
         if not directory.is_dir():
             raise FileNotFoundError(f"{directory} is not a directory written by save_pretrained")
-        meta, state = load_model_state(directory)
-        try:
-            name, values = meta["model"], meta["config"]
-        except (KeyError, TypeError):
-            raise CheckpointError(f"{directory / 'config.json'} is not a qkv model config (no 'model'/'config' keys)") from None
+        meta = read_model_config(directory)  # the sizes are checked (from_config) before the weights are read
+        if isinstance(meta, dict) and isinstance(meta.get("config"), dict) and "model" in meta:
+            name, values = meta["model"], meta["config"]  # the older nested layout
+        elif isinstance(meta, dict) and MODEL_TYPE_KEY in meta:
+            values = dict(meta)
+            name = values.pop(MODEL_TYPE_KEY)
+        else:
+            raise CheckpointError(f"{directory / 'config.json'} is not a qkv model config (no {MODEL_TYPE_KEY!r} field)")
+        if not isinstance(name, str):
+            raise CheckpointError(f"{directory / 'config.json'}: {MODEL_TYPE_KEY} must be a model name, got {name!r}")
         if cls is not QKVModel and name != cls.registry_name:
             raise ValueError(f"{directory} holds a {name!r} model, not {cls.registry_name!r}")
         model = (lookup("model", name) if cls is QKVModel else cls).from_config(values)
+        state = load_model_tensors(directory)
         try:
             model.load_state_dict(state, strict=True)
         except RuntimeError as e:
             raise CheckpointError(f"{directory / 'model.safetensors'} does not fit a {name!r} model: {e}") from None
         return model.to(map_location)
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of memory available to this process (Linux ``MemAvailable``, else physical memory)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} PB"
+
+
+def _size_fields(config: Any) -> str:
+    values = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
+    big = sorted(((v, k) for k, v in values.items() if isinstance(v, int) and not isinstance(v, bool)), reverse=True)[:3]
+    return ", ".join(f"{k}={v}" for v, k in big)
 
 
 def load_pretrained(directory: Union[str, os.PathLike], map_location: str = "cpu") -> QKVModel:

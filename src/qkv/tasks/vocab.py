@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, Iterable, List, Sequence, Union
 
 import torch
 
-__all__ = ["CharVocab", "ByteVocab", "WordVocab"]
+__all__ = ["CharVocab", "ByteVocab", "WordVocab", "vocab_to_dict", "vocab_from_dict"]
 
 Ids = Union[Sequence[int], torch.Tensor]
 
@@ -148,3 +148,27 @@ class WordVocab:
     def decode(self, ids: Any) -> str:
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
         return " ".join(self.words[i] for i in ids if i != self.pad_id)
+
+
+def vocab_to_dict(vocab: Any) -> Any:
+    """A JSON-able description of ``vocab`` (``vocab.json`` beside a saved model), or None for a
+    vocabulary of another kind. ``vocab_from_dict`` builds it back."""
+    if isinstance(vocab, CharVocab):
+        return {"type": "char", "chars": vocab.chars, "specials": list(vocab.SPECIALS)}
+    if isinstance(vocab, ByteVocab):
+        return {"type": "byte", "size": vocab.size}
+    if isinstance(vocab, WordVocab) and vocab._split is str.split:
+        return {"type": "word", "words": vocab.words[2:]}
+    return None
+
+
+def vocab_from_dict(data: Dict[str, Any]) -> Any:
+    """The vocabulary ``vocab_to_dict`` described."""
+    kind = data.get("type") if isinstance(data, dict) else None
+    if kind == "char":
+        return CharVocab(data["chars"])
+    if kind == "byte":
+        return ByteVocab()
+    if kind == "word":
+        return WordVocab(data["words"])
+    raise ValueError(f"vocabulary description must have type 'char', 'byte' or 'word', got {kind!r}")

@@ -15,15 +15,22 @@ Tied weights (one tensor reachable under two names, e.g. an embedding shared wit
 layer) are stored once; the header lists the aliases and loading gives every name its tensor
 back, so ``model.load_state_dict(state)`` re-fills both names and the tie survives.
 
+Every file written here carries a SHA-256 of its tensors (names, dtypes, shapes and bytes) in its
+header (key ``"qkv_sha256"``); reading verifies it, so a flipped bit is a ``CheckpointError``, not
+silently wrong weights. ``CheckpointManager.latest_intact`` skips a corrupt newest checkpoint (with a
+warning) and gives the previous intact one.
+
 Nothing here calls ``torch.load``: a checkpoint cannot execute code when it is read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -48,11 +55,16 @@ __all__ = [
     "CheckpointManager",
     "save_model",
     "load_model_state",
+    "read_model_config",
+    "load_model_tensors",
 ]
 
 FORMAT = "qkv-train-checkpoint/1"
 _META_KEY = "qkv"
 _ALIASES_KEY = "qkv_aliases"
+_CHECKSUM_KEY = "qkv_sha256"
+#: header fields every training checkpoint has
+_REQUIRED = {"step": int, "extra": dict, "rng": list}
 
 
 class CheckpointError(ValueError):
@@ -116,8 +128,20 @@ def _dedupe(tensors: Mapping[str, Tensor]) -> Tuple[Dict[str, Tensor], Dict[str,
     return unique, aliases
 
 
+def tensors_checksum(tensors: Mapping[str, Tensor]) -> str:
+    """SHA-256 over the tensors' names, dtypes, shapes and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        if t.numel():
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def _read(path: Path) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
-    """All tensors and the header metadata of a safetensors file, with clear errors."""
+    """All tensors and the header metadata of a safetensors file, with clear errors; the tensors'
+    checksum is verified when the file has one."""
     from safetensors import safe_open
 
     if not path.is_file():
@@ -128,6 +152,9 @@ def _read(path: Path) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {e}") from e
+    expected = metadata.get(_CHECKSUM_KEY)
+    if expected is not None and tensors_checksum(tensors) != expected:
+        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt: its tensors do not match the checksum in its header")
     return tensors, metadata
 
 
@@ -135,6 +162,7 @@ def _write(path: Path, tensors: Mapping[str, Tensor], metadata: Dict[str, str]) 
     unique, aliases = _dedupe(tensors)
     metadata = dict(metadata)
     metadata[_ALIASES_KEY] = json.dumps(aliases)
+    metadata[_CHECKSUM_KEY] = tensors_checksum(unique)
     return atomic_write(path, lambda tmp: save_file(unique, tmp, metadata=metadata))
 
 
@@ -327,8 +355,12 @@ def _parse_meta(metadata: Mapping[str, str], path: Path) -> Dict[str, Any]:
         meta = json.loads(metadata[_META_KEY])
     except json.JSONDecodeError as e:
         raise CheckpointError(f"checkpoint file {str(path)!r} has a corrupt header: {e}") from e
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint file {str(path)!r} has format {meta.get('format')!r}; expected {FORMAT!r}")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else meta
+        raise CheckpointError(f"checkpoint file {str(path)!r} has format {found!r}; expected {FORMAT!r}")
+    for key, kind in _REQUIRED.items():
+        if not isinstance(meta.get(key), kind):
+            raise CheckpointError(f"checkpoint file {str(path)!r}: its header has no valid {key!r} field")
     return meta
 
 
@@ -357,6 +389,15 @@ def load_checkpoint(
     tensors, metadata = _read(path)
     meta = _parse_meta(metadata, path)
     tensors = _expand_aliases(tensors, metadata, path)
+    try:
+        _load_into(path, tensors, meta, model, optimizer, scheduler, rank, strict)
+    except (KeyError, TypeError, IndexError) as e:
+        raise CheckpointError(f"checkpoint file {str(path)!r} lacks a field it needs: {e}") from None
+    return meta
+
+
+def _load_into(path: Path, tensors: Dict[str, Tensor], meta: Dict[str, Any], model: torch.nn.Module,
+               optimizer: Optional[torch.optim.Optimizer], scheduler: Any, rank: Optional[int], strict: bool) -> None:
     model_state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
     try:
         model.load_state_dict(model_state, strict=strict)
@@ -377,7 +418,6 @@ def load_checkpoint(
         if not 0 <= rank < len(meta["rng"]):
             raise CheckpointError(f"checkpoint file {str(path)!r} has RNG states for {len(meta['rng'])} rank(s), not for rank {rank}")
         restore_rng_state(_rng_from_stored(rank, tensors, meta["rng"][rank]))
-    return meta
 
 
 class CheckpointManager:
@@ -412,6 +452,20 @@ class CheckpointManager:
                 return target
         found = self.checkpoints()
         return found[-1] if found else None
+
+    def latest_intact(self) -> Optional[Path]:
+        """The newest checkpoint that reads back whole (header and checksum); a corrupt one is
+        reported with a warning and skipped. None when there is none."""
+        newest = self.latest()
+        candidates = [p for p in reversed(self.checkpoints()) if p != newest]
+        for path in ([newest] if newest is not None else []) + candidates:
+            try:
+                _parse_meta(_read(path)[1], path)
+            except CheckpointError as e:
+                warnings.warn(f"{e}; trying the previous checkpoint", stacklevel=2)
+                continue
+            return path
+        return None
 
     def save(self, step: int, model: torch.nn.Module, optimizer=None, scheduler=None, **kwargs: Any) -> Path:
         """``save_checkpoint`` to ``path_for(step)``, point ``latest`` at it, drop old ones."""
@@ -459,13 +513,22 @@ def load_model_state(directory: str | os.PathLike) -> Tuple[Dict[str, Any], Dict
     ``model.load_state_dict(state)`` works with ``strict=True``.
     """
     directory = Path(directory)
-    config_path = directory / "config.json"
+    return read_model_config(directory), load_model_tensors(directory)
+
+
+def read_model_config(directory: str | os.PathLike) -> Any:
+    """The parsed ``config.json`` of a model directory (read before any weight is)."""
+    config_path = Path(directory) / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"model directory {str(directory)!r} has no config.json")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
+        return json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"config file {str(config_path)!r} is not valid JSON: {e}") from e
-    weights = directory / "model.safetensors"
+
+
+def load_model_tensors(directory: str | os.PathLike) -> Dict[str, Tensor]:
+    """The state dict in a model directory's ``model.safetensors`` (tied names share one tensor)."""
+    weights = Path(directory) / "model.safetensors"
     tensors, metadata = _read(weights)
-    return config, _expand_aliases(tensors, metadata, weights)
+    return _expand_aliases(tensors, metadata, weights)

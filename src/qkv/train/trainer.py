@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
+import sys
 import time
 import warnings
 from contextlib import nullcontext
@@ -38,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from . import distributed, schedules
-from .checkpoint import CheckpointManager, atomic_write_text, capture_rng_state, load_checkpoint, read_checkpoint_meta
+from .checkpoint import CheckpointError, CheckpointManager, atomic_write_text, capture_rng_state, load_checkpoint, read_checkpoint_meta
 from .checkpoint import read_carried_state
 
 __all__ = ["TrainConfig", "Trainer"]
@@ -58,10 +60,10 @@ class TrainConfig:
     schedule: Literal["noam", "cosine", "constant"] = "cosine"  # "noam" (peak = lr at warmup, then step^-0.5) | "cosine" (to 0 at steps) | "constant"
     grad_clip: Optional[float] = 1.0  # max global gradient L2 norm; None or 0 disables clipping
     grad_accum: int = 1  # micro-batches summed into one update
-    eval_every: int = 0  # evaluate every this many updates (0: only at the end)
+    eval_every: int = 0  # evaluate every this many updates (0: only at the end; `qkv train` defaults to 10 times per run)
     eval_batches: int = 8  # held-out batches (task.eval_batches("valid", ...)) averaged into valid_loss; 0 skips
     eval_max_examples: Optional[int] = 256  # max_examples passed to task.evaluate(model, "valid", ...)
-    save_every: int = 0  # checkpoint every this many updates (0: only at the end)
+    save_every: Optional[int] = None  # checkpoint every this many updates (0: only at the end; None: at every evaluation and at the end)
     keep_last: Optional[int] = 3  # checkpoints kept on disk (None keeps all)
     seed: int = 0  # seeds batches (task.get_batch seed=) and the RNGs (torch, numpy, random; + rank)
     precision: Literal["fp32", "bf16"] = "fp32"  # "fp32" | "bf16" (autocast; parameters and optimizer stay float32)
@@ -74,25 +76,35 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "log_every"):
             _positive(name, getattr(self, name))
-        for name in ("warmup", "eval_every", "eval_batches", "save_every", "seed"):
+        for name in ("warmup", "eval_every", "eval_batches", "seed"):
             _positive(name, getattr(self, name), allow_zero=True)
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
-            raise ValueError(f"lr must be a float > 0, got {self.lr!r}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        if len(tuple(self.betas)) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+        if self.save_every is not None:
+            _positive("save_every", self.save_every, allow_zero=True)
+        _finite("lr", self.lr, positive=True)
+        _finite("weight_decay", self.weight_decay)
+        _finite("eps", self.eps)
+        if not isinstance(self.betas, (tuple, list)) or len(tuple(self.betas)) != 2 or not all(
+                isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must be two floats in [0, 1), got {self.betas!r}")
         self.betas = tuple(float(b) for b in self.betas)
         if self.schedule not in schedules.SCHEDULES:
             raise ValueError(f"schedule must be one of {schedules.SCHEDULES}, got {self.schedule!r}")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
-        if self.grad_clip is not None and self.grad_clip < 0:
-            raise ValueError(f"grad_clip must be >= 0 or None, got {self.grad_clip!r}")
+        if self.grad_clip is not None:
+            _finite("grad_clip", self.grad_clip)
         if self.eval_max_examples is not None:
             _positive("eval_max_examples", self.eval_max_examples)
         if self.keep_last is not None:
             _positive("keep_last", self.keep_last)
+
+
+def _finite(name: str, value: object, positive: bool = False) -> None:
+    """``value`` is a finite float >= 0 (> 0 when ``positive``), else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a finite float {'> 0' if positive else '>= 0'}, got {value!r}")
 
 
 def _positive(name: str, value: object, allow_zero: bool = False) -> None:
@@ -287,7 +299,9 @@ class Trainer:
 
         start = 0
         self._carried = None
-        latest = self.checkpoints.latest() if resume else None
+        latest = self.checkpoints.latest_intact() if resume else None
+        if resume and latest is None and self.checkpoints.checkpoints():
+            raise ValueError(f"no checkpoint in {str(self.checkpoints.directory)!r} reads back intact; cannot resume")
         if not resume and self.checkpoints.checkpoints():
             raise ValueError(f"out_dir {str(self.out_dir)!r} already holds checkpoints; pass resume=True to continue "
                              "that run or choose another out_dir")
@@ -299,6 +313,8 @@ class Trainer:
                               f"{ctx.world_size}: model and optimizer are restored, RNG streams restart from seed")
             meta = load_checkpoint(latest, self.model, optimizer, rank=ctx.rank if same_world else None)
             self._apply_hyperparameters(optimizer)
+            if not isinstance(meta.get("scheduler"), dict):
+                raise CheckpointError(f"checkpoint file {str(latest)!r}: its header has no valid 'scheduler' field")
             _restore_schedule(scheduler, meta["scheduler"])
             start = meta["step"]
             if self.carries_state:
@@ -324,8 +340,12 @@ class Trainer:
         last: Dict[str, float] = {}
         eval_metrics: Dict[str, float] = {}
         window_tokens, window_start = 0, time.perf_counter()
+        eval_every, save_every = cfg.eval_every, cfg.save_every
         for step in range(start, cfg.steps):
+            step_start = time.perf_counter()
             loss, tokens = self._update(net, optimizer, scheduler, ctx, step)
+            if ctx.is_main and step - start == 1:  # the second update: past the first one's warm-up
+                self._announce_speed(time.perf_counter() - step_start, cfg.steps - step - 1, eval_every)
             window_tokens += tokens
             done = step + 1
             if done % cfg.log_every == 0 or done == cfg.steps:
@@ -345,7 +365,8 @@ class Trainer:
                 if ctx.is_main:
                     self._log(record)
                     bar.set_postfix(_postfix(record, eval_metrics), refresh=False)
-            if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
+            evaluated = bool(eval_every and done % eval_every == 0) or done == cfg.steps
+            if evaluated:
                 if ctx.is_main:
                     eval_metrics = self.evaluate(device)
                     self._log({"event": "eval", "step": done, **eval_metrics, "time": time.time()})
@@ -354,7 +375,7 @@ class Trainer:
                         on_evaluate(eval_metrics)  # e.g. a memory network's linear start ends
                     bar.set_postfix(_postfix({"loss": last.get("loss", float("nan"))}, eval_metrics), refresh=False)
                 distributed.barrier(ctx)
-            if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps:
+            if (evaluated if save_every is None else (save_every and done % save_every == 0)) or done == cfg.steps:
                 self._save(ctx, done, optimizer, scheduler)
             bar.update(1)
         bar.close()
@@ -373,6 +394,12 @@ class Trainer:
         atomic_write_text(self.out_dir / "metrics.jsonl", json.dumps(
             {"event": "eval", "step": 0, **metrics, "note": "no trainable parameters", "time": time.time()}) + "\n")
         return metrics
+
+    def _announce_speed(self, seconds: float, remaining: int, eval_every: int) -> None:
+        """Say how long an update takes (measured on this run's first updates) and what is left."""
+        note = f" (+ evaluations every {eval_every})" if eval_every else ""
+        tqdm.write(f"qkv: {seconds:.3g} s per update; about {_duration(seconds * remaining)} for the "
+                   f"remaining {remaining} update(s){note}", file=sys.stderr)
 
     def _update(self, net, optimizer, scheduler, ctx, step: int) -> Tuple[Tensor, int]:
         """One optimizer update from ``grad_accum`` micro-batches; the mean loss and tokens seen."""
@@ -437,12 +464,23 @@ def _to_device(batch: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
     return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
 
 
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def _postfix(record: Dict[str, Any], eval_metrics: Dict[str, float]) -> Dict[str, str]:
+    """The bar's fields: the training loss as ``loss``, the last evaluation as ``val_*``."""
     shown = {"loss": f"{record['loss']:.4f}"}
     if "tokens_per_s" in record:
         shown["tok/s"] = f"{record['tokens_per_s']:.0f}"
+    if "valid_loss" in eval_metrics:
+        shown["val_loss"] = f"{eval_metrics['valid_loss']:.4f}"
     for key, value in eval_metrics.items():
-        if key != "valid_loss":
-            shown[key] = f"{value:.4g}"
+        if key not in ("valid_loss", "loss"):
+            shown[f"val_{key}"] = f"{value:.4g}"
             break
     return shown

@@ -128,6 +128,7 @@ class EndToEndMemoryNetwork(QKVModel):
     """
 
     config_class = MemoryNetworkConfig
+    suggested_tasks = ('babi-single', 'babi-two', 'babi-counting')  # `qkv list model`
     #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
     train_defaults = {"steps": 1500, "batch_size": 32, "lr": 1e-2, "grad_clip": 40.0, "weight_decay": 0.0}
 

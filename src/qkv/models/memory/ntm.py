@@ -169,6 +169,7 @@ class NeuralTuringMachine(QKVModel):
     """
 
     config_class = NTMConfig
+    suggested_tasks = ('ntm-copy',)  # `qkv list model`
     #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
     train_defaults = {"steps": 5000, "batch_size": 16, "lr": 1e-3, "grad_clip": 10.0, "betas": (0.9, 0.999), "eps": 1e-8, "schedule": "constant", "weight_decay": 0.0}
 
@@ -241,6 +242,7 @@ class LSTMBaseline(QKVModel):
     """
 
     config_class = LSTMBaselineConfig
+    suggested_tasks = ('ntm-copy',)  # `qkv list model`
     #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
     train_defaults = {"steps": 5000, "batch_size": 16, "lr": 1e-3, "grad_clip": 10.0, "betas": (0.9, 0.999), "eps": 1e-8, "schedule": "constant", "weight_decay": 0.0}
 

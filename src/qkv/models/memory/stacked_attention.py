@@ -57,6 +57,7 @@ class StackedAttention(QKVModel):
     """
 
     config_class = StackedAttentionConfig
+    suggested_tasks = ('babi-single', 'babi-two', 'babi-counting')  # `qkv list model`
     #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
     train_defaults = {"steps": 1500, "batch_size": 32, "lr": 3e-3, "weight_decay": 0.0}
 

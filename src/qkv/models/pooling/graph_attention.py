@@ -130,6 +130,7 @@ class GraphAttention(QKVModel):
     """
 
     config_class = GATConfig
+    suggested_tasks = ('karate',)  # `qkv list model`
     #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
     train_defaults = {"steps": 200, "batch_size": 1, "lr": 5e-3, "warmup": 0, "weight_decay": 5e-4, "schedule": "constant"}
 

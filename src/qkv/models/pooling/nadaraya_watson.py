@@ -44,6 +44,7 @@ class NadarayaWatson(QKVModel):
     """
 
     config_class = NadarayaWatsonConfig
+    suggested_tasks = ('nw-regression',)  # `qkv list model`
     #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
     train_defaults = {"steps": 200, "batch_size": 50, "lr": 0.5, "warmup": 0, "schedule": "constant", "weight_decay": 0.0}
 

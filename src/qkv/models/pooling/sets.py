@@ -164,6 +164,7 @@ class DeepSets(QKVModel):
     """
 
     config_class = DeepSetsConfig
+    suggested_tasks = ('digit-bags',)  # `qkv list model`
     #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
     train_defaults = {"steps": 500, "batch_size": 8, "lr": 5e-4, "weight_decay": 1e-4, "betas": (0.9, 0.999)}
 
@@ -205,6 +206,7 @@ class AttentionMIL(QKVModel):
     """
 
     config_class = AttentionMILConfig
+    suggested_tasks = ('digit-bags',)  # `qkv list model`
     #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
     train_defaults = {"steps": 500, "batch_size": 8, "lr": 5e-4, "weight_decay": 1e-4, "betas": (0.9, 0.999)}
 

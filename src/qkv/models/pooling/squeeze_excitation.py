@@ -80,6 +80,7 @@ class SECNN(QKVModel):
     """
 
     config_class = SECNNConfig
+    suggested_tasks = ('digits',)  # `qkv list model`
     #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
     train_defaults = {"steps": 400, "batch_size": 64, "lr": 1e-2, "warmup": 20, "weight_decay": 0.0}
 

@@ -165,6 +165,7 @@ class LSTMN(QKVModel):
     """
 
     config_class = LSTMNConfig
+    suggested_tasks = ('shakespeare-char', 'enwiki-bytes')  # `qkv list model`
 
     def __init__(self, config: LSTMNConfig) -> None:
         super().__init__(config)

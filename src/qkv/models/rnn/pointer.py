@@ -58,6 +58,7 @@ class PointerNetwork(QKVModel):
     """
 
     config_class = PointerNetworkConfig
+    suggested_tasks = ('pointer-sort', 'convex-hull')  # `qkv list model`
     task_kinds = frozenset({"pointer"})
 
     def __init__(self, config: PointerNetworkConfig) -> None:

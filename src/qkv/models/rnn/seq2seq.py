@@ -168,6 +168,7 @@ class Seq2Seq(QKVModel):
     """
 
     config_class = Seq2SeqConfig
+    suggested_tasks = ('dates', 'reverse', 'bible-en-es')  # `qkv list model`
     task_kinds = frozenset({"seq2seq"})
     #: the recipe ``qkv train seq2seq`` uses unless flags say otherwise: small recurrent models want a
     #: higher learning rate than the trainer's transformer default (``dates`` with Bahdanau attention:

@@ -75,6 +75,7 @@ class ShowAttendTell(QKVModel):
     """
 
     config_class = ShowAttendTellConfig
+    suggested_tasks = ('digit-captions',)  # `qkv list model`
     task_kinds = frozenset({"captioning"})
 
     def __init__(self, config: ShowAttendTellConfig) -> None:

@@ -124,6 +124,9 @@ class BERT(QKVModel):
     task_kinds = frozenset({"classification", "pretraining"})
     init_task_fields = ("head", "num_labels")  # a fine-tuning task chooses the head (qkv train --init)
     init_fresh = ("classifier.",)  # ...which starts fresh; the encoder, pooler and MLM/NSP heads are copied
+    # "paper": BERT-base (the config's defaults); "cpu": a small encoder that trains in minutes on 2 cores
+    presets = {"paper": {}, "cpu": {"n_layers": 2, "d_model": 128, "n_heads": 2, "d_ff": 512}}
+    default_preset = "cpu"
 
     def __init__(self, config: BERTConfig) -> None:
         super().__init__(config)

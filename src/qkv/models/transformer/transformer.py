@@ -75,8 +75,12 @@ class Transformer(QKVModel):
     """
 
     config_class = TransformerConfig
+    suggested_tasks = ('reverse', 'dates', 'bible-en-es')  # `qkv list model`
     task_kinds = frozenset({"seq2seq"})
     stack_class = TransformerStack  # the encoder's and decoder's stack (Universal Transformer: a shared-depth stack)
+    # "paper": the base model of Table 3 (the config's defaults); "cpu": minutes on 2 cores
+    presets = {"paper": {}, "cpu": {"n_layers": 2, "d_model": 128, "n_heads": 4, "d_ff": 512}}
+    default_preset = "cpu"
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__(config)
