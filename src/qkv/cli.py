@@ -350,20 +350,20 @@ def _init_config(args: argparse.Namespace, model_cls: Any, values: Dict[str, Any
     return {**info["model_config"], **head, **user}, source
 
 
-def _check_kernel_knobs(kernel: str, kwargs: Dict[str, Any], field: str) -> None:
-    """Name the knobs a kernel needs (e.g. window's radius) before the model is built."""
-    import inspect
+def _build_model(model_cls: Any, values: Dict[str, Any]) -> Any:
+    """``model_cls.from_config(values)``; a kernel knob the model needs and nobody gave (e.g.
+    window's radius) becomes an error that says how to give it."""
+    import re
 
-    from qkv.registry import lookup
-
-    cls = lookup("attention", kernel)
-    params = inspect.signature(cls.__init__).parameters
-    filled = ("self", "causal", "dropout", "n_heads", "d_head")  # given by MultiHeadAttention
-    needed = [n for n, p in params.items() if n not in filled and p.default is p.empty
-              and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and n not in kwargs]
-    if needed:
-        sets = " ".join(f"--set {field}.{n}=VALUE" for n in needed)
-        raise CLIError(f"attention {kernel!r} needs {', '.join(needed)}: add {sets}")
+    try:
+        return model_cls.from_config(values)
+    except TypeError as e:
+        found = re.search(r"(\w+)\.__init__\(\) missing \d+ required (?:keyword-only |positional )?arguments?: (.+)", str(e))
+        if not found or "attention_kwargs" not in values:
+            raise
+        names = re.findall(r"'(\w+)'", found.group(2))
+        sets = " ".join(f"--set attention_kwargs.{n}=VALUE" for n in names)
+        raise CLIError(f"attention {values.get('attention')!r} ({found.group(1)}) needs {', '.join(names)}: add {sets}") from None
 
 
 def _announce(message: str) -> None:
@@ -453,15 +453,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
         config_values.update(_typed(model_sets, fields, f"model {args.model!r}", base=config_values))
         if args.init:
             config_values, init_model = _init_config(args, model_cls, config_values, _typed(model_sets, fields, "model"))
-    if "attention" in config_values and "attention_kwargs" in fields:
-        _check_kernel_knobs(config_values["attention"], config_values.get("attention_kwargs") or {}, "attention_kwargs")
 
     threads = _set_threads(args.threads)
     # the same seed gives the same initial weights (and, through the trainer, the same batches)
     random.seed(config.seed)
     np.random.seed(config.seed % 2**32)
     torch.manual_seed(config.seed)
-    model = model_cls.from_config(config_values)
+    model = _build_model(model_cls, config_values)
     if args.init:
         fresh = model.init_from(init_model)
         print(f"qkv: initialised from {args.init}; fresh: {', '.join(fresh) or 'nothing'}")
