@@ -74,8 +74,16 @@ def test_bad_input_is_refused(tmp_path):
 
 
 def test_view_chooses_cross_attention_first():
-    panels = [(f"decoder L{i} H0", torch.eye(2)) for i in range(4)] + [("cross L0 H0", torch.eye(2))]
-    assert [n for n, _ in AttentionView(panels).chosen(2)] == ["cross L0 H0", "decoder L0 H0"]
+    panels = [(f"decoder_self L{i} H0", torch.eye(2)) for i in range(4)] + [("decoder_cross L0 H0", torch.eye(2))]
+    assert [n for n, _ in AttentionView(panels).chosen(2)] == ["decoder_cross L0 H0", "decoder_self L0 H0"]
+
+
+def test_the_most_specific_label_prefix_wins():
+    src, tgt = ["a", "b", "c"], ["x", "y"]
+    view = AttentionView([], labels={"decoder": (tgt, tgt), "decoder_cross": (src, tgt), "encoder": (src, src)})
+    assert view.labels_for("decoder_cross L1 H0") == (src, tgt)
+    assert view.labels_for("decoder_self L0 H1") == (tgt, tgt)
+    assert view.labels_for("encoder L0 H0") == (src, src)
 
 
 def test_attention_view_refuses_unknown_task_kinds():

@@ -170,19 +170,18 @@ class AttentionView:
 
     def labels_for(self, name: str) -> Tuple[Optional[Sequence[str]], Optional[Sequence[str]]]:
         """The ``(key, query)`` labels of the panel called ``name``."""
-        x, y = self.x_labels, self.y_labels
-        for prefix, (px, py) in self.labels.items():
-            if name.startswith(prefix):
-                x, y = px, py
-        return x, y
+        matches = [prefix for prefix in self.labels if name.startswith(prefix)]
+        if not matches:
+            return self.x_labels, self.y_labels
+        return self.labels[max(matches, key=len)]  # the most specific prefix wins
 
     def chosen(self, max_panels: int) -> List[Tuple[str, Tensor]]:
         """At most ``max_panels`` panels, the cross-attention ones (the alignment a reader looks for)
         first, then the others in order."""
         if max_panels < 1:
             raise ValueError(f"max_panels must be >= 1, got {max_panels}")
-        cross = [p for p in self.panels if p[0].startswith("cross")]
-        rest = [p for p in self.panels if not p[0].startswith("cross")]
+        cross = [p for p in self.panels if "cross" in p[0]]
+        rest = [p for p in self.panels if "cross" not in p[0]]
         return (cross + rest)[:max_panels]
 
     def plot(self, path: PathLike, max_panels: int = 16) -> Path:
@@ -252,7 +251,9 @@ def _seq2seq_view(task: Any, model: Any, text: Optional[str], max_len: int) -> A
         out = model(**batch, need_weights=True)
     src = [show_token(task.vocab.decode([i])) for i in batch["src_ids"][0].tolist()]
     tgt = ["<bos>"] + [show_token(task.vocab.decode([i])) for i in batch["tgt_ids"][0, 1:].tolist()]
-    labels = {"encoder": (src, src), "decoder": (tgt, tgt), "self": (tgt, tgt), "cross": (src, tgt)}
+    # panel names: "encoder ...", "decoder_self ..." / "decoder ...", "decoder_cross ..." / "cross ..."
+    labels = {"encoder": (src, src), "decoder": (tgt, tgt), "self": (tgt, tgt), "decoder_self": (tgt, tgt),
+              "cross": (src, tgt), "decoder_cross": (src, tgt)}
     return AttentionView.from_weights(out.weights, x_labels=src, y_labels=tgt, labels=labels,
                                       title=type(model).__name__, caption=f"{source} -> {target}")
 
