@@ -43,6 +43,7 @@ from typing import Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from .. import _checks, masks
 from ..registry import register
@@ -124,10 +125,11 @@ class _Factorized(AttentionKernel):
     supports_mask = "key_padding"
     supports_state = True
 
-    def __init__(self, *, stride: int, subsets: Sequence[int], causal: bool, dropout: float) -> None:
+    def __init__(self, *, stride: int, subsets: Sequence[int], causal: bool, dropout: float, recompute: int) -> None:
         super().__init__(causal=causal, dropout=dropout)
         self.stride = _checks.positive_int("stride", stride)
         self.subsets = _check_subsets(subsets)
+        self.recompute = _checks.positive_int("recompute", recompute, allow_zero=True)
 
     def _state_length(self, state) -> int:
         return getattr(state, "length", 0)
@@ -143,7 +145,17 @@ class _Factorized(AttentionKernel):
         dtype = v.dtype
         acc = accumulation_dtype(dtype)  # half inputs: scores overflow float16, so the parts work in float32
         q, k, v, valid, shift = to_frame(q.to(acc), k.to(acc), v.to(acc), mask, period=self.stride)
-        out, weights = self._frame_attend(q, k, v, valid, dropout_p, need_weights)
+        rows = -(-q.shape[-2] // self.stride)  # query blocks of the frame
+        grads = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        if grads and not need_weights and self.recompute > 1 and rows >= 2 * self.recompute:
+            # Training: query blocks in `recompute` chunks, each recomputed in backward, so that only
+            # one chunk's scores and weights are alive at a time (peak memory ~ 1 / recompute of them).
+            step = -(-rows // self.recompute) * self.stride
+            out = torch.cat([checkpoint(self._chunk_out, q[:, :, a:a + step], k, v, valid, dropout_p, a // self.stride,
+                                        use_reentrant=False) for a in range(0, q.shape[-2], step)], dim=2)
+            weights = None
+        else:
+            out, weights = self._frame_attend(q, k, v, valid, dropout_p, need_weights)
         out, weights = from_frame(out, weights, M, shift)
         return AttentionOutput(out.to(dtype), None if weights is None else weights.to(dtype), new_state)
 
@@ -155,7 +167,12 @@ class _Factorized(AttentionKernel):
         """The state after the keys ``k``, ``v`` of a sequence's start."""
         raise NotImplementedError  # abstract: each pattern implements it
 
-    def _frame_attend(self, q, k, v, valid, dropout_p, need_weights):
+    def _chunk_out(self, q, k, v, valid, dropout_p, row0):
+        return self._frame_attend(q, k, v, valid, dropout_p, False, row0)[0]
+
+    def _frame_attend(self, q, k, v, valid, dropout_p, need_weights, row0=0):
+        """The queries ``q`` of grid rows ``row0 ..`` (the whole frame unless chunked) against the
+        frame's keys: ``(out (B, H, M_q, Ev), dense weights or None)``."""
         raise NotImplementedError  # abstract: each pattern implements it
 
 
@@ -169,14 +186,17 @@ class StridedAttention(_Factorized):
     Args:
         stride: ``l > 0``, about ``sqrt(n)``.
         subsets: ``(1,)``, ``(2,)`` or ``(1, 2)`` (the union, default).
+        recompute: when gradients are needed, the query blocks are processed in this many chunks,
+            each recomputed in backward (``torch.utils.checkpoint``): only one chunk's scores are
+            alive at a time. 0 or 1 keeps them all (faster, ``recompute`` times more memory).
     Shapes: ``q (B, H, M, E)``, ``k (B, H, N, E)``, ``v (B, H, N, Ev)`` -> ``(B, H, M, Ev)``; queries
     aligned to the end of the keys; key-padding masks only. Cost: O(N (3l + N/l) E) time,
     O(N (3l + N/l)) memory (causal: ``2l`` instead of ``3l``).
     """
 
     def __init__(self, *, stride: int, subsets: Sequence[int] = (1, 2), causal: bool = False,
-                 dropout: float = 0.0) -> None:
-        super().__init__(stride=stride, subsets=subsets, causal=causal, dropout=dropout)
+                 dropout: float = 0.0, recompute: int = 8) -> None:
+        super().__init__(stride=stride, subsets=subsets, causal=causal, dropout=dropout, recompute=recompute)
 
     def extra_repr(self) -> str:
         return f"stride={self.stride}, subsets={self.subsets}, {super().extra_repr()}"
@@ -211,45 +231,47 @@ class StridedAttention(_Factorized):
         out, weights = gathered_attend(q, k, v, pos - first, pos >= first, valid, dropout_p, need_weights)
         return AttentionOutput(out, weights, cache)
 
-    def _frame_attend(self, q, k, v, valid, dropout_p, need_weights):
-        B, H, L, E = q.shape
+    def _frame_attend(self, q, k, v, valid, dropout_p, need_weights, row0=0):
+        B, H, Lq, E = q.shape
+        L = k.shape[-2]
         l, dev = self.stride, q.device
         nr = -(-L // l)  # rows of the (nr, l) grid; query block a = row a
-        q_grid = _grid(q / math.sqrt(E), nr, l)  # (B, H, nr, l, E): query i = a l + c at (a, c), scaled
+        nq = -(-Lq // l)  # query rows row0 .. row0 + nq - 1
+        q_grid = _grid(q / math.sqrt(E), nq, l)  # (B, H, nq, l, E): query i = a l + c at (a, c), scaled
         parts, values = [], []
         if 1 in self.subsets:
             # A1, the band: query block a sees keys a l - l + [0, W).
             W = 2 * l + (0 if self.causal else l)
-            k_band = unfold_band(k, -l, l, W, nr)  # (B, H, nr, W, E)
-            v_band = unfold_band(v, -l, l, W, nr)  # (B, H, nr, W, Ev)
-            s1 = q_grid @ k_band.transpose(-1, -2)  # (B, H, nr, l, W)
+            k_band = unfold_band(k, row0 * l - l, l, W, nq)  # (B, H, nq, W, E)
+            v_band = unfold_band(v, row0 * l - l, l, W, nq)  # (B, H, nq, W, Ev)
+            s1 = q_grid @ k_band.transpose(-1, -2)  # (B, H, nq, l, W)
             # d = i - j = c - kj + l for query column c and key column kj of the same block.
             d = torch.arange(l, device=dev).view(l, 1) - torch.arange(W, device=dev).view(1, W) + l
             band = (d <= l) & (d >= (0 if self.causal else -l))  # (l, W), shared by all blocks
-            key_ok = unfold_band(valid.unsqueeze(-1), -l, l, W, nr).squeeze(-1)  # (B|1, H|1, nr, W)
-            parts.append((s1, band & key_ok.unsqueeze(-2)))  # allowed (B|1, H|1, nr, l, W)
+            key_ok = unfold_band(valid.unsqueeze(-1), row0 * l - l, l, W, nq).squeeze(-1)  # (B|1, H|1, nq, W)
+            parts.append((s1, band & key_ok.unsqueeze(-2)))  # allowed (B|1, H|1, nq, l, W)
             values.append(v_band)
         if 2 in self.subsets:
             # A2, the strided columns: query (a, c) sees keys (a', c) of the same grid column c.
-            q_cols = q_grid.transpose(2, 3)  # (B, H, l, nr, E)
+            q_cols = q_grid.transpose(2, 3)  # (B, H, l, nq, E)
             k_cols = _grid(k, nr, l).transpose(2, 3)  # (B, H, l, nr, E)
-            s2 = (q_cols @ k_cols.transpose(-1, -2)).transpose(2, 3)  # (B, H, nr(a), l(c), nr(a'))
-            da = torch.arange(nr, device=dev).view(nr, 1, 1) - torch.arange(nr, device=dev).view(1, 1, nr)  # a - a'
+            s2 = (q_cols @ k_cols.transpose(-1, -2)).transpose(2, 3)  # (B, H, nq(a), l(c), nr(a'))
+            da = torch.arange(row0, row0 + nq, device=dev).view(nq, 1, 1) - torch.arange(nr, device=dev).view(1, 1, nr)  # a - a'
             # i - j = (a - a') l: |a - a'| <= 1 lies in the band already — counted once, there.
             near = 2 if 1 in self.subsets else 0
-            rows = (da >= near) if self.causal else (da.abs() >= near)  # (nr, 1, nr)
+            rows = (da >= near) if self.causal else (da.abs() >= near)  # (nq, 1, nr)
             key_ok = _grid(valid.unsqueeze(-1), nr, l).squeeze(-1).transpose(-1, -2)  # (B|1, H|1, l(c), nr(a'))
-            parts.append((s2, rows & key_ok.unsqueeze(-3)))  # allowed (B|1, H|1, nr, l, nr)
+            parts.append((s2, rows & key_ok.unsqueeze(-3)))  # allowed (B|1, H|1, nq, l, nr)
             values.append(_grid(v, nr, l).transpose(2, 3))  # (B, H, l, nr, Ev)
 
         dropped, weights, row_ok = _softmax_over_parts(parts, dropout_p, need_weights)
         out = 0
         if 1 in self.subsets:
-            out = dropped[0] @ values[0]  # (B, H, nr, l, Ev)
+            out = dropped[0] @ values[0]  # (B, H, nq, l, Ev)
         if 2 in self.subsets:
-            w2 = dropped[-1].transpose(2, 3)  # (B, H, l(c), nr(a), nr(a'))
-            out = out + (w2 @ values[-1]).transpose(2, 3)  # (B, H, nr, l, Ev)
-        out = out.masked_fill(~row_ok, 0.0).reshape(B, H, nr * l, v.shape[-1])[:, :, :L]  # (B, H, L, Ev)
+            w2 = dropped[-1].transpose(2, 3)  # (B, H, l(c), nq(a), nr(a'))
+            out = out + (w2 @ values[-1]).transpose(2, 3)  # (B, H, nq, l, Ev)
+        out = out.masked_fill(~row_ok, 0.0).reshape(B, H, nq * l, v.shape[-1])[:, :, :Lq]  # (B, H, Lq, Ev)
         if not need_weights:
             return out, None
 
@@ -275,14 +297,15 @@ class FixedAttention(_Factorized):
         stride: block length ``l > 0``.
         c: summary positions per block, ``1 <= c <= l`` (the paper uses 8–32 with ``l`` 128).
         subsets: ``(1,)``, ``(2,)`` or ``(1, 2)`` (the union, default).
+        recompute: chunks of query blocks recomputed in backward (see ``strided``).
     Shapes: ``q (B, H, M, E)``, ``k (B, H, N, E)``, ``v (B, H, N, Ev)`` -> ``(B, H, M, Ev)``; queries
     aligned to the end of the keys; key-padding masks only. Cost: O(N (l + c N / l) E) time,
     O(N (l + c N / l)) memory.
     """
 
     def __init__(self, *, stride: int, c: int, subsets: Sequence[int] = (1, 2), causal: bool = False,
-                 dropout: float = 0.0) -> None:
-        super().__init__(stride=stride, subsets=subsets, causal=causal, dropout=dropout)
+                 dropout: float = 0.0, recompute: int = 8) -> None:
+        super().__init__(stride=stride, subsets=subsets, causal=causal, dropout=dropout, recompute=recompute)
         self.c = _checks.positive_int("c", c)
         if self.c > self.stride:
             raise ValueError(f"c must be <= stride ({self.stride}): a block has only stride positions; got c={c}")
@@ -341,42 +364,45 @@ class FixedAttention(_Factorized):
         out, weights = gathered_attend(q, k, v, torch.cat(slot, 1), torch.cat(ok, 1), valid, dropout_p, need_weights)
         return AttentionOutput(out, weights, new_state)
 
-    def _frame_attend(self, q, k, v, valid, dropout_p, need_weights):
-        B, H, L, E = q.shape
+    def _frame_attend(self, q, k, v, valid, dropout_p, need_weights, row0=0):
+        B, H, Lq, E = q.shape
+        L = k.shape[-2]
         l, c, dev = self.stride, self.c, q.device
         nr = -(-L // l)  # blocks
-        q_grid = _grid(q / math.sqrt(E), nr, l)  # (B, H, nr, l, E), scaled
+        nq = -(-Lq // l)  # query blocks row0 .. row0 + nq - 1
+        own = slice(row0, row0 + nq)
+        q_grid = _grid(q / math.sqrt(E), nq, l)  # (B, H, nq, l, E), scaled
         k_grid, v_grid = _grid(k, nr, l), _grid(v, nr, l)  # (B, H, nr, l, E)
         key_ok = _grid(valid.unsqueeze(-1), nr, l).squeeze(-1)  # (B|1, H|1, nr, l)
         pos = torch.arange(nr * l, device=dev).view(nr, l)  # position of grid cell (a, c')
         parts, values = [], []
         if 1 in self.subsets:
             # A1, the own block: (l, l) scores per block.
-            s1 = q_grid @ k_grid.transpose(-1, -2)  # (B, H, nr, l, l)
+            s1 = q_grid @ k_grid[:, :, own].transpose(-1, -2)  # (B, H, nq, l, l)
             within = torch.ones(l, l, dtype=torch.bool, device=dev)
             if self.causal:
                 within = within.tril()
-            parts.append((s1, within & key_ok.unsqueeze(-2)))  # allowed (B|1, H|1, nr, l, l)
-            values.append(v_grid)
+            parts.append((s1, within & key_ok[..., own, :].unsqueeze(-2)))  # allowed (B|1, H|1, nq, l, l)
+            values.append(v_grid[:, :, own])
         if 2 in self.subsets:
             # A2, the summaries: the last c positions of every block, nr c keys shared by all queries.
             k_sum = k_grid[:, :, :, l - c:].reshape(B, H, nr * c, E)  # (B, H, nr c, E)
             v_sum = v_grid[:, :, :, l - c:].reshape(B, H, nr * c, v.shape[-1])  # (B, H, nr c, Ev)
-            s2 = q_grid @ k_sum.unsqueeze(2).transpose(-1, -2)  # (B, H, nr, l, nr c)
+            s2 = q_grid @ k_sum.unsqueeze(2).transpose(-1, -2)  # (B, H, nq, l, nr c)
             k_pos = pos[:, l - c:].reshape(1, 1, nr * c)
-            q_pos = pos.view(nr, l, 1)
-            ok = torch.ones(nr, l, nr * c, dtype=torch.bool, device=dev)
+            q_pos = pos[own].view(nq, l, 1)
+            ok = torch.ones(nq, l, nr * c, dtype=torch.bool, device=dev)
             if 1 in self.subsets:  # summaries of the query's own block lie in A1 — counted once, there.
-                ok = ok & (torch.div(k_pos, l, rounding_mode="floor") != torch.arange(nr, device=dev).view(nr, 1, 1))
+                ok = ok & (torch.div(k_pos, l, rounding_mode="floor") != torch.arange(row0, row0 + nq, device=dev).view(nq, 1, 1))
             if self.causal:
                 ok = ok & (k_pos <= q_pos)
             sum_ok = key_ok[..., l - c:].reshape(*key_ok.shape[:-2], 1, 1, nr * c)  # (B|1, H|1, 1, 1, nr c)
-            parts.append((s2, ok & sum_ok))  # allowed (B|1, H|1, nr, l, nr c)
+            parts.append((s2, ok & sum_ok))  # allowed (B|1, H|1, nq, l, nr c)
             values.append(v_sum.unsqueeze(2))  # (B, H, 1, nr c, Ev)
 
         dropped, weights, row_ok = _softmax_over_parts(parts, dropout_p, need_weights)
-        out = sum(w @ val for w, val in zip(dropped, values))  # (B, H, nr, l, Ev)
-        out = out.masked_fill(~row_ok, 0.0).reshape(B, H, nr * l, v.shape[-1])[:, :, :L]  # (B, H, L, Ev)
+        out = sum(w @ val for w, val in zip(dropped, values))  # (B, H, nq, l, Ev)
+        out = out.masked_fill(~row_ok, 0.0).reshape(B, H, nq * l, v.shape[-1])[:, :, :Lq]  # (B, H, Lq, Ev)
         if not need_weights:
             return out, None
 
