@@ -1,8 +1,8 @@
 """``qkv bench generation``: per-token time and memory of generation as the context grows — the
 Linear Transformer as an RNN against GPT's KV cache.
 
-Two LMs of the same sizes and positions (sinusoidal, so that neither slides its context): a
-``LinearTransformer`` (``linear`` attention, one fixed-size ``LinearState(S, Z)`` per layer) and a
+Two LMs of the same sizes, neither of which slides its context (GPT with sinusoidal positions, the
+Linear Transformer with none, its default): a ``LinearTransformer`` (``linear`` attention, one fixed-size ``LinearState(S, Z)`` per layer) and a
 ``GPT`` with exact ``softmax`` attention (a KV cache per layer that holds every position). For each
 context length ``L`` the prompt is read once (prefill), then the step that ``generate`` repeats
 for every new token — the forward of one token with the state, and sampling the next one — is
@@ -63,10 +63,11 @@ def state_bytes(state: Any) -> int:
 
 def _models(args: argparse.Namespace, max_len: int) -> Dict[str, torch.nn.Module]:
     sizes = dict(vocab_size=args.vocab, d_model=args.d_model, n_heads=args.heads, d_ff=4 * args.d_model,
-                 n_layers=args.layers, dropout=0.0, max_len=max_len, positional="sinusoidal")
+                 n_layers=args.layers, dropout=0.0, max_len=max_len)
     torch.manual_seed(args.seed)
+    # GPT with sinusoids: its learned table would slide (re-read) the context past max_len
     return {"linear-transformer (RNN state)": LinearTransformer(LinearTransformerConfig(**sizes)).eval(),
-            "gpt softmax (KV cache)": GPT(GPTConfig(attention="softmax", **sizes)).eval()}
+            "gpt softmax (KV cache)": GPT(GPTConfig(attention="softmax", positional="sinusoidal", **sizes)).eval()}
 
 
 @torch.no_grad()

@@ -7,9 +7,14 @@ Transformers with Linear Attention", arXiv:2006.16236): GPT's decoder-only LM wi
 Training runs the causal form in parallel (chunks, O(N)); generation runs it as an RNN (§3.4,
 eq. 16–20): each layer keeps ``LinearState(S, Z)`` of fixed size ``(B, H, E, E)`` and
 ``(B, H, E)``, updated ``s_i = s_{i-1} + phi(k_i) v_i^T``, ``z_i = z_{i-1} + phi(k_i)`` — O(1) time
-and memory per token whatever the context. Positions are sinusoidal (computed for any offset), so
-unlike a learned table there is no context limit and nothing is re-read; GPT's ``generate`` with
-the stack's state is exactly this recurrence.
+and memory per token whatever the context. GPT's ``generate`` with the stack's state is exactly
+this recurrence.
+
+Positions: none by default (``positional="none"``). Causal attention orders the tokens by itself
+(the running sums differ at every position), so no encoding is needed, there is no context limit
+and nothing is ever re-read; on shakespeare-char it also trains faster than sinusoids added to
+GPT's small (std 0.02) embeddings. A deviation from the paper, which adds positional encodings;
+``--set positional=sinusoidal`` restores them (also unlimited).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ class LinearTransformerConfig(GPTConfig):
     d_model: int = 256  # width
     n_heads: int = 4  # heads
     d_ff: int = 1024  # feed-forward width
-    positional: str = "sinusoidal"  # no table limit: generation never slides or re-reads the context
+    positional: str = "none"  # causal attention orders tokens itself: no limit, generation never re-reads the context
     attention: str = "linear"  # causal linear attention, phi = elu + 1
 
 

@@ -62,7 +62,7 @@ class PerformerConfig(GPTConfig):
     d_model: int = 256  # width
     n_heads: int = 4  # heads
     d_ff: int = 1024  # feed-forward width
-    positional: str = "sinusoidal"  # no table limit: generation continues the prefix-sum state
+    positional: str = "none"  # as LinearTransformer: causal attention orders tokens itself; no length limit
     attention: str = "performer"  # FAVOR+
     nb_features: int = 128  # m: random features per head
     orthogonal: bool = True  # orthogonal (FAVOR+) rather than iid features
