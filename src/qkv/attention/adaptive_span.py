@@ -193,7 +193,7 @@ class AdaptiveSpanAttention(AttentionKernel):
             z = S * torch.sigmoid(torch.einsum("bhme,he->bhm", q, self.span_weight.to(q.dtype))
                                   + self.span_bias.to(q.dtype).view(-1, 1))
             self._last_spans = z.float().mean(dim=(0, 2))
-            width = self._width(float(z.detach().max()))
+            width = self._width(float(z.detach().max()) if z.numel() else 0.0)  # no query (B = 0): any width
         else:
             z = self.spans().to(q.dtype).view(-1, 1, 1, 1)  # (H|1, 1, 1, 1)
             width = self.current_span()
