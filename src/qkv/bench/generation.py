@@ -1,5 +1,6 @@
 """``qkv bench generation``: per-token time and memory of generation as the context grows — the
-Linear Transformer as an RNN against GPT's KV cache.
+Linear Transformer as an RNN against GPT's KV cache, and the sparse patterns' bounded states (the
+Sparse Transformer's strided attention; the Image Transformer's local-1d kernel in a GPT).
 
 Two LMs of the same sizes, neither of which slides its context (GPT with sinusoidal positions, the
 Linear Transformer with none, its default): a ``LinearTransformer`` (``linear`` attention, one fixed-size ``LinearState(S, Z)`` per layer) and a
@@ -25,6 +26,7 @@ import torch
 
 from ..models.transformer.gpt import GPT, GPTConfig, sample_logits
 from ..models.transformer.linear_transformer import LinearTransformer, LinearTransformerConfig
+from ..models.transformer.sparse_transformer import SparseTransformer, SparseTransformerConfig
 from . import common
 
 __all__ = ["add_arguments", "run", "state_bytes"]
@@ -66,8 +68,16 @@ def _models(args: argparse.Namespace, max_len: int) -> Dict[str, torch.nn.Module
                  n_layers=args.layers, dropout=0.0, max_len=max_len)
     torch.manual_seed(args.seed)
     # GPT with sinusoids: its learned table would slide (re-read) the context past max_len
+    stride = max(1, round(max_len ** 0.5))  # l ~ sqrt(n)
     return {"linear-transformer (RNN state)": LinearTransformer(LinearTransformerConfig(**sizes)).eval(),
-            "gpt softmax (KV cache)": GPT(GPTConfig(attention="softmax", positional="sinusoidal", **sizes)).eval()}
+            "gpt softmax (KV cache)": GPT(GPTConfig(attention="softmax", positional="sinusoidal", **sizes)).eval(),
+            # Child et al. 2019: the state keeps every key (A2 reaches each residue class), a token reads l + n / l
+            f"sparse-transformer (strided l={stride}, interleaved)": SparseTransformer(SparseTransformerConfig(
+                stride=stride, sparse_mode="interleave", positional="sinusoidal", **sizes)).eval(),
+            # Parmar et al. 2018's local-1d kernel: a bounded cache of the block and its memory
+            "gpt local-1d (block 128, memory 128)": GPT(GPTConfig(
+                attention="local-1d", attention_kwargs={"block": 128, "memory": 128}, positional="sinusoidal",
+                **sizes)).eval()}
 
 
 @torch.no_grad()
