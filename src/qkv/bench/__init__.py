@@ -10,6 +10,8 @@ Subcommands (``qkv bench NAME --help``):
   ``nn.TransformerEncoderLayer`` (``qkv.bench.gpt``).
 * ``generation`` — per-token time and memory of generation as the context grows: the Linear
   Transformer's RNN state against GPT's KV cache (``qkv.bench.generation``).
+* ``depth-memory`` — peak training memory of a Reformer against depth, reversible against
+  ordinary residual layers (``qkv.bench.depth_memory``).
 
 Adding a benchmark: write a module exposing ``add_arguments(parser)`` (its own options) and
 ``run(args) -> dict`` (measure, write results into ``args.out``, print a table, return the
@@ -29,7 +31,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import common, complexity, generation, gpt, kernels, peers
+from . import common, complexity, depth_memory, generation, gpt, kernels, peers
 
 __all__ = ["BENCHMARKS", "build_parser", "main", "common"]
 
@@ -40,6 +42,7 @@ BENCHMARKS: Dict[str, ModuleType] = {
     "gpt": gpt,
     "generation": generation,
     "peers": peers,
+    "depth-memory": depth_memory,
 }
 
 
