@@ -51,8 +51,8 @@ def _step(model: Reformer, ids: torch.Tensor):
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     """Measure every (variant, depth) point; writes JSON and markdown into ``args.out``."""
     device = common.resolve_device(args.device)
-    depths = [2, 1] if args.quick else sorted(set(args.depths))
-    length = 256 if args.quick else args.length
+    depths = [1, 2] if args.quick else sorted(set(args.depths))
+    length = min(args.length, 256) if args.quick else args.length
     if min(depths) < 1 or length < 1 or args.batch < 1 or args.repeats < 1:
         raise ValueError("--depths, --length, --batch and --repeats must be >= 1")
     machine = common.describe_machine(device)
