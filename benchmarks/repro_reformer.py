@@ -144,7 +144,7 @@ def language_model(args) -> Dict[str, Any]:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            curve.append([step, float(loss) / math.log(2)])
+            curve.append([step, float(loss.detach()) / math.log(2)])
         seconds = time.time() - start
         torch.manual_seed(args.seed + 3)
         metrics = task.evaluate(model, split="test", max_examples=8 if args.quick else 96)

@@ -40,6 +40,9 @@ class MultiHeadAttention(nn.Module):
         **kernel_kwargs: the kernel's own knobs (e.g. ``radius=``); a kernel that takes
             ``n_heads``/``d_head`` (or ``head_dim``) gets them filled in.
 
+    A shared-QK kernel (``kernel.shared_qk``: Reformer's ``lsh``) gets no key projection: the
+    projected queries are the keys (``k_proj`` is None) and the module does self-attention only.
+
     Parameter mapping to ``torch.nn.MultiheadAttention``: ``in_proj_weight`` is
     ``cat([q_proj.weight, k_proj.weight, v_proj.weight])`` (and likewise ``in_proj_bias``);
     ``out_proj`` is ``out_proj``. ``MultiHeadAttention.from_torch(m)`` copies them.
