@@ -46,6 +46,18 @@ IMG = ROOT / "docs" / "reproductions" / "img"
 COMMAND = "python benchmarks/repro_reformer.py"
 
 
+def save_plot(fig, ax, name: str, title: str, xlabel: str, ylabel: str) -> None:
+    """Label, legend and grid ``ax``; write ``fig`` to ``img/NAME``."""
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(IMG / name, dpi=120)
+    plt.close(fig)
+
+
 # ----------------------------------------------------------------------------- 1. duplication
 
 
@@ -107,14 +119,8 @@ def duplication(args) -> Dict[str, Any]:
         else:
             ax.plot(eval_rounds, [row[str(r)] for r in eval_rounds], marker="o", label=f"trained with {name[4:]} round(s)")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("hash rounds at evaluation")
-    ax.set_ylabel("accuracy on the second copy")
-    ax.set_title(f"duplication 0w0w, |w|={n}, bucket_size 4, {steps} steps")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(IMG / "reformer-duplication.png", dpi=120)
-    plt.close(fig)
+    save_plot(fig, ax, "reformer-duplication.png", f"duplication 0w0w, |w|={n}, bucket_size 4, {steps} steps",
+              "hash rounds at evaluation", "accuracy on the second copy")
     return results
 
 
@@ -158,14 +164,8 @@ def language_model(args) -> Dict[str, Any]:
         k = 10
         smooth = [sum(ys[max(0, i - k):i + 1]) / len(ys[max(0, i - k):i + 1]) for i in range(len(ys))]
         ax.plot(xs, smooth, label=f"{name} (test {rec['test_bpb']:.2f} bpb)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("train bits per byte (running mean)")
-    ax.set_title(f"enwiki-bytes, block {block}, batch {batch}")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(IMG / "reformer-enwiki.png", dpi=120)
-    plt.close(fig)
+    save_plot(fig, ax, "reformer-enwiki.png", f"enwiki-bytes, block {block}, batch {batch}", "step",
+              "train bits per byte (running mean)")
     return results
 
 
@@ -183,14 +183,8 @@ def memory(args) -> Dict[str, Any]:
         pts = [p for p in res["points"] if p["reversible"] == rev]
         ax.plot([p["depth"] for p in pts], [p["peak_memory_bytes"] / 2**20 for p in pts], marker="o",
                 label="reversible" if rev else "ordinary residual")
-    ax.set_xlabel("layers")
-    ax.set_ylabel("peak training memory (MB)")
-    ax.set_title(f"Reformer LM, L={res['config']['length']}: memory vs depth")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(IMG / "reformer-memory.png", dpi=120)
-    plt.close(fig)
+    save_plot(fig, ax, "reformer-memory.png", f"Reformer LM, L={res['config']['length']}: memory vs depth", "layers",
+              "peak training memory (MB)")
     return {"config": res["config"], "points": res["points"]}
 
 

@@ -118,11 +118,7 @@ def test_save_load_and_config_checks(tmp_path):
         ReformerConfig(residual="post-ln")
 
 
-def test_cli_train(tmp_path, monkeypatch, capsys):
-    texts = tmp_path / "data" / "shakespeare" / "texts"
-    texts.mkdir(parents=True)
-    (texts / "hamlet_gut.txt").write_text("HAMLET\n\nTo be, or not to be, that is the question:\n" * 60)
-    monkeypatch.setenv("QKV_DATA", str(tmp_path / "data"))
+def test_cli_train(tmp_path, tiny_shakespeare, capsys):
     run = tmp_path / "run"
     argv = ["train", "reformer", "--task", "shakespeare-char", "--out", str(run), "--steps", "2",
             "--batch-size", "2", "--warmup", "1", "--eval-batches", "1", "--eval-max-examples", "4",

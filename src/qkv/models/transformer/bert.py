@@ -23,7 +23,7 @@ from ... import _checks
 from ...registry import register
 from ..base import ModelOutput, QKVModel
 from ..losses import IGNORE_INDEX, check_labels, float32_at_least, lm_loss
-from .stack import init_normal, StackConfig, TransformerStack, check_ids
+from .stack import init_normal, StackConfig, TransformerStack, check_ids, check_token_mask
 
 __all__ = ["BERT", "BERTConfig", "mask_tokens"]
 
@@ -149,11 +149,7 @@ class BERT(QKVModel):
         """``attention_mask (B, L)`` bool: True = real token (padding keys are masked out)."""
         c = self.config
         check_ids("input_ids", input_ids, c.vocab_size)
-        if attention_mask is not None:
-            _checks.tensor("attention_mask", attention_mask, ndim=2)
-            if attention_mask.dtype != torch.bool:
-                raise TypeError(f"attention_mask must be a bool tensor (True = real token), got dtype {attention_mask.dtype}")
-            _checks.same("attention_mask", tuple(attention_mask.shape), "input_ids", tuple(input_ids.shape), "the shape")
+        check_token_mask("attention_mask", attention_mask, input_ids)
         out = self.stack(input_ids, token_type_ids, mask=attention_mask, need_weights=need_weights)
         h = out.hidden  # (B, L, d_model)
         pooled = torch.tanh(self.pooler(h[:, 0]))  # (B, d_model): the [CLS] position

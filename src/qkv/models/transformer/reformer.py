@@ -42,7 +42,8 @@ from ...registry import register
 from ..base import ModelOutput
 from ..losses import IGNORE_INDEX, check_labels, float32_at_least
 from .gpt import GPT, GPTConfig
-from .stack import BlockState, StackOutput, StackState, TransformerBlock, TransformerStack, check_ids
+from .stack import (BlockState, StackOutput, StackState, TransformerBlock, TransformerStack, check_ids,
+                    check_token_mask)
 
 __all__ = ["Reformer", "ReformerConfig", "ReformerStack"]
 
@@ -193,11 +194,7 @@ class Reformer(GPT):
         if state is not None or return_state:
             raise ValueError("state/return_state are for the causal LM form (head='lm')")
         check_ids("input_ids", input_ids, c.vocab_size)
-        if attention_mask is not None:
-            _checks.tensor("attention_mask", attention_mask, ndim=2)
-            if attention_mask.dtype != torch.bool:
-                raise TypeError(f"attention_mask must be a bool tensor (True = real token), got dtype {attention_mask.dtype}")
-            _checks.same("attention_mask", tuple(attention_mask.shape), "input_ids", tuple(input_ids.shape), "the shape")
+        check_token_mask("attention_mask", attention_mask, input_ids)
         out = self.stack(input_ids, mask=attention_mask, need_weights=need_weights)
         keep = (torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask)[..., None]
         pooled = (out.hidden * keep).sum(1) / keep.sum(1).clamp_min(1)  # (B, d_model): mean of real positions

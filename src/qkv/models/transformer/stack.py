@@ -55,7 +55,7 @@ from ...registry import lookup, names, register
 
 __all__ = [
     "StackConfig", "TransformerStack", "TransformerBlock", "Embeddings", "BlockState", "StackState",
-    "BlockOutput", "StackOutput", "NoPositionalEncoding", "check_ids", "reorder_state", "copy_torch_layer",
+    "BlockOutput", "StackOutput", "NoPositionalEncoding", "check_ids", "check_token_mask", "reorder_state", "copy_torch_layer",
     "init_normal",
 ]
 
@@ -185,6 +185,17 @@ def check_ids(name: str, ids: Any, vocab_size: int) -> Tensor:
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         raise ValueError(f"{name} must lie in [0, {vocab_size}), got min {int(ids.min())}, max {int(ids.max())}")
     return ids
+
+
+def check_token_mask(name: str, mask: Any, ids: Tensor) -> Optional[Tensor]:
+    """Check an optional ``(B, L)`` bool padding mask (True = real token) shaped like ``ids``."""
+    if mask is None:
+        return None
+    _checks.tensor(name, mask, ndim=2)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name} must be a bool tensor (True = real token), got dtype {mask.dtype}")
+    _checks.same(name, tuple(mask.shape), "input_ids", tuple(ids.shape), "the shape")
+    return mask
 
 
 # ----------------------------------------------------------------------------- embeddings
