@@ -197,9 +197,9 @@ def train_tmaze(kind: str, corridor: int, seed: int, updates: int, batch: int, s
 
 
 def section_tmaze(quick: bool) -> Dict[str, Any]:
-    corridors = [2, 8] if quick else [2, 8, 16, 32]
+    corridors = [2, 8] if quick else [4, 12, 20]
     seeds = [0, 1] if quick else [0, 1, 2]
-    updates, batch, segment = (20, 16, 8) if quick else (250, 64, 8)
+    updates, batch, segment = (20, 16, 8) if quick else (200, 64, 8)
     kinds = ["gtrxl", "xl-post-ln", "xl-pre-ln", "lstm"]
     runs: Dict[str, Dict[str, List[Dict[str, float]]]] = {k: {} for k in kinds}
     start = time.time()
@@ -215,8 +215,8 @@ def section_tmaze(quick: bool) -> Dict[str, Any]:
         ax.plot(corridors, mean, "o-", color=f"C{i}", label=kind)
         for L in corridors:
             ax.scatter([L] * len(seeds), [r["success"] for r in runs[kind][str(L)]], color=f"C{i}", s=8, alpha=0.5)
-    ax.axvline(2 * segment - 2, color="grey", ls=":", lw=1)
-    ax.set_xscale("log", base=2)
+    ax.axvline(2 * segment - 1.5, color="grey", ls=":", lw=1)  # beyond: the cue leaves the direct span
+    ax.axvline(3 * segment - 1.5, color="grey", ls="--", lw=1)  # beyond: no path to the cue at all (2 layers)
     ax.set_xticks(corridors, [str(L) for L in corridors])
     ax.set_xlabel("corridor length L")
     ax.set_ylabel("greedy success rate (mean of seeds)")
@@ -279,9 +279,13 @@ def write_doc(results: Dict[str, Any], command: str) -> None:
             f"{S} steps with an XL memory of {S} states per layer (detached, as in training an agent with memory); "
             f"`gtrxl` is the GRU gate with b_g = 2, `xl-post-ln` the paper's Transformer-XL wiring, `xl-pre-ln` "
             f"layer norm on sub-layer inputs with plain residual sums. LSTM: one layer of 32, back-propagated through "
-            f"the whole episode. The cue is directly inside the junction's attention span (its segment plus the "
-            f"memory) while L <= {2 * S - 2} (dotted line); beyond, it can only arrive through layer-2 memory of "
-            f"layer-1 states computed in earlier segments, which no gradient reaches. Run time: {tm['seconds']} s.", "",
+            f"the whole episode. The junction (position L + 1) sits in segment floor((L + 1) / {S}); its layer-1 "
+            f"attention sees that segment and the {S} positions before it, so the cue is *directly* in its span while "
+            f"L <= {2 * S - 2} (dotted line). For {2 * S - 1} <= L <= {3 * S - 2} the cue can reach the junction "
+            f"only through layer 2 reading the memory of layer-1 states computed in an earlier segment — a path "
+            f"no gradient flows along (the memory is a stop-gradient), so nothing trains those states to keep the "
+            f"cue; beyond L = {3 * S - 2} (dashed line) two layers have no path to the cue at all. "
+            f"Run time: {tm['seconds']} s.", "",
             "Mean greedy success (seeds that learn):", "", head, sep, *rows, "",
             "![T-maze](img/long-context-tmaze.png)", "",
             _tmaze_verdict(tm), ""]
