@@ -59,6 +59,9 @@ KNOBS = {
     "efficient": st.just({}),
     "relative": st.fixed_dictionaries({"mem_len": st.none() | st.integers(0, 4), "clamp_len": st.none() | st.integers(0, 3)}),
     "adaptive-span": _adaptive_knobs(),
+    "lsh": st.fixed_dictionaries({"bucket_size": st.integers(1, 4), "n_rounds": st.integers(1, 2),
+                                  "n_buckets": st.sampled_from([None, 1, 2, 4, (2, 2)]), "shared_qk": st.booleans(),
+                                  "dedup": st.booleans(), "seed": st.integers(0, 3)}),
     "linformer": st.fixed_dictionaries({"seq_len": st.integers(6, 8), "k": st.integers(1, 4),
                                         "sharing": st.sampled_from(["headwise", "key-value"])}),
 }
