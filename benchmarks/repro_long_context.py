@@ -348,9 +348,20 @@ def _tmaze_verdict(tm: Dict[str, Any]) -> str:
     if beyond:
         lines.append(f"Beyond it (L in {beyond}): " +
                      ", ".join(f"{k} {sum(learned[k][L] for L in beyond)}/{n * len(beyond)}" for k in learned) + ".")
-    lines.append("The paper's claim is that gating (GTrXL) makes transformer RL reliable where a post-LN "
-                 "Transformer-XL often fails to learn; on this small task the table above is the evidence, "
-                 "whichever way it points.")
+    if "lstm" in tm["runs"]:
+        lines.append("The LSTM has no span: its updates to solve grow with L (" + ", ".join(
+            f"L={L}: {[r['solved_at'] for r in tm['runs']['lstm'][str(L)]]}" for L in tm["corridors"]) +
+            "), so its failures at the longest corridor are most likely the training budget's (not rerun with more updates).")
+    medians = {k: sorted(v)[len(v) // 2] for k, v in speed.items() if v and k != "lstm"}
+    order = sorted(medians, key=medians.get)
+    fails = {k: total - sum(v.values()) for k, v in learned.items() if k != "lstm"}
+    verdict = ("does not reproduce here: every wiring learns wherever the cue is in reach and none where it is not"
+               if len(set(fails.values())) == 1 else "shows up as different numbers of failed seeds: " +
+               ", ".join(f"{k} {v}" for k, v in fails.items()))
+    lines.append("The paper's claim — gating (GTrXL) makes transformer RL reliable where a post-LN Transformer-XL "
+                 f"often fails to learn — {verdict}; by speed the order is {' < '.join(order)} (median updates "
+                 f"{', '.join(str(medians[k]) for k in order)}). The task is too small (2 layers, one decision) to "
+                 "show the instability the paper reports for deep post-LN stacks.")
     return " ".join(lines)
 
 
