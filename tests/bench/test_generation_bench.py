@@ -28,3 +28,13 @@ def test_generation_bench_sparse_states(tmp_path):
     assert max(p["state_bytes"] for p in local) <= 2 * 2 * 2 * 256 * 8 * 4
     sparse = next(v["points"] for k, v in results["models"].items() if "sparse" in k)
     assert sparse[0]["state_bytes"] < sparse[1]["state_bytes"]
+
+
+def test_complexity_counts_flops_linear_in_length(tmp_path):
+    """--count-flops: linear attention's work doubles with the length (exponent 1, free of timing noise)."""
+    assert main(["complexity", "--attention", "linear", "--lengths", "64", "128", "256", "--count-flops",
+                 "--heads", "1", "--head-dim", "8", "--target-seconds", "0", "--threads", "1", "--no-plot",
+                 "--out", str(tmp_path)]) == 0
+    rec = json.loads((tmp_path / "complexity.json").read_text())["kernels"]["linear"]
+    assert all(p["flops"] > 0 for p in rec["points"])
+    assert abs(rec["fit"]["flops"]["exponent"] - 1.0) < 0.01

@@ -74,6 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fit exponents over lengths >= this (default 1024; --quick: the top half of the ladder)")
     parser.add_argument("--target-seconds", type=float, default=3.0,
                         help="time spent on the timed repeats of one length (at least 3 repeats; default 3)")
+    parser.add_argument("--count-flops", action="store_true",
+                        help="also count the floating-point operations of one step (torch.utils.flop_counter: matmuls "
+                             "and attention ops) and fit their exponent — free of timing noise on a shared machine")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
 
 
@@ -129,6 +132,16 @@ def kernel_kwargs(name: str, length: int, heads: int, head_dim: int,
             kwargs[key] = value
     kwargs.update(overrides or {})
     return kwargs, notes
+
+
+def count_flops(step: Callable[[], None]) -> int:
+    """Floating-point operations of one run of ``step`` as ``torch.utils.flop_counter`` counts them
+    (matrix products and attention kernels; element-wise operations are not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return int(counter.get_total_flops())
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -208,6 +221,7 @@ def _measure_kernel(name: str, lengths: List[int], args: argparse.Namespace, dev
             peak = common.peak_memory(step, device)
             timing = common.time_steps(step, device, warmup=0, estimate=first, min_repeats=3,
                                        max_repeats=10, target_seconds=args.target_seconds)
+            flops = count_flops(step) if getattr(args, "count_flops", False) else None
         except torch.OutOfMemoryError as err:
             record["stopped"] = f"L={L}: out of memory ({str(err).splitlines()[0]})"
             break
@@ -223,6 +237,8 @@ def _measure_kernel(name: str, lengths: List[int], args: argparse.Namespace, dev
                 torch.cuda.empty_cache()
         point = {"length": L, "time_median_s": timing.median, "time_min_s": timing.best,
                  "repeats": len(timing.times), "peak_memory_bytes": peak}
+        if flops is not None:
+            point["flops"] = flops
         record["points"].append(point)
         print(f"  {name:>14} L={L:>6}: {timing.median * 1e3:10.2f} ms  {peak / 2**20:9.2f} MB", flush=True)
         if timing.median > args.budget_seconds:
@@ -238,16 +254,19 @@ def _measure_kernel(name: str, lengths: List[int], args: argparse.Namespace, dev
         record["fit"] = {"lengths": xs,
                          "time": common.fit_loglog(xs, [p["time_median_s"] for p in pts]),
                          "memory": common.fit_loglog(xs, [max(p["peak_memory_bytes"], 1) for p in pts])}
+        if all(p.get("flops") for p in pts):
+            record["fit"]["flops"] = common.fit_loglog(xs, [p["flops"] for p in pts])
     return record
 
 
 def _tables(results: Mapping[str, Any]) -> tuple[str, str]:
     """(per-length table, exponent table) in markdown."""
     rows, fits = [], []
+    counted = any("flops" in p for rec in results["kernels"].values() for p in rec["points"])
     for name, rec in results["kernels"].items():
         for p in rec["points"]:
             rows.append([name, p["length"], f"{p['time_median_s'] * 1e3:.2f}", f"{p['peak_memory_bytes'] / 2**20:.2f}",
-                         p["repeats"]])
+                         p["repeats"]] + ([f"{p['flops'] / 1e9:.3f}" if "flops" in p else "—"] if counted else []))
         fit = rec.get("fit")
         fits.append([
             name,
@@ -256,10 +275,13 @@ def _tables(results: Mapping[str, Any]) -> tuple[str, str]:
             f"{fit['time']['exponent']:.2f} (R² {fit['time']['r2']:.3f})" if fit else "—",
             f"{fit['memory']['exponent']:.2f} (R² {fit['memory']['r2']:.3f})" if fit else "—",
             rec.get("stopped") or "—",
-        ])
-    per_length = common.markdown_table(["kernel", "L", "fwd+bwd ms (median)", "peak MB", "repeats"], rows)
+        ] + ([f"{fit['flops']['exponent']:.2f} (R² {fit['flops']['r2']:.3f})" if fit and "flops" in fit else "—"]
+             if counted else []))
+    per_length = common.markdown_table(["kernel", "L", "fwd+bwd ms (median)", "peak MB", "repeats"]
+                                       + (["GFLOP"] if counted else []), rows)
     exponents = common.markdown_table(
-        ["kernel", "knobs", "fitted over L", "time exponent", "memory exponent", "stopped"], fits)
+        ["kernel", "knobs", "fitted over L", "time exponent", "memory exponent", "stopped"]
+        + (["FLOP exponent"] if counted else []), fits)
     return per_length, exponents
 
 
