@@ -102,7 +102,7 @@ def train(model, task, steps, batch_size, lr, log_every):
     model.train()
     for step in range(steps):
         if hasattr(model, "set_step"):
-            model.set_step(step)
+            model.set_step(step, steps)
         loss = model(**task.get_batch("train", batch_size, step, seed=0)).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -13,8 +13,8 @@ a buffer of the kernel, saved with the model: evaluation and generation use the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -22,7 +22,6 @@ from torch import nn
 from ... import _checks
 from ...attention.performer import PerformerAttention
 from ...registry import register
-from ..base import QKVModel
 from .bert import BERT, BERTConfig
 from .gpt import GPT, GPTConfig
 from ...tasks.base import stable_seed
@@ -84,9 +83,9 @@ class Performer(GPT):
     config_class = PerformerConfig
     train_defaults = {"steps": 500, "batch_size": 16, "lr": 1e-3, "warmup": 50}
 
-    def set_step(self, step: int) -> None:
+    def set_step(self, step: int, total_steps: Optional[int] = None) -> None:
         """The trainer's hook: the Al-Rfou loss weights (GPT) and the feature redraw schedule."""
-        super().set_step(step)
+        super().set_step(step, total_steps)
         redraw_features(self, step, self.config.redraw_every, self.config.seed)
 
 
@@ -119,7 +118,7 @@ class PerformerEncoder(BERT):
     config_class = PerformerEncoderConfig
     train_defaults = {"steps": 300, "batch_size": 16, "lr": 5e-4, "warmup": 30}
 
-    def set_step(self, step: int) -> None:
+    def set_step(self, step: int, total_steps: Optional[int] = None) -> None:
         """The trainer's hook: redraw the random features every ``redraw_every`` steps."""
         self.step = _checks.positive_int("step", step, allow_zero=True)
         redraw_features(self, step, self.config.redraw_every, self.config.seed)
