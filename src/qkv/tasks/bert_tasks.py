@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import collections
 from functools import lru_cache
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -202,6 +202,16 @@ class BertPretrainTask(Task):
         sizes = [min(batch_size, self.eval_size - first) for first in range(0, self.eval_size, batch_size)]
         return tuple(self._batch(split, n, g) for n in sizes)
 
+    def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
+        """Self-attention on the first held-out sentence pair, masked tokens included (``qkv viz``)."""
+        from .views import token_view
+
+        batch = {k: t[:1] for k, t in next(self.eval_batches("test", 1)).items()}
+        nsp = "IsNext" if int(batch["next_sentence_label"][0]) == 0 else "NotNext"
+        return token_view(model, batch, lambda i: self.vocab.words[i],
+                          caption=f"a held-out pair ({nsp}); [MASK]ed as in training",
+                          meta_keys=("labels", "next_sentence_label"))
+
     def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
         """The fixed held-out pairs of ``split`` (``eval_size`` of them, the same every call)."""
         _check_split(split)
@@ -291,3 +301,11 @@ class BBCNewsTokens(TensorTask):
 
     def model_hints(self) -> Dict[str, object]:
         return {"head": "classification", "max_len": self.max_len}
+
+    def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
+        """Self-attention on the first held-out article's tokens (``qkv viz``)."""
+        from .views import token_view
+
+        batch = self._take("test", torch.arange(1))
+        return token_view(model, batch, lambda i: self.vocab.words[i],
+                          caption=f"a held-out article: {CLASSES[int(batch['labels'][0])]}", meta_keys=("labels",))

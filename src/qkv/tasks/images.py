@@ -56,6 +56,12 @@ class ImageGenerationTask(TensorTask):
         """Config fields the data determines: the levels, image size and number of classes."""
         return {"n_levels": self.levels, "image_size": self.image_size, "n_classes": 10}
 
+    def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
+        """Where a few pixels of the first held-out image look, per layer and head (``qkv viz``)."""
+        from .views import image_view
+
+        return image_view(model, self._take("test", torch.arange(1)))
+
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None,
                  batch_size: int = 50) -> Dict[str, float]:

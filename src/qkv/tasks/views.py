@@ -15,14 +15,14 @@ LSTM baselines) gets a ``ValueError`` saying so: there is nothing to show.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from ..viz import AttentionView
 
-__all__ = ["run_with_weights", "nadaraya_watson_view", "bag_view", "document_view", "story_view",
+__all__ = ["run_with_weights", "token_view", "image_view", "nadaraya_watson_view", "bag_view", "document_view", "story_view",
            "ntm_view", "graph_view", "gates_view"]
 
 
@@ -156,3 +156,34 @@ def gates_view(model: torch.nn.Module, images: Tensor, digits: Sequence[int]) ->
     return AttentionView(panels, y_labels=[f"digit {d}" for d in digits],
                          title=f"{type(model).__name__}: excitation gates per channel, one test image per class",
                          caption="s = sigmoid(W2 relu(W1 GAP(U)))")
+
+
+def token_view(model: torch.nn.Module, batch: Dict[str, Tensor], decode_token, caption: str = "",
+               meta_keys: Sequence[str] = ()) -> AttentionView:
+    """An encoder over token ids (BERT and its siblings): every layer's and head's self-attention
+    on one example (a batch of one), cut to its real tokens and labelled with them."""
+    out = run_with_weights(model, batch, meta_keys)
+    ids = batch["input_ids"][0]
+    n = int(batch["attention_mask"][0].sum()) if "attention_mask" in batch else len(ids)
+    tokens = [decode_token(int(i)) for i in ids[:n].tolist()]
+    layers = [w[:, :, :n, :n] for w in _cpu(out.weights)]
+    return AttentionView.from_weights(layers, x_labels=tokens, y_labels=tokens,
+                                      title=f"{type(model).__name__}: self-attention", caption=caption)
+
+
+def image_view(model: torch.nn.Module, batch: Dict[str, Tensor], queries: Sequence[Tuple[int, int]] = ()) -> AttentionView:
+    """An image model's self-attention (Image Transformer): for a few query pixels (rows), the weight
+    on every pixel of the image (columns, in raster order ``r,c``), per layer and head. The model's
+    ``order`` maps its sequence positions (generation order) to raster indices."""
+    out = run_with_weights(model, batch)
+    H, W = batch["images"].shape[-2:]
+    order = getattr(model, "order", torch.arange(H * W)).cpu()  # (P,) raster index of position t
+    position = torch.empty_like(order)
+    position[order] = torch.arange(len(order))  # raster index -> sequence position
+    queries = list(queries) or [(r, c) for r in (H // 4, H // 2, 3 * H // 4) for c in (W // 4, 3 * W // 4)]
+    rows = torch.tensor([int(position[r * W + c]) for r, c in queries])
+    layers = [w[:, :, rows][..., position] for w in _cpu(out.weights)]  # (1, Hh, Q, P): keys in raster order
+    keys = [f"r{i // W}c{i % W}" for i in range(H * W)]
+    return AttentionView.from_weights(layers, x_labels=keys, y_labels=[f"r{r}c{c}" for r, c in queries],
+                                      title=f"{type(model).__name__}: where a few pixels look (keys in raster order)",
+                                      caption="rows: query pixels; a key is visible only if generated before the query")

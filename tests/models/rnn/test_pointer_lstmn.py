@@ -211,3 +211,17 @@ def test_lstmn_model_lm_and_classifier():
         LSTMNEncoder(3, 5)(torch.randn(1, 2, 4))
     with pytest.raises(ValueError, match="mask"):
         LSTMNEncoder(3, 5)(torch.randn(1, 2, 3), torch.ones(1, 3, dtype=torch.bool))
+
+
+def test_lstmn_generates_what_its_forward_predicts():
+    """Greedy generation (top_k=1) picks, at each step, the argmax of the forward pass on the prefix."""
+    torch.manual_seed(0)
+    model = LSTMN(LSTMNConfig(vocab_size=11, d_embed=8, d_hidden=8, attn_dim=8)).eval()
+    prompt = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    out = model.generate(prompt, max_new_tokens=4, top_k=1)
+    assert out.shape == (2, 7) and torch.equal(out[:, :3], prompt)
+    for t in range(3, 7):
+        assert torch.equal(out[:, t], model(input_ids=out[:, :t]).logits[:, -1].argmax(-1))
+    classifier = LSTMN(LSTMNConfig(vocab_size=11, d_embed=8, d_hidden=8, attn_dim=8, n_classes=3))
+    with pytest.raises(ValueError, match="classifier"):
+        classifier.generate(prompt, max_new_tokens=2)

@@ -196,3 +196,24 @@ class LSTMN(QKVModel):
                 raise ValueError(f"labels must have shape {tuple(want)}, got {got}")
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
         return ModelOutput(loss=loss, logits=logits, weights=enc.weights if need_weights else None)
+
+    @torch.no_grad()
+    def generate(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
+                 top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> Tensor:
+        """Sample ``max_new_tokens`` tokens after ``input_ids (B, L)`` (language models, ``n_classes == 0``).
+
+        Each step re-reads the whole sequence: the tape attention of every new token reads all
+        earlier hidden states anyway (``O(L)`` per token, ``O(L^2)`` per sequence, as the model).
+        Returns ``(B, L + max_new_tokens)`` ids.
+        """
+        from ..transformer.gpt import sample_logits
+
+        if self.config.n_classes:
+            raise ValueError(f"this LSTMN is a classifier (n_classes={self.config.n_classes}); only a language model generates")
+        _checks.positive_int("max_new_tokens", max_new_tokens, allow_zero=True)
+        ids = input_ids
+        for _ in range(max_new_tokens):
+            logits = self(input_ids=ids).logits[:, -1]  # (B, V)
+            next_id = sample_logits(logits, temperature, top_k, top_p, generator=generator)  # (B,)
+            ids = torch.cat([ids, next_id[:, None].to(ids.dtype)], dim=1)
+        return ids

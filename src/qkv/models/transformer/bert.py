@@ -120,6 +120,7 @@ class BERT(QKVModel):
     ``(B, H, L, L)``.
     """
 
+    suggested_tasks = ("bert-pretrain", "bbc-news-tokens")  # `qkv list model`
     config_class = BERTConfig
     task_kinds = frozenset({"classification", "pretraining"})
     init_task_fields = ("head", "num_labels")  # a fine-tuning task chooses the head (qkv train --init)

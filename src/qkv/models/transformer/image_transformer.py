@@ -97,6 +97,7 @@ class ImageTransformer(QKVModel):
     """
 
     config_class = ImageTransformerConfig
+    suggested_tasks = ("mnist", "fashion-mnist")  # `qkv list model`
     task_kinds = frozenset({"image"})
     train_defaults = {"lr": 2e-3, "steps": 600, "batch_size": 16, "warmup": 50, "eval_max_examples": 100}
 

@@ -101,6 +101,7 @@ class TransformerXL(QKVModel):
     """
 
     config_class = TransformerXLConfig
+    suggested_tasks = ("shakespeare-char", "enwiki-bytes")  # `qkv list model`
     task_kinds = frozenset({"lm"})
     #: the trainer passes ``state=`` / ``return_state=True`` and keeps ``out.state`` on stream tasks
     carries_state = True

@@ -190,6 +190,8 @@ class UniversalTransformer(Transformer):
     """
 
     config_class = UniversalTransformerConfig
+    # the parent's presets without its depth: a Universal Transformer has one shared block (n_layers=1)
+    presets = {name: {k: v for k, v in p.items() if k != "n_layers"} for name, p in Transformer.presets.items()}
     stack_class = UniversalStack
     train_defaults = {"lr": 1e-3, "steps": 1500, "batch_size": 64, "warmup": 100}
 
@@ -260,6 +262,8 @@ class UniversalTransformerLM(GPT):
     """
 
     config_class = UniversalTransformerLMConfig
+    # the parent's presets without its depth: a Universal Transformer has one shared block (n_layers=1)
+    presets = {name: {k: v for k, v in p.items() if k != "n_layers"} for name, p in GPT.presets.items()}
     stack_class = UniversalStack
     train_defaults = {"lr": 1e-3, "steps": 1000, "batch_size": 32, "warmup": 100}
 
