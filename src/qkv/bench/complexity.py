@@ -38,8 +38,8 @@ DEFAULT_KWARGS: Dict[str, Union[Dict[str, Any], Callable[[int], Dict[str, Any]]]
     "window": {"radius": 64},
     "local-1d": {"block": 128, "memory": 128},
     "local-2d": lambda L: {"image_size": (max(1, L // 32), 32), "block": (8, 32)},
-    "strided": {"stride": 128},
-    "fixed": {"stride": 128, "c": 16},
+    "strided": lambda L: {"stride": max(1, math.isqrt(L))},  # l ~ sqrt(n) (Child et al. 2019): O(n sqrt n)
+    "fixed": lambda L: {"stride": max(1, math.isqrt(L)), "c": 8},
     "lsh": {"bucket_size": 64, "n_rounds": 2},
     "linear": {},
     "linformer": {"k": 256},
