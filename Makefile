@@ -50,9 +50,20 @@ run: setup
 	$(BIN)/qkv generate $(RUN_DIR) --prompt "ROMEO:" --max-new-tokens 300 --temperature 0.8
 	$(BIN)/qkv viz $(RUN_DIR) --text "ROMEO: But, soft! what light through yonder window breaks?"
 
+# Every table of docs/benchmarks.md, one command each (single-threaded, as recorded there; about
+# 1.5 hours on an idle 2-core machine). `qkv bench peers` needs the peers extra (installed by setup).
 bench: setup
-	$(BIN)/qkv bench complexity
-	$(BIN)/qkv bench kernels
+	$(BIN)/qkv bench kernels --threads 1
+	$(BIN)/qkv bench gpt --threads 1
+	$(BIN)/qkv bench complexity --attention softmax window strided fixed local-1d local-2d --lengths 1024 2048 4096 8192 16384 --causal --threads 1 --target-seconds 1 --budget-seconds 120 --out bench-out/complexity-sparse
+	$(BIN)/qkv bench complexity --attention softmax lsh --lengths 1024 2048 4096 8192 16384 --heads 2 --threads 1 --budget-seconds 120 --target-seconds 3 --out bench-out/complexity-lsh
+	$(BIN)/qkv bench complexity --attention softmax linear performer linformer efficient --lengths 1024 2048 4096 8192 16384 65536 --threads 1 --budget-seconds 40 --target-seconds 2 --out bench-out/complexity-linear
+	$(BIN)/qkv bench complexity --attention softmax linear performer --causal --lengths 1024 2048 4096 8192 16384 --threads 1 --budget-seconds 40 --target-seconds 2 --out bench-out/complexity-causal
+	$(BIN)/qkv bench complexity --attention relative softmax --causal --threads 1 --lengths 256 512 1024 2048 4096 --fit-min-length 512 --out bench-out/complexity-relative
+	for Z in 64 1024; do $(BIN)/qkv bench complexity --attention softmax adaptive-span --causal --lengths 1024 2048 4096 8192 \
+	  --kernel-kwargs adaptive-span:max_span=1024,init_span=$$Z,ramp=32 --threads 1 --no-plot --out bench-out/complexity-adaptive-span-$$Z; done
+	$(BIN)/qkv bench depth-memory --threads 1 --length 4096 --depths 1 2 4 8 12
+	$(BIN)/qkv bench generation --threads 1 --d-model 128 --layers 2 --contexts 256 1024 4096 16384
 	$(BIN)/qkv bench peers --threads 1
 
 clean:
