@@ -346,3 +346,14 @@ def test_bench_threads_default(monkeypatch, capsys):
     cli._run_bench(["kernels", "--threads", "2"])
     assert seen["argv"] == ["kernels", "--threads", "2"]
     assert cli.physical_cores() >= 1
+
+
+def test_vocab_files_round_trip():
+    from qkv.tasks.vocab import ByteVocab, CharVocab, WordVocab, vocab_from_dict, vocab_to_dict
+
+    for vocab, text in ((CharVocab("abc "), "a cab"), (ByteVocab(), "héllo"), (WordVocab(["to", "be"]), "to be or")):
+        again = vocab_from_dict(json.loads(json.dumps(vocab_to_dict(vocab))))
+        assert again.size == vocab.size and again.encode(text) == vocab.encode(text)
+        assert again.decode(vocab.encode(text)) == vocab.decode(vocab.encode(text))
+    custom = WordVocab(["x"], split=lambda t: list(t))
+    assert vocab_from_dict(vocab_to_dict(custom)).words == custom.words

@@ -157,13 +157,15 @@ def vocab_to_dict(vocab: Any) -> Any:
         return {"type": "char", "chars": vocab.chars, "specials": list(vocab.SPECIALS)}
     if isinstance(vocab, ByteVocab):
         return {"type": "byte", "size": vocab.size}
-    if isinstance(vocab, WordVocab) and vocab._split is str.split:
-        return {"type": "word", "words": vocab.words[2:]}
+    if isinstance(vocab, WordVocab):
+        # the ids and words in full; a task's own tokenizer is not serialised (loaded: white space)
+        split = "whitespace" if vocab._split is str.split else "task"
+        return {"type": "word", "words": vocab.words[2:], "split": split, "class": type(vocab).__name__}
     return None
 
 
 def vocab_from_dict(data: Dict[str, Any]) -> Any:
-    """The vocabulary ``vocab_to_dict`` described."""
+    """The vocabulary ``vocab_to_dict`` described (a word vocabulary splits on white space)."""
     kind = data.get("type") if isinstance(data, dict) else None
     if kind == "char":
         return CharVocab(data["chars"])
