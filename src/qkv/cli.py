@@ -412,6 +412,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         _refuse_contradictions(user_task, task_options, out, "task option")
         train_values = _run_train_settings(out, previous)
         train_values.pop("out_dir", None)
+        dropped = sorted(set(train_values) - set(train_fields))
+        if dropped:  # a run written by an older qkv
+            _announce(f"the run's settings {dropped} are no longer training options; ignored")
+            train_values = {k: v for k, v in train_values.items() if k in train_fields}
         fixed = {k: v for k, v in user_train.items() if k not in RESUME_MAY_CHANGE}
         _refuse_contradictions(fixed, train_values, out, "training setting")
         for key, value in user_train.items():
