@@ -214,8 +214,19 @@ def _set_threads(threads: Optional[int]) -> int:
     import torch
 
     n = threads or physical_cores()
+    load = _load_average()
+    if threads is None and n > 1 and load >= n:
+        _announce(f"warning: the load average is {load:.1f} on {n} cores; threads of busy processes contend, "
+                  "--threads 1 is often faster here")
     torch.set_num_threads(n)
     return n
+
+
+def _load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return 0.0
 
 
 def _add_threads(parser: argparse.ArgumentParser) -> None:
@@ -869,10 +880,7 @@ def _run_bench(argv: List[str]) -> int:
     if argv and argv[0] in bench.BENCHMARKS and not ({"-h", "--help"} & set(argv)) \
             and not any(a == "--threads" or a.startswith("--threads=") for a in argv):
         threads = physical_cores()
-        try:
-            load = os.getloadavg()[0]
-        except (OSError, AttributeError):
-            load = 0.0
+        load = _load_average()
         if load >= 0.5:
             _announce(f"warning: the load average is {load:.1f}; other processes use the CPU, so timings run "
                       "with --threads 1 (pass --threads N to choose)")
