@@ -210,12 +210,12 @@ def physical_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _set_threads(threads: Optional[int]) -> int:
+def _set_threads(threads: Optional[int], warn_load: bool = False) -> int:
     import torch
 
     n = threads or physical_cores()
-    load = _load_average()
-    if threads is None and n > 1 and load >= n:
+    load = _load_average() if warn_load else 0.0
+    if warn_load and threads is None and n > 1 and load >= n:
         _announce(f"warning: the load average is {load:.1f} on {n} cores; threads of busy processes contend, "
                   "--threads 1 is often faster here")
     torch.set_num_threads(n)
@@ -469,7 +469,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if args.init:
             config_values, init_model = _init_config(args, model_cls, config_values, _typed(model_sets, fields, "model"))
 
-    threads = _set_threads(args.threads)
+    threads = _set_threads(args.threads, warn_load=True)
     # the same seed gives the same initial weights (and, through the trainer, the same batches)
     random.seed(config.seed)
     np.random.seed(config.seed % 2**32)
