@@ -48,7 +48,13 @@ blocks: O(n_rounds L (log L + m d)) time and O(n_rounds L m) memory — never an
 (only ``need_weights=True`` builds one). Any length works: the sequence is padded to a multiple of
 ``m`` inside (padding sorts into its own bucket after every real one and is never seen). Masks:
 key padding only; masked keys move to that padding bucket too, so their hashes do not shift the
-chunks of the others.
+chunks of the others. ``dedup`` adds O(n_rounds^2 L m) for the round counts. A derived bucket
+count above 64 is hashed as two factors (``derived_n_buckets``).
+
+Numerics: scores and softmax run in float32 for half inputs; a pair that may not attend scores
+``-1e9`` (finite, so fused softmax kernels never see an all ``-inf`` row; a row with no allowed
+key is zeroed afterwards); the self penalty ``1e5`` excludes self as long as the scores stay far
+below it (unit keys: ``|q_i . k_j| / sqrt(d) <= ||q_i|| / sqrt(d)``).
 """
 
 from __future__ import annotations
