@@ -156,20 +156,27 @@ class DigitCaptionsTask(Task):
         return idx, 0
 
     @torch.no_grad()
+    def _caption(self, model: torch.nn.Module, strips: List[Strip]):
+        """Caption ``strips`` greedily: images ``(B, 1, H, W)``, ids ``(B, T)``, the attention
+        ``(B, T, Hg Wg)`` over the CNN grid and the grid's ``(Hg, Wg)``, all on the CPU."""
+        images = self.collate(strips)["images"].to(_model_device(model))
+        was_training = getattr(model, "training", False)
+        model.eval()
+        try:
+            ids, w = model.generate(images, max_new_tokens=self.max_digits + 1, return_weights=True)
+            _, grid = model.encode(images[:1])
+        finally:
+            model.train(was_training)
+        return images.cpu(), ids.cpu(), w.cpu(), grid
+
+    @torch.no_grad()
     def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
         """The attention of each generated word over the CNN's feature grid (``qkv viz --html``);
         ``text``: digits such as ``"471"`` to draw a strip of (default: the first test strip)."""
         from qkv.viz import AttentionView
 
         strip = self.strip_of(text.strip()) if text else self.eval_strips("test", 1)[0]
-        images = self.collate([strip])["images"].to(_model_device(model))
-        was_training = getattr(model, "training", False)
-        model.eval()
-        try:
-            ids, w = model.generate(images, max_new_tokens=self.max_digits + 1, return_weights=True)
-            _, (Hg, Wg) = model.encode(images[:1])
-        finally:
-            model.train(was_training)
+        _, ids, w, (Hg, Wg) = self._caption(model, [strip])
         row = [i for i in ids[0].tolist() if i != self.vocab.pad_id]
         words = [self.vocab.decode([i], skip_special=False) for i in row][: w.shape[1]]
         cells = [f"r{r}c{c}" for r in range(Hg) for c in range(Wg)]
@@ -191,16 +198,7 @@ class DigitCaptionsTask(Task):
         from qkv import viz
 
         strips = [self.strip_of(text.strip())] if text else self.eval_strips("test", n)
-        device = _model_device(model)
-        images = self.collate(strips)["images"].to(device)
-        was_training = getattr(model, "training", False)
-        model.eval()
-        try:
-            ids, w = model.generate(images, max_new_tokens=self.max_digits + 1, return_weights=True)
-            _, (Hg, Wg) = model.encode(images[:1])
-        finally:
-            model.train(was_training)
-        images, ids, w = images.cpu(), ids.cpu(), w.cpu()
+        images, ids, w, (Hg, Wg) = self._caption(model, strips)
         cols = (max_words or self.max_digits + 1) + 1
         plt = viz.pyplot()
         fig, axes = plt.subplots(len(strips), cols, figsize=(2.6 * cols, 1.0 * len(strips) + 0.6), squeeze=False)
