@@ -109,18 +109,10 @@ def test_classification_head():
         model(ids, next_sentence_label=labels)
 
 
-def _kernel_kwargs(name):
-    import inspect
-    params = inspect.signature(lookup("attention", name).__init__).parameters
-    guesses = {"radius": 3, "block": 4, "memory": 4, "stride": 4, "c": 1, "bucket_size": 4, "seq_len": 16, "k": 8,
-               "nb_features": 16, "max_span": 8, "mem_len": 8, "image_size": (4, 4), "head_dim": 8}
-    return {k: v for k, v in guesses.items() if k in params and params[k].default is inspect.Parameter.empty}
-
-
 @pytest.mark.parametrize("name", sorted(qkv.list_attention()))
-def test_every_kernel_trains_in_bert(name):
+def test_every_kernel_trains_in_bert(name, small_kernel_kwargs):
     torch.manual_seed(0)
-    model = BERT(tiny(attention=name, attention_kwargs=_kernel_kwargs(name))).train()
+    model = BERT(tiny(attention=name, attention_kwargs=small_kernel_kwargs(name))).train()
     ids = torch.randint(4, V, (2, 16))
     inputs, labels = mask_tokens(ids, V, MASK, SPECIAL, prob=0.3, generator=torch.Generator().manual_seed(0))
     out = model(inputs, labels=labels, next_sentence_label=torch.tensor([0, 1]))

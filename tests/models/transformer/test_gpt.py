@@ -96,22 +96,13 @@ def _causal_names():
     return [n for n in qkv.list_attention() if lookup("attention", n).supports_causal]
 
 
-def _kernel_kwargs(name):
-    """Small knobs for kernels whose constructor needs some (by signature; sizes for length 16)."""
-    import inspect
-    params = inspect.signature(lookup("attention", name).__init__).parameters
-    guesses = {"radius": 3, "block": 4, "memory": 4, "stride": 4, "c": 1, "bucket_size": 4, "seq_len": 16, "k": 8,
-               "nb_features": 16, "max_span": 8, "mem_len": 8, "image_size": (4, 4), "head_dim": 8}
-    return {k: v for k, v in guesses.items() if k in params and params[k].default is inspect.Parameter.empty}
-
-
 @pytest.mark.parametrize("name", sorted(qkv.list_attention()))
-def test_every_kernel_trains_in_gpt(name):
+def test_every_kernel_trains_in_gpt(name, small_kernel_kwargs):
     cls = lookup("attention", name)
     if not cls.supports_causal:
         pytest.skip(f"attention {name!r} cannot be causal (supports_causal=False): tested in BERT")
     torch.manual_seed(0)
-    m = GPT(tiny(attention=name, attention_kwargs=_kernel_kwargs(name))).train()
+    m = GPT(tiny(attention=name, attention_kwargs=small_kernel_kwargs(name))).train()
     x = torch.randint(0, V, (2, 16))
     out = m(x, labels=x.roll(-1, 1))
     out.loss.backward()
