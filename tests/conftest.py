@@ -1,6 +1,18 @@
 """Suite-wide settings: one intra-op thread per test process. The suite runs under pytest-xdist
 with one worker per core; more threads per worker only contend (tiny ops slow down 100x)."""
 
+import pytest
 import torch
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def shakespeare_cache(tmp_path, monkeypatch):
+    """A one-play Shakespeare data set in a temporary ``QKV_DATA`` (CLI training tests without the real
+    cache); returns the temporary directory (the data under ``data/``)."""
+    texts = tmp_path / "data" / "shakespeare" / "texts"
+    texts.mkdir(parents=True)
+    (texts / "hamlet_gut.txt").write_text("HAMLET\n\nTo be, or not to be, that is the question:\n" * 60)
+    monkeypatch.setenv("QKV_DATA", str(tmp_path / "data"))
+    return tmp_path

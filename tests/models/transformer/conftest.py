@@ -8,16 +8,6 @@ from qkv.registry import lookup
 
 
 @pytest.fixture
-def tiny_shakespeare(tmp_path, monkeypatch):
-    """A one-play Shakespeare data set in a temporary ``QKV_DATA`` (CLI training tests); returns its root."""
-    texts = tmp_path / "data" / "shakespeare" / "texts"
-    texts.mkdir(parents=True)
-    (texts / "hamlet_gut.txt").write_text("HAMLET\n\nTo be, or not to be, that is the question:\n" * 60)
-    monkeypatch.setenv("QKV_DATA", str(tmp_path / "data"))
-    return tmp_path / "data"
-
-
-@pytest.fixture
 def small_kernel_kwargs():
     """Small knobs for kernels whose constructor requires some (read from its signature; sizes for length 16)."""
     guesses = {"radius": 3, "block": 4, "memory": 4, "stride": 4, "c": 1, "bucket_size": 4, "seq_len": 16, "k": 8,

@@ -118,7 +118,7 @@ def test_save_load_and_config_checks(tmp_path):
         ReformerConfig(residual="post-ln")
 
 
-def test_cli_train(tmp_path, tiny_shakespeare, capsys):
+def test_cli_train(tmp_path, shakespeare_cache, capsys):
     run = tmp_path / "run"
     argv = ["train", "reformer", "--task", "shakespeare-char", "--out", str(run), "--steps", "2",
             "--batch-size", "2", "--warmup", "1", "--eval-batches", "1", "--eval-max-examples", "4",
