@@ -48,8 +48,7 @@ def test_every_model_trains_evaluates_and_draws(model, tmp_path, capsys):
 
     assert main(["eval", str(run), "--max-examples", "4", "--threads", "1"]) == 0, capsys.readouterr().err
     png = tmp_path / "attention.png"
-    code = main(["viz", str(run), "--out", str(png), "--threads", "1"]) if _accepts_threads("viz") else \
-        main(["viz", str(run), "--out", str(png)])
+    code = main(["viz", str(run), "--out", str(png), "--threads", "1"])
     err = capsys.readouterr().err
     if model in NO_ATTENTION:
         assert code == 2 and "no attention weights" in err, err
@@ -66,9 +65,3 @@ def test_every_model_trains_evaluates_and_draws(model, tmp_path, capsys):
     elif kind == "seq2seq":
         assert main(["translate", str(run), "12", "--max-new-tokens", "4"]) == 0, capsys.readouterr().err
 
-
-def _accepts_threads(command: str) -> bool:
-    from qkv.cli import build_parser
-
-    sub = build_parser()._subparsers._group_actions[0].choices[command]
-    return any("--threads" in a.option_strings for a in sub._actions)
