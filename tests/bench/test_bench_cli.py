@@ -65,6 +65,24 @@ def test_kernels_quick_reports_ratios(tmp_path, capsys):
     assert "ratio" in capsys.readouterr().out
 
 
+def test_throughput_counts_flops_and_compares_patterns_with_a_dense_mask(tmp_path):
+    from qkv.bench.throughput import attention_flops
+
+    assert attention_flops(2, 3, 16, 8, causal=False, backward=False) == 4 * 2 * 3 * 16 * 16 * 8
+    assert attention_flops(2, 3, 16, 8, causal=True, backward=True) == 3.5 * 4 * 2 * 3 * 16 * 16 * 8 / 2
+    out = tmp_path / "t"
+    assert main(["throughput", "--sizes", "1x2x32x8", "--pattern-lengths", "64", "--matmul-size", "32",
+                 "--target-seconds", "0", "--threads", "1", "--out", str(out)]) == 0
+    results = json.loads((out / "throughput.json").read_text())
+    assert results["config"]["dtype"] == "float32" and results["matmul_peak"]["tflops"] > 0
+    assert [(r["causal"], r["mode"]) for r in results["exact"]] == [
+        (False, "fwd"), (False, "fwd+bwd"), (True, "fwd"), (True, "fwd+bwd")]
+    assert [r["kernel"] for r in results["patterns"]] == ["strided", "fixed"]
+    for row in results["patterns"]:  # the kernel and SDPA with the dense mask compute the same function
+        assert row["path"] == "structured" and row["max_abs_diff"] < 1e-5 and 0 < row["density"] < 1
+    assert "of matmul peak" in (out / "throughput.md").read_text()
+
+
 def test_kernel_kwargs_parsing_and_defaults():
     assert parse_kernel_kwargs(["window:radius=128,block=64", "local-2d:image_size=(32,32)"]) == {
         "window": {"radius": 128, "block": 64}, "local-2d": {"image_size": (32, 32)}}
@@ -80,6 +98,7 @@ def test_kernel_kwargs_parsing_and_defaults():
     (["complexity", "--attention", "softmax", "--kernel-kwargs", "window:radius=3"], "not among"),
     (["complexity", "--device", "tpu"], "--device"),
     (["kernels", "--mha-sizes", "1x8x10x3"], "divisible"),
+    (["throughput", "--sizes", "1x2x3"], "four positive integers"),
 ])
 def test_bad_arguments_exit_with_a_message(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:

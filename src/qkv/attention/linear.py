@@ -71,17 +71,88 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 def elu_plus_one(x: Tensor) -> Tensor:
     """``phi(x) = elu(x) + 1`` (Katharopoulos 2020, eq. 7): positive, so every denominator is > 0.
 
-    Written as ``x + 1`` (x > 0) or ``exp(x)`` (x <= 0): ``(exp(x) - 1) + 1`` cancels to exactly 0
-    below x = -16.6 in float32. The exp sees ``min(x, 0)`` so that the branch not taken never
-    overflows (its gradient would be 0 * inf = NaN).
+    Written as ``relu(x) + exp(min(x, 0))`` — ``x + 1`` (x > 0), ``exp(x)`` (x <= 0) — not
+    ``(exp(x) - 1) + 1``, which cancels to exactly 0 below x = -16.6 in float32; the exp never
+    overflows. (No ``torch.where``: on CPU it is several times slower than these two passes.)
     """
-    return torch.where(x > 0, x + 1.0, torch.exp(x.clamp(max=0.0)))
+    return torch.relu(x) + torch.exp(x.clamp(max=0.0))
 
 
 def log_elu_plus_one(x: Tensor) -> Tensor:
     """``log phi(x)`` for ``phi = elu + 1``: ``log(1 + x)`` (x > 0) or ``x`` — finite where
     ``phi(x)`` underflows to 0, so the features can be scaled by their maximum before the exp."""
-    return torch.where(x > 0, torch.log1p(x.clamp(min=0.0)), x)
+    return torch.log1p(torch.relu(x)) + x.clamp(max=0.0)
+
+
+class _EluPlusOne(torch.autograd.Function):
+    """``phi(x) = elu(x) + 1`` in four passes forward and two backward:
+    ``d phi / dx = min(phi(x), 1)`` (1 for x > 0, exp(x) below)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        out = torch.relu(x)
+        out.add_(x.clamp(max=0.0).exp_())
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (out,) = ctx.saved_tensors
+        return grad * out.clamp(max=1.0)
+
+
+#: Direct (not log-space) features are used while the largest input of every query row and of the
+#: keys is above this: features that underflow (x < -87 in float32) are then below e^-67 of the largest.
+DIRECT_MIN = -20.0
+
+
+def direct_features(q: Tensor, k: Tensor) -> Optional[tuple]:
+    """``(phi(q), phi(k), r)`` with ``phi = elu + 1`` and ``r (B, H, M, 1) = phi(max_e q) * phi(max k)``
+    — the factor by which dividing each query row by its largest feature and the keys by theirs
+    would scale ``eps`` (``eps * r`` on the unscaled features is the same function, without the
+    divisions) — or None when a maximum is below ``DIRECT_MIN`` (then the caller works in log space).
+    ``-inf`` keys (masked) get 0 features."""
+    q_top = q.detach().amax(dim=-1, keepdim=True)  # (B, H, M, 1)
+    k_top = k.detach().amax(dim=(-2, -1), keepdim=True)  # (B, H, 1, 1); -inf: no valid key
+    k_top = _finite_or_zero(k_top)
+    if q_top.numel() and bool(torch.minimum(q_top.min(), k_top.min()) < DIRECT_MIN):
+        return None
+    return _EluPlusOne.apply(q), _EluPlusOne.apply(k), elu_plus_one(q_top) * elu_plus_one(k_top)
+
+
+class _NonCausalLinear(torch.autograd.Function):
+    """``out = phi_q S / (phi_q z + eps)`` with ``S = phi_k^T v``, ``z = phi_k^T 1``, and its gradient
+    written out (four products each way, no (N, N) term), so that autograd's generic graph — the
+    two paths into each of ``phi_q`` and ``phi_k``, the division's backward — costs no extra passes:
+
+        g_num = g / den,  g_den = -sum_e(g * out) / den,
+        d phi_q = g_num S^T + g_den z^T,   dS = phi_q^T g_num,   dz = phi_q^T g_den,
+        d phi_k = v dS^T + 1 dz^T,         dv = phi_k dS.
+
+    ``eps``: ``(B|1, H|1, M, 1)`` tensor or float >= 0, added to the denominator; a row whose
+    denominator is 0 (no key with a non-zero feature product: its numerator is 0 too) gives 0."""
+
+    @staticmethod
+    def forward(ctx, phi_q: Tensor, phi_k: Tensor, v: Tensor, eps) -> Tensor:
+        S = phi_k.transpose(-1, -2) @ v  # (B, H, F, Ev)
+        z = phi_k.sum(dim=-2, keepdim=True)  # (B, H, 1, F)
+        den = (phi_q * z).sum(-1, keepdim=True) + eps  # (B, H, M, 1); a matrix-vector bmm is ~4x slower on CPU
+        den = den.masked_fill(den == 0, 1.0)
+        out = (phi_q @ S).div_(den)
+        ctx.save_for_backward(phi_q, phi_k, v, S, z, den, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        phi_q, phi_k, v, S, z, den, out = ctx.saved_tensors
+        g_num = g / den  # (B, H, M, Ev)
+        g_den = (g * out).sum(-1, keepdim=True).div_(den).neg_()  # (B, H, M, 1)
+        d_q = (g_num @ S.transpose(-1, -2)).add_(g_den * z)  # (B, H, M, F)
+        dS = phi_q.transpose(-1, -2) @ g_num  # (B, H, F, Ev)
+        dz = (phi_q * g_den).sum(-2, keepdim=True)  # (B, H, 1, F)
+        d_k = (v @ dS.transpose(-1, -2)).add_(dz)  # (B, H, N, F)
+        d_v = phi_k @ dS  # (B, H, N, Ev)
+        return d_q, d_k, d_v, None
 
 
 def _key_max(x: Tensor) -> Tensor:
@@ -109,6 +180,7 @@ def linear_attention(
     log_keys: bool = False,
     eps: float = 0.0,
     need_weights: bool = False,
+    eps_scale: Optional[Tensor] = None,
 ) -> tuple[Tensor, Optional[Tensor], Optional[LinearState]]:
     """The linear-attention core shared by ``linear`` and ``performer``.
 
@@ -127,6 +199,8 @@ def linear_attention(
         key_mask: bool ``(B|1, H|1, N)``, True = may attend (masked keys get zero features).
         state: sums of earlier keys (causal only); None starts from zero.
         eps: added to the denominator; ``0`` divides exactly (a zero denominator gives zero).
+        eps_scale: ``(B|1, H|1, M, 1)`` or None: ``eps * eps_scale`` is added instead (non-causal; the
+            features' normalisation folded into eps, see ``direct_features``).
         need_weights: also return the implied ``(B, H, M, N)`` weights (O(M N); not with ``state``).
     Returns:
         ``(out (B, H, M, Ev) in v's dtype, weights or None, new LinearState (causal) or None)``.
@@ -140,14 +214,12 @@ def linear_attention(
     if key_mask is not None:
         keep = key_mask.unsqueeze(-1)  # (B|1, H|1, N, 1)
         phi_k = phi_k.masked_fill(~keep, float("-inf")) if log_keys else phi_k * keep
-    # [V, 1]: one product gives both the numerator S and the normaliser Z (its last column).
-    v1 = torch.cat([v, v.new_ones(B, H, N, 1)], dim=-1)  # (B, H, N, Ev + 1)
-
     def divide(nd: Tensor) -> Tensor:
         num, den = nd[..., :Ev], nd[..., Ev:]  # (B, H, M, Ev), (B, H, M, 1)
         if eps > 0:
             return num / (den + eps)
-        return num / torch.where(den > 0, den, torch.ones_like(den))  # no key: 0 / 1
+        # den = 0 only where every feature product is 0, and then num = 0 too: 0 / tiny = 0.
+        return num / den.clamp(min=torch.finfo(den.dtype).tiny)
 
     weights = None
     if need_weights:
@@ -162,16 +234,19 @@ def linear_attention(
             allowed = torch.ones(M, N, dtype=torch.bool, device=a.device).tril(N - M)
             a = a * allowed
         den = a.sum(-1, keepdim=True)
-        weights = (a / (den + eps) if eps > 0 else a / torch.where(den > 0, den, torch.ones_like(den))).to(out_dtype)
+        eps_w = eps if eps_scale is None else eps * eps_scale
+        weights = (a / (den + eps_w) if eps > 0 else a / torch.where(den > 0, den, torch.ones_like(den))).to(out_dtype)
 
     if not causal:
         if state is not None:
             raise ValueError("state is only used by causal linear attention")
         if log_keys:
             phi_k = torch.exp(phi_k - _finite_or_zero(_key_max(phi_k)))
-        kv = torch.einsum("bhnf,bhne->bhfe", phi_k, v1)  # (B, H, F, Ev + 1): [S, Z]
-        return divide(phi_q @ kv).to(out_dtype), weights, None  # (B, H, M, Ev)
+        out = _NonCausalLinear.apply(phi_q, phi_k, v, eps if eps_scale is None else eps * eps_scale)
+        return out.to(out_dtype), weights, None  # (B, H, M, Ev)
 
+    if eps_scale is not None:
+        raise ValueError("eps_scale is for non-causal linear attention (causal keys are normalised by a running maximum)")
     if M > N:
         # Without a state the kernel's caller returns zero rows for queries before the first key; with
         # one, such a query would need part of the keys already summed away in the state.
@@ -179,6 +254,8 @@ def linear_attention(
                          f"keys after a state of {state.length if state is not None else 0}; a query may not "
                          f"precede the new keys (its keys are summed away in the state)")
     _checks.positive_int("chunk_size", chunk_size)
+    # [V, 1]: one product gives both the numerator S and the normaliser Z (its last column).
+    v1 = torch.cat([v, v.new_ones(B, H, N, 1)], dim=-1)  # (B, H, N, Ev + 1)
     # P = [S, Z] of the keys summed so far; in log mode stored divided by exp(m).
     if state is None:
         P = v1.new_zeros(B, H, Fdim, Ev + 1)  # (B, H, F, Ev + 1)
@@ -287,12 +364,24 @@ class LinearAttention(AttentionKernel):
         key_mask = split_key_mask(mask, state, k.shape[-2], self._state_length(state))
         acc = accumulation_dtype(q.dtype)
         log_keys = self.feature_map is elu_plus_one
+        eps_scale = None
         if log_keys:
-            # In log space, so that features that underflow (x < -87 in float32) still rank the keys:
-            # each query row is divided by its largest feature, the keys by theirs (inside the core);
-            # both factors cancel between numerator and denominator (eps then guards a relative 0).
-            log_q, phi_k = log_elu_plus_one(q.to(acc)), log_elu_plus_one(k.to(acc))  # (B, H, L, E)
-            phi_q = torch.exp(log_q - log_q.detach().amax(dim=-1, keepdim=True))
+            # Each query row is divided by its largest feature, the keys by theirs; both factors cancel
+            # between numerator and denominator (eps then guards a relative 0). Directly while the
+            # largest inputs are moderate, else in log space, so that features that underflow
+            # (x < -87 in float32) still rank the keys (the causal keys always: their maximum is a
+            # running one, inside the core, so that no key reaches an earlier output).
+            phi_k = None
+            if not self.causal:
+                k_in = k.to(acc) if key_mask is None else k.to(acc).masked_fill(~key_mask.unsqueeze(-1), float("-inf"))
+                direct = direct_features(q.to(acc), k_in)
+                if direct is not None:
+                    phi_q, phi_k, eps_scale = direct
+                    log_keys = False
+            if phi_k is None:
+                log_q = log_elu_plus_one(q.to(acc))  # (B, H, M, E)
+                phi_q = torch.exp(log_q - log_q.detach().amax(dim=-1, keepdim=True))
+                phi_k = log_elu_plus_one(k.to(acc))  # (B, H, N, E)
         else:
             phi_q, phi_k = self.feature_map(q.to(acc)), self.feature_map(k.to(acc))  # (B, H, L, E')
         if phi_q.shape[:-1] != q.shape[:-1] or phi_k.shape[:-1] != k.shape[:-1] or phi_q.shape[-1] != phi_k.shape[-1]:
@@ -300,7 +389,7 @@ class LinearAttention(AttentionKernel):
                              f"{tuple(q.shape)} and {tuple(phi_k.shape)} for k {tuple(k.shape)}")
         out, weights, new_state = linear_attention(
             phi_q, phi_k, v, causal=self.causal, chunk_size=self.chunk_size, key_mask=key_mask, state=state,
-            log_keys=log_keys, eps=self.eps, need_weights=need_weights)
+            log_keys=log_keys, eps=self.eps, need_weights=need_weights, eps_scale=eps_scale)
         return AttentionOutput(out, weights, new_state if return_state else None)
 
 

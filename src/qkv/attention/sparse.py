@@ -29,9 +29,12 @@ the ``c`` summaries of every finished block plus the current block (``FixedState
 new query's ``|A_i|`` keys from it (``local.gathered_attend``): a token costs O((l + n / l) E)
 (fixed: O((l + c n / l) E)), not O(n E).
 
+On CUDA (no weights asked, no dropout) the same predicate becomes a FlexAttention ``BlockMask``
+and one fused block-sparse kernel computes the union (``qkv.attention.flex``) — the counterpart of
+the paper's block-sparse GPU kernels; elsewhere the gathered blocks above are used.
+
 Deviations: one head computes the chosen union (interleaving A1/A2 over layers, or splitting them
-across heads, is done by building kernels with ``subsets=(1,)`` and ``(2,)``); the paper's fused
-block-sparse GPU kernels are replaced by dense batched matrix products over the gathered blocks.
+across heads, is done by building kernels with ``subsets=(1,)`` and ``(2,)``).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from torch.utils.checkpoint import checkpoint
 from .. import _checks, masks
 from ..registry import register
 from ..types import AttentionOutput, KVCache
+from . import flex
 from .base import AttentionKernel
 from .linear import accumulation_dtype
 from .local import _empty, check_cache, from_frame, gathered_attend, shift_queries, to_frame
@@ -142,6 +146,15 @@ class _Factorized(AttentionKernel):
         new_state = self._initial_state(k, v) if return_state else None
         if M == 0 or N == 0:
             return _empty(q, v, N, need_weights)._replace(state=new_state)
+        if flex.usable(q, v, need_weights, dropout_p):
+            # CUDA: FlexAttention's fused block-sparse kernel, block masks built from the same predicates.
+            valid = None if mask is None else mask[:, :, 0, :]
+            if M == N:  # each part where its keys are contiguous, merged by log-sum-exp
+                out = flex.merge(self._flex_parts(q, k, v, valid))
+                flex.count()
+            else:
+                out = flex.attend(q, k, v, self.pattern(M, N), valid, key=(self.registry_name, self.extra_repr()))
+            return AttentionOutput(out, None, new_state)
         dtype = v.dtype
         acc = accumulation_dtype(dtype)  # half inputs: scores overflow float16, so the parts work in float32
         q, k, v, valid, shift = to_frame(q.to(acc), k.to(acc), v.to(acc), mask, period=self.stride)
@@ -165,6 +178,11 @@ class _Factorized(AttentionKernel):
 
     def _initial_state(self, k, v):
         """The state after the keys ``k``, ``v`` of a sequence's start."""
+        raise NotImplementedError  # abstract: each pattern implements it
+
+    def _flex_parts(self, q, k, v, valid):
+        """Self-attention (``M = N``) on CUDA: the disjoint parts of the pattern as FlexAttention
+        calls, ``[(out, lse), ...]`` for ``flex.merge``; ``valid (B|1, H|1, N)`` bool or None."""
         raise NotImplementedError  # abstract: each pattern implements it
 
     def _chunk_out(self, q, k, v, valid, dropout_p, row0):
@@ -230,6 +248,35 @@ class StridedAttention(_Factorized):
         valid = mask[:, :, 0, :] if mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=dev)
         out, weights = gathered_attend(q, k, v, pos - first, pos >= first, valid, dropout_p, need_weights)
         return AttentionOutput(out, weights, cache)
+
+    def _flex_parts(self, q, k, v, valid):
+        B, H, L, E = q.shape
+        l, causal, parts = self.stride, self.causal, []
+        if 1 in self.subsets:  # A1, the band: contiguous keys
+            parts.append(flex.attend_parts(q, k, v, masks.window(l, causal=causal), valid, key=("band", l, causal)))
+        if 2 in self.subsets:
+            # A2 on the transposed grid: position a l + c is row a of column c; column c of head h is
+            # "head" h l + c of an (nr, nr) problem in which query row a sees key rows a' with
+            # a - a' >= near (|a - a'| >= near), near = 2 when the band has the rows a' = a, a - 1.
+            nr = -(-L // l)
+            near = 2 if 1 in self.subsets else 0
+
+            def columns(x):  # (B, H, L, E) -> (B, H l, nr, E)
+                return _grid(x, nr, l).transpose(2, 3).reshape(x.shape[0], x.shape[1] * l, nr, x.shape[-1])
+
+            def rows(b, h, q_idx, kv_idx):
+                d = q_idx - kv_idx
+                return ((d >= near) if causal else (d.abs() >= near)) & (kv_idx * l + torch.remainder(h, l) < L)
+
+            col_valid = None
+            if valid is not None:
+                col_valid = columns(valid.expand(valid.shape[0], H, L).unsqueeze(-1)).squeeze(-1)  # (B|1, H l, nr)
+            out, lse = flex.attend_parts(columns(q), columns(k), columns(v), rows, col_valid,
+                                         key=("columns", l, L, near, causal))
+            out = out.view(B, H, l, nr, -1).transpose(2, 3).reshape(B, H, nr * l, -1)[:, :, :L]
+            lse = lse.view(B, H, l, nr).transpose(2, 3).reshape(B, H, nr * l)[:, :, :L]
+            parts.append((out, lse))
+        return parts
 
     def _frame_attend(self, q, k, v, valid, dropout_p, need_weights, row0=0):
         B, H, Lq, E = q.shape
@@ -363,6 +410,29 @@ class FixedAttention(_Factorized):
         valid = mask[:, :, 0, :] if mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=dev)
         out, weights = gathered_attend(q, k, v, torch.cat(slot, 1), torch.cat(ok, 1), valid, dropout_p, need_weights)
         return AttentionOutput(out, weights, new_state)
+
+    def _flex_parts(self, q, k, v, valid):
+        L = q.shape[-2]
+        l, c, causal, parts = self.stride, self.c, self.causal, []
+        if 1 in self.subsets:  # A1, the own block: contiguous keys
+            parts.append(flex.attend_parts(q, k, v, masks.fixed(l, c, subsets=(1,), causal=causal), valid,
+                                           key=("blocks", l, causal)))
+        if 2 in self.subsets:  # A2, the summaries gathered: n c / l contiguous keys
+            pos = torch.arange(L, device=q.device)
+            pos = pos[torch.remainder(pos, l) >= l - c]  # (S,) their positions
+            own = 1 in self.subsets
+
+            def summaries(b, h, q_idx, kv_idx):
+                p = pos[kv_idx]
+                allowed = (p <= q_idx) if causal else (p >= 0)
+                if own:  # the query's own block is counted once, in A1
+                    allowed = allowed & (torch.div(p, l, rounding_mode="floor") != torch.div(q_idx, l, rounding_mode="floor"))
+                return allowed
+
+            parts.append(flex.attend_parts(q, k[:, :, pos], v[:, :, pos], summaries,
+                                           None if valid is None else valid[..., pos],
+                                           key=("summaries", l, c, L, own, causal)))
+        return parts
 
     def _frame_attend(self, q, k, v, valid, dropout_p, need_weights, row0=0):
         B, H, Lq, E = q.shape

@@ -12,6 +12,10 @@ Subcommands (``qkv bench NAME --help``):
   Transformer's RNN state against GPT's KV cache (``qkv.bench.generation``).
 * ``depth-memory`` — peak training memory of a Reformer against depth, reversible against
   ordinary residual layers (``qkv.bench.depth_memory``).
+* ``throughput`` — achieved TFLOP/s of exact attention against the measured matmul peak, and the
+  pattern kernels (FlexAttention on CUDA) against SDPA with a dense mask (``qkv.bench.throughput``).
+* ``peers`` — qkv against the other libraries' implementations of the same mechanisms
+  (``qkv.bench.peers``).
 
 Adding a benchmark: write a module exposing ``add_arguments(parser)`` (its own options) and
 ``run(args) -> dict`` (measure, write results into ``args.out``, print a table, return the
@@ -31,7 +35,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import common, complexity, depth_memory, generation, gpt, kernels, peers
+from . import common, complexity, depth_memory, generation, gpt, kernels, peers, throughput
 
 __all__ = ["BENCHMARKS", "build_parser", "main", "common"]
 
@@ -43,6 +47,7 @@ BENCHMARKS: Dict[str, ModuleType] = {
     "generation": generation,
     "peers": peers,
     "depth-memory": depth_memory,
+    "throughput": throughput,
 }
 
 

@@ -1,0 +1,159 @@
+"""FlexAttention path of the pattern kernels on CUDA.
+
+``torch.nn.attention.flex_attention`` runs a fused, block-sparse attention from a ``BlockMask``:
+the key blocks a query block cannot reach are skipped, the partial blocks are masked element-wise
+by the predicate. The kernels ``strided`` and ``fixed`` build that mask from the same
+``qkv.masks`` predicate their structured CPU path implements (``kernel.pattern(M, N)``), so the
+two paths compute the same function; ``tests/attention/test_cuda.py`` checks it on a GPU.
+
+A pattern whose allowed keys are scattered over every key block (the strided columns ``A2``, the
+fixed summaries) skips no block as one mask; the kernels then give FlexAttention each part where it
+is contiguous — the band and the own block as they are, the strided columns on the transposed
+``(l, n / l)`` grid, the summaries gathered — and merge the parts by their log-sum-exp
+(``merge``): one softmax over the union, as on the structured path.
+
+The path is taken when every condition holds: the inputs are on a CUDA device, FlexAttention
+imports, no weights are asked (it forms none), no dropout (it has none), no decoding state, the
+head sizes are equal powers of two in 16 … 256 and the dtype is float16, bfloat16 or float32.
+Otherwise the kernel stays on its structured path (FlexAttention has no CPU backward in
+torch 2.13, so CPU training always does). ``with qkv.attention.flex.disabled():`` forces the
+structured path, for comparisons.
+
+Block masks are built once per pattern and shape (a small cache); a key-padding mask is folded
+into the predicate and its block mask built per call. Rows with no allowed key are zeros, as on
+every other path (FlexAttention's log-sum-exp of such a row is -inf).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections import OrderedDict
+from typing import Hashable, Iterator, Optional
+
+import torch
+from torch import Tensor
+
+from .. import masks
+
+__all__ = ["available", "usable", "attend", "attend_parts", "merge", "disabled", "calls"]
+
+_enabled = True
+_CACHE_SIZE = 32
+_block_masks: "OrderedDict[Hashable, object]" = OrderedDict()
+#: Number of calls that took the FlexAttention path (tests check that it was taken).
+calls = 0
+
+
+@functools.lru_cache(maxsize=None)
+def available() -> bool:
+    """True when ``torch.nn.attention.flex_attention`` imports."""
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Within the block, kernels keep to their structured path on CUDA too."""
+    global _enabled
+    before, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = before
+
+
+def usable(q: Tensor, v: Tensor, need_weights: bool, dropout_p: float) -> bool:
+    """Whether a call with these inputs can take the FlexAttention path."""
+    E, Ev = q.shape[-1], v.shape[-1]
+    return (_enabled and q.is_cuda and not need_weights and dropout_p == 0.0 and E == Ev
+            and 16 <= E <= 256 and E & (E - 1) == 0
+            and q.dtype in (torch.float16, torch.bfloat16, torch.float32) and available())
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # Compiled, FlexAttention is one fused Triton kernel per direction; eager it is a dense reference.
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _block_mask(mod: masks.MaskMod, B: Optional[int], H: Optional[int], M: int, N: int, device: torch.device,
+                key: Optional[Hashable]):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if key is not None:
+        key = (key, M, N, str(device))
+        hit = _block_masks.get(key)
+        if hit is not None:
+            _block_masks.move_to_end(key)
+            return hit
+    block_mask = create_block_mask(mod, B, H, M, N, device=device)
+    if key is not None:
+        _block_masks[key] = block_mask
+        if len(_block_masks) > _CACHE_SIZE:
+            _block_masks.popitem(last=False)
+    return block_mask
+
+
+def _flex(q: Tensor, k: Tensor, v: Tensor, block_mask):
+    # Every distinct pattern and length is one compilation; a model holds a few (its layers' kernels
+    # and lengths), more than dynamo's default of 8 per function when several are benchmarked.
+    with torch._dynamo.config.patch(recompile_limit=max(64, torch._dynamo.config.recompile_limit)):
+        return _compiled()(q, k, v, block_mask=block_mask, return_lse=True)
+
+
+def attend_parts(q: Tensor, k: Tensor, v: Tensor, mod: masks.MaskMod, key_valid: Optional[Tensor],
+                 key: Optional[Hashable]):
+    """One part: ``(out (B, H, M, Ev), lse (B, H, M) float32)`` of attention over the pairs ``mod``
+    allows and the valid keys; ``lse`` is ``-inf`` on rows with no allowed key (their ``out`` is 0).
+
+    ``key_valid (B|1, H|1, N)`` bool or None; ``key``: a hashable description of ``mod`` under which
+    its block mask is cached (None: not cached; a padding mask is per call and never cached).
+    """
+    B, H, M, _ = q.shape
+    N = k.shape[-2]
+    if key_valid is None:
+        block_mask = _block_mask(mod, None, None, M, N, q.device, key)
+    else:
+        Bv, Hv = key_valid.shape[0], key_valid.shape[1]
+        valid = key_valid.reshape(Bv, Hv, N)
+        bi = (lambda b: b) if Bv > 1 else (lambda b: 0 * b)
+        hi = (lambda h: h) if Hv > 1 else (lambda h: 0 * h)
+        block_mask = _block_mask(masks.and_masks(mod, lambda b, h, q_idx, kv_idx: valid[bi(b), hi(h), kv_idx]),
+                                 B if Bv > 1 else None, H if Hv > 1 else None, M, N, q.device, None)
+    out, lse = _flex(q, k, v, block_mask)
+    return out.masked_fill(torch.isneginf(lse).unsqueeze(-1), 0.0), lse
+
+
+def merge(parts):
+    """One softmax over the union of disjoint parts ``[(out, lse), ...]`` (``merge`` of their
+    log-sum-exps): ``sum_p exp(lse_p - lse) out_p`` with ``lse = logsumexp_p lse_p``; rows allowed no
+    key by any part are zeros. Differentiable (through ``lse`` too)."""
+    lse = torch.stack([l for _, l in parts]).logsumexp(0)  # (B, H, M)
+    empty = torch.isneginf(lse)
+    lse = lse.masked_fill(empty, 0.0)
+    out = sum(torch.exp(l - lse).unsqueeze(-1) * o.float() for o, l in parts)
+    return out.masked_fill(empty.unsqueeze(-1), 0.0).to(parts[0][0].dtype)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mod: masks.MaskMod, key_valid: Optional[Tensor],
+           key: Hashable) -> Tensor:
+    """``softmax(q k^T / sqrt(E)) v`` over the pairs ``mod`` allows (and valid keys): ``(B, H, M, Ev)``.
+
+    ``mod(b, h, q_idx, kv_idx)``: the pattern with queries already aligned to the end of the keys.
+    """
+    global calls
+    out, _ = attend_parts(q, k, v, mod, key_valid, key)
+    calls += 1
+    return out
+
+
+def count() -> None:
+    """Count one kernel call that took the FlexAttention path (made of several parts)."""
+    global calls
+    calls += 1
