@@ -183,6 +183,19 @@ def test_corrupt_newest_checkpoint_falls_back(shakespeare_cache, capsys):
     assert resumed[-1]["checkpoint"] == "step-00000002.safetensors"
 
 
+def test_resume_with_every_checkpoint_corrupt_is_refused_and_changes_nothing(shakespeare_cache, capsys):
+    run = shakespeare_cache / "run"
+    assert main(_gpt_argv(run, "--steps", "4", "--save-every", "2")) == 0
+    for path in (run / "checkpoints").glob("step-*.safetensors"):
+        data = bytearray(path.read_bytes())
+        data[-5] ^= 0xFF
+        path.write_bytes(bytes(data))
+    before = _snapshot(run)
+    assert main(_gpt_argv(run, "--steps", "6", "--resume")) == 2
+    assert "every checkpoint" in capsys.readouterr().err
+    assert _snapshot(run) == before
+
+
 def test_run_json_missing_field_is_one_line(tmp_path, capsys):
     (tmp_path / "run.json").write_text(json.dumps({"model": "gpt", "task": "shakespeare-char"}))
     assert main(["eval", str(tmp_path)]) == 2

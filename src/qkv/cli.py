@@ -30,6 +30,7 @@ import math
 import os
 import sys
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -454,6 +455,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     _check_device(config.device)
     if not args.resume and CheckpointManager(out / "checkpoints").checkpoints():
         raise CLIError(f"{out} already holds a run with checkpoints; continue it with --resume or choose another --out")
+    if args.resume:
+        manager = CheckpointManager(out / "checkpoints")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # each corrupt checkpoint warns; one error says it below
+            intact = manager.latest_intact()
+        if manager.checkpoints() and intact is None:
+            raise CLIError(f"--resume: every checkpoint in {out / 'checkpoints'} is corrupt (checksum or header); "
+                           "nothing to resume from — remove them to start over")
 
     task = build_task(args.task, **task_options)
     task_kinds = getattr(model_cls, "task_kinds", None)
