@@ -106,18 +106,15 @@ class _EluPlusOne(torch.autograd.Function):
 DIRECT_MIN = -20.0
 
 
-def direct_features(q: Tensor, k: Tensor) -> Optional[tuple]:
-    """``(phi(q), phi(k), r)`` with ``phi = elu + 1`` and ``r (B, H, M, 1) = phi(max_e q) * phi(max k)``
-    — the factor by which dividing each query row by its largest feature and the keys by theirs
-    would scale ``eps`` (``eps * r`` on the unscaled features is the same function, without the
-    divisions) — or None when a maximum is below ``DIRECT_MIN`` (then the caller works in log space).
-    ``-inf`` keys (masked) get 0 features."""
-    q_top = q.detach().amax(dim=-1, keepdim=True)  # (B, H, M, 1)
-    k_top = k.detach().amax(dim=(-2, -1), keepdim=True)  # (B, H, 1, 1); -inf: no valid key
-    k_top = _finite_or_zero(k_top)
-    if q_top.numel() and bool(torch.minimum(q_top.min(), k_top.min()) < DIRECT_MIN):
+def direct_features(x: Tensor, dims) -> Optional[tuple]:
+    """``(phi(x), phi(max x))`` with ``phi = elu + 1`` and the maximum over ``dims`` (kept): dividing
+    the features by their largest would scale ``eps`` by ``phi(max x)`` — ``eps * phi(max x)`` on
+    the unscaled features is the same function, without the division — or None when a maximum is
+    below ``DIRECT_MIN`` (then the caller works in log space). ``-inf`` entries (masked keys) get 0."""
+    top = _finite_or_zero(x.detach().amax(dim=dims, keepdim=True))  # -inf: no valid entry
+    if top.numel() and bool(top.min() < DIRECT_MIN):
         return None
-    return _EluPlusOne.apply(q), _EluPlusOne.apply(k), elu_plus_one(q_top) * elu_plus_one(k_top)
+    return _EluPlusOne.apply(x), elu_plus_one(top)
 
 
 class _NonCausalLinear(torch.autograd.Function):
@@ -199,8 +196,8 @@ def linear_attention(
         key_mask: bool ``(B|1, H|1, N)``, True = may attend (masked keys get zero features).
         state: sums of earlier keys (causal only); None starts from zero.
         eps: added to the denominator; ``0`` divides exactly (a zero denominator gives zero).
-        eps_scale: ``(B|1, H|1, M, 1)`` or None: ``eps * eps_scale`` is added instead (non-causal; the
-            features' normalisation folded into eps, see ``direct_features``).
+        eps_scale: ``(B|1, H|1, M, 1)`` or None: ``eps * eps_scale`` is added instead (the features'
+            normalisation folded into eps, see ``direct_features``; causal: the queries' only).
         need_weights: also return the implied ``(B, H, M, N)`` weights (O(M N); not with ``state``).
     Returns:
         ``(out (B, H, M, Ev) in v's dtype, weights or None, new LinearState (causal) or None)``.
@@ -217,7 +214,7 @@ def linear_attention(
     def divide(nd: Tensor) -> Tensor:
         num, den = nd[..., :Ev], nd[..., Ev:]  # (B, H, M, Ev), (B, H, M, 1)
         if eps > 0:
-            return num / (den + eps)
+            return num / (den + (eps if eps_scale is None else eps * eps_scale))
         # den = 0 only where every feature product is 0, and then num = 0 too: 0 / tiny = 0.
         return num / den.clamp(min=torch.finfo(den.dtype).tiny)
 
@@ -245,8 +242,6 @@ def linear_attention(
         out = _NonCausalLinear.apply(phi_q, phi_k, v, eps if eps_scale is None else eps * eps_scale)
         return out.to(out_dtype), weights, None  # (B, H, M, Ev)
 
-    if eps_scale is not None:
-        raise ValueError("eps_scale is for non-causal linear attention (causal keys are normalised by a running maximum)")
     if M > N:
         # Without a state the kernel's caller returns zero rows for queries before the first key; with
         # one, such a query would need part of the keys already summed away in the state.
@@ -371,16 +366,21 @@ class LinearAttention(AttentionKernel):
             # largest inputs are moderate, else in log space, so that features that underflow
             # (x < -87 in float32) still rank the keys (the causal keys always: their maximum is a
             # running one, inside the core, so that no key reaches an earlier output).
-            phi_k = None
-            if not self.causal:
+            direct_q = direct_features(q.to(acc), -1)  # (phi_q, (B, H, M, 1)) or None
+            direct_k = None
+            if direct_q is not None and not self.causal:
                 k_in = k.to(acc) if key_mask is None else k.to(acc).masked_fill(~key_mask.unsqueeze(-1), float("-inf"))
-                direct = direct_features(q.to(acc), k_in)
-                if direct is not None:
-                    phi_q, phi_k, eps_scale = direct
-                    log_keys = False
-            if phi_k is None:
+                direct_k = direct_features(k_in, (-2, -1))  # (phi_k, (B, H, 1, 1)) or None
+            if direct_q is not None:
+                phi_q, eps_scale = direct_q
+            else:
                 log_q = log_elu_plus_one(q.to(acc))  # (B, H, M, E)
                 phi_q = torch.exp(log_q - log_q.detach().amax(dim=-1, keepdim=True))
+            if direct_k is not None:
+                phi_k, k_scale = direct_k
+                eps_scale = eps_scale * k_scale
+                log_keys = False
+            else:
                 phi_k = log_elu_plus_one(k.to(acc))  # (B, H, N, E)
         else:
             phi_q, phi_k = self.feature_map(q.to(acc)), self.feature_map(k.to(acc))  # (B, H, L, E')
