@@ -134,10 +134,11 @@ def merge(parts):
     """One softmax over the union of disjoint parts ``[(out, lse), ...]`` (``merge`` of their
     log-sum-exps): ``sum_p exp(lse_p - lse) out_p`` with ``lse = logsumexp_p lse_p``; rows allowed no
     key by any part are zeros. Differentiable (through ``lse`` too)."""
-    lse = torch.stack([l for _, l in parts]).logsumexp(0)  # (B, H, M)
+    acc = torch.promote_types(parts[0][0].dtype, torch.float32)  # half outputs are summed in float32
+    lse = torch.stack([l.to(acc) for _, l in parts]).logsumexp(0)  # (B, H, M)
     empty = torch.isneginf(lse)
     lse = lse.masked_fill(empty, 0.0)
-    out = sum(torch.exp(l - lse).unsqueeze(-1) * o.float() for o, l in parts)
+    out = sum(torch.exp(l.to(acc) - lse).unsqueeze(-1) * o.to(acc) for o, l in parts)
     return out.masked_fill(empty.unsqueeze(-1), 0.0).to(parts[0][0].dtype)
 
 
