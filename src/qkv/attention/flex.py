@@ -103,7 +103,9 @@ def _block_mask(mod: masks.MaskMod, B: Optional[int], H: Optional[int], M: int, 
 def _flex(q: Tensor, k: Tensor, v: Tensor, block_mask):
     # Every distinct pattern and length is one compilation; a model holds a few (its layers' kernels
     # and lengths), more than dynamo's default of 8 per function when several are benchmarked.
-    with torch._dynamo.config.patch(recompile_limit=max(64, torch._dynamo.config.recompile_limit)):
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+    with config.patch(**{name: max(64, getattr(config, name))}):
         return _compiled()(q, k, v, block_mask=block_mask, return_lse=True)
 
 
