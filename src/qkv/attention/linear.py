@@ -16,9 +16,10 @@ Cost: O(N E' Ev) time and O(E' Ev) extra memory (non-causal); causal is computed
 across chunks — O(N C E' + N E' Ev) time; no ``(N, N)`` matrix is ever formed.
 
 Deviations: ``eps`` is added to the denominator (as in the authors' code) — with ``elu+1`` after
-each query row's features and the keys' features are divided by their largest (computed in log
-space, so that features below float range still rank the keys; the factors cancel in the ratio,
-so eps guards a zero denominator without shrinking rows of small features); dropout must be 0 (no
+each query row's features and the keys' features are divided by their largest (the factors
+cancel in the ratio, so eps guards a zero denominator without shrinking rows of small features;
+folded into eps while the largest inputs are above -20, in log space below, so that features below
+float range still rank the keys); dropout must be 0 (no
 attention matrix exists to drop from, and the authors' code applies none; ``dropout > 0`` raises
 rather than being silently ignored); only key-padding
 masks are supported (a mask is a matrix, which the factorisation avoids).
