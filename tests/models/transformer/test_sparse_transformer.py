@@ -99,17 +99,15 @@ def test_save_load(tmp_path):
     assert back.patterns() == model.patterns()
 
 
-def test_cli_train(tmp_path, monkeypatch, capsys):
+def test_cli_train(tmp_path, monkeypatch, capsys, train_argv):
     texts = tmp_path / "data" / "shakespeare" / "texts"
     texts.mkdir(parents=True)
     (texts / "hamlet_gut.txt").write_text("HAMLET\n\nTo be, or not to be, that is the question:\n" * 60)
     monkeypatch.setenv("QKV_DATA", str(tmp_path / "data"))
     run = tmp_path / "run"
-    argv = ["train", "sparse-transformer", "--task", "shakespeare-char", "--out", str(run), "--steps", "2",
-            "--batch-size", "2", "--warmup", "1", "--eval-batches", "1", "--eval-max-examples", "4",
-            "--progress", "false", "--tensorboard", "false", "--set", "task.block_size=64", "--set", "n_layers=2",
-            "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32", "--set", "stride=8",
-            "--set", "sparse_mode=heads"]
+    argv = train_argv("sparse-transformer", "shakespeare-char", run, "--set", "task.block_size=64",
+                      "--set", "n_layers=2", "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32",
+                      "--set", "stride=8", "--set", "sparse_mode=heads")
     assert main(argv) == 0
     assert main(["eval", str(run), "--max-examples", "4"]) == 0
     assert "bpc" in capsys.readouterr().out

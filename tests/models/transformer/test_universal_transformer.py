@@ -158,14 +158,13 @@ def test_bad_config_is_named():
         m(ids(1, 1), state=state)
 
 
-def test_qkv_train_and_translate(tmp_path, capsys):
+def test_qkv_train_and_translate(tmp_path, capsys, train_argv):
     from qkv.cli import main
 
     run = tmp_path / "run"
-    argv = ["train", "universal-transformer", "--task", "addition", "--out", str(run), "--steps", "2",
-            "--batch-size", "4", "--warmup", "1", "--eval-batches", "1", "--eval-max-examples", "4",
-            "--progress", "false", "--tensorboard", "false", "--set", "d_model=16", "--set", "n_heads=2",
-            "--set", "d_ff=32", "--set", "max_steps=2", "--set", "task.max_len=2", "--set", "task.eval_size=8"]
+    argv = train_argv("universal-transformer", "addition", run, "--set", "d_model=16", "--set", "n_heads=2",
+                      "--set", "d_ff=32", "--set", "max_steps=2", "--set", "task.max_len=2", "--set", "task.eval_size=8",
+                      batch_size=4)
     assert main(argv) == 0
     capsys.readouterr()
     assert main(["translate", str(run), "12+3", "--max-new-tokens", "4"]) == 0
