@@ -37,7 +37,7 @@ from qkv.models.transformer.adaptive_span import AdaptiveSpanTransformer, Adapti
 from qkv.models.transformer.universal_transformer import UniversalTransformer, UniversalTransformerConfig  # noqa: E402
 from qkv.tasks.generated import AdditionTask  # noqa: E402
 from qkv.tasks.lm import ShakespeareChar  # noqa: E402
-from qkv.train import TrainConfig, Trainer  # noqa: E402
+from _repro import train_fresh  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "reproductions" / "img"
@@ -46,17 +46,8 @@ DOC = ROOT / "docs" / "reproductions" / "adaptive.md"
 COMMAND = "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/repro_adaptive.py"
 
 
-def train(model, task, steps: int, batch_size: int, lr: float, name: str, warmup: int = 50) -> float:
-    out = OUT / name
-    if out.exists():
-        for p in sorted(out.rglob("*"), reverse=True):
-            p.unlink() if p.is_file() else p.rmdir()
-    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=min(warmup, steps // 4), eval_every=0,
-                      eval_batches=0, eval_max_examples=8, save_every=0, keep_last=1, out_dir=str(out), progress=False,
-                      tensorboard=False, seed=0)
-    t0 = time.time()
-    Trainer(model, task, cfg).fit()
-    return time.time() - t0
+def train(model, task, steps: int, batch_size: int, lr: float, name: str) -> float:
+    return train_fresh(model, task, OUT / name, steps, batch_size, lr, eval_max_examples=8, seed=0)
 
 
 # ----------------------------------------------------------------------------- 1. adaptive span

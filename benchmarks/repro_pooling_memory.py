@@ -52,7 +52,7 @@ from qkv.tasks.digits import Digits  # noqa: E402
 from qkv.tasks.graphs import KarateClub  # noqa: E402
 from qkv.tasks.ntm_copy import NTMCopy  # noqa: E402
 from qkv.tasks.regression import NWRegression, target_function  # noqa: E402
-from qkv.train import TrainConfig, Trainer  # noqa: E402
+from _repro import train_fresh  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reproductions" / "pooling-memory.md"
@@ -67,19 +67,11 @@ def params(model: torch.nn.Module) -> int:
 
 
 def train(model, task, name: str, steps: int, batch_size: int, lr: float, warmup: int = 50, **kw: Any) -> float:
-    """Train with the qkv Trainer into a fresh run directory; returns seconds."""
+    """Train into a fresh run directory; returns seconds (``--quick``: 1/50 of the steps)."""
     if QUICK:
         steps = max(2, steps // 50)
-    out = OUT / name
-    if out.exists():
-        for p in sorted(out.rglob("*"), reverse=True):
-            p.unlink() if p.is_file() else p.rmdir()
-    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=min(warmup, steps // 4), weight_decay=kw.pop("weight_decay", 0.0),
-                      eval_every=0, eval_batches=0, eval_max_examples=64, save_every=0, keep_last=1,
-                      out_dir=str(out), progress=False, tensorboard=False, **kw)
-    t0 = time.time()
-    Trainer(model, task, cfg).fit()
-    return round(time.time() - t0, 1)
+    kw.setdefault("weight_decay", 0.0)
+    return round(train_fresh(model, task, OUT / name, steps, batch_size, lr, warmup, eval_max_examples=64, **kw), 1)
 
 
 def save(fig, name: str) -> str:

@@ -40,7 +40,7 @@ from qkv.tasks.captions import DigitCaptionsTask  # noqa: E402
 from qkv.tasks.generated import CopyTask, DatesTask, ReverseTask  # noqa: E402
 from qkv.tasks.pointer_tasks import TSPTask, nearest_neighbour_tour, tour_length  # noqa: E402
 from qkv.models.rnn.pointer import PointerNetwork, PointerNetworkConfig  # noqa: E402
-from qkv.train import TrainConfig, Trainer  # noqa: E402
+from _repro import train_fresh  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "reproductions" / "img"
@@ -48,17 +48,8 @@ OUT = ROOT / "runs" / "repro_rnn_attention"
 VARIANTS = {"no attention": None, "Bahdanau": "bahdanau", "Luong global (general)": "luong-general", "Luong local-p": "local-p"}
 
 
-def train(model, task, steps: int, batch_size: int, lr: float, name: str, warmup: int = 50) -> float:
-    out = OUT / name
-    if out.exists():
-        for p in sorted(out.rglob("*"), reverse=True):
-            p.unlink() if p.is_file() else p.rmdir()
-    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=min(warmup, steps // 4), weight_decay=0.0,
-                      eval_every=0, eval_batches=0, eval_max_examples=32, save_every=0, keep_last=1,
-                      out_dir=str(out), progress=False, tensorboard=False)
-    t0 = time.time()
-    Trainer(model, task, cfg).fit()
-    return time.time() - t0
+def train(model, task, steps: int, batch_size: int, lr: float, name: str) -> float:
+    return train_fresh(model, task, OUT / name, steps, batch_size, lr, weight_decay=0.0, eval_max_examples=32)
 
 
 def heatmap(ax, weights, x_labels: List[str], y_labels: List[str], title: str) -> None:

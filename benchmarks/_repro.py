@@ -1,0 +1,26 @@
+"""What the reproduction scripts share: training a model with qkv's Trainer into a fresh run
+directory (imported as ``from _repro import train_fresh``: the scripts run as
+``python benchmarks/repro_*.py``, so this folder is on ``sys.path``)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from qkv.train import TrainConfig, Trainer
+
+
+def train_fresh(model, task, out: Path, steps: int, batch_size: int, lr: float, warmup: int = 50, **config: Any) -> float:
+    """Train ``model`` on ``task`` for ``steps`` with no periodic evaluation, checkpoint or progress
+    bar into ``out`` (emptied first); returns the wall-clock seconds. ``config``: any other
+    ``TrainConfig`` field (``weight_decay``, ``seed``, ``eval_max_examples``, ``grad_clip``, ...)."""
+    shutil.rmtree(out, ignore_errors=True)
+    settings = dict(eval_every=0, eval_batches=0, save_every=0, keep_last=1, progress=False, tensorboard=False)
+    settings.update(config)
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=min(warmup, steps // 4), out_dir=str(out),
+                      **settings)
+    start = time.time()
+    Trainer(model, task, cfg).fit()
+    return time.time() - start
