@@ -5,6 +5,7 @@ directory (imported as ``from _repro import train_fresh``: the scripts run as
 from __future__ import annotations
 
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,3 +25,13 @@ def train_fresh(model, task, out: Path, steps: int, batch_size: int, lr: float, 
     start = time.time()
     Trainer(model, task, cfg).fit()
     return time.time() - start
+
+
+def smoke_dir(name: str) -> Path:
+    """Where a ``--quick`` (smoke) run writes its page, pictures and results — a temporary folder
+    with an ``img/`` inside, never docs/reproductions, so that a smoke run cannot overwrite the
+    published reproduction."""
+    path = Path(tempfile.gettempdir()) / f"qkv-repro-{name}"
+    (path / "img").mkdir(parents=True, exist_ok=True)
+    print(f"--quick: writing to {path}, not docs/reproductions")
+    return path

@@ -37,7 +37,7 @@ from qkv.models.transformer.adaptive_span import AdaptiveSpanTransformer, Adapti
 from qkv.models.transformer.universal_transformer import UniversalTransformer, UniversalTransformerConfig  # noqa: E402
 from qkv.tasks.generated import AdditionTask  # noqa: E402
 from qkv.tasks.lm import ShakespeareChar  # noqa: E402
-from _repro import train_fresh  # noqa: E402
+from _repro import smoke_dir, train_fresh  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "reproductions" / "img"
@@ -375,6 +375,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.lm_steps, args.ut_steps, args.eval_segments, args.eval_examples, args.time_len = 20, 20, 4, 40, 256
+        global DOC, IMG
+        DOC = smoke_dir("adaptive") / "adaptive.md"
+        IMG = DOC.parent / "img"
     torch.set_num_threads(1)
     OUT.mkdir(parents=True, exist_ok=True)
     IMG.mkdir(parents=True, exist_ok=True)

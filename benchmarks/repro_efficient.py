@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from _repro import smoke_dir  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from approximation import mean_relative_error  # noqa: E402  (the error measure of docs/approximation.md)
@@ -202,6 +204,11 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(1)
     q = args.quick
+    if q:
+        global IMG
+        IMG = smoke_dir("efficient") / "img"
+        if args.out == str(DOC):
+            args.out = str(IMG.parent / DOC.name)
     args.d_model = 32 if q else 64
     args.lm_len, args.lm_steps, args.eval_examples = (64, 20, 64) if q else (128, 300, 512)
     args.cls_len, args.cls_steps = (64, 20) if q else (128, 200)

@@ -52,7 +52,7 @@ from qkv.tasks.digits import Digits  # noqa: E402
 from qkv.tasks.graphs import KarateClub  # noqa: E402
 from qkv.tasks.ntm_copy import NTMCopy  # noqa: E402
 from qkv.tasks.regression import NWRegression, target_function  # noqa: E402
-from _repro import train_fresh  # noqa: E402
+from _repro import smoke_dir, train_fresh  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reproductions" / "pooling-memory.md"
@@ -388,6 +388,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (small models run best on 1)")
     args = parser.parse_args()
     QUICK = args.quick
+    if QUICK:
+        global DOC, RESULTS, IMG
+        DOC = smoke_dir("pooling-memory") / "pooling-memory.md"
+        RESULTS, IMG = DOC.with_suffix(".json"), DOC.parent / "img"
     torch.set_num_threads(args.threads)
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     import platform

@@ -40,7 +40,7 @@ from qkv.tasks.captions import DigitCaptionsTask  # noqa: E402
 from qkv.tasks.generated import CopyTask, DatesTask, ReverseTask  # noqa: E402
 from qkv.tasks.pointer_tasks import TSPTask, nearest_neighbour_tour, tour_length  # noqa: E402
 from qkv.models.rnn.pointer import PointerNetwork, PointerNetworkConfig  # noqa: E402
-from _repro import train_fresh  # noqa: E402
+from _repro import smoke_dir, train_fresh  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "reproductions" / "img"
@@ -249,6 +249,9 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     q = args.quick
+    if q:
+        global IMG
+        IMG = smoke_dir("rnn-attention") / "img"
     args.dates_steps = 60 if q else 600
     args.eval_dates = 100 if q else 1000
     args.stress_steps = 20 if q else 400
