@@ -29,9 +29,11 @@ the ``c`` summaries of every finished block plus the current block (``FixedState
 new query's ``|A_i|`` keys from it (``local.gathered_attend``): a token costs O((l + n / l) E)
 (fixed: O((l + c n / l) E)), not O(n E).
 
-On CUDA (no weights asked, no dropout) the same predicate becomes a FlexAttention ``BlockMask``
-and one fused block-sparse kernel computes the union (``qkv.attention.flex``) — the counterpart of
-the paper's block-sparse GPU kernels; elsewhere the gathered blocks above are used.
+On CUDA (no weights asked, no dropout) fused block-sparse FlexAttention kernels take over — the
+counterpart of the paper's block-sparse GPU kernels (``qkv.attention.flex``): one per part where
+its keys are contiguous (the band / own block; the strided columns on the transposed grid; the
+summaries gathered), with block masks from the same predicates, merged by log-sum-exp into the one
+softmax over the union; elsewhere the gathered blocks above are used.
 
 Deviations: one head computes the chosen union (interleaving A1/A2 over layers, or splitting them
 across heads, is done by building kernels with ``subsets=(1,)`` and ``(2,)``).
@@ -151,9 +153,9 @@ class _Factorized(AttentionKernel):
             valid = None if mask is None else mask[:, :, 0, :]
             if M == N:  # each part where its keys are contiguous, merged by log-sum-exp
                 out = flex.merge(self._flex_parts(q, k, v, valid))
-                flex.count()
-            else:
-                out = flex.attend(q, k, v, self.pattern(M, N), valid, key=(self.registry_name, self.extra_repr()))
+            else:  # queries aligned to the end of the keys: one block mask of the shifted pattern
+                out, _ = flex.attend_parts(q, k, v, self.pattern(M, N), valid, (self.registry_name, self.extra_repr()))
+            flex.count()
             return AttentionOutput(out, None, new_state)
         dtype = v.dtype
         acc = accumulation_dtype(dtype)  # half inputs: scores overflow float16, so the parts work in float32
