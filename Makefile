@@ -48,7 +48,7 @@ run: setup
 	    --set n_layers=4 --set d_model=128 --set n_heads=4 --set d_ff=512 --set dropout=0.0 --set task.block_size=128
 	$(BIN)/qkv eval $(RUN_DIR) --split test --max-examples 512
 	$(BIN)/qkv generate $(RUN_DIR) --prompt "ROMEO:" --max-new-tokens 300 --temperature 0.8
-	$(BIN)/qkv viz $(RUN_DIR) --text "ROMEO: But, soft! what light through yonder window breaks?"
+	$(BIN)/qkv viz $(RUN_DIR) --max-len 64 --text "ROMEO: But, soft! what light through yonder window breaks?"
 
 # Every table of docs/benchmarks.md, one command each (single-threaded, as recorded there; about
 # 1.5 hours on an idle 2-core machine). `qkv bench peers` needs the peers extra (installed by setup).

@@ -633,6 +633,13 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say_cut(view: Any) -> None:
+    """One line when ``--text`` was longer than ``--max-len`` and only its start is shown."""
+    if getattr(view, "cut", None):
+        kept, given = view.cut
+        print(f"text cut to {kept} tokens; pass --max-len {given}")
+
+
 def _cmd_viz(args: argparse.Namespace) -> int:
     import qkv.tasks  # noqa: F401
     from qkv import viz
@@ -654,6 +661,7 @@ def _cmd_viz(args: argparse.Namespace) -> int:
         from qkv.viz_html import write_html
 
         views = [(Path(args.run).name or args.run, viz.attention_view(task, model, args.text, args.max_len))]
+        _say_cut(views[0][1])
         for other in args.compare or []:
             _, other_model, other_info = _restore(other)
             if other_info.get("task") != info.get("task"):
@@ -670,6 +678,7 @@ def _cmd_viz(args: argparse.Namespace) -> int:
         print(f"wrote {written}")
         return 0
     view = viz.attention_view(task, model, args.text, args.max_len)
+    _say_cut(view)
     if view.caption:
         print(view.caption)
     view.plot(path, max_panels=args.max_panels)
@@ -862,9 +871,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel-kwargs", action="append", default=[], metavar="KEY=VALUE,...",
                    help="with --pattern: the kernel's knobs, e.g. 'stride=8' or 'image_size=(8,8),block=(2,4)'")
     p.add_argument("--causal", action="store_true", help="with --pattern: the causal form")
-    p.add_argument("--text", default=None, help="input to show (default: a training example)")
+    p.add_argument("--text", default=None, help="input to show (default: a held-out example)")
     p.add_argument("--out", default=None, help="PNG path (default RUN/attention.png)")
-    p.add_argument("--max-len", type=_positive_int, default=48)
+    p.add_argument("--max-len", type=_positive_int, default=48, help="tokens of the input shown (default 48)")
     p.add_argument("--max-panels", type=_positive_int, default=16)
     p.add_argument("--html", default=None, metavar="OUT.html",
                    help="write an offline, self-contained page to explore the attention interactively instead")
