@@ -499,7 +499,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         tmp.write_text(json.dumps(info, indent=2, default=str) + "\n")
     n_params = sum(p.numel() for p in model.parameters())
     preset_note = f", preset {preset_name}" if preset_name else ""
-    print(f"qkv: training {args.model} ({n_params / 1e6:.2f} M parameters{preset_note}) on {args.task} -> {out} "
+    print(f"qkv: training {args.model} ({parameter_count(n_params)}{preset_note}) on {args.task} -> {out} "
           f"[{config.steps} steps, batch {config.batch_size}, {threads} thread(s)]", flush=True)
     trainer = Trainer(model, task, config)
     metrics = trainer.fit(resume=args.resume)
@@ -626,11 +626,23 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     if task.kind != "seq2seq":
         raise CLIError(f"`qkv translate` needs a sequence-to-sequence run; {info['task']} is a {task.kind} task")
     batch = task.collate([(text, "") for text in args.text])
+    # an output that has not ended by the task's longest target (+ its <eos>) never will
+    max_new = args.max_new_tokens or task.max_target_len + 1
     with _with_progress(model, "translating"):
-        out = model.generate(batch["src_ids"], src_mask=batch["src_mask"], max_new_tokens=args.max_new_tokens, beam_size=args.beam)
+        out = model.generate(batch["src_ids"], src_mask=batch["src_mask"], max_new_tokens=max_new, beam_size=args.beam)
     for text, row in zip(args.text, out.tolist()):
         print(f"{text}\t{task.decode_generated(row)}")
     return 0
+
+
+def parameter_count(n: int) -> str:
+    """``n`` parameters as a reader takes them in: every digit below a million ("12,345
+    parameters"), three significant digits above ("1.23 M parameters", "1.5 B parameters")."""
+    if n < 1_000_000:
+        return f"{n:,} parameter{'' if n == 1 else 's'}"
+    if n < 1_000_000_000:
+        return f"{n / 1e6:.3g} M parameters"
+    return f"{n / 1e9:,.3g} B parameters"
 
 
 def _say_cut(view: Any) -> None:
@@ -858,7 +870,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run")
     p.add_argument("text", nargs="+")
     p.add_argument("--beam", type=_positive_int, default=1)
-    p.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=None,
+                   help="longest output (default: the task's longest target + 1, for <eos>)")
     _add_threads(p)
     p.set_defaults(func=_cmd_translate)
 

@@ -281,8 +281,10 @@ def _lm_view(task: Any, model: Any, text: Optional[str], max_len: int) -> Attent
 def _seq2seq_view(task: Any, model: Any, text: Optional[str], max_len: int) -> AttentionView:
     source = text if text is not None else task.eval_pairs("test", 1)[0][0]
     batch = task.collate([(source, "")])
+    longest = getattr(task, "max_target_len", None)  # + 1: room for <eos>
     with torch.no_grad():
-        generated = model.generate(batch["src_ids"], src_mask=batch["src_mask"], max_new_tokens=max_len)
+        generated = model.generate(batch["src_ids"], src_mask=batch["src_mask"],
+                                   max_new_tokens=min(max_len, longest + 1) if longest else max_len)
     target = task.decode_generated(generated[0].tolist())
     batch = task.collate([(source, target)])
     with torch.no_grad():

@@ -346,6 +346,14 @@ class Seq2SeqTask(Task):
         _check_positive_int("n", n)
         return [{"source": s, "target": t} for s, t in self._train_pairs("train", n, 0, 0, 0, 1)]
 
+    @property
+    def max_target_len(self) -> int:
+        """The most tokens a target of this task has (``<eos>`` not counted): generation that has
+        not ended by then never will (``qkv translate``, ``qkv viz``). By default the longest
+        held-out target; a task that knows its bound says it."""
+        longest = max((len(self.vocab.encode(t)) for split in ("valid", "test") for _, t in self.eval_pairs(split)), default=0)
+        return max(1, longest)
+
     # ---- metrics
 
     def decode_generated(self, ids: Sequence[int]) -> str:
@@ -504,3 +512,10 @@ class PairsSeq2SeqTask(Seq2SeqTask):
 
     def _eval_pairs(self, split: str) -> List[Tuple[str, str]]:
         return self._pairs[split]
+
+    @property
+    def max_target_len(self) -> int:
+        """The longest target of any split, in tokens (see :attr:`Seq2SeqTask.max_target_len`)."""
+        if not hasattr(self, "_max_target_len"):
+            self._max_target_len = max(1, max(len(self.vocab.encode(t)) for pairs in self._pairs.values() for _, t in pairs))
+        return self._max_target_len
