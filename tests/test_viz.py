@@ -78,9 +78,26 @@ def test_heading_clears_the_panels_and_stays_in_the_figure(n_panels, n_tokens, t
     assert figure.x0 <= heading.x0 and heading.x1 <= figure.x1 and figure.y0 <= heading.y0 and heading.y1 <= figure.y1
     for box in panels + bar_boxes:
         assert figure.x0 <= box.x0 and box.x1 <= figure.x1 + 1, "a panel or the colour bar is cut at the edge"
+        assert figure.y0 <= box.y0 + 1 and box.y1 <= figure.y1 + 1, "a panel or the colour bar is cut at the edge"
     (bar,) = bars
     assert bar.get_ylim() == (0.0, 1.0)
     assert "weight" in bar.get_ylabel()
+
+
+def test_long_labels_and_heading_fit_a_small_panel(tmp_path, monkeypatch):
+    """A memory network's picture: 3 hops over 8 sentences, each a long key label, under a
+    three-line heading. Everything stays inside the figure and off the panel."""
+    figures = _saved_figures(monkeypatch)
+    sentences = [f"sandra journeyed back to the kitchen {i}" for i in range(8)]
+    view = viz.AttentionView([("hops", torch.softmax(torch.randn(3, 8), -1))], x_labels=sentences,
+                             y_labels=["hop 1", "hop 2", "hop 3"],
+                             title="EndToEndMemoryNetwork: attention of each hop over the story (* = supporting fact)",
+                             caption="where is john? answer office, predicted office")
+    view.plot(tmp_path / "m.png")
+    figure, heading, (panel,), _, (bar,) = _boxes(figures[-1])
+    assert not heading.overlaps(panel)
+    for box in (heading, panel, bar):
+        assert figure.x0 <= box.x0 and box.x1 <= figure.x1 + 1 and figure.y0 <= box.y0 + 1 and box.y1 <= figure.y1 + 1
 
 
 def test_grid_of_raw_weights_has_a_colour_bar(tmp_path, monkeypatch):

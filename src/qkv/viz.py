@@ -121,10 +121,16 @@ def _plot_panels(panels: Sequence[Tuple[str, Tensor]], path: PathLike,
     rows = math.ceil(len(panels) / cols)
     M = max(w.shape[0] for _, w in panels)
     N = max(w.shape[1] for _, w in panels)
-    cell = (max(2.5, N * 0.16 + 1), max(2.2, M * 0.16 + 1))
-    width = cell[0] * cols + 1.0  # + the colour bar
+    # a panel's size: its cells, plus its tick labels (the key labels stand on end below it)
+    key_labels = max(_label_inches(labels_for(name)[0], w.shape[1]) for name, w in panels)
+    query_labels = max(_label_inches(labels_for(name)[1], w.shape[0]) for name, w in panels)
+    cell = (max(2.5, N * 0.16 + 1) + query_labels, max(2.2, M * 0.16 + 1) + key_labels)
+    width = max(cell[0] * cols + 1.0, 4.5 if heading else 0.0)  # + the colour bar; room for a heading
+    heading = _wrap(heading, width, fontsize=9) if heading else ""
+    heading_inches = (heading.count("\n") + 1) * 9 * 1.3 / 72 + 0.1 if heading else 0.0
     plt = pyplot()
-    fig, axes = plt.subplots(rows, cols, figsize=(width, cell[1] * rows), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(rows, cols, figsize=(width, cell[1] * rows + heading_inches), squeeze=False,
+                             layout="constrained")
     vrange = _weight_range([w for _, w in panels])
     im = None
     for ax, (title, w) in zip(axes.flat, panels):
@@ -137,8 +143,16 @@ def _plot_panels(panels: Sequence[Tuple[str, Tensor]], path: PathLike,
     bar.set_label("attention weight", fontsize=8)
     bar.ax.tick_params(labelsize=7)
     if heading:
-        fig.suptitle(_wrap(heading, width, fontsize=9), fontsize=9)
+        fig.suptitle(heading, fontsize=9)
     return save_figure(fig, path, dpi=dpi)
+
+
+def _label_inches(labels: Optional[Sequence[str]], n: int, fontsize: float = 6) -> float:
+    """How far ``_draw``'s tick labels for ``n`` rows or columns reach out from a panel (a
+    character about 0.6 em), beyond the room every panel has."""
+    if labels is None or len(labels) != n or n > 80:
+        return 0.0
+    return max(0.0, max((len(str(label)) for label in labels), default=0) * fontsize * 0.6 / 72 - 0.3)
 
 
 def _wrap(text: str, width_inches: float, fontsize: float, max_lines: int = 4) -> str:
