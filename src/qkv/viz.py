@@ -140,7 +140,7 @@ def _plot_panels(panels: Sequence[Tuple[str, Tensor]], path: PathLike,
         ax.axis("off")
     # fraction and pad are shares of the grid's width: about 0.6 and 0.15 inch whatever its size
     bar = fig.colorbar(im, ax=axes, fraction=0.6 / width, pad=0.15 / width, shrink=min(1.0, 0.9 / rows + 0.1), aspect=30)
-    bar.set_label("attention weight", fontsize=8)
+    bar.set_label("weight", fontsize=8)
     bar.ax.tick_params(labelsize=7)
     if heading:
         fig.suptitle(heading, fontsize=9)
