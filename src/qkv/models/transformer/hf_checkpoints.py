@@ -42,6 +42,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from ...registry import lookup
+
 __all__ = ["is_huggingface", "load", "save", "HF_ACTIVATIONS", "PICKLE_FILES"]
 
 PathLike = Union[str, os.PathLike]
@@ -356,7 +358,8 @@ def load(cls: Optional[type], directory: PathLike, map_location: str = "cpu", **
     Args:
         cls: ``BERT`` or ``GPT`` (None: chosen by ``model_type``).
         overrides: config fields the checkpoint does not fix (``attention``, ``attention_kwargs``,
-            ``dropout``, ``head``, ``num_labels``, ...). A kernel with learned parameters of its own
+            ``dropout``, ``head``, ``num_labels``, ...); a kernel that applies no attention dropout
+            (``linear``, ``performer``, ``efficient``) gets ``attention_dropout=0``. A kernel with learned parameters of its own
             (Linformer's projections) or with shared query/key weights (``lsh``) is refused: the
             checkpoint has no weights for the one and separate key weights for the other.
     Raises:
@@ -373,6 +376,9 @@ def load(cls: Optional[type], directory: PathLike, map_location: str = "cpu", **
         raise ValueError(f"{fixed} are fixed by the checkpoint in {directory}; override only fields that keep the "
                          f"weights' shapes (attention, attention_kwargs, dropout, head, num_labels, ...)")
     values.update(overrides)
+    kernel = lookup("attention", values.get("attention", "softmax"))
+    if not kernel.applies_dropout and "attention_dropout" not in overrides:
+        values["attention_dropout"] = 0.0  # a kernel that forms no weight matrix takes no attention dropout
     weights = _check_files(directory)
     model = model_cls.from_config(values)  # sizes are checked before anything is allocated
     _refuse_kernel(model)
