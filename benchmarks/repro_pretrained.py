@@ -108,7 +108,9 @@ def part_finetune(args, task) -> Dict[str, Any]:
             acc[arm].append(metrics["accuracy"])
             seconds[arm].append(took)
             print(f"finetune {arm} seed {seed}: test accuracy {metrics['accuracy']:.4f} ({took:.0f} s)", flush=True)
-    return {"accuracy": {k: mean_std(v) for k, v in acc.items()}, "train_seconds": seconds,
+    labels = torch.cat([b["labels"] for b in task.eval_batches("test", 256, args.eval_examples)])
+    majority = float(torch.bincount(labels).max()) / len(labels)  # always answering the commonest class
+    return {"accuracy": {k: mean_std(v) for k, v in acc.items()}, "majority_class": majority, "train_seconds": seconds,
             "settings": {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup,
                          "max_len": args.max_len, "seeds": args.seeds, "schedule": "cosine (qkv's default)",
                          "eval_examples": args.eval_examples}}
@@ -325,6 +327,8 @@ def write_page(results: Dict[str, Any], path: Path, quick: bool) -> None:
         for arm, label in (("pretrained", "MiniLM (pretrained)"), ("random", "random (BERT's N(0, 0.02))")):
             st = a["accuracy"][arm]
             lines.append(f"| {label} | {_pm(st)} | {', '.join(f'{x * 100:.1f}' for x in st['runs'])} |")
+        if "majority_class" in a:
+            lines.append(f"| always the commonest test class | {a['majority_class'] * 100:.1f} | |")
         gap = (a["accuracy"]["pretrained"]["mean"] - a["accuracy"]["random"]["mean"]) * 100
         lines += ["", f"Pretrained minus random: {gap:+.1f} points (mean over seeds). {_ran(a)}", ""]
     b = results.get("swap")

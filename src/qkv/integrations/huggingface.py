@@ -228,9 +228,8 @@ def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callab
                   dropout: float = 0.0, scaling: Optional[float] = None, is_causal: Optional[bool] = None,
                   **kwargs: Any) -> Tuple[Tensor, Optional[Tensor]]:
         B, H, M, E = query.shape  # (B, H, M, E); key, value (B, H_kv, N, E)
-        if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
-            raise ValueError(f"{impl}: this model needs {'softcap' if kwargs.get('softcap') is not None else 'sliding_window'}, "
-                             f"which qkv's kernels do not take; use 'eager' or 'sdpa'")
+        if kwargs.get("softcap") is not None:
+            raise ValueError(f"{impl}: this model caps its scores (softcap), which qkv's kernels do not do; use 'eager'")
         if kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None:
             raise ValueError(f"{impl}: this model adds a score bias (position_bias / attention sinks), which qkv's kernels do not take")
         n_rep = H // key.shape[1]

@@ -176,7 +176,8 @@ class QKVModel(nn.Module):
 
         directory = Path(directory)
         if not directory.is_dir():
-            raise FileNotFoundError(f"{directory} is not a directory written by save_pretrained")
+            raise FileNotFoundError(f"{directory} is not a model directory (config.json + model.safetensors, written by "
+                                    f"save_pretrained or a Hugging Face checkpoint)")
         if hf_checkpoints.is_huggingface(directory):
             return hf_checkpoints.load(None if cls is QKVModel else cls, directory, map_location, **overrides)
         meta = read_model_config(directory)  # the sizes are checked (from_config) before the weights are read
