@@ -103,7 +103,7 @@ def part_finetune(args, task) -> Dict[str, Any]:
                 torch.manual_seed(seed)
                 model = BERT.from_config(model.config)  # BERT's N(0, 0.02) initialisation, the same config
             took = train_fresh(model, task, RUNS / f"finetune-{arm}-{seed}", steps=args.steps, batch_size=args.batch_size,
-                               lr=args.lr, warmup=args.warmup, seed=seed)
+                               lr=args.lr, warmup=args.warmup, seed=seed, device="cpu")
             metrics = task.evaluate(model, "test", max_examples=args.eval_examples)
             acc[arm].append(metrics["accuracy"])
             seconds[arm].append(took)
@@ -198,7 +198,7 @@ def part_swap(args, task) -> Dict[str, Any]:
                 rows["probe"].append(linear_probe(train, pooled_features(model, task, "test", args.eval_examples)))
             if args.finetune_steps:
                 train_fresh(model, task, RUNS / f"swap-{name}-{seed}", steps=args.finetune_steps, batch_size=args.batch_size,
-                            lr=args.lr, warmup=args.warmup, seed=seed)
+                            lr=args.lr, warmup=args.warmup, seed=seed, device="cpu")
                 rows["finetuned"].append(task.evaluate(model, "test", max_examples=args.eval_examples)["accuracy"])
                 train = pooled_features(model, task, "train", args.probe_examples)
                 rows["probe_finetuned"].append(linear_probe(train, pooled_features(model, task, "test", args.eval_examples)))
@@ -241,12 +241,18 @@ def _shape(config) -> str:
 
 
 def _time(model, ids, repeats: int) -> float:
+    def sync():
+        if ids.device.type == "cuda":
+            torch.cuda.synchronize(ids.device)
+
     with torch.no_grad():
         model(input_ids=ids)  # warm-up (kernels built, caches filled)
         times = []
         for _ in range(repeats):
+            sync()
             start = time.perf_counter()
             model(input_ids=ids)
+            sync()
             times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -262,7 +268,8 @@ def part_speed(args) -> Dict[str, Any]:
         impls[f"qkv-bench-{name}"] = (name, kw)
         huggingface.register(f"qkv-bench-{name}", name, **kw)
     huggingface.register("qkv-softmax", "softmax")
-    models = _speed_models(args.quick, max(args.lengths))
+    device = torch.device(args.device)
+    models = {name: model.to(device) for name, model in _speed_models(args.quick, max(args.lengths)).items()}
     results: Dict[str, Any] = {}
     for model_name, model in models.items():
         results[model_name] = {}
@@ -272,7 +279,7 @@ def part_speed(args) -> Dict[str, Any]:
             model.set_attn_implementation(impl)
             row: Dict[str, Any] = {}
             for L in args.lengths:
-                ids = torch.randint(0, model.config.vocab_size, (1, L), generator=torch.Generator().manual_seed(L))
+                ids = torch.randint(0, model.config.vocab_size, (1, L), generator=torch.Generator().manual_seed(L)).to(device)
                 start = time.perf_counter()
                 row[str(L)] = _time(model, ids, args.repeats)
                 print(f"speed {model_name} {impl} L={L}: {row[str(L)]:.3f} s", flush=True)
@@ -280,7 +287,7 @@ def part_speed(args) -> Dict[str, Any]:
                     break  # longer inputs would take longer still
             results[model_name][impl] = row
     return {"seconds": results, "kernels": {k: v for k, v in knobs.items()}, "lengths": args.lengths,
-            "repeats": args.repeats, "machine": describe_machine(torch.device("cpu")),
+            "repeats": args.repeats, "machine": describe_machine(device),
             "models": {name: _shape(model.config) for name, model in models.items()}}
 
 
@@ -370,7 +377,7 @@ def write_page(results: Dict[str, Any], path: Path, quick: bool) -> None:
         lines += [f"Forward time in seconds (median of {c['repeats']}, batch 1, no gradient) of transformers' "
                   f"GPT2Model ({shapes.get('gpt2')}) and BertModel ({shapes.get('bert')}), random weights, "
                   f"with `attn_implementation` `sdpa` or a qkv kernel "
-                  f"(`qkv.integrations.huggingface`). Machine: {m.get('cpu')}, {m.get('cores')} cores, "
+                  f"(`qkv.integrations.huggingface`). Device: {m.get('device_name')}; machine: {m.get('cpu')}, {m.get('cores')} cores, "
                   f"{m.get('torch_threads')} torch thread(s), load average {m.get('load_average')}. Knobs: "
                   + "; ".join(f"{k} {', '.join(f'{a}={v}' for a, v in kw.items()) or '—'}" for k, kw in c["kernels"].items())
                   + ". A blank: not measured (over the time budget, or the kernel cannot be causal). " + _ran(c), ""]
@@ -402,14 +409,16 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--error-examples", type=int, default=64, help="validation articles for the layer errors")
-    p.add_argument("--probe-examples", type=int, default=None, help="training articles for the probe (default all)")
+    p.add_argument("--probe-examples", type=int, default=800, help="training articles for the probe (0: all 1,780)")
     p.add_argument("--eval-examples", type=int, default=None, help="test articles evaluated (default all)")
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--budget-seconds", type=float, default=300.0, help="stop lengthening one row past this")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="where part speed runs (cpu, cuda); the other parts run on the CPU")
     p.add_argument("--out", default=None, help="folder for the page and its JSON (default docs/reproductions)")
     args = p.parse_args(argv)
+    args.probe_examples = args.probe_examples or None
     torch.set_num_threads(args.threads)
     if args.quick:
         args.seeds = args.seeds[:2]

@@ -82,7 +82,7 @@ class StackConfig:
     d_ff: int = 2048  # hidden width of the feed-forward network
     dropout: float = 0.1  # P_drop on embeddings and on every sub-layer output (residual dropout)
     attention_dropout: float = 0.0  # dropout on the attention weights (inside the kernel)
-    activation: str = "relu"  # feed-forward activation: "relu" (the paper) | "gelu"
+    activation: str = "relu"  # feed-forward activation: "relu" (the paper) | "gelu" (BERT) | "gelu-tanh" (GPT-2's gelu_new)
     residual: str = "post-ln"  # residual wiring: "post-ln" LN(x + F(x)) | "pre-ln" x + F(LN(x)) (+ final LN)
     positional: str = "sinusoidal"  # positional scheme: "sinusoidal" | "learned" | "none"
     max_len: int = 512  # longest sequence ("learned" positions raise beyond it; sinusoids cache this many rows)
