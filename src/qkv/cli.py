@@ -375,6 +375,11 @@ def _init_config(args: argparse.Namespace, model_cls: Any, values: Dict[str, Any
     the user's ``--set``; and RUN's model, whose weights the new one starts from."""
     if args.resume:
         raise CLIError("--init starts a new run from another run's weights; it cannot be combined with --resume")
+    from qkv.integrations import pretrained
+
+    if pretrained.is_checkpoint_dir(args.init):  # a Hugging Face checkpoint or a save_pretrained directory
+        head = {k: v for k, v in values.items() if k in model_cls.init_task_fields}
+        return pretrained.init_config(args.init, model_cls, head, user, say=_announce)
     _, source, info = _restore(args.init)
     if info["model"] != args.model:
         raise CLIError(f"--init {args.init} holds a {info['model']!r} model, not {args.model!r}")
@@ -484,6 +489,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
             raise CLIError(f"--resume: every checkpoint in {out / 'checkpoints'} is corrupt (checksum or header); "
                            "nothing to resume from — remove them to start over")
 
+    if args.init:  # a Hugging Face checkpoint's tokenizer for the task
+        from qkv.integrations import pretrained
+
+        task_options = pretrained.task_options(args.init, task_cls, task_options)
     task = build_task(args.task, **task_options)
     task_kinds = getattr(model_cls, "task_kinds", None)
     if task_kinds is not None and task.kind not in task_kinds:
@@ -852,7 +861,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model config field (KEY.SUB=VALUE sets one key of a dict field, e.g. attention_kwargs.radius=8); "
                         "task.KEY for task options; train.KEY for training fields")
     p.add_argument("--out", default=None, help="run directory (default runs/MODEL-TASK)")
-    p.add_argument("--init", default=None, metavar="RUN", help="start from run RUN's weights (fine-tuning; the task's head starts fresh)")
+    p.add_argument("--init", default=None, metavar="RUN", help="start from run RUN's weights, or a pretrained checkpoint "
+                                                               "directory's (Hugging Face bert/gpt2, e.g. qkv data fetch minilm) "
+                                                               "(fine-tuning; the task's head starts fresh)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its latest intact checkpoint, with the run's own settings "
                         "(--steps N extends it; a flag that contradicts the run is refused)")
