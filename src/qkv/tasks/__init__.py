@@ -31,6 +31,7 @@ from qkv.tasks import captions, pointer_tasks
 from qkv.tasks import babi, bags, bbc, classify, digits, graphs, ntm_copy, regression
 from qkv.tasks import images
 from qkv.tasks import bert_tasks
+from qkv.tasks import lra
 from qkv.tasks.base import GeneratedSeq2SeqTask, LanguageModelTask, PairsSeq2SeqTask, Seq2SeqTask, Task
 from qkv.tasks.data import DATASETS, fetch, load_bible, load_enwiki, load_mnist, load_shakespeare
 from qkv.tasks.generated import AdditionTask, CopyTask, DatesTask, ReverseTask, SortTask
