@@ -230,3 +230,10 @@ def test_data_tasks_keep_the_splits_apart():
     seen = {split: {bytes(row[m].tolist()) for b in task.eval_batches(split, 16) for row, m in
                     zip(b["input_ids"], b["attention_mask"])} for split in ("train", "valid", "test")}
     assert not (seen["train"] & seen["test"]) and not (seen["valid"] & seen["test"])
+
+
+def test_pathfinder_cache_keeps_batches_the_same_and_bounded():
+    cached, uncached = Pathfinder(contour_length=6, cache_images=8), Pathfinder(contour_length=6, cache_images=0)
+    for step in (0, 1, 2, 0):
+        assert _equal(cached.get_batch("train", 4, step), uncached.get_batch("train", 4, step))
+    assert cached._cached <= 8 and uncached._cached == 0

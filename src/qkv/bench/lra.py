@@ -275,7 +275,7 @@ def _speed_point(kernel: str, length: int, batch: int, device: torch.device) -> 
         optimizer.zero_grad(set_to_none=True)
 
     first = common.timed_once(step, device)  # warm-up (allocations, lazy buffers)
-    timing = common.time_steps(step, device, warmup=0, estimate=first, min_repeats=3, max_repeats=10, target_seconds=3.0)
+    timing = common.time_steps(step, device, warmup=0, estimate=first, min_repeats=2, max_repeats=10, target_seconds=2.0)
     peak = common.peak_memory(step, device)
     return {"steps_per_s": 1.0 / timing.median, "time_median_s": timing.median, "peak_memory_bytes": peak,
             "repeats": len(timing.times)}

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -503,6 +504,8 @@ class Pathfinder(LRATask):
             commonly train on 14).
         n_distractors: short distractor paths; distractor_length: their dashes.
         eval_size: examples in each fixed held-out set.
+        cache_images: training images kept in memory (drawing one takes milliseconds; every
+            kernel of ``qkv bench lra`` reads the same batches, so they are drawn once).
 
     Batches: ``input_ids (B, size**2)`` pixel intensities 0-255 (black 0, paths and dots 255), ``labels``.
     """
@@ -510,15 +513,18 @@ class Pathfinder(LRATask):
     n_classes = 2
 
     def __init__(self, *, size: int = 32, contour_length: int = 14, n_distractors: int = 3, distractor_length: int = 4,
-                 eval_size: int = 2000) -> None:
+                 eval_size: int = 2000, cache_images: int = 20_000) -> None:
         self.size = _int_option("size", size, 8)
         self.contour_length = _int_option("contour_length", contour_length, 2)
         self.n_distractors = _int_option("n_distractors", n_distractors, 0)
         self.distractor_length = _int_option("distractor_length", distractor_length)
         self.eval_size = _int_option("eval_size", eval_size)
+        self.cache_images = _int_option("cache_images", cache_images, 0)
         self.max_len = self.size * self.size
         self.image_size = (self.size, self.size)
         self._held: Dict[str, List[tuple]] = {}
+        self._cache: "OrderedDict[tuple, List[tuple]]" = OrderedDict()  # batches drawn: a pure function of the key
+        self._cached = 0
 
     @property
     def vocab_size(self) -> int:
@@ -526,6 +532,22 @@ class Pathfinder(LRATask):
 
     def _options_key(self) -> tuple:
         return (self.size, self.contour_length, self.n_distractors, self.distractor_length)
+
+    def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0,
+                  world_size: int = 1) -> Dict[str, Tensor]:
+        """As every task's, the images of one batch kept (least recently used first out) up to ``cache_images``."""
+        _check_batch_args(split, batch_size, step, rank, world_size)
+        key = (split, batch_size, step, seed, rank, world_size)
+        examples = self._cache.get(key)
+        if examples is None:
+            examples = self._draw(split, batch_size, seed, step, rank, world_size)
+            self._cache[key] = examples
+            self._cached += len(examples)
+            while self._cached > self.cache_images and self._cache:
+                self._cached -= len(self._cache.popitem(last=False)[1])
+        else:
+            self._cache.move_to_end(key)
+        return self.collate(examples)
 
     def draw(self, rng: np.random.Generator) -> PathfinderImage:
         """One image of this task's settings."""

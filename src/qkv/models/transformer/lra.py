@@ -56,8 +56,8 @@ def kernel_knobs(name: str, max_len: int, n_heads: int, d_head: int,
     about ``sqrt(n)``): ``window`` radius ``w/2``; ``local-1d`` blocks of ``w/2`` with ``w/2`` keys
     of memory; ``strided``/``fixed`` stride ``ceil(sqrt(L))`` (``fixed``: ``c = stride/4``
     summary columns); ``lsh`` buckets of ``w/2`` with 2 hash rounds; ``linformer`` ``k =
-    min(256, L/4)``; ``performer`` ``min(256, 4 d_head)`` features; ``adaptive-span`` at most
-    ``max(64, L/4)`` keys each side; ``local-2d`` query rectangles of ``H/8 x W/4`` pixels with
+    min(256, L/4)``; ``performer`` ``min(256, 4 d_head)`` features; ``adaptive-span`` spans of at
+    most ``max(64, 2 w)`` keys each side; ``local-2d`` query rectangles of ``H/8 x W/4`` pixels with
     ``H/8`` rows above and ``W/8`` columns each side; the exact and linear kernels need none.
     """
     cls = lookup("attention", name)
@@ -80,7 +80,7 @@ def kernel_knobs(name: str, max_len: int, n_heads: int, d_head: int,
         "lsh": {"bucket_size": max(4, half), "n_rounds": 2},
         "linformer": {"seq_len": max_len, "k": max(1, min(256, max_len // 4))},
         "performer": {"nb_features": max(16, min(256, 4 * d_head))},
-        "adaptive-span": {"max_span": min(max_len, max(64, max_len // 4))},
+        "adaptive-span": {"max_span": min(max_len, max(64, 4 * side))},
     }
     if key == "local-2d":
         return _local_2d(image_size)
