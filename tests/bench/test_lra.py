@@ -97,3 +97,12 @@ def test_reading_agrees_differs_or_declines():
     path = _fake({("pathfinder", "softmax"): 0.70, ("pathfinder", "linear"): 0.69, ("pathfinder", "performer"): 0.75},
                  majority=0.5)
     assert "**agrees**" in bench_lra._reading(path, [0])[0]
+
+
+def test_tasks_without_their_data_are_skipped_and_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("QKV_DATA", str(tmp_path / "empty-cache"))
+    out = tmp_path / "missing"
+    assert main(["lra", "--quick", "--threads", "1", "--no-speed", "--models", "softmax", "--tasks", "listops",
+                 "bbc-bytes", "--out", str(out)]) == 0
+    assert list(_cells(out)) == ["listops|softmax|0"]
+    assert "**Not run: `bbc-bytes`** — its data is not cached: run `qkv data fetch bbc`" in (out / "lra.md").read_text()

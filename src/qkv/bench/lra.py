@@ -170,14 +170,18 @@ def _models(args: argparse.Namespace) -> List[str]:
     return models
 
 
+class MissingData(ValueError):
+    """A task's data set is not in the cache."""
+
+
 def _build_task(name: str, options: Mapping[str, Any]):
     from ..tasks import build_task
 
     try:
         return build_task(name, **options)
-    except FileNotFoundError as err:
+    except FileNotFoundError:
         data = "fashion-mnist" if name == "fashion-mnist-seq" else "bbc"
-        raise ValueError(f"task {name!r} needs its data: run `qkv data fetch {data}` ({err})") from None
+        raise MissingData(f"its data is not cached: run `qkv data fetch {data}`") from None
 
 
 def _model_for(task_name: str, task: Any, kernel: str, seed: int):
@@ -330,6 +334,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     started = time.perf_counter()
     bar = tqdm(total=len(cells), desc="lra cells", dynamic_ncols=True, position=0)
     tasks: Dict[str, Any] = {}
+    missing: Dict[str, str] = {}
     for task_name, kernel, seed in cells:
         p = plan[task_name]
         key = f"{task_name}|{kernel}|{seed}"
@@ -339,9 +344,18 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         if done is not None and done.get("settings") == settings:
             bar.update(1)
             continue
+        if task_name in missing:
+            bar.update(1)
+            continue
         if task_name not in tasks:
             tasks.clear()  # one task's data in memory at a time
-            tasks[task_name] = _build_task(task_name, p.options)
+            try:
+                tasks[task_name] = _build_task(task_name, p.options)
+            except MissingData as err:  # the other tasks still run; the page says what to fetch
+                missing[task_name] = str(err)
+                tqdm.write(f"lra: skipping {task_name}: {err}")
+                bar.update(1)
+                continue
             results.setdefault("tasks", {})[task_name] = _test_set(tasks[task_name], p.eval_examples)
         bar.set_postfix_str(f"{task_name} x {kernel} (seed {seed})")
         cell = _train_cell(task_name, tasks[task_name], kernel, seed, p,
@@ -356,6 +370,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         lengths = list(args.speed_lengths or (QUICK_SPEED_LENGTHS if args.quick else SPEED_LENGTHS))
         batch = args.speed_batch or (1 if args.quick else (32 if device.type == "cuda" else 2))
         _measure_speed(models, lengths, _checks.positive_int("--speed-batch", batch), device, results, save)
+    results["missing"] = missing
     results["last_run_seconds"] = time.perf_counter() - started
     results["date"] = common.now_iso()
     save()
@@ -494,6 +509,8 @@ def write_report(results: Mapping[str, Any], path: Path, plan: Mapping[str, Task
         "(`qkv.tasks.lra`): LRA's data (IMDb, the ACL Anthology Network, CIFAR-10) cannot be had from the package "
         "registries.\n\n" + common.markdown_table(
             ["task", "LRA's input", "our options", "updates x batch", "test examples"], setup_rows))
+    for task, why in results.get("missing", {}).items():
+        sections.append(f"**Not run: `{task}`** — {why}.")
 
     header = ["kernel", "LRA model"] + [col for _, col in tasks_run] + ["avg"]
     rows = []
