@@ -81,3 +81,23 @@ def test_dual_encoder_reads_both_documents():
 def test_config_checks_image_size():
     with pytest.raises(ValueError, match="max_len"):
         small("softmax", image_size=(4, 4))
+
+
+@pytest.mark.slow
+def test_softmax_encoder_learns_shallow_listops():
+    """A check that the pipeline learns: expressions of depth <= 3, 300 updates, well above the
+    majority class (13.3% of these 300 test expressions)."""
+    from qkv.tasks.lra import ListOps
+
+    task = ListOps(min_len=8, max_len=40, max_depth=3, max_args=5, eval_size=300)
+    labels = torch.cat([b["labels"] for b in task.eval_batches("test", 300)])
+    majority = torch.bincount(labels).max().item() / len(labels)
+    torch.manual_seed(0)
+    model = LRAEncoder(LRAEncoderConfig(attention="softmax", **task.model_hints()))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(300):
+        model(**task.get_batch("train", 32, step)).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    accuracy = task.evaluate(model)["accuracy"]
+    assert accuracy > majority + 0.06, (accuracy, majority)
