@@ -15,9 +15,10 @@ Resuming: every finished (task, kernel, seed) cell and speed point is stored in 
 same settings is skipped, an interrupted cell continues from its last checkpoint. Run the same
 command again to continue; change a setting and the cells it touches run again.
 
-The default plan (``PLAN``) is sized to finish in about three hours on two idle CPU cores (see the
-page for the measured time); ``--quick`` is a smoke run of seconds that writes its page into
-``--out``, never over docs/reproductions.
+The default plan (``PLAN``) is sized for about two hours on two idle CPU cores, three at most with
+one thread (estimated from step times taken on a shared machine; the page records the time the
+run took); ``--quick`` is a smoke run of seconds that writes its page into ``--out``, never over
+docs/reproductions.
 """
 
 from __future__ import annotations
