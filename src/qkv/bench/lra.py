@@ -510,7 +510,7 @@ def write_report(results: Mapping[str, Any], path: Path, plan: Mapping[str, Task
             note += " — brackets kept" if s["task_options"].get("brackets", True) else " — brackets dropped (LRA's release)"
         options = ", ".join(f"{k}={v}" for k, v in s["task_options"].items())
         setup_rows.append([f"{column}: `{task}`{note}", LRA_LENGTHS[task], options or "defaults",
-                           f"{s['steps']} x {s['batch_size']}", s["eval_examples"]])
+                           f"{s['steps']} x {s['batch_size']}", _baseline(results, task)[1]])
     sections.append(
         "Long Range Arena (Tay et al. 2020, arXiv:2011.04006) at small scale, produced by `qkv bench lra` "
         "(`qkv.bench.lra`). One encoder-classifier (`lra-encoder`; the two-tower `lra-dual-encoder` reading "
