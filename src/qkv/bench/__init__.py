@@ -16,6 +16,8 @@ Subcommands (``qkv bench NAME --help``):
   pattern kernels (FlexAttention on CUDA) against SDPA with a dense mask (``qkv.bench.throughput``).
 * ``peers`` — qkv against the other libraries' implementations of the same mechanisms
   (``qkv.bench.peers``).
+* ``lra`` — Long Range Arena at small scale: every encoder kernel trained and tested on LRA's five
+  tasks (or their stand-ins), and LRA's speed and memory table (``qkv.bench.lra``).
 
 Adding a benchmark: write a module exposing ``add_arguments(parser)`` (its own options) and
 ``run(args) -> dict`` (measure, write results into ``args.out``, print a table, return the
@@ -35,7 +37,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import common, complexity, depth_memory, generation, gpt, kernels, peers, throughput
+from . import common, complexity, depth_memory, generation, gpt, kernels, lra, peers, throughput
 
 __all__ = ["BENCHMARKS", "build_parser", "main", "common"]
 
@@ -48,6 +50,7 @@ BENCHMARKS: Dict[str, ModuleType] = {
     "peers": peers,
     "depth-memory": depth_memory,
     "throughput": throughput,
+    "lra": lra,
 }
 
 

@@ -35,6 +35,7 @@ from .transformer.universal_transformer import (UniversalTransformer, UniversalT
 from .transformer.image_transformer import ImageTransformer, ImageTransformerConfig
 from .transformer.sparse_transformer import SparseTransformer, SparseTransformerConfig
 from .transformer.reformer import Reformer, ReformerConfig
+from .transformer.lra import LRADualEncoder, LRAEncoder, LRAEncoderConfig
 
 __all__ = [
     "ModelOutput", "QKVModel", "load_pretrained", "StackConfig", "TransformerStack",
@@ -52,5 +53,5 @@ __all__ = [
     "Linformer", "LinformerConfig", "LinearTransformer", "LinearTransformerConfig", "Performer", "PerformerConfig",
     "PerformerEncoder", "PerformerEncoderConfig", "QuaternionTransformer", "QuaternionTransformerConfig",
     "QuaternionEncoder", "QuaternionEncoderConfig",
-    "Reformer", "ReformerConfig",
+    "Reformer", "ReformerConfig", "LRAEncoder", "LRAEncoderConfig", "LRADualEncoder",
 ]

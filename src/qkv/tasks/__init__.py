@@ -15,6 +15,11 @@ reverse            seq2seq    same as copy
 sort               seq2seq    same as copy
 addition           seq2seq    ``min_len=1``, ``max_len=5`` (digits per operand), ``eval_size=1000``
 dates              seq2seq    ``min_year=1900``, ``max_year=2099``, ``eval_size=1000``
+listops            class.     Long Range Arena (``qkv.tasks.lra``): ``min_len=500``, ``max_len=2000``, ``brackets=True``
+pathfinder         class.     LRA: ``size=32``, ``contour_length=14`` (difficulty), ``n_distractors=3``
+bbc-bytes          class.     LRA Text stand-in: BBC News topic from bytes, ``max_len=4096``
+bbc-match          class.     LRA Retrieval stand-in: two BBC articles, same category?, ``max_len=4096``
+fashion-mnist-seq  class.     LRA Image stand-in: Fashion-MNIST pixels as a sequence, ``size=32``
 =================  =========  ====================================================================
 
 Real data is cached by :func:`fetch` (``qkv data fetch NAME``); :data:`DATASETS` lists the sets.
@@ -31,6 +36,7 @@ from qkv.tasks import captions, pointer_tasks
 from qkv.tasks import babi, bags, bbc, classify, digits, graphs, ntm_copy, regression
 from qkv.tasks import images
 from qkv.tasks import bert_tasks
+from qkv.tasks import lra
 from qkv.tasks.base import GeneratedSeq2SeqTask, LanguageModelTask, PairsSeq2SeqTask, Seq2SeqTask, Task
 from qkv.tasks.data import DATASETS, fetch, load_bible, load_enwiki, load_mnist, load_shakespeare
 from qkv.tasks.generated import AdditionTask, CopyTask, DatesTask, ReverseTask, SortTask

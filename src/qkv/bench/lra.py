@@ -1,0 +1,646 @@
+"""``qkv bench lra``: Long Range Arena at small scale — every encoder kernel trained and tested on LRA's five tasks (or their stand-ins), and LRA's speed and memory table.
+
+Tay et al. 2020 ("Long Range Arena: A Benchmark for Efficient Transformers", arXiv:2011.04006)
+compare efficient Transformers on ListOps, Text, Retrieval, Image and Pathfinder (their Table 1:
+test accuracy) and on training speed and peak memory relative to the Transformer from 1K to 4K
+tokens (their Table 2). This benchmark trains one encoder-classifier (``lra-encoder``, and the
+two-tower ``lra-dual-encoder`` for Retrieval; ``qkv.models.transformer.lra``) per (task, kernel,
+seed) with the same settings within a task, evaluates it on the task's test set, measures one
+training step per kernel and length, and writes the page ``docs/reproductions/lra.md``: our
+Table 1 beside the published one, the speed and memory ratios beside LRA's, a plot, the machine
+and the time. Text, Retrieval and Image are stand-ins (``qkv.tasks.lra``).
+
+Resuming: every finished (task, kernel, seed) cell and speed point is stored in one results file
+(``--out``/``lra-results.json``, written atomically after each); a cell already there with the
+same settings is skipped, an interrupted cell continues from its last checkpoint. Run the same
+command again to continue; change a setting and the cells it touches run again.
+
+The default plan (``PLAN``) is sized for about two hours on two idle CPU cores, three at most with
+one thread (estimated from step times taken on a shared machine; the page records the time the
+run took); ``--quick`` is a smoke run of seconds that writes its page into ``--out``, never over
+docs/reproductions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import shutil
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from .. import _checks
+from .._io import atomic_path
+from ..registry import lookup
+from . import common
+
+__all__ = ["add_arguments", "run", "PLAN", "QUICK_PLAN", "MODELS", "TASKS", "PUBLISHED", "PUBLISHED_SPEED_4K",
+           "LRA_NAMES", "TaskPlan"]
+
+#: every kernel that fits an encoder; ``local-2d`` only where the task is an image
+MODELS = ("softmax", "local-1d", "window", "strided", "fixed", "linformer", "lsh", "linear", "performer", "efficient",
+          "adaptive-span", "local-2d")
+#: LRA's five tasks in its column order: (qkv task, LRA column)
+TASKS = (("listops", "ListOps"), ("bbc-bytes", "Text"), ("bbc-match", "Retrieval"), ("fashion-mnist-seq", "Image"),
+         ("pathfinder", "Pathfinder"))
+#: the LRA model each kernel stands for (Tay et al. 2020, Table 1 rows)
+LRA_NAMES = {"softmax": "Transformer", "local-1d": "Local Attention", "window": "Local Attention",
+             "strided": "Sparse Trans.", "fixed": "Sparse Trans.", "linformer": "Linformer", "lsh": "Reformer",
+             "linear": "Linear Trans.", "performer": "Performer"}
+#: Tay et al. 2020, Table 1: test accuracy (%) on ListOps, Text, Retrieval, Image, Pathfinder
+PUBLISHED: Dict[str, Tuple[float, float, float, float, float]] = {
+    "Transformer": (36.37, 64.27, 57.46, 42.44, 71.40),
+    "Local Attention": (15.82, 52.98, 53.39, 41.46, 66.63),
+    "Sparse Trans.": (17.07, 63.58, 59.59, 44.24, 71.71),
+    "Longformer": (35.63, 62.85, 56.89, 42.22, 69.71),
+    "Linformer": (35.70, 53.94, 52.27, 38.56, 76.34),
+    "Reformer": (37.27, 56.10, 53.40, 38.07, 68.50),
+    "Sinkhorn Trans.": (33.67, 61.20, 53.83, 41.23, 67.45),
+    "Synthesizer": (36.99, 61.68, 54.67, 41.61, 69.45),
+    "BigBird": (36.05, 64.02, 59.29, 40.83, 74.87),
+    "Linear Trans.": (16.13, 65.90, 53.09, 42.34, 75.30),
+    "Performer": (18.01, 65.40, 53.82, 42.77, 77.05),
+}
+#: Tay et al. 2020, Table 2 at 4K tokens (Text task, batch 32, 4x4 TPU v3): steps/s and peak memory
+#: (GB per device); the Transformer: 1.4 steps/s, 9.48 GB
+PUBLISHED_SPEED_4K: Dict[str, Tuple[float, float]] = {
+    "Transformer": (1.4, 9.48), "Local Attention": (7.4, 1.37), "Linformer": (7.7, 0.99), "Reformer": (1.1, 2.28),
+    "Sinkhorn Trans.": (5.3, 1.48), "Synthesizer": (1.9, 6.99), "BigBird": (1.5, 2.88), "Linear Trans.": (7.8, 1.03),
+    "Performer": (8.0, 1.06),
+}
+LRA_LENGTHS = {"listops": "500-2,000 tokens", "bbc-bytes": "IMDb, up to 4,096 bytes",
+               "bbc-match": "AAN, 2 x 4,000 bytes", "fashion-mnist-seq": "CIFAR-10, 1,024 grey pixels",
+               "pathfinder": "32x32 = 1,024 pixels"}
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """How one task is run: its options at this scale, the training and the test set's size."""
+
+    options: Mapping[str, Any]  # the task's constructor options
+    steps: int  # optimizer updates per cell
+    batch_size: int  # examples per update
+    eval_examples: int  # test examples scored per cell (fewer if the test set is smaller)
+    lr: float = 1e-3  # peak learning rate (linear warm-up, cosine decay)
+    warmup: int = 30  # warm-up updates
+
+
+#: The default plan, sized for about 2 h (3 h at most) on 2 idle cores for all 57 cells (5 tasks x 11
+#: kernels + local-2d on the 2 image tasks) and one seed: sequences 1/8 (ListOps) to 1/4 of LRA's,
+#: a 2-layer width-64 encoder; ListOps, the cheapest per update, gets the most updates.
+PLAN: Dict[str, TaskPlan] = {
+    "listops": TaskPlan({"min_len": 64, "max_len": 256, "eval_size": 1000}, steps=1000, batch_size=32, eval_examples=1000),
+    "bbc-bytes": TaskPlan({"max_len": 1024}, steps=250, batch_size=32, eval_examples=1000),
+    "bbc-match": TaskPlan({"max_len": 512, "eval_size": 1000}, steps=250, batch_size=32, eval_examples=1000),
+    "fashion-mnist-seq": TaskPlan({"size": 28}, steps=250, batch_size=32, eval_examples=1000),
+    "pathfinder": TaskPlan({"size": 32, "contour_length": 14, "eval_size": 1000}, steps=250, batch_size=32,
+                           eval_examples=1000),
+}
+#: ``--quick``: seconds, to check that every path runs (the numbers mean nothing)
+QUICK_PLAN: Dict[str, TaskPlan] = {
+    "listops": TaskPlan({"min_len": 16, "max_len": 64, "max_depth": 4, "eval_size": 8}, 2, 4, 8, warmup=1),
+    "bbc-bytes": TaskPlan({"max_len": 64}, 2, 4, 8, warmup=1),
+    "bbc-match": TaskPlan({"max_len": 64, "eval_size": 8}, 2, 4, 8, warmup=1),
+    "fashion-mnist-seq": TaskPlan({"size": 28}, 2, 4, 8, warmup=1),
+    "pathfinder": TaskPlan({"size": 24, "contour_length": 4, "n_distractors": 1, "eval_size": 8}, 2, 4, 8, warmup=1),
+}
+SPEED_LENGTHS = (1024, 2048, 3072, 4096)  # LRA Table 2's lengths
+QUICK_SPEED_LENGTHS = (64, 128)
+RESULTS_FILE = "lra-results.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``lra`` options (``--quick``, ``--device``, ``--threads``, ``--seed``, ``--out`` come from ``qkv bench``)."""
+    parser.add_argument("--tasks", nargs="+", metavar="TASK", choices=[t for t, _ in TASKS],
+                        help="tasks to run (default: all five, " + ", ".join(t for t, _ in TASKS) + ")")
+    parser.add_argument("--models", nargs="+", metavar="KERNEL",
+                        help="attention kernels (default: every encoder kernel, " + ", ".join(MODELS) + ")")
+    parser.add_argument("--seeds", nargs="+", type=int, metavar="S", help="seeds (default: --seed, i.e. 0)")
+    parser.add_argument("--steps", type=int, help="training updates per cell, every task (default: the plan's: "
+                        "1000 for ListOps, 250 for the others)")
+    parser.add_argument("--batch-size", type=int, help="examples per update, every task (default: the plan's, 32)")
+    parser.add_argument("--eval-examples", type=int, help="test examples per cell (default: the plan's, 1000)")
+    parser.add_argument("--set", action="append", default=[], metavar="TASK.OPTION=VALUE",
+                        help="a task option of the plan, e.g. listops.max_len=2000 or pathfinder.contour_length=6 "
+                             "(repeatable)")
+    parser.add_argument("--speed-lengths", nargs="+", type=int, metavar="L",
+                        help=f"lengths of the speed and memory table (default {' '.join(map(str, SPEED_LENGTHS))}, LRA's)")
+    parser.add_argument("--speed-batch", type=int, default=None,
+                        help="sequences per timed step (default 32 on CUDA as LRA, 2 on the CPU)")
+    parser.add_argument("--no-speed", action="store_true", help="skip the speed and memory table")
+    parser.add_argument("--report", default=None,
+                        help="the page to write (default docs/reproductions/lra.md; --quick: OUT/lra.md)")
+
+
+# ============================================================================================ plan
+
+
+def _plan(args: argparse.Namespace) -> Dict[str, TaskPlan]:
+    """The plan after the command line's overrides, for the chosen tasks."""
+    base = QUICK_PLAN if args.quick else PLAN
+    tasks = list(args.tasks or [t for t, _ in TASKS])
+    overrides: Dict[str, Dict[str, Any]] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        task, dot, option = key.partition(".")
+        if not sep or not dot or task not in base:
+            raise ValueError(f"--set must be TASK.OPTION=VALUE with TASK one of {sorted(base)}, got {item!r}")
+        overrides.setdefault(task, {})[option] = common.parse_value(value)
+    plan = {}
+    for task in tasks:
+        p = base[task]
+        changes: Dict[str, Any] = {"options": {**p.options, **overrides.get(task, {})}}
+        for name, value in (("steps", args.steps), ("batch_size", args.batch_size), ("eval_examples", args.eval_examples)):
+            if value is not None:
+                changes[name] = _checks.positive_int(f"--{name.replace('_', '-')}", value)
+        plan[task] = dataclasses.replace(p, **changes)
+    return plan
+
+
+def _models(args: argparse.Namespace) -> List[str]:
+    models = list(args.models or MODELS)
+    for name in models:
+        lookup("attention", name)  # ValueError naming close matches
+        if name not in MODELS:
+            raise ValueError(f"--models: {name!r} is not one of the encoder kernels {MODELS}")
+    return models
+
+
+class MissingData(ValueError):
+    """A task's data set is not in the cache."""
+
+
+def _build_task(name: str, options: Mapping[str, Any]):
+    from ..tasks import build_task
+
+    try:
+        return build_task(name, **options)
+    except FileNotFoundError:
+        data = "fashion-mnist" if name == "fashion-mnist-seq" else "bbc"
+        raise MissingData(f"its data is not cached: run `qkv data fetch {data}`") from None
+
+
+def _model_defaults() -> Dict[str, Any]:
+    """The encoder's settings that no task decides (sizes, wiring): a cell trained with others is stale."""
+    from ..models.transformer.lra import LRAEncoderConfig
+
+    decided = {"vocab_size", "n_classes", "max_len", "image_size", "attention", "attention_kwargs"}
+    return {f.name: f.default for f in dataclasses.fields(LRAEncoderConfig)
+            if f.name not in decided and f.default is not dataclasses.MISSING}
+
+
+def _model_for(task_name: str, task: Any, kernel: str, seed: int):
+    """The encoder of ``task`` with ``kernel`` — every other setting the task's (same for all kernels)."""
+    from ..models.transformer.lra import LRADualEncoder, LRAEncoder, LRAEncoderConfig
+    from ..tasks.base import stable_seed
+
+    config = LRAEncoderConfig(attention=kernel, **task.model_hints())
+    torch.manual_seed(stable_seed("lra", task_name, seed))  # one initialisation per (task, seed), whatever the kernel
+    return (LRADualEncoder if task_name == "bbc-match" else LRAEncoder)(config)
+
+
+# ============================================================================================ results
+
+
+def _load(path: Path) -> Dict[str, Any]:
+    if not path.is_file():
+        return {"cells": {}, "speed": {}}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data.setdefault("cells", {})
+    data.setdefault("speed", {})
+    return data
+
+
+def _save(path: Path, results: Mapping[str, Any]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=lambda v: list(v) if isinstance(v, tuple) else str(v)))
+
+
+# ============================================================================================ one cell
+
+
+def _test_set(task: Any, n: int) -> Dict[str, Any]:
+    """What the test set scored by the cells is: its size and the share of its commonest label."""
+    labels = torch.cat([b["labels"] for b in task.eval_batches("test", 256, n)])
+    return {"test_examples": len(labels), "majority": float(torch.bincount(labels).max()) / len(labels),
+            "n_classes": task.n_classes}
+
+
+def _train_cell(task_name: str, task: Any, kernel: str, seed: int, plan: TaskPlan, run_dir: Path,
+                device: str, settings: Mapping[str, Any]) -> Dict[str, Any]:
+    """Train one (task, kernel, seed) cell into ``run_dir`` (continuing its checkpoint) and test it."""
+    from ..train import TrainConfig, Trainer
+
+    marker = run_dir / "cell.json"
+    if run_dir.exists() and (not marker.is_file() or json.loads(marker.read_text()) != settings):
+        shutil.rmtree(run_dir)  # another cell's settings: start over
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(marker) as tmp:
+        tmp.write_text(json.dumps(settings, indent=1) + "\n")
+    model = _model_for(task_name, task, kernel, seed)
+    config = TrainConfig(steps=plan.steps, batch_size=plan.batch_size, lr=plan.lr, warmup=min(plan.warmup, plan.steps // 4),
+                         schedule="cosine", eval_every=0, eval_batches=0, eval_max_examples=min(256, plan.eval_examples),
+                         save_every=max(50, plan.steps // 4), keep_last=1, seed=seed, device=device,
+                         log_every=max(1, min(10, plan.steps)), out_dir=str(run_dir), progress=True, tensorboard=False)
+    start = time.perf_counter()
+    valid = Trainer(model, task, config).fit(resume=True)
+    seconds = time.perf_counter() - start
+    model.eval()
+    test = task.evaluate(model, "test", max_examples=plan.eval_examples)
+    curve = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the cell is done; its curve stays
+    return {
+        "task": task_name, "model": kernel, "seed": seed, "settings": settings,
+        "test_accuracy": test["accuracy"], "test_loss": test["loss"], "test_examples": int(test["examples"]),
+        "valid_accuracy": valid.get("accuracy"), "valid_loss": valid.get("loss"),
+        "train_loss_curve": [(r["step"], r["loss"]) for r in curve if r.get("event") == "train"],
+        "seconds": seconds, "parameters": sum(p.numel() for p in model.parameters()),
+        "attention_kwargs": _jsonable(model.config.attention_kwargs), "date": common.now_iso(),
+    }
+
+
+# ============================================================================================ speed
+
+
+def _speed_point(kernel: str, length: int, batch: int, device: torch.device) -> Dict[str, Any]:
+    """Steps/s and peak memory of one training step (forward, loss, backward, AdamW) of the Text
+    task's encoder at ``length`` bytes, ``batch`` sequences (LRA Table 2's measurement)."""
+    from ..models.transformer.lra import LRAEncoder, LRAEncoderConfig
+
+    torch.manual_seed(0)
+    model = LRAEncoder(LRAEncoderConfig(attention=kernel, max_len=length, vocab_size=259, n_classes=5)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 256, (batch, length), generator=g).to(device)
+    labels = torch.randint(0, 5, (batch,), generator=g).to(device)
+
+    def step() -> None:
+        model(ids, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    first = common.timed_once(step, device)  # warm-up (allocations, lazy buffers)
+    timing = common.time_steps(step, device, warmup=0, estimate=first, min_repeats=2, max_repeats=10, target_seconds=2.0)
+    peak = common.peak_memory(step, device)
+    return {"steps_per_s": 1.0 / timing.median, "time_median_s": timing.median, "peak_memory_bytes": peak,
+            "repeats": len(timing.times)}
+
+
+def _measure_speed(models: Sequence[str], lengths: Sequence[int], batch: int, device: torch.device,
+                   results: Dict[str, Any], save) -> None:
+    """Every (kernel, length) point not yet in ``results["speed"]`` with these settings."""
+    from tqdm.auto import tqdm
+
+    todo = [(k, L) for k in models if k != "local-2d" for L in lengths]
+    bar = tqdm(todo, desc="speed and memory", dynamic_ncols=True)
+    for kernel, length in bar:
+        key = f"{kernel}|{length}|{batch}|{device.type}"
+        if key in results["speed"]:
+            continue
+        bar.set_postfix_str(f"{kernel} L={length}")
+        start = time.perf_counter()
+        try:
+            point = _speed_point(kernel, length, batch, device)
+        except (RuntimeError, MemoryError) as err:  # out of memory at this length: say so in the table
+            point = {"error": str(err).splitlines()[0][:120]}
+        results["speed"][key] = {"model": kernel, "length": length, "batch": batch, "device": device.type, **point,
+                                 "seconds": time.perf_counter() - start}
+        save()
+
+
+# ============================================================================================ run
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    """Train and test every cell not yet done, measure the speed table, write the page."""
+    from tqdm.auto import tqdm
+
+    device = common.resolve_device(args.device)
+    plan = _plan(args)
+    models = _models(args)
+    seeds = list(args.seeds if args.seeds is not None else [args.seed])
+    if any(s < 0 for s in seeds):
+        raise ValueError(f"--seeds must be >= 0, got {seeds}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / RESULTS_FILE
+    results = _load(path)
+    results["machine"] = common.describe_machine(device)
+    results["command"] = args.command_line
+    save = lambda: _save(path, results)  # noqa: E731
+
+    cells = [(t, k, s) for t in plan for s in seeds for k in models if k != "local-2d" or t in ("fashion-mnist-seq", "pathfinder")]
+    print(f"lra: {len(cells)} cells ({len(plan)} tasks x {len(models)} kernels x {len(seeds)} seed(s)) on "
+          f"{common.machine_line(results['machine'])}; results in {path}", flush=True)
+    started = time.perf_counter()
+    bar = tqdm(total=len(cells), desc="lra cells", dynamic_ncols=True, position=0)
+    tasks: Dict[str, Any] = {}
+    missing: Dict[str, str] = {}
+    for task_name, kernel, seed in cells:
+        p = plan[task_name]
+        key = f"{task_name}|{kernel}|{seed}"
+        settings = _jsonable({"task_options": dict(p.options), "steps": p.steps, "batch_size": p.batch_size, "lr": p.lr,
+                              "warmup": p.warmup, "eval_examples": p.eval_examples, "device": device.type,
+                              "model": _model_defaults()})
+        done = results["cells"].get(key)
+        if done is not None and done.get("settings") == settings:
+            bar.update(1)
+            continue
+        if task_name in missing:
+            bar.update(1)
+            continue
+        if task_name not in tasks:
+            tasks.clear()  # one task's data in memory at a time
+            try:
+                tasks[task_name] = _build_task(task_name, p.options)
+            except MissingData as err:  # the other tasks still run; the page says what to fetch
+                missing[task_name] = str(err)
+                tqdm.write(f"lra: skipping {task_name}: {err}")
+                bar.update(1)
+                continue
+            results.setdefault("tasks", {})[task_name] = _test_set(tasks[task_name], p.eval_examples)
+        bar.set_postfix_str(f"{task_name} x {kernel} (seed {seed})")
+        cell = _train_cell(task_name, tasks[task_name], kernel, seed, p,
+                           out / "runs" / task_name / kernel / f"seed{seed}", args.device, settings)
+        results["cells"][key] = cell
+        save()
+        bar.update(1)
+        tqdm.write(f"lra: {task_name:18s} {kernel:14s} seed {seed}: test accuracy {100 * cell['test_accuracy']:.2f}% "
+                   f"({cell['seconds']:.0f} s)")
+    bar.close()
+    if not args.no_speed:
+        lengths = list(args.speed_lengths or (QUICK_SPEED_LENGTHS if args.quick else SPEED_LENGTHS))
+        batch = args.speed_batch or (1 if args.quick else (32 if device.type == "cuda" else 2))
+        _measure_speed(models, lengths, _checks.positive_int("--speed-batch", batch), device, results, save)
+    results["missing"] = missing
+    results["last_run_seconds"] = time.perf_counter() - started
+    results["date"] = common.now_iso()
+    save()
+    report = Path(args.report) if args.report else (out / "lra.md" if args.quick else Path("docs/reproductions/lra.md"))
+    write_report(results, report, plan, models, seeds, device)
+    print(f"lra: wrote {report} and {path}", flush=True)
+    return results
+
+
+# ============================================================================================ page
+
+
+def _accuracies(results: Mapping[str, Any], task: str, model: str, seeds: Sequence[int]) -> List[float]:
+    cells = results["cells"]
+    return [100 * cells[f"{task}|{model}|{s}"]["test_accuracy"] for s in seeds if f"{task}|{model}|{s}" in cells]
+
+
+def _mean_text(values: Sequence[float]) -> str:
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def _baseline(results: Mapping[str, Any], task: str) -> Tuple[float, int]:
+    """``(majority-class accuracy %, test examples)`` of the task's test set as the run scored it."""
+    info = results.get("tasks", {}).get(task)
+    if info:
+        return 100 * info["majority"], info["test_examples"]
+    counts = [c["test_examples"] for c in results["cells"].values() if c["task"] == task]
+    return _chance(task), min(counts) if counts else 1
+
+
+def _chance(task: str) -> float:
+    from ..tasks.lra import BBCBytes, BBCMatch, FashionMnistSequence, ListOps, Pathfinder
+
+    n = {"listops": ListOps, "bbc-bytes": BBCBytes, "bbc-match": BBCMatch, "fashion-mnist-seq": FashionMnistSequence,
+         "pathfinder": Pathfinder}[task].n_classes
+    return 100.0 / n
+
+
+def _two_se(n: int, *accuracies: float) -> float:
+    """Two binomial standard errors (points) of one accuracy, or of the difference of two, on ``n`` examples."""
+    return 2 * 100 * math.sqrt(sum((a / 100) * (1 - a / 100) for a in accuracies) / max(n, 1))
+
+
+def _reading(results: Mapping[str, Any], seeds: Sequence[int]) -> List[str]:
+    """Does the ranking agree with the paper? Only from the numbers in ``results``: a difference
+    counts when it exceeds two binomial standard errors of the difference on the test set."""
+    lines = []
+
+    def acc(task: str, model: str) -> Optional[float]:
+        values = _accuracies(results, task, model, seeds)
+        return statistics.mean(values) if values else None
+
+    def learned(task: str) -> Tuple[bool, str]:
+        base, n = _baseline(results, task)
+        values = {m: acc(task, m) for m in MODELS if acc(task, m) is not None}
+        best = max(values, key=values.get)
+        margin = _two_se(n, base)
+        text = (f"the majority class scores {base:.2f}% on its {n} test examples; best `{best}` "
+                f"{values[best]:.2f}%, two standard errors {margin:.1f} points")
+        return values[best] - base > margin, text
+
+    def compare(task: str, rivals: Sequence[str]) -> Dict[str, List[str]]:
+        _, n = _baseline(results, task)
+        soft = acc(task, "softmax")
+        out: Dict[str, List[str]] = {"behind": [], "level": [], "ahead": []}
+        for m in rivals:
+            diff = acc(task, m) - soft
+            side = "level" if abs(diff) <= _two_se(n, soft, acc(task, m)) else ("ahead" if diff > 0 else "behind")
+            out[side].append(f"`{m}` {acc(task, m):.2f}%")
+        return out
+
+    checks = (("listops", "ListOps", ("linear", "performer", "local-1d"),
+               "Transformer 36.37% well ahead of Linear 16.13%, Performer 18.01%, Local 15.82%",
+               lambda c, rivals: len(c["behind"]) == len(rivals)),
+              ("pathfinder", "Pathfinder", ("linear", "performer"),
+               "Linear 75.30% and Performer 77.05% at least level with the Transformer's 71.40%",
+               lambda c, rivals: not c["behind"]))
+    for task, column, wanted, paper, agrees in checks:
+        rivals = [m for m in wanted if acc(task, m) is not None]
+        if acc(task, "softmax") is None or not rivals:
+            continue
+        ok, baseline = learned(task)
+        c = compare(task, rivals)
+        groups = "; ".join(f"{side}: {', '.join(ms)}" for side, ms in c.items() if ms)
+        head = f"- **{column}** (paper: {paper}): softmax {acc(task, 'softmax'):.2f}% — relative to it, {groups}"
+        if not ok:
+            lines.append(f"{head}. **Cannot be judged**: no kernel learned the task ({baseline}), so the "
+                         "differences are noise.")
+        else:
+            verdict = "agrees" if agrees(c, rivals) else "differs"
+            lines.append(f"{head}. The ranking **{verdict}** with the paper's ({baseline}; a difference counts when it "
+                         "exceeds two standard errors of the difference).")
+    for task, column in TASKS:
+        if task in ("listops", "pathfinder") or not any(c["task"] == task for c in results["cells"].values()):
+            continue
+        ok, baseline = learned(task)
+        lines.append(f"- **{column}**: " + ("learned" if ok else "not learned by any kernel") + f" ({baseline}).")
+    return lines
+
+
+def write_report(results: Mapping[str, Any], path: Path, plan: Mapping[str, TaskPlan], models: Sequence[str],
+                 seeds: Sequence[int], device: torch.device) -> Path:
+    """The page: setup, our Table 1 beside the published one, the speed and memory ratios, the plot."""
+    path = Path(path)
+    cells = results["cells"]
+    img = path.parent / "img" / "lra.png"
+    order = [m for m in MODELS if any(c["model"] == m for c in cells.values())]
+    tasks_run = [(t, col) for t, col in TASKS if any(c["task"] == t for c in cells.values())]
+    train_seconds = sum(c["seconds"] for c in cells.values())
+    sections = []
+
+    setup_rows = []
+    for task, column in TASKS:
+        done = [c for c in cells.values() if c["task"] == task]
+        if not done:
+            continue
+        s = done[0]["settings"]
+        note = " (**stand-in**)" if task in ("bbc-bytes", "bbc-match", "fashion-mnist-seq") else ""
+        if task == "listops":
+            note += " — brackets kept" if s["task_options"].get("brackets", True) else " — brackets dropped (LRA's release)"
+        options = ", ".join(f"{k}={v}" for k, v in s["task_options"].items())
+        setup_rows.append([f"{column}: `{task}`{note}", LRA_LENGTHS[task], options or "defaults",
+                           f"{s['steps']} x {s['batch_size']}", _baseline(results, task)[1]])
+    sections.append(
+        "Long Range Arena (Tay et al. 2020, arXiv:2011.04006) at small scale, produced by `qkv bench lra` "
+        "(`qkv.bench.lra`). One encoder-classifier (`lra-encoder`; the two-tower `lra-dual-encoder` reading "
+        "`[u, v, u*v, u-v]` for Retrieval) with the attention kernel swapped by name and every other setting the "
+        "same within a task: 2 pre-LN layers, width 64, 2 heads, feed-forward 128, learned positions, mean "
+        "pooling, an MLP head of 128 (LRA: 4-6 layers, width 256-512); AdamW, linear warm-up then cosine decay, "
+        "one initialisation per (task, seed) for every kernel. Kernel knobs follow the length "
+        "(`qkv.models.transformer.lra.kernel_knobs`). Text, Retrieval and Image are **stand-ins** "
+        "(`qkv.tasks.lra`): LRA's data (IMDb, the ACL Anthology Network, CIFAR-10) cannot be had from the package "
+        "registries.\n\n" + common.markdown_table(
+            ["task", "LRA's input", "our options", "updates x batch", "test examples"], setup_rows))
+    for task, why in results.get("missing", {}).items():
+        sections.append(f"**Not run: `{task}`** — {why}.")
+
+    header = ["kernel", "LRA model"] + [col for _, col in tasks_run] + ["avg"]
+    rows = []
+    for m in order:
+        row = [f"`{m}`", LRA_NAMES.get(m, "—")]
+        means = []
+        for task, _ in tasks_run:
+            values = _accuracies(results, task, m, seeds)
+            row.append(_mean_text(values))
+            if values:
+                means.append(statistics.mean(values))
+        row.append(f"{statistics.mean(means):.2f}" if len(means) == len(tasks_run) and means else "–")
+        rows.append(row)
+    rows.append(["majority class", ""] + [f"{_baseline(results, t)[0]:.2f}" for t, _ in tasks_run] + [""])
+    n_seeds = len({c["seed"] for c in cells.values()})
+    sections.append(f"## Table 1: test accuracy (%)\n\nOurs ({n_seeds} seed(s){'; mean ± sd' if n_seeds > 1 else ''}; "
+                    "`local-2d` only on the image tasks; `–`: not run):\n\n" + common.markdown_table(header, rows))
+    pub_rows = [[name] + [f"{v:.2f}" for v in values] + [f"{statistics.mean(values):.2f}"]
+                for name, values in PUBLISHED.items()]
+    sections.append("Published (Tay et al. 2020, Table 1; Path-X left out — every model failed it):\n\n" +
+                    common.markdown_table(["model", "ListOps", "Text", "Retrieval", "Image", "Pathfinder", "avg"],
+                                          pub_rows))
+
+    speed = list(results.get("speed", {}).values())
+    if speed:
+        lengths = sorted({p["length"] for p in speed})
+        batch = speed[0]["batch"]
+        base = {p["length"]: p for p in speed if p["model"] == "softmax" and "steps_per_s" in p}
+        rows = []
+        for m in [m for m in MODELS if any(p["model"] == m for p in speed)]:
+            row = [f"`{m}`", LRA_NAMES.get(m, "—")]
+            for L in lengths:
+                p = next((q for q in speed if q["model"] == m and q["length"] == L), None)
+                if p is None or "steps_per_s" not in p or L not in base:
+                    row.append("–" if p is None or "error" not in p else "failed")
+                    continue
+                row.append(f"{p['steps_per_s'] / base[L]['steps_per_s']:.2f}x / "
+                           f"{p['peak_memory_bytes'] / max(base[L]['peak_memory_bytes'], 1):.2f}")
+            lra = PUBLISHED_SPEED_4K.get(LRA_NAMES.get(m, ""))
+            t0 = PUBLISHED_SPEED_4K["Transformer"]
+            row.append(f"{lra[0] / t0[0]:.1f}x / {lra[1] / t0[1]:.2f}" if lra else "—")
+            rows.append(row)
+        absolute = ", ".join(f"L={L}: {base[L]['steps_per_s']:.2f} steps/s, {base[L]['peak_memory_bytes'] / 2**20:.0f} MB"
+                             for L in lengths if L in base)
+        sections.append(
+            "## Speed and memory, relative to the Transformer (`softmax`)\n\n"
+            f"One training step (forward, loss, backward, AdamW) of the Text task's encoder on {batch} sequence(s) of "
+            f"L random bytes, on {device.type}: steps/s relative to `softmax` / peak memory relative to `softmax` "
+            f"(`qkv.bench.common`: on the CPU the live bytes of the tensors the step creates). `softmax` itself: "
+            f"{absolute}. LRA measured batch 32 on a 4x4 TPU v3 (Table 2); its 4K column, as ratios to its "
+            "Transformer (1.4 steps/s, 9.48 GB), is on the right. `local-2d` is left out: it needs an image.\n\n" +
+            common.markdown_table(["kernel", "LRA model"] + [f"L={L}" for L in lengths] + ["LRA at 4K"], rows))
+
+    if cells:
+        _plot(results, img, order, tasks_run, seeds)
+        sections.append(f"![accuracy per task and kernel; speed against length](img/{img.name})")
+    reading = _reading(results, seeds)
+    sections.append("## Reading: does the ranking agree with the paper?\n\n" + ("\n".join(reading) if reading else
+                    "Not enough cells for a reading (it needs `softmax` and its rivals on ListOps or Pathfinder).") +
+                    "\n\nScale matters here: our models are about 1/50 of LRA's in parameters and train for a few "
+                    "hundred updates on a CPU, on sequences 1/4-1/2 as long; a kernel that needs many updates to "
+                    "find long-range structure (LRA trained Pathfinder for 200 epochs) may rank differently after few.")
+    speed_seconds = sum(p.get("seconds", 0) for p in results.get("speed", {}).values())
+    sections.append(f"Time: {train_seconds / 60:.1f} min training and testing {len(cells)} cells, "
+                    f"{speed_seconds / 60:.1f} min measuring {len(results.get('speed', {}))} speed points "
+                    f"(the last invocation: {results.get('last_run_seconds', 0) / 60:.1f} min). Results: "
+                    f"`{RESULTS_FILE}` in the run's `--out` folder; every cell's training curve is in "
+                    "`runs/TASK/KERNEL/seedS/metrics.jsonl` there.")
+    common.write_markdown(path, "Long Range Arena at small scale", results["machine"], results["command"],
+                          results.get("date", common.now_iso()), sections)
+    return path
+
+
+def _plot(results: Mapping[str, Any], path: Path, order: Sequence[str], tasks_run, seeds: Sequence[int]) -> Path:
+    """Left: test accuracy per task, one bar per kernel (chance dashed). Right: steps/s relative to
+    ``softmax`` against length, LRA's 4K ratios as stars."""
+    from ..viz import pyplot, save_figure
+
+    plt = pyplot()
+    speed = [p for p in results.get("speed", {}).values() if "steps_per_s" in p]
+    fig, axes = plt.subplots(1, 2 if speed else 1, figsize=(15 if speed else 10, 4.8), squeeze=False,
+                             gridspec_kw={"width_ratios": [2, 1]} if speed else None)
+    ax = axes[0][0]
+    width = 0.8 / max(len(order), 1)
+    colours = plt.get_cmap("tab20")
+    for i, m in enumerate(order):
+        xs, ys, es = [], [], []
+        for j, (task, _) in enumerate(tasks_run):
+            values = _accuracies(results, task, m, seeds)
+            if values:
+                xs.append(j + (i - (len(order) - 1) / 2) * width)
+                ys.append(statistics.mean(values))
+                es.append(statistics.stdev(values) if len(values) > 1 else 0.0)
+        ax.bar(xs, ys, width, yerr=es if any(es) else None, label=m, color=colours(i % 20))
+    for j, (task, _) in enumerate(tasks_run):
+        ax.hlines(_baseline(results, task)[0], j - 0.45, j + 0.45, colors="k", linestyles="dashed", linewidth=0.8)
+    ax.set_xticks(range(len(tasks_run)))
+    ax.set_xticklabels([f"{col}\n({t})" for t, col in tasks_run], fontsize=8)
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("accuracy per task (dashed: the majority class)", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    if speed:
+        ax = axes[0][1]
+        base = {p["length"]: p["steps_per_s"] for p in speed if p["model"] == "softmax"}
+        for i, m in enumerate(order):
+            pts = sorted((p["length"], p["steps_per_s"] / base[p["length"]]) for p in speed
+                         if p["model"] == m and p["length"] in base)
+            if pts:
+                line, = ax.plot(*zip(*pts), marker="o", label=m, color=colours(i % 20))
+                lra = PUBLISHED_SPEED_4K.get(LRA_NAMES.get(m, ""))
+                if lra:
+                    ax.plot([4096], [lra[0] / PUBLISHED_SPEED_4K["Transformer"][0]], marker="*", markersize=11,
+                            color=line.get_color(), linestyle="none")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("steps/s relative to softmax")
+        ax.set_title("training speed (stars: LRA at 4K)", fontsize=9)
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(f"Long Range Arena at small scale\n{common.machine_line(results['machine'])}", fontsize=8)
+    return save_figure(fig, path, dpi=110)

@@ -1,0 +1,108 @@
+"""``qkv bench lra`` end to end at smoke size (no timed asserts): the results file, the page, the
+plot, resuming per (task, kernel, seed), and the reading's logic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qkv.bench import lra as bench_lra
+from qkv.bench import main
+from qkv.tasks.bbc import is_bbc_cached
+from qkv.tasks.data import is_cached
+
+FAST = ["lra", "--quick", "--threads", "1", "--no-speed", "--tasks", "listops", "pathfinder",
+        "--models", "softmax", "linear", "local-2d"]
+
+
+def _cells(out):
+    return json.loads((out / "lra-results.json").read_text())["cells"]
+
+
+def test_quick_writes_results_page_and_plot_then_resumes(tmp_path):
+    out = tmp_path / "lra"
+    assert main(FAST + ["--out", str(out)]) == 0
+    cells = _cells(out)
+    # local-2d needs an image: it runs on pathfinder only
+    assert sorted(cells) == ["listops|linear|0", "listops|softmax|0", "pathfinder|linear|0", "pathfinder|local-2d|0",
+                             "pathfinder|softmax|0"]
+    for cell in cells.values():
+        assert 0.0 <= cell["test_accuracy"] <= 1.0 and cell["test_examples"] == 8
+        assert cell["train_loss_curve"] and cell["seconds"] > 0
+    page = (out / "lra.md").read_text()
+    assert "Table 1" in page and "36.37" in page and "machine:" in page and "brackets kept" in page
+    assert "## Reading" in page and "| `softmax` | Transformer |" in page
+    assert (out / "img" / "lra.png").stat().st_size > 1000
+    assert not (out / "runs" / "listops" / "softmax" / "seed0" / "checkpoints").exists()
+
+    # a finished cell is skipped; a missing one (an interrupted run) is trained again
+    results = json.loads((out / "lra-results.json").read_text())
+    dropped = results["cells"].pop("listops|linear|0")
+    (out / "lra-results.json").write_text(json.dumps(results))
+    assert main(FAST + ["--out", str(out)]) == 0
+    again = _cells(out)
+    assert {k: c["date"] for k, c in again.items() if k != "listops|linear|0"} == \
+        {k: c["date"] for k, c in cells.items() if k != "listops|linear|0"}
+    assert again["listops|linear|0"]["test_accuracy"] == dropped["test_accuracy"]  # the same cell, deterministic
+
+    # a changed setting runs the cells it touches again
+    assert main(FAST + ["--out", str(out), "--set", "listops.max_len=48"]) == 0
+    changed = _cells(out)
+    assert changed["listops|softmax|0"]["settings"]["task_options"]["max_len"] == 48
+    assert changed["pathfinder|softmax|0"]["date"] == cells["pathfinder|softmax|0"]["date"]
+
+
+def test_bad_arguments_say_what_is_wrong(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["lra", "--quick", "--models", "relative", "--out", str(tmp_path)])
+    assert "relative" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["lra", "--quick", "--set", "listops=3", "--out", str(tmp_path)])
+    assert "TASK.OPTION=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (is_bbc_cached() and is_cached("fashion-mnist")),
+                    reason="needs `qkv data fetch bbc fashion-mnist`")
+def test_quick_runs_every_task_and_kernel(tmp_path):
+    out = tmp_path / "all"
+    assert main(["lra", "--quick", "--threads", "1", "--out", str(out)]) == 0
+    results = json.loads((out / "lra-results.json").read_text())
+    assert len(results["cells"]) == 5 * 11 + 2  # local-2d on the two image tasks
+    speed = results["speed"]
+    assert {p["model"] for p in speed.values()} == set(bench_lra.MODELS) - {"local-2d"}
+    assert all(p["steps_per_s"] > 0 and p["peak_memory_bytes"] > 0 for p in speed.values())
+    page = (out / "lra.md").read_text()
+    assert "stand-in" in page and "Speed and memory" in page and "5.7x" in page
+
+
+def _fake(cells, n=1000, majority=0.2):
+    results = {"cells": {}, "tasks": {}}
+    for (task, model), acc in cells.items():
+        results["cells"][f"{task}|{model}|0"] = {"task": task, "model": model, "seed": 0, "test_accuracy": acc,
+                                                 "test_examples": n}
+        results["tasks"][task] = {"test_examples": n, "majority": majority}
+    return results
+
+
+def test_reading_agrees_differs_or_declines():
+    agree = _fake({("listops", "softmax"): 0.38, ("listops", "linear"): 0.17, ("listops", "performer"): 0.18,
+                   ("listops", "local-1d"): 0.16})
+    assert "**agrees**" in bench_lra._reading(agree, [0])[0]
+    differ = _fake({("listops", "softmax"): 0.38, ("listops", "linear"): 0.37, ("listops", "performer"): 0.18})
+    line = bench_lra._reading(differ, [0])[0]
+    assert "**differs**" in line and "level: `linear` 37.00%" in line
+    noise = _fake({("listops", "softmax"): 0.21, ("listops", "linear"): 0.19})
+    assert "Cannot be judged" in bench_lra._reading(noise, [0])[0]
+    path = _fake({("pathfinder", "softmax"): 0.70, ("pathfinder", "linear"): 0.69, ("pathfinder", "performer"): 0.75},
+                 majority=0.5)
+    assert "**agrees**" in bench_lra._reading(path, [0])[0]
+
+
+def test_tasks_without_their_data_are_skipped_and_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("QKV_DATA", str(tmp_path / "empty-cache"))
+    out = tmp_path / "missing"
+    assert main(["lra", "--quick", "--threads", "1", "--no-speed", "--models", "softmax", "--tasks", "listops",
+                 "bbc-bytes", "--out", str(out)]) == 0
+    assert list(_cells(out)) == ["listops|softmax|0"]
+    assert "**Not run: `bbc-bytes`** — its data is not cached: run `qkv data fetch bbc`" in (out / "lra.md").read_text()

@@ -1,0 +1,103 @@
+"""The LRA encoder-classifier and its two-tower form (qkv.models.transformer.lra)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qkv import masks
+from qkv.models.transformer.lra import LRADualEncoder, LRAEncoder, LRAEncoderConfig, kernel_knobs
+
+ONE_D = ["softmax", "local-1d", "window", "strided", "fixed", "linformer", "linear", "performer", "efficient",
+         "adaptive-span"]
+
+
+def small(attention: str, **kw) -> LRAEncoderConfig:
+    base = dict(attention=attention, max_len=64, vocab_size=20, n_classes=3, d_model=16, n_heads=2, d_ff=32,
+                mlp_dim=16, dropout=0.0)
+    base.update(kw)
+    return LRAEncoderConfig(**base)
+
+
+@pytest.mark.parametrize("attention", ONE_D)
+def test_padding_changes_nothing(attention):
+    """Mean pooling over real tokens and masked keys: what sits in the padding never matters."""
+    torch.manual_seed(0)
+    model = LRAEncoder(small(attention)).eval()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 20, (2, 64), generator=g)
+    mask = torch.arange(64)[None] < torch.tensor([[40], [64]])
+    other = torch.where(mask, ids, torch.randint(0, 20, (2, 64), generator=g))
+    a, b = model(ids, attention_mask=mask).logits, model(other, attention_mask=mask).logits
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_kernel_knobs_follow_the_length():
+    assert kernel_knobs("window", 1024, 2, 32) == {"radius": 32}
+    assert kernel_knobs("linformer", 1024, 2, 32) == {"seq_len": 1024, "k": 256}
+    assert kernel_knobs("linformer", 256, 2, 32)["k"] == 64
+    assert kernel_knobs("strided", 100, 2, 32) == {"stride": 10}
+    assert kernel_knobs("softmax", 1024, 2, 32) == {}
+    with pytest.raises(ValueError, match="image"):
+        kernel_knobs("local-2d", 1024, 2, 32)
+    assert small("window").attention_kwargs == {"radius": 8}  # filled in when the config leaves them empty
+    assert small("window", attention_kwargs={"radius": 3}).attention_kwargs == {"radius": 3}
+
+
+def test_local_2d_weights_come_back_in_raster_order():
+    """The encoder attends in block-raster order but reports weights over raster positions: a
+    query pixel's weights lie in its 2-D neighbourhood of the image."""
+    torch.manual_seed(0)
+    config = small("local-2d", max_len=256, image_size=(16, 16))  # 2x4 query blocks: not the raster order
+    model = LRAEncoder(config).eval()
+    ids = torch.randint(0, 20, (1, 256))
+    weights = model(ids, need_weights=True).weights[0][0, 0]  # (256, 256) raster x raster
+    kernel = model.stack.layers[0].self_attn.kernel
+    order = kernel.order()
+    assert not torch.equal(order, torch.arange(256))
+    allowed = masks.materialize(kernel.pattern(256, 256), 256, 256)  # sequence x sequence
+    back = torch.argsort(order)
+    expected = allowed[back][:, back]  # raster x raster
+    assert ((weights != 0) <= expected).all() and (weights.sum(-1) - 1).abs().max() < 1e-5
+    keys = (weights[7 * 16 + 7] != 0).nonzero().squeeze(1)  # pixel (7, 7) looks near itself
+    assert ((keys // 16 - 7).abs() <= 3).all() and ((keys % 16 - 7).abs() <= 5).all() and len(keys) > 8
+
+
+def test_dual_encoder_reads_both_documents():
+    torch.manual_seed(0)
+    model = LRADualEncoder(small("softmax", n_classes=2)).eval()
+    ids = torch.randint(0, 20, (3, 64))
+    other = torch.randint(0, 20, (3, 64))
+    labels = torch.tensor([0, 1, 1])
+    out = model(ids, input_ids_2=other, labels=labels)
+    assert out.logits.shape == (3, 2) and out.loss.ndim == 0
+    assert not torch.allclose(out.logits, model(ids, input_ids_2=ids).logits)
+    with pytest.raises(ValueError, match="input_ids_2"):
+        model(ids)
+    with pytest.raises(ValueError, match="attention_mask_2"):
+        model(ids, attention_mask=torch.ones(3, 64, dtype=torch.bool), input_ids_2=other)
+
+
+def test_config_checks_image_size():
+    with pytest.raises(ValueError, match="max_len"):
+        small("softmax", image_size=(4, 4))
+
+
+@pytest.mark.slow
+def test_softmax_encoder_learns_shallow_listops():
+    """A check that the pipeline learns: expressions of depth <= 3, 300 updates, well above the
+    majority class (13.3% of these 300 test expressions)."""
+    from qkv.tasks.lra import ListOps
+
+    task = ListOps(min_len=8, max_len=40, max_depth=3, max_args=5, eval_size=300)
+    labels = torch.cat([b["labels"] for b in task.eval_batches("test", 300)])
+    majority = torch.bincount(labels).max().item() / len(labels)
+    torch.manual_seed(0)
+    model = LRAEncoder(LRAEncoderConfig(attention="softmax", **task.model_hints()))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(300):
+        model(**task.get_batch("train", 32, step)).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    accuracy = task.evaluate(model)["accuracy"]
+    assert accuracy > majority + 0.06, (accuracy, majority)
