@@ -271,7 +271,7 @@ def test_presets_defaults_and_dotted_set(shakespeare_cache, capsys):
     assert info["preset"] == "cpu" and info["model_config"]["n_layers"] == GPT.presets["cpu"]["n_layers"]
     assert info["model_config"]["attention_kwargs"] == {"radius": 3}
     out = capsys.readouterr()
-    assert "M parameters, preset cpu" in out.out and "s per update" in out.err
+    assert " parameters, preset cpu" in out.out and "s per update" in out.err
     # checkpoints by default: at every evaluation and at the end
     assert (run / "checkpoints" / "step-00000002.safetensors").is_file()
     # the flat, Hugging Face-style config and the vocabulary sit beside the weights

@@ -9,12 +9,13 @@ when Selenium or the browser is not installed (``make test`` installs them where
 import json
 import re
 import shutil
+from html.parser import HTMLParser
 
 import pytest
 import torch
 
 from qkv.viz import AttentionView, attention_view
-from qkv.viz_html import render_html, split_panel_name, write_html
+from qkv.viz_html import render_html, script_json, split_panel_name, write_html
 
 TOKENS = ["R", "O", "M", "E", "O", ":"]
 
@@ -56,6 +57,73 @@ def test_labels_are_escaped():
     page = render_html([("m", view)])
     assert page.count("</script>") == 2  # the two real closing tags only
     assert _payload(page)["models"][0]["panels"][0]["x"] == ["</script>", "<b>"]
+
+
+HOSTILE = ["</script><svg onload=alert(1)>", "__DATA__", "__DATA__ <svg onload=alert(1)>", "__TITLE__", "${alert(1)}", "<!--", "<script>x</script>",
+           "a & b \u2028 c \u2029 d", "<img src=x onerror=alert(1)>", "]]><x>", "\"'`"]
+
+
+class _Markup(HTMLParser):
+    """The elements and attributes a browser's tokenizer would build, and the text of <title>, <h1>
+    and the data element."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags, self.attrs, self.text, self._open = [], [], {}, None
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs += [name for name, _ in attrs]
+        key = "data" if ("id", "qkv-data") in attrs else tag
+        self._open = key if key in ("title", "h1", "data") else None
+
+    def handle_endtag(self, tag):
+        self._open = None
+
+    def handle_data(self, data):
+        if self._open:
+            self.text[self._open] = self.text.get(self._open, "") + data
+
+
+def _markup(page: str) -> _Markup:
+    parser = _Markup()
+    parser.feed(page)
+    parser.close()
+    return parser
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_hostile_strings_stay_text(hostile):
+    """A title, model name, panel name, label or caption holding markup, a template slot name or a
+    line separator is shown as text: the page has exactly the elements of a plain page, no event
+    attribute, and the data element holds every string unchanged."""
+    plain = _markup(render_html([("m", AttentionView([("attention", torch.eye(2))], x_labels=["a", "b"],
+                                                                y_labels=["a", "b"]))], title="plain"))
+    view = AttentionView([(f"{hostile} H0", torch.eye(2))], x_labels=[hostile, "b"], y_labels=["a", hostile],
+                         title=hostile, caption=hostile)
+    page = render_html([(hostile, view)], title=hostile)
+    found = _markup(page)
+    assert found.tags == plain.tags
+    assert found.attrs == plain.attrs and not any(a.startswith("on") for a in found.attrs)
+    assert found.text["title"] == hostile and found.text["h1"] == hostile
+    data = json.loads(found.text["data"])
+    model = data["models"][0]
+    assert data["title"] == hostile and model["name"] == hostile
+    assert model["title"] == hostile and model["caption"] == hostile
+    assert model["panels"][0]["name"] == f"{hostile} H0"
+    assert model["panels"][0]["x"] == [hostile, "b"] and model["panels"][0]["y"] == ["a", hostile]
+    assert page.count("<script") == 2 and page.count("</script>") == 2
+
+
+def test_script_json_escapes_what_could_end_a_script():
+    text = script_json({"s": "</script><!--&\u2028\u2029"})
+    assert not set("<>&\u2028\u2029") & set(text)
+    assert json.loads(text) == {"s": "</script><!--&\u2028\u2029"}
+
+
+def test_title_must_be_text():
+    with pytest.raises(TypeError, match="title must be a string"):
+        render_html([("m", AttentionView([("a", torch.eye(2))]))], title=None)
 
 
 def test_panel_names_split_into_layer_and_head():

@@ -32,8 +32,9 @@ __all__ = ["FeedForward", "ResidualWiring", "PostLN", "PreLN", "build_residual",
            "GatedResidual", "GRUGate", "InputGate", "ReLUSum", "QuaternionLinear", "LINEAR_LAYERS",
            "AdaptiveComputationTime", "ACTOutput", "ReversibleBlock", "ReversibleSequence", "reversible"]
 
-#: activations of the feed-forward network, by name.
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+#: activations of the feed-forward network, by name. "gelu" is exact (erf, BERT's); "gelu-tanh" is
+#: the tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) of GPT-2 ("gelu_new").
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu-tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 class FeedForward(nn.Module):

@@ -211,14 +211,33 @@ def physical_cores() -> int:
     return os.cpu_count() or 1
 
 
+def default_threads(cores: int, load: float) -> int:
+    """torch threads when ``--threads`` is not given: the ``cores`` that other work leaves free by
+    the 1-minute ``load`` average (rounded), at least 1.
+
+    torch's intra-op threads meet at the end of every operation, so one thread that another
+    process keeps off its core stalls the others: on the shared 2-core machine of issue 20 (load
+    about 7) an update of the main job took 2-5 s with 2 threads and 0.40 s with 1. An idle machine
+    keeps every physical core.
+    """
+    if cores < 1:
+        raise ValueError(f"cores must be >= 1, got {cores}")
+    busy = math.floor(max(load, 0.0) + 0.5)  # cores' worth of other runnable work
+    return max(1, min(cores, cores - busy))
+
+
 def _set_threads(threads: Optional[int], warn_load: bool = False) -> int:
+    """Set torch's threads: ``threads`` when given, else ``default_threads`` of this machine
+    (``warn_load``: say so when the load leaves fewer threads than cores)."""
     import torch
 
-    n = threads or physical_cores()
-    load = _load_average() if warn_load else 0.0
-    if warn_load and threads is None and n > 1 and load >= n:
-        _announce(f"warning: the load average is {load:.1f} on {n} cores; threads of busy processes contend, "
-                  "--threads 1 is often faster here")
+    n = threads
+    if n is None:
+        cores, load = physical_cores(), _load_average()
+        n = default_threads(cores, load)
+        if warn_load and n < cores:
+            _announce(f"the load average is {load:.1f} on {cores} cores: training with {n} thread(s), "
+                      "which a busy machine runs faster (--threads N to choose)")
     torch.set_num_threads(n)
     return n
 
@@ -232,7 +251,8 @@ def _load_average() -> float:
 
 def _add_threads(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=_positive_int, default=None,
-                        help="CPU threads for torch (default: the number of physical cores)")
+                        help="CPU threads for torch (default: the physical cores that the load average leaves free, "
+                             "at least 1)")
 
 
 def _check_device(device: str) -> None:
@@ -355,6 +375,11 @@ def _init_config(args: argparse.Namespace, model_cls: Any, values: Dict[str, Any
     the user's ``--set``; and RUN's model, whose weights the new one starts from."""
     if args.resume:
         raise CLIError("--init starts a new run from another run's weights; it cannot be combined with --resume")
+    from qkv.integrations import pretrained
+
+    if pretrained.is_checkpoint_dir(args.init):  # a Hugging Face checkpoint or a save_pretrained directory
+        head = {k: v for k, v in values.items() if k in model_cls.init_task_fields}
+        return pretrained.init_config(args.init, model_cls, head, user, say=_announce)
     _, source, info = _restore(args.init)
     if info["model"] != args.model:
         raise CLIError(f"--init {args.init} holds a {info['model']!r} model, not {args.model!r}")
@@ -464,6 +489,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
             raise CLIError(f"--resume: every checkpoint in {out / 'checkpoints'} is corrupt (checksum or header); "
                            "nothing to resume from — remove them to start over")
 
+    if args.init:  # a Hugging Face checkpoint's tokenizer for the task
+        from qkv.integrations import pretrained
+
+        task_options = pretrained.task_options(args.init, task_cls, task_options)
     task = build_task(args.task, **task_options)
     task_kinds = getattr(model_cls, "task_kinds", None)
     if task_kinds is not None and task.kind not in task_kinds:
@@ -499,7 +528,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         tmp.write_text(json.dumps(info, indent=2, default=str) + "\n")
     n_params = sum(p.numel() for p in model.parameters())
     preset_note = f", preset {preset_name}" if preset_name else ""
-    print(f"qkv: training {args.model} ({n_params / 1e6:.2f} M parameters{preset_note}) on {args.task} -> {out} "
+    print(f"qkv: training {args.model} ({parameter_count(n_params)}{preset_note}) on {args.task} -> {out} "
           f"[{config.steps} steps, batch {config.batch_size}, {threads} thread(s)]", flush=True)
     trainer = Trainer(model, task, config)
     metrics = trainer.fit(resume=args.resume)
@@ -626,11 +655,30 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     if task.kind != "seq2seq":
         raise CLIError(f"`qkv translate` needs a sequence-to-sequence run; {info['task']} is a {task.kind} task")
     batch = task.collate([(text, "") for text in args.text])
+    # an output that has not ended by the task's longest target (+ its <eos>) never will
+    max_new = args.max_new_tokens or task.max_target_len + 1
     with _with_progress(model, "translating"):
-        out = model.generate(batch["src_ids"], src_mask=batch["src_mask"], max_new_tokens=args.max_new_tokens, beam_size=args.beam)
+        out = model.generate(batch["src_ids"], src_mask=batch["src_mask"], max_new_tokens=max_new, beam_size=args.beam)
     for text, row in zip(args.text, out.tolist()):
         print(f"{text}\t{task.decode_generated(row)}")
     return 0
+
+
+def parameter_count(n: int) -> str:
+    """``n`` parameters as a reader takes them in: every digit below a million ("12,345
+    parameters"), three significant digits above ("1.23 M parameters", "1.5 B parameters")."""
+    if n < 1_000_000:
+        return f"{n:,} parameter{'' if n == 1 else 's'}"
+    if n < 1_000_000_000:
+        return f"{n / 1e6:.3g} M parameters"
+    return f"{n / 1e9:,.3g} B parameters"
+
+
+def _say_cut(view: Any) -> None:
+    """One line when ``--text`` was longer than ``--max-len`` and only its start is shown."""
+    if getattr(view, "cut", None):
+        kept, given = view.cut
+        print(f"text cut to {kept} tokens; pass --max-len {given}")
 
 
 def _cmd_viz(args: argparse.Namespace) -> int:
@@ -654,6 +702,7 @@ def _cmd_viz(args: argparse.Namespace) -> int:
         from qkv.viz_html import write_html
 
         views = [(Path(args.run).name or args.run, viz.attention_view(task, model, args.text, args.max_len))]
+        _say_cut(views[0][1])
         for other in args.compare or []:
             _, other_model, other_info = _restore(other)
             if other_info.get("task") != info.get("task"):
@@ -670,6 +719,7 @@ def _cmd_viz(args: argparse.Namespace) -> int:
         print(f"wrote {written}")
         return 0
     view = viz.attention_view(task, model, args.text, args.max_len)
+    _say_cut(view)
     if view.caption:
         print(view.caption)
     view.plot(path, max_panels=args.max_panels)
@@ -811,7 +861,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model config field (KEY.SUB=VALUE sets one key of a dict field, e.g. attention_kwargs.radius=8); "
                         "task.KEY for task options; train.KEY for training fields")
     p.add_argument("--out", default=None, help="run directory (default runs/MODEL-TASK)")
-    p.add_argument("--init", default=None, metavar="RUN", help="start from run RUN's weights (fine-tuning; the task's head starts fresh)")
+    p.add_argument("--init", default=None, metavar="RUN", help="start from run RUN's weights, or a pretrained checkpoint "
+                                                               "directory's (Hugging Face bert/gpt2, e.g. qkv data fetch minilm) "
+                                                               "(fine-tuning; the task's head starts fresh)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its latest intact checkpoint, with the run's own settings "
                         "(--steps N extends it; a flag that contradicts the run is refused)")
@@ -849,7 +901,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run")
     p.add_argument("text", nargs="+")
     p.add_argument("--beam", type=_positive_int, default=1)
-    p.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=None,
+                   help="longest output (default: the task's longest target + 1, for <eos>)")
     _add_threads(p)
     p.set_defaults(func=_cmd_translate)
 
@@ -862,9 +915,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel-kwargs", action="append", default=[], metavar="KEY=VALUE,...",
                    help="with --pattern: the kernel's knobs, e.g. 'stride=8' or 'image_size=(8,8),block=(2,4)'")
     p.add_argument("--causal", action="store_true", help="with --pattern: the causal form")
-    p.add_argument("--text", default=None, help="input to show (default: a training example)")
+    p.add_argument("--text", default=None, help="input to show (default: a held-out example)")
     p.add_argument("--out", default=None, help="PNG path (default RUN/attention.png)")
-    p.add_argument("--max-len", type=_positive_int, default=48)
+    p.add_argument("--max-len", type=_positive_int, default=48, help="tokens of the input shown (default 48)")
     p.add_argument("--max-panels", type=_positive_int, default=16)
     p.add_argument("--html", default=None, metavar="OUT.html",
                    help="write an offline, self-contained page to explore the attention interactively instead")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -29,8 +30,10 @@ def pyplot():
 
 
 def save_figure(fig: Any, path: PathLike, dpi: int = 120) -> Path:
-    """Lay out ``fig``, write it to ``path`` (folders created) and close it."""
-    fig.tight_layout()
+    """Lay out ``fig`` (unless it has its own layout engine, e.g. ``layout="constrained"``), write it
+    to ``path`` (folders created) and close it."""
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
@@ -68,8 +71,20 @@ def attention_panels(weights: Any, name: str = "attention", example: int = 0) ->
     raise ValueError(f"attention weights must be 2-D to 4-D, got shape {tuple(w.shape)}")
 
 
-def _draw(ax, w: Tensor, x_labels: Optional[Sequence[str]], y_labels: Optional[Sequence[str]], title: str) -> Any:
-    im = ax.imshow(w.numpy(), cmap="viridis", aspect="auto", interpolation="nearest", vmin=0.0)
+def _weight_range(ws: Sequence[Tensor]) -> Tuple[float, float]:
+    """The colour scale of panels ``ws``: ``(0, 1)`` for attention weights (so one colour bar reads
+    every panel and pictures of different runs compare), the data's range for anything else."""
+    lo = min(float(w.min()) for w in ws) if ws else 0.0
+    hi = max(float(w.max()) for w in ws) if ws else 1.0
+    if lo >= 0.0 and hi <= 1.0:
+        return 0.0, 1.0
+    return min(lo, 0.0), max(hi, lo + 1e-12)
+
+
+def _draw(ax, w: Tensor, x_labels: Optional[Sequence[str]], y_labels: Optional[Sequence[str]], title: str,
+          vrange: Optional[Tuple[float, float]] = None) -> Any:
+    vmin, vmax = vrange if vrange is not None else _weight_range([w])
+    im = ax.imshow(w.numpy(), cmap="viridis", aspect="auto", interpolation="nearest", vmin=vmin, vmax=vmax)
     ax.set_title(title, fontsize=8)
     M, N = w.shape
     if x_labels is not None and len(x_labels) == N and N <= 80:
@@ -90,10 +105,65 @@ def plot_attention(weights: Tensor, path: PathLike, x_labels: Optional[Sequence[
     if w.dim() != 2:
         raise ValueError(f"weights must be 2-D (M, N), got shape {tuple(w.shape)}")
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(max(4, w.shape[1] * 0.18 + 2), max(3, w.shape[0] * 0.18 + 1.5)))
+    fig, ax = plt.subplots(figsize=(max(4, w.shape[1] * 0.18 + 2), max(3, w.shape[0] * 0.18 + 1.5)), layout="constrained")
     im = _draw(ax, w, x_labels, y_labels, title)
-    fig.colorbar(im, ax=ax, fraction=0.04)
+    fig.colorbar(im, ax=ax, fraction=0.04, label="attention weight")
     return save_figure(fig, path, dpi=120)
+
+
+def _plot_panels(panels: Sequence[Tuple[str, Tensor]], path: PathLike,
+                 labels_for: Any, heading: str = "", dpi: int = 110) -> Path:
+    """``panels`` as a grid of heat maps (4 to a row) on one colour scale with one colour bar, and
+    ``heading`` (wrapped to the figure's width) above them; ``labels_for(name)`` gives a panel's
+    ``(key, query)`` labels. A constrained layout keeps the heading, the panels' titles and tick
+    labels and the colour bar from overlapping one another or the figure's edge."""
+    cols = min(4, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    M = max(w.shape[0] for _, w in panels)
+    N = max(w.shape[1] for _, w in panels)
+    # a panel's size: its cells, plus its tick labels (the key labels stand on end below it)
+    key_labels = max(_label_inches(labels_for(name)[0], w.shape[1]) for name, w in panels)
+    query_labels = max(_label_inches(labels_for(name)[1], w.shape[0]) for name, w in panels)
+    cell = (max(2.5, N * 0.16 + 1) + query_labels, max(2.2, M * 0.16 + 1) + key_labels)
+    width = max(cell[0] * cols + 1.0, 4.5 if heading else 0.0)  # + the colour bar; room for a heading
+    heading = _wrap(heading, width, fontsize=9) if heading else ""
+    heading_inches = (heading.count("\n") + 1) * 9 * 1.3 / 72 + 0.1 if heading else 0.0
+    plt = pyplot()
+    fig, axes = plt.subplots(rows, cols, figsize=(width, cell[1] * rows + heading_inches), squeeze=False,
+                             layout="constrained")
+    vrange = _weight_range([w for _, w in panels])
+    im = None
+    for ax, (title, w) in zip(axes.flat, panels):
+        xl, yl = labels_for(title)
+        im = _draw(ax, w, xl, yl, title, vrange)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    # fraction and pad are shares of the grid's width: about 0.6 and 0.15 inch whatever its size
+    bar = fig.colorbar(im, ax=axes, fraction=0.6 / width, pad=0.15 / width, shrink=min(1.0, 0.9 / rows + 0.1), aspect=30)
+    bar.set_label("weight", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+    if heading:
+        fig.suptitle(heading, fontsize=9)
+    return save_figure(fig, path, dpi=dpi)
+
+
+def _label_inches(labels: Optional[Sequence[str]], n: int, fontsize: float = 6) -> float:
+    """How far ``_draw``'s tick labels for ``n`` rows or columns reach out from a panel (a
+    character about 0.6 em), beyond the room every panel has."""
+    if labels is None or len(labels) != n or n > 80:
+        return 0.0
+    return max(0.0, max((len(str(label)) for label in labels), default=0) * fontsize * 0.6 / 72 - 0.3)
+
+
+def _wrap(text: str, width_inches: float, fontsize: float, max_lines: int = 4) -> str:
+    """``text`` wrapped to lines that fit ``width_inches`` at ``fontsize`` points (a character
+    about 0.6 em wide), at most ``max_lines`` of them (the last ending in an ellipsis when cut)."""
+    chars = max(20, int(width_inches * 72 / (0.6 * fontsize)))
+    lines = [wrapped for line in text.split("\n") for wrapped in (textwrap.wrap(line, chars, break_on_hyphens=False) or [""])]
+    if len(lines) > max_lines:
+        lines = lines[:max_lines]
+        lines[-1] = lines[-1][: chars - 1] + "\u2026"
+    return "\n".join(lines)
 
 
 def plot_attention_grid(weights: Any, path: PathLike, x_labels: Optional[Sequence[str]] = None,
@@ -106,21 +176,8 @@ def plot_attention_grid(weights: Any, path: PathLike, x_labels: Optional[Sequenc
     panels = attention_panels(weights, example=example)[:max_panels]
     if not panels:
         raise ValueError("no attention weights to plot (did the model return weights with need_weights=True?)")
-    cols = min(4, len(panels))
-    rows = math.ceil(len(panels) / cols)
-    plt = pyplot()
-    M, N = panels[0][1].shape
-    cell = (max(2.5, N * 0.16 + 1), max(2.2, M * 0.16 + 1))
-    fig, axes = plt.subplots(rows, cols, figsize=(cell[0] * cols, cell[1] * rows), squeeze=False)
-    for ax, (title, w) in zip(axes.flat, panels):
-        xl, yl = x_labels, y_labels
-        for prefix, (px, py) in (labels or {}).items():
-            if title.startswith(prefix):
-                xl, yl = px, py
-        _draw(ax, w, xl, yl, title)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    return save_figure(fig, path, dpi=110)
+    view = AttentionView(panels, x_labels=x_labels, y_labels=y_labels, labels=dict(labels or {}))
+    return _plot_panels(panels, path, view.labels_for)
 
 
 def plot_pattern(mask: Tensor, path: PathLike, title: str = "pattern") -> Path:
@@ -154,6 +211,8 @@ class AttentionView:
     x_labels, y_labels: key and query labels shared by the panels (tokens, sentence numbers, ...).
     labels:   a panel-name prefix -> its own ``(key labels, query labels)`` (e.g. ``"cross"``).
     title, caption: what the input was (e.g. ``"source -> translation"``).
+    cut:      ``(kept, given)`` when the given text had ``given`` tokens and only the first ``kept``
+              are shown (``attention_view``'s ``max_len``); ``None`` when nothing was cut.
     """
 
     panels: List[Tuple[str, Tensor]]
@@ -162,6 +221,7 @@ class AttentionView:
     labels: Dict[str, Tuple[Sequence[str], Sequence[str]]] = field(default_factory=dict)
     title: str = ""
     caption: str = ""
+    cut: Optional[Tuple[int, int]] = None
 
     @classmethod
     def from_weights(cls, weights: Any, example: int = 0, **kwargs: Any) -> "AttentionView":
@@ -189,21 +249,8 @@ class AttentionView:
         panels = self.chosen(max_panels)
         if not panels:
             raise ValueError("no attention weights to plot (did the model return weights with need_weights=True?)")
-        cols = min(4, len(panels))
-        rows = math.ceil(len(panels) / cols)
-        plt = pyplot()
-        M = max(w.shape[0] for _, w in panels)
-        N = max(w.shape[1] for _, w in panels)
-        cell = (max(2.5, N * 0.16 + 1), max(2.2, M * 0.16 + 1))
-        fig, axes = plt.subplots(rows, cols, figsize=(cell[0] * cols, cell[1] * rows), squeeze=False)
-        for ax, (title, w) in zip(axes.flat, panels):
-            xl, yl = self.labels_for(title)
-            _draw(ax, w, xl, yl, title)
-        for ax in list(axes.flat)[len(panels):]:
-            ax.axis("off")
-        if self.title or self.caption:
-            fig.suptitle("\n".join(t for t in (self.title, self.caption) if t), fontsize=9)
-        return save_figure(fig, path, dpi=110)
+        heading = "\n".join(t for t in (self.title, self.caption) if t)
+        return _plot_panels(panels, path, self.labels_for, heading)
 
 
 def attention_view(task: Any, model: Any, text: Optional[str] = None, max_len: int = 48) -> AttentionView:
@@ -211,7 +258,9 @@ def attention_view(task: Any, model: Any, text: Optional[str] = None, max_len: i
 
     A task that knows its inputs best defines ``attention_view(model, text=None, max_len=48)``; the
     language-model and sequence-to-sequence kinds are handled here, with token labels (``text`` is
-    the input to show; default: a held-out example).
+    the input to show; default: a held-out passage, ``task.view_text(max_len)`` for a language
+    model, of at most ``max_len`` tokens). A longer ``text`` is cut to ``max_len`` tokens and the
+    view's ``cut`` says so; a sequence-to-sequence output stops at the task's ``max_target_len``.
     """
     own = getattr(task, "attention_view", None)
     if callable(own):
@@ -229,22 +278,27 @@ def attention_view(task: Any, model: Any, text: Optional[str] = None, max_len: i
 
 
 def _lm_view(task: Any, model: Any, text: Optional[str], max_len: int) -> AttentionView:
-    text = text if text is not None else task.examples(1)[0].get("text", "")[:max_len]
-    ids = task.vocab.encode(text)[:max_len]
+    if text is None:
+        own = getattr(task, "view_text", None)
+        text = own(max_len) if callable(own) else task.examples(1)[0].get("text", "")
+    given = task.vocab.encode(text)
+    ids = given[:max_len]
     if not ids:
         raise ValueError("text encodes to no tokens")
     with torch.no_grad():
         out = model(input_ids=torch.tensor([ids]), need_weights=True)
     tokens = [show_token(task.vocab.decode([i])) for i in ids]
     return AttentionView.from_weights(out.weights, x_labels=tokens, y_labels=tokens, title=type(model).__name__,
-                                      caption=task.vocab.decode(ids))
+                                      caption=task.vocab.decode(ids), cut=(len(ids), len(given)) if len(given) > len(ids) else None)
 
 
 def _seq2seq_view(task: Any, model: Any, text: Optional[str], max_len: int) -> AttentionView:
-    source = text if text is not None else task.examples(1)[0]["source"]
+    source = text if text is not None else task.eval_pairs("test", 1)[0][0]
     batch = task.collate([(source, "")])
+    longest = getattr(task, "max_target_len", None)  # + 1: room for <eos>
     with torch.no_grad():
-        generated = model.generate(batch["src_ids"], src_mask=batch["src_mask"], max_new_tokens=max_len)
+        generated = model.generate(batch["src_ids"], src_mask=batch["src_mask"],
+                                   max_new_tokens=min(max_len, longest + 1) if longest else max_len)
     target = task.decode_generated(generated[0].tolist())
     batch = task.collate([(source, target)])
     with torch.no_grad():

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Sequence, Tuple, Union
 
 from .viz import AttentionView
 
-__all__ = ["render_html", "write_html", "split_panel_name"]
+__all__ = ["render_html", "write_html", "split_panel_name", "script_json"]
 
 PathLike = Union[str, Path]
 
@@ -53,13 +53,33 @@ def _model_payload(name: str, view: AttentionView, digits: int = 4) -> Dict[str,
     return {"name": name, "title": view.title, "caption": view.caption, "panels": panels}
 
 
+# The template's slots; each is filled once, in a single pass (``render_html``).
+_SLOT = re.compile(r"__(TITLE|DATA)__")
+
+# Characters that could end or re-open markup inside <script> (``</script>``, ``<!--``) or that old
+# JavaScript parsers take as line ends (U+2028, U+2029); JSON strings may hold them as \u escapes.
+_SCRIPT_UNSAFE = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def script_json(value: Any) -> str:
+    """``value`` as JSON safe to place verbatim inside ``<script>...</script>``: ``<``, ``>``, ``&``,
+    U+2028 and U+2029 written as ``\\uXXXX`` escapes (they can only occur inside JSON strings, where
+    the escape means the same character), so no string in it can close the element."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return "".join(_SCRIPT_UNSAFE.get(c, c) for c in text)
+
+
 def render_html(views: Sequence[Tuple[str, AttentionView]], title: str = "qkv attention") -> str:
     """The page for ``views``: ``(model name, AttentionView)`` pairs (at least one)."""
     if not views:
         raise ValueError("render_html needs at least one (name, AttentionView)")
+    if not isinstance(title, str):
+        raise TypeError(f"title must be a string, got {type(title).__name__}")
     payload = {"title": title, "models": [_model_payload(n, v) for n, v in views]}
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
-    return _TEMPLATE.replace("__TITLE__", html.escape(title)).replace("__DATA__", data)
+    values = {"TITLE": html.escape(title), "DATA": script_json(payload)}
+    # One pass over the template: a value is never scanned again, so a title holding "__DATA__"
+    # (or the data holding "__TITLE__") stays text.
+    return _SLOT.sub(lambda m: values[m.group(1)], _TEMPLATE)
 
 
 def write_html(path: PathLike, views: Sequence[Tuple[str, AttentionView]], title: str = "qkv attention") -> Path:

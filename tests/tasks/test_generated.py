@@ -131,3 +131,17 @@ def test_registry_and_listing():
         assert registry.lookup("task", name).kind in {"lm", "seq2seq"}
     examples = build_task("addition", eval_size=5).examples(3)
     assert len(examples) == 3 and all("+" in e["source"] for e in examples)
+
+
+@pytest.mark.parametrize("name,options,bound", [
+    ("dates", {}, 10), ("dates", {"min_year": 1, "max_year": 30}, 10), ("reverse", {"max_len": 6}, 6),
+    ("copy", {"max_len": 3}, 3), ("sort", {"max_len": 4}, 4), ("addition", {"max_len": 2}, 3),
+])
+def test_max_target_len_bounds_every_target(name, options, bound):
+    """``qkv translate`` and ``qkv viz`` stop generating at ``max_target_len`` (+ ``<eos>``): the
+    bound holds for every target and is reached."""
+    task = build_task(name, eval_size=300, **options)
+    assert task.max_target_len == bound
+    lengths = [len(task.vocab.encode(t)) for split in ("train", "valid", "test") for _, t in task.eval_pairs(split)]
+    lengths += [len(task.vocab.encode(t)) for _, t in task._train_pairs("train", 200, 0, 0, 0, 1)]
+    assert max(lengths) == bound

@@ -59,3 +59,9 @@ def test_real_bible_task():
     train = {en for en, _ in task.eval_pairs("train")}
     assert not any(en in train for en, _ in task.eval_pairs("test") + task.eval_pairs("valid"))
     assert task.vocab.size < 100
+
+
+def test_max_target_len_is_the_longest_kept_target(fake_cache):
+    short = build_task("bible-en-es", max_chars=17, cache_dir=fake_cache)
+    longest = max(len(es) for s in ("train", "valid", "test") for _, es in short.eval_pairs(s))
+    assert longest <= short.max_target_len == 17

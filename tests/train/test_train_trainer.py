@@ -222,3 +222,22 @@ def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path):
     with pytest.warns(UserWarning, match="checksum"):
         Trainer(_fresh_model(), ToyTask(), _config(tmp_path, steps=6, save_every=2)).fit(resume=True)
     assert _resumed_from(tmp_path) == [2]
+
+
+def test_progress_bar_shows_a_real_loss_from_the_first_update(tmp_path, monkeypatch):
+    """Issue 20: with evaluations more frequent than train records the bar showed ``loss=nan``."""
+    from qkv.train import trainer as trainer_module
+
+    shown = []
+    postfix = trainer_module._postfix
+
+    def keep(record, eval_metrics):
+        shown.append(postfix(record, eval_metrics))
+        return shown[-1]
+
+    monkeypatch.setattr(trainer_module, "_postfix", keep)
+    Trainer(_fresh_model(), ToyTask(), _config(tmp_path, steps=5, log_every=4, eval_every=2)).fit()
+    assert shown, "the bar was never given a loss"
+    assert shown[0]["loss"] != "nan" and "val_loss" not in shown[0]  # after the first update
+    assert all(s["loss"] != "nan" and float(s["loss"]) > 0 for s in shown), shown
+    assert [s["loss"] for s in shown if "val_loss" in s][0] == shown[1]["loss"]  # step 2's loss beside its evaluation

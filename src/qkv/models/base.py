@@ -38,6 +38,8 @@ class ModelOutput:
              (e.g. a list with one ``(B, H, M, N)`` tensor per layer), documented by each model.
     state:   what continues the computation (KV caches, memories), when asked for.
     aux:     named extra losses or statistics (e.g. ponder cost, span loss).
+    hidden:  the last hidden states ``(B, L, d_model)`` of Transformer-family models (after the
+             final LayerNorm where the stack has one), else None.
     """
 
     loss: Optional[Tensor] = None
@@ -45,6 +47,7 @@ class ModelOutput:
     weights: Any = None
     state: Any = None
     aux: Dict[str, Any] = field(default_factory=dict)
+    hidden: Optional[Tensor] = None
 
 
 def config_from_dict(config_class: type, values: Dict[str, Any]) -> Any:
@@ -143,24 +146,40 @@ class QKVModel(nn.Module):
                              f"buffers, more than the {_human_bytes(have)} of memory available; check its sizes "
                              f"({_size_fields(config)})")
 
-    def save_pretrained(self, directory: Union[str, os.PathLike]) -> Path:
+    def save_pretrained(self, directory: Union[str, os.PathLike], format: str = "qkv") -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (each atomically;
-        tied parameters stored once)."""
+        tied parameters stored once). ``format="huggingface"``: a checkpoint that transformers'
+        ``AutoModel...from_pretrained`` loads (BERT and GPT; ``models/transformer/hf_checkpoints.py``)."""
         from ..train.checkpoint import save_model
+
+        if format == "huggingface":
+            from .transformer import hf_checkpoints
+
+            return hf_checkpoints.save(self, directory)
+        if format != "qkv":
+            raise ValueError(f"format must be 'qkv' or 'huggingface', got {format!r}")
 
         meta = {MODEL_TYPE_KEY: self.registry_name, **dataclasses.asdict(self.config)}
         return save_model(self, meta, directory)
 
     @classmethod
-    def from_pretrained(cls, directory: Union[str, os.PathLike], map_location: str = "cpu") -> "QKVModel":
+    def from_pretrained(cls, directory: Union[str, os.PathLike], map_location: str = "cpu",
+                        **overrides: Any) -> "QKVModel":
         """Load a model written by ``save_pretrained`` (any registered model when called on
-        ``QKVModel``; this class otherwise). A missing, corrupt or truncated file raises
+        ``QKVModel``; this class otherwise), or a Hugging Face checkpoint of an architecture qkv
+        represents (``bert``, ``gpt2``: ``models/transformer/hf_checkpoints.py``). ``overrides``:
+        config fields that do not change the weights' shapes (e.g. ``attention="window",
+        attention_kwargs={"radius": 16}``, ``dropout``). A missing, corrupt or truncated file raises
         ``CheckpointError`` (a ``ValueError``) naming it; nothing is unpickled."""
         from ..train.checkpoint import CheckpointError, load_model_tensors, read_model_config
+        from .transformer import hf_checkpoints
 
         directory = Path(directory)
         if not directory.is_dir():
-            raise FileNotFoundError(f"{directory} is not a directory written by save_pretrained")
+            raise FileNotFoundError(f"{directory} is not a model directory (config.json + model.safetensors, written by "
+                                    f"save_pretrained or a Hugging Face checkpoint)")
+        if hf_checkpoints.is_huggingface(directory):
+            return hf_checkpoints.load(None if cls is QKVModel else cls, directory, map_location, **overrides)
         meta = read_model_config(directory)  # the sizes are checked (from_config) before the weights are read
         if isinstance(meta, dict) and isinstance(meta.get("config"), dict) and "model" in meta:
             name, values = meta["model"], meta["config"]  # the older nested layout
@@ -173,7 +192,7 @@ class QKVModel(nn.Module):
             raise CheckpointError(f"{directory / 'config.json'}: {MODEL_TYPE_KEY} must be a model name, got {name!r}")
         if cls is not QKVModel and name != cls.registry_name:
             raise ValueError(f"{directory} holds a {name!r} model, not {cls.registry_name!r}")
-        model = (lookup("model", name) if cls is QKVModel else cls).from_config(values)
+        model = (lookup("model", name) if cls is QKVModel else cls).from_config({**values, **overrides})
         state = load_model_tensors(directory)
         try:
             model.load_state_dict(state, strict=True)

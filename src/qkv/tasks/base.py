@@ -252,6 +252,33 @@ class LanguageModelTask(Task):
         data = self._splits["train"]
         return [{"text": self.vocab.decode(data[i * self.block_size : (i + 1) * self.block_size])} for i in range(n)]
 
+    def view_text(self, max_tokens: int, search: int = 100_000) -> str:
+        """A held-out passage of at most ``max_tokens`` tokens to show (``qkv viz``'s default input).
+
+        The first paragraph of the test split that starts after a blank line within its first
+        ``search`` tokens (in a play: a speaker's name and the start of the line), else the split's
+        start; cut after its last whole word when the next token would split one. Deterministic.
+        """
+        _check_positive_int("max_tokens", max_tokens)
+        data = self._splits["test"]
+        newline = self.vocab.encode("\n")
+        start = 0
+        if len(newline) == 1:  # a character or byte vocabulary: find "\n\n"
+            is_nl = data[:search] == newline[0]  # (search,)
+            blank = torch.nonzero(is_nl[:-1] & is_nl[1:]).flatten()
+            if blank.numel():
+                start = int(blank[0]) + 2
+                while start < data.numel() and int(data[start]) == newline[0]:
+                    start += 1
+        ids = data[start : start + max_tokens].tolist()
+        text = self.vocab.decode(ids)
+        after = data[start + max_tokens : start + max_tokens + 1].tolist()
+        if after and not self.vocab.decode(after).isspace():  # the cut splits a word: drop its start
+            last_space = max(text.rfind(" "), text.rfind("\n"))
+            if last_space >= len(text) // 2:
+                text = text[:last_space]
+        return text.rstrip()
+
 
 # --------------------------------------------------------------------------- sequence to sequence
 
@@ -318,6 +345,14 @@ class Seq2SeqTask(Task):
         """``n`` training pairs as ``{"source", "target"}``."""
         _check_positive_int("n", n)
         return [{"source": s, "target": t} for s, t in self._train_pairs("train", n, 0, 0, 0, 1)]
+
+    @property
+    def max_target_len(self) -> int:
+        """The most tokens a target of this task has (``<eos>`` not counted): generation that has
+        not ended by then never will (``qkv translate``, ``qkv viz``). By default the longest
+        held-out target; a task that knows its bound says it."""
+        longest = max((len(self.vocab.encode(t)) for split in ("valid", "test") for _, t in self.eval_pairs(split)), default=0)
+        return max(1, longest)
 
     # ---- metrics
 
@@ -477,3 +512,10 @@ class PairsSeq2SeqTask(Seq2SeqTask):
 
     def _eval_pairs(self, split: str) -> List[Tuple[str, str]]:
         return self._pairs[split]
+
+    @property
+    def max_target_len(self) -> int:
+        """The longest target of any split, in tokens (see :attr:`Seq2SeqTask.max_target_len`)."""
+        if not hasattr(self, "_max_target_len"):
+            self._max_target_len = max(1, max(len(self.vocab.encode(t)) for pairs in self._pairs.values() for _, t in pairs))
+        return self._max_target_len

@@ -16,7 +16,10 @@ articles only (valid/test from theirs), so fine-tuning never evaluates on pre-tr
 form BERT reads: ``[CLS]`` + the article's first ``max_len - 2`` words + ``[SEP]``, with
 ``attention_mask``; the same article split and the same vocabulary as ``bert-pretrain``, so a
 pre-trained run fine-tunes on it (``qkv train bert --task bbc-news --init RUN``: ``bbc-news``
-becomes this task for a model that reads ``input_ids``, see ``BBCNews.variants``).
+becomes this task for a model that reads ``input_ids``, see ``BBCNews.variants``). With
+``tokenizer=`` a pretrained checkpoint's tokenizer (``qkv.tasks.pretrained_vocab``) cuts the raw
+article into its WordPiece ids instead, so that a Hugging Face checkpoint reads the ids it was
+trained on (``qkv train bert --task bbc-news --init MINILM_DIR`` sets it).
 
 Deviation: words (lower-cased ``[a-z0-9']+`` runs, :func:`qkv.tasks.bbc.tokenize`), the
 ``max_vocab`` most frequent training words seen at least ``min_count`` times, instead of
@@ -37,6 +40,7 @@ from qkv.registry import register
 from qkv.tasks.base import SPLITS, Task, _check_batch_args, _check_positive_int, _check_split, _model_device, stable_seed
 from qkv.tasks.bbc import CLASSES, load_bbc, tokenize
 from qkv.tasks.classify import TensorTask, split_indices
+from qkv.tasks.pretrained_vocab import CheckpointTokenizer
 from qkv.tasks.vocab import WordVocab
 
 __all__ = ["BertVocab", "bert_vocab", "BertPretrainTask", "BBCNewsTokens"]
@@ -274,26 +278,34 @@ class BBCNewsTokens(TensorTask):
     Args:
         max_len: tokens per article, ``[CLS]``/``[SEP]`` included (the first ``max_len - 2``
         words, headline first); min_count, max_vocab: the vocabulary (as ``bert-pretrain``);
-        cache_dir; articles: ``[(text, class)]`` fixtures.
+        cache_dir; articles: ``[(text, class)]`` fixtures; tokenizer: a checkpoint directory (or
+        its ``tokenizer.json``) whose tokenizer gives the ids instead (``[CLS]`` + the article's
+        first ``max_len - 2`` pieces + ``[SEP]``; min_count and max_vocab then play no part).
 
     Batches: ``input_ids (B, max_len)``, ``attention_mask (B, max_len)``, ``labels (B,)``.
     Metrics: ``accuracy``, ``loss``.
     """
 
     def __init__(self, *, max_len: int = 64, min_count: int = 3, max_vocab: int = 5000, cache_dir: Optional[str] = None,
-                 articles: Optional[List[Tuple[str, str]]] = None) -> None:
+                 articles: Optional[List[Tuple[str, str]]] = None, tokenizer: Optional[str] = None) -> None:
         _check_options(max_len=max_len, min_count=min_count, max_vocab=max_vocab)
         if max_len < 3:
             raise ValueError(f"max_len must be >= 3 ([CLS] word [SEP]), got {max_len}")
         self.max_len = max_len
         self.num_labels = len(CLASSES)
         docs, labels, parts = _articles(cache_dir, articles)
-        self.vocab = bert_vocab(docs, parts["train"], min_count, max_vocab)
+        if tokenizer is None:
+            self.vocab = bert_vocab(docs, parts["train"], min_count, max_vocab)
+            index, unk = self.vocab._index, self.vocab.unk_id
+            pieces = [[index.get(w, unk) for s in doc for w in s] for doc in docs]
+        else:
+            self.vocab = CheckpointTokenizer(tokenizer)
+            texts = [text for text, _ in (load_bbc(cache_dir) if articles is None else articles)]
+            pieces = self.vocab.encode_batch(texts)
         v = self.vocab
         ids = torch.full((len(docs), max_len), v.pad_id, dtype=torch.long)
-        for n, doc in enumerate(docs):
-            words = [v._index.get(w, v.unk_id) for s in doc for w in s][: max_len - 2]
-            row = [v.cls_id] + words + [v.sep_id]
+        for n, row in enumerate(pieces):
+            row = [v.cls_id] + row[: max_len - 2] + [v.sep_id]
             ids[n, : len(row)] = torch.tensor(row)
         self._splits = {split: {"input_ids": ids[parts[split]], "attention_mask": ids[parts[split]] != v.pad_id,
                                 "labels": labels[parts[split]]} for split in SPLITS}

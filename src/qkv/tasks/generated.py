@@ -61,6 +61,11 @@ class _StringTask(GeneratedSeq2SeqTask):
     def transform(self, source: str) -> str:
         raise NotImplementedError  # abstract: subclasses implement it
 
+    @property
+    def max_target_len(self) -> int:
+        """A target is as long as its source: at most ``max_len`` symbols."""
+        return self.max_len
+
     def sample(self, rng: random.Random) -> Tuple[str, str]:
         length = rng.randint(self.min_len, self.max_len)
         source = "".join(rng.choice(self.alphabet) for _ in range(length))
@@ -124,6 +129,11 @@ class AdditionTask(GeneratedSeq2SeqTask):
         _check_lengths(min_len, max_len)
         self.min_len, self.max_len = min_len, max_len
         self.vocab = CharVocab(string.digits + "+")
+
+    @property
+    def max_target_len(self) -> int:
+        """The sum of two ``max_len``-digit numbers has at most ``max_len + 1`` digits."""
+        return self.max_len + 1
 
     def _operand(self, rng: random.Random) -> int:
         digits = rng.randint(self.min_len, self.max_len)
@@ -201,6 +211,9 @@ class DatesTask(GeneratedSeq2SeqTask):
         self._last = datetime.date(max_year, 12, 31).toordinal()
         names = "".join(_MONTHS + _WEEKDAYS)
         self.vocab = CharVocab(names + names.lower() + names.upper() + string.digits + " ,./-" + "thstndrdof")
+
+    #: ``YYYY-MM-DD`` (``date.isoformat`` writes every year 1-9999 with four digits).
+    max_target_len = 10
 
     def sample(self, rng: random.Random) -> Tuple[str, str]:
         d = datetime.date.fromordinal(rng.randint(self._first, self._last))

@@ -54,6 +54,11 @@ class BibleEnEs(PairsSeq2SeqTask):
         self.vocab = CharVocab(chars)
         super().__init__(splits)
 
+    @property
+    def max_target_len(self) -> int:
+        """A kept Spanish verse has at most ``max_chars`` characters (one token each)."""
+        return self.max_chars
+
     def _extra_metrics(self, hypotheses: List[str], references: List[str]) -> Dict[str, float]:
         """Corpus BLEU (sacrebleu, 13a tokenisation), 0-100."""
         try:

@@ -348,8 +348,15 @@ class Trainer:
                 self._announce_speed(time.perf_counter() - step_start, cfg.steps - step - 1, eval_every)
             window_tokens += tokens
             done = step + 1
-            if done % cfg.log_every == 0 or done == cfg.steps:
+            logged = done % cfg.log_every == 0 or done == cfg.steps
+            evaluated = bool(eval_every and done % eval_every == 0) or done == cfg.steps
+            # the bar shows a real loss from the first update on, and the latest one beside an evaluation
+            if logged or evaluated or step == start:
                 loss_value = float(distributed.mean_across(ctx, loss))
+                last = {"loss": loss_value}
+                if ctx.is_main and not logged:
+                    bar.set_postfix(_postfix(last, eval_metrics), refresh=False)
+            if logged:
                 elapsed = max(time.perf_counter() - window_start, 1e-9)
                 record = {
                     "event": "train",
@@ -360,12 +367,10 @@ class Trainer:
                     "tokens_per_s": window_tokens * ctx.world_size / elapsed,
                     "time": time.time(),
                 }
-                last = {"loss": loss_value}
                 window_tokens, window_start = 0, time.perf_counter()
                 if ctx.is_main:
                     self._log(record)
                     bar.set_postfix(_postfix(record, eval_metrics), refresh=False)
-            evaluated = bool(eval_every and done % eval_every == 0) or done == cfg.steps
             if evaluated:
                 if ctx.is_main:
                     eval_metrics = self.evaluate(device)
@@ -373,7 +378,7 @@ class Trainer:
                     on_evaluate = getattr(self.model, "on_evaluate", None)
                     if callable(on_evaluate):
                         on_evaluate(eval_metrics)  # e.g. a memory network's linear start ends
-                    bar.set_postfix(_postfix({"loss": last.get("loss", float("nan"))}, eval_metrics), refresh=False)
+                    bar.set_postfix(_postfix(last, eval_metrics), refresh=False)
                 distributed.barrier(ctx)
             if (evaluated if save_every is None else (save_every and done % save_every == 0)) or done == cfg.steps:
                 self._save(ctx, done, optimizer, scheduler)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ... import _checks
+from ...blocks import ACTIVATIONS
 from ...registry import register
 from ..base import ModelOutput, QKVModel
 from ..losses import IGNORE_INDEX, check_labels, float32_at_least, lm_loss
@@ -73,6 +74,21 @@ def mask_tokens(input_ids: Tensor, vocab_size: int, mask_id: int, special_ids: S
     inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids.to(input_ids.dtype), inputs)
     labels = input_ids.masked_fill(~selected, IGNORE_INDEX)
     return inputs, labels
+
+
+class Activation(nn.Module):
+    """The feed-forward activation ``config.activation`` as a module (the MLM transform's, as in
+    the original implementation, which uses ``hidden_act`` there too)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def extra_repr(self) -> str:
+        return repr(self.name)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ACTIVATIONS[self.name](x)
 
 
 @dataclass
@@ -134,7 +150,7 @@ class BERT(QKVModel):
         c = config
         self.stack = TransformerStack(c, vocab_size=c.vocab_size, n_segments=c.n_segments, embedding_norm=True)
         # MLM head: transform, then the output projection tied to the token embeddings, plus a bias
-        self.mlm_transform = nn.Sequential(nn.Linear(c.d_model, c.d_model), nn.GELU(),
+        self.mlm_transform = nn.Sequential(nn.Linear(c.d_model, c.d_model), Activation(c.activation),
                                            nn.LayerNorm(c.d_model, eps=c.layer_norm_eps))
         self.mlm_decoder = nn.Linear(c.d_model, c.vocab_size)
         self.pooler = nn.Linear(c.d_model, c.d_model)  # pooled = tanh(h_[CLS] W_p + b_p)
@@ -184,4 +200,4 @@ class BERT(QKVModel):
                 terms.append(F.cross_entropy(float32_at_least(nsp_logits), next_sentence_label, ignore_index=IGNORE_INDEX))
                 aux["nsp_loss"] = terms[-1].detach()
             loss = sum(terms[1:], terms[0]) if terms else None
-        return ModelOutput(loss=loss, logits=logits, weights=out.weights, aux=aux)
+        return ModelOutput(loss=loss, logits=logits, weights=out.weights, aux=aux, hidden=h)

@@ -120,7 +120,7 @@ class GPT(QKVModel):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
         c = config
-        self.stack = self.stack_class(c, vocab_size=c.vocab_size, causal=True)
+        self.stack = self.stack_class(c, vocab_size=c.vocab_size, causal=True, token_segments=True)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         # Al-Rfou 2018 multiple targets: head k - 2 predicts the token k steps ahead, k = 2 .. K
         self.target_heads = nn.ModuleList(nn.Linear(c.d_model, c.vocab_size, bias=False) for _ in range(c.n_targets - 1))
@@ -138,8 +138,14 @@ class GPT(QKVModel):
             self.total_steps = _checks.positive_int("total_steps", total_steps, allow_zero=True)
 
     def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, need_weights: bool = False,
-                state: Optional[StackState] = None, return_state: bool = False) -> ModelOutput:
+                state: Optional[StackState] = None, return_state: bool = False,
+                attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None) -> ModelOutput:
         """Next-token logits for every position of ``input_ids (B, L)``.
+
+        ``attention_mask (B, L)`` bool, True = real token: padded keys are masked out (with
+        ``state``, ``(B, positions so far + L)``); positions still count from 0 at the first
+        column, as in transformers' GPT-2. ``token_type_ids (B, L)``: ids in the token vocabulary
+        whose token embeddings are added (GPT-2's token types). ``hidden``: the final hidden states.
 
         ``labels (B, L)``: next-token targets (``-100`` ignored). In training mode the loss adds
         the Al-Rfou auxiliary terms the config enables; ``aux_schedule="paper"``::
@@ -160,8 +166,16 @@ class GPT(QKVModel):
         if labels is not None:
             check_labels("labels", labels, c.vocab_size, getattr(input_ids, "shape", ()))
         layer_aux = labels is not None and self.training and c.aux_layer_losses and c.n_layers > 1
-        out = self.stack(input_ids, state=state, need_weights=need_weights, return_state=return_state,
-                         return_hidden=layer_aux)
+        if attention_mask is not None:
+            check_ids("input_ids", input_ids, c.vocab_size)
+            seen = state.position if isinstance(state, StackState) else 0
+            _checks.tensor("attention_mask", attention_mask, ndim=2)
+            if attention_mask.dtype != torch.bool:
+                raise TypeError(f"attention_mask must be a bool tensor (True = real token), got dtype {attention_mask.dtype}")
+            _checks.same("attention_mask", tuple(attention_mask.shape), "(batch, positions so far + input length)",
+                         (input_ids.shape[0], seen + input_ids.shape[1]), "the shape")
+        out = self.stack(input_ids, token_type_ids, mask=attention_mask, state=state, need_weights=need_weights,
+                         return_state=return_state, return_hidden=layer_aux)
         logits = self.lm_head(out.hidden)  # (B, L, V)
         loss, aux = None, {}
         if labels is not None and self.training and c.aux_schedule == "paper" and (layer_aux or c.n_targets > 1):
@@ -184,7 +198,7 @@ class GPT(QKVModel):
                     loss = loss + w * layer_loss
                     aux["layer_loss"] = layer_loss.detach()
                 aux["layer_weight"] = w
-        return ModelOutput(loss=loss, logits=logits, weights=out.weights, state=out.state, aux=aux)
+        return ModelOutput(loss=loss, logits=logits, weights=out.weights, state=out.state, aux=aux, hidden=out.hidden)
 
     def _paper_loss(self, out, logits: Tensor, labels: Tensor):
         """Al-Rfou et al. 2018 §2.2: every active layer's next-token loss plus 0.5 (target_weight)

@@ -179,7 +179,7 @@ class ImageTransformer(QKVModel):
         start = torch.full_like(seq[:, :1], self.start_id)
         out, logits = self.decode(torch.cat([start, seq[:, :-1]], dim=1), classes, need_weights=need_weights)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), seq.reshape(-1))
-        return ModelOutput(loss=loss, logits=logits, weights=out.weights,
+        return ModelOutput(loss=loss, logits=logits, weights=out.weights, hidden=out.hidden,
                            aux={"bits_per_dim": loss.detach() / math.log(2)})
 
     @torch.no_grad()

@@ -203,4 +203,4 @@ class Reformer(GPT):
         if labels is not None:
             check_labels("labels", labels, c.num_labels, (input_ids.shape[0],))
             loss = F.cross_entropy(float32_at_least(logits), labels, ignore_index=IGNORE_INDEX)
-        return ModelOutput(loss=loss, logits=logits, weights=out.weights, aux={})
+        return ModelOutput(loss=loss, logits=logits, weights=out.weights, aux={}, hidden=out.hidden)

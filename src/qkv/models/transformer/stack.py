@@ -82,7 +82,7 @@ class StackConfig:
     d_ff: int = 2048  # hidden width of the feed-forward network
     dropout: float = 0.1  # P_drop on embeddings and on every sub-layer output (residual dropout)
     attention_dropout: float = 0.0  # dropout on the attention weights (inside the kernel)
-    activation: str = "relu"  # feed-forward activation: "relu" (the paper) | "gelu"
+    activation: str = "relu"  # feed-forward activation: "relu" (the paper) | "gelu" (BERT) | "gelu-tanh" (GPT-2's gelu_new)
     residual: str = "post-ln"  # residual wiring: "post-ln" LN(x + F(x)) | "pre-ln" x + F(LN(x)) (+ final LN)
     positional: str = "sinusoidal"  # positional scheme: "sinusoidal" | "learned" | "none"
     max_len: int = 512  # longest sequence ("learned" positions raise beyond it; sinusoids cache this many rows)
@@ -215,11 +215,13 @@ class Embeddings(nn.Module):
         n_segments: number of segment embeddings (0: none).
         norm: LayerNorm after the sum (BERT).
         token: an existing ``nn.Embedding`` to share (encoder and decoder of one vocabulary).
+        token_segments: without a segment table, ``token_type_ids`` index the token table and are
+            added (GPT-2: transformers' ``GPT2Model`` embeds token types with ``wte``).
     """
 
     def __init__(self, vocab_size: int, d_model: int, *, positional: str = "sinusoidal", max_len: int = 512,
                  dropout: float = 0.0, scale: float = 1.0, n_segments: int = 0, norm: bool = False,
-                 eps: float = 1e-5, token: Optional[nn.Embedding] = None) -> None:
+                 eps: float = 1e-5, token: Optional[nn.Embedding] = None, token_segments: bool = False) -> None:
         super().__init__()
         self.vocab_size = _checks.positive_int("vocab_size", vocab_size)
         self.token = nn.Embedding(vocab_size, d_model) if token is None else token
@@ -229,6 +231,7 @@ class Embeddings(nn.Module):
         self.positional = lookup("positional", positional)(d_model, max_len=max_len, dropout=0.0)
         self.n_segments = _checks.positive_int("n_segments", n_segments, allow_zero=True)
         self.segment = nn.Embedding(n_segments, d_model) if n_segments else None
+        self.token_segments = token_segments
         self.norm = nn.LayerNorm(d_model, eps=eps) if norm else nn.Identity()
         self.dropout = nn.Dropout(_checks.probability("dropout", dropout))
 
@@ -242,6 +245,10 @@ class Embeddings(nn.Module):
             check_ids("token_type_ids", token_type_ids, self.n_segments)
             _checks.same("token_type_ids", tuple(token_type_ids.shape), "input_ids", tuple(ids.shape), "the shape")
             x = x + self.segment(token_type_ids)
+        elif token_type_ids is not None and self.token_segments:
+            check_ids("token_type_ids", token_type_ids, self.vocab_size)
+            _checks.same("token_type_ids", tuple(token_type_ids.shape), "input_ids", tuple(ids.shape), "the shape")
+            x = x + self.token(token_type_ids)  # GPT-2: token types through the token table
         elif token_type_ids is not None:
             raise ValueError("token_type_ids given, but the embeddings have no segments (n_segments=0)")
         return self.dropout(self.norm(self.positional(x, offset)))
@@ -334,6 +341,7 @@ class TransformerStack(nn.Module):
         token_embedding: an ``nn.Embedding`` to share with another stack.
         embedding_scale: multiplies token embeddings (the paper: ``sqrt(d_model)``).
         n_segments, embedding_norm: BERT's segment embeddings and embedding LayerNorm.
+        token_segments: token types embedded by the token table (GPT-2), see ``Embeddings``.
 
     ``forward(input_ids)`` embeds then runs the layers; ``run_layers(x)`` takes embeddings.
     """
@@ -341,7 +349,8 @@ class TransformerStack(nn.Module):
     def __init__(self, config: StackConfig, *, vocab_size: int, causal: bool = False,
                  cross_attention: Optional[str] = None, cross_attention_kwargs: Optional[Dict[str, Any]] = None,
                  n_layers: Optional[int] = None, token_embedding: Optional[nn.Embedding] = None,
-                 embedding_scale: float = 1.0, n_segments: int = 0, embedding_norm: bool = False) -> None:
+                 embedding_scale: float = 1.0, n_segments: int = 0, embedding_norm: bool = False,
+                 token_segments: bool = False) -> None:
         super().__init__()
         if not isinstance(config, StackConfig):
             raise TypeError(f"config must be a StackConfig, got {type(config).__name__}")
@@ -350,7 +359,8 @@ class TransformerStack(nn.Module):
         n_layers = config.n_layers if n_layers is None else _checks.positive_int("n_layers", n_layers)
         self.embed = Embeddings(vocab_size, config.d_model, positional=config.positional, max_len=config.max_len,
                                 dropout=config.dropout, scale=embedding_scale, n_segments=n_segments,
-                                norm=embedding_norm, eps=config.layer_norm_eps, token=token_embedding)
+                                norm=embedding_norm, eps=config.layer_norm_eps, token=token_embedding,
+                                token_segments=token_segments)
         self.layers = nn.ModuleList(
             TransformerBlock(config, causal=causal, cross_attention=cross_attention,
                              cross_attention_kwargs=cross_attention_kwargs)

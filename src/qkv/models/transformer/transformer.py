@@ -137,7 +137,7 @@ class Transformer(QKVModel):
         weights = None
         if need_weights:
             weights = {"encoder": enc.weights, "decoder_self": dec.weights, "decoder_cross": dec.cross_weights}
-        return ModelOutput(loss=loss, logits=logits, weights=weights)
+        return ModelOutput(loss=loss, logits=logits, weights=weights, hidden=dec.hidden)  # the decoder's
 
     # ------------------------------------------------------------------------- decoding
 

@@ -173,7 +173,7 @@ class TransformerXL(QKVModel):
         hidden, weights, new_state = self.encode(input_ids, state, need_weights=need_weights, return_state=return_state)
         logits = self.lm_head(hidden)  # (B, L, V)
         loss = lm_loss(logits, labels) if labels is not None else None
-        return ModelOutput(loss=loss, logits=logits, weights=weights, state=new_state)
+        return ModelOutput(loss=loss, logits=logits, weights=weights, state=new_state, hidden=hidden)
 
     # -- carried state in checkpoints (the trainer's hooks)
 

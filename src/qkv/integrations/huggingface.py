@@ -1,0 +1,264 @@
+"""qkv's kernels inside any transformers model, as ``attn_implementation="qkv-<kernel>"``.
+
+    from qkv.integrations import huggingface
+    huggingface.register()                                  # every kernel that fits, as qkv-<name>
+    huggingface.register("qkv-window-16", "window", radius=16)   # one more, with its knobs
+    model = AutoModel.from_pretrained(path, attn_implementation="qkv-performer")
+    model.set_attn_implementation("qkv-window-16")          # or swap on a loaded model
+
+transformers (v5) calls an attention function ``f(module, query, key, value, attention_mask,
+dropout=, scaling=, **kwargs) -> (output (B, L, H, E), weights or None)`` with the projected heads
+``(B, H, L, E)`` — keys and values already joined with the KV cache — and builds the mask with the
+function registered under the same name in ``AttentionMaskInterface``. Both are registered here:
+a name with no mask function gets no mask at all (``masking_utils._preprocess_mask_arguments``
+returns None), so a decoder silently loses its causal mask and every model its padding
+(transformers PRs #45811, #46132).
+
+The mask function keeps what qkv's kernels can use cheaply: for the plain causal and bidirectional
+patterns it returns the key-padding mask ``(B, 1, 1, N)`` (or None without padding) and the kernel
+is built causal when the attention layer is (``module.is_causal``, as transformers' own SDPA path
+reads it); queries are aligned to the end of the keys, as in a KV cache. Any other pattern
+(sliding windows, packed sequences, chunked attention, a static cache whose slots run past the
+queries) is materialised as a boolean ``(B, 1, M, N)`` mask, which only ``qkv-softmax`` takes; the
+other kernels refuse it and say why.
+
+Which kernels fit a pretrained model: the kernels that map the model's own ``Q``, ``K``, ``V``
+projections to outputs without weights of their own — ``softmax`` (exact: transformers' eager
+attention), ``window``, ``local-1d``, ``strided``, ``fixed`` (softmax restricted to a pattern),
+``performer`` (random features: an unbiased estimate of softmax), ``linear`` and ``efficient``
+(other similarity functions), and ``lsh`` with ``shared_qk=False`` (encoders only). Refused:
+``linformer`` (its learned projections ``E``, ``F`` are not in any pretrained checkpoint),
+``adaptive-span`` and ``relative`` (learned spans, learned position terms), ``lsh`` with shared
+queries and keys (a pretrained model has separate key weights), ``local-2d`` without an
+``image_size``. Kernels that cannot be causal (``efficient``, ``lsh`` without shared QK) serve
+encoders only and say so when a decoder calls them.
+
+Scores: transformers passes ``scaling`` (``1/sqrt(head_dim)`` for BERT, GPT-2, Llama). ``softmax``
+takes it as its ``scale``; the kernels that approximate or restrict ``softmax(q k^T / sqrt(d))``
+get ``q`` multiplied by ``scaling * sqrt(d)``, which gives them the same scores; ``linear`` and
+``efficient`` have no temperature and ignore it. Grouped key/value heads (GQA, MQA) are repeated
+to the query heads, as transformers' eager attention does.
+
+Decoding under transformers' KV cache: a kernel here keeps no state of its own. transformers
+stores every key and value (``DynamicCache``) and hands the whole cache to each step, so a step is
+one query against all cached keys. The exact and pattern kernels give the same tokens as without
+a cache (the query is aligned to the last key). The recurrent kernels ``linear`` and ``performer``
+do too — ``phi(q_t) sum_{j<=t} phi(k_j) v_j^T`` is recomputed from the cached keys at each step,
+O(t d^2) instead of their O(d^2) state update, because transformers' cache keeps keys, not the
+``(S, Z)`` sums; qkv's own ``GPT.generate`` carries those sums (``LinearState``) and decodes in
+constant time per token.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+import weakref
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..attention.base import AttentionKernel
+from ..registry import check_kwargs, lookup, names
+
+__all__ = ["register", "registered", "REFUSED", "DEFAULT_KNOBS", "PREFIX"]
+
+PREFIX = "qkv-"
+#: knobs ``register()`` gives the kernels that cannot be built without them (a name with knobs of
+#: your own: ``register("qkv-window-16", "window", radius=16)``)
+DEFAULT_KNOBS: Dict[str, Dict[str, Any]] = {
+    "window": {"radius": 64},
+    "local-1d": {"block": 64, "memory": 64},
+    "strided": {"stride": 64},
+    "fixed": {"stride": 64, "c": 8},
+    "lsh": {"shared_qk": False, "seed": 0},
+}
+#: kernels that cannot serve a pretrained model, and why
+REFUSED: Dict[str, str] = {
+    "linformer": "its learned projections E and F of the keys and values are in no pretrained checkpoint",
+    "adaptive-span": "its learned spans are in no pretrained checkpoint",
+    "relative": "its learned position terms (u, v, W_kR) are in no pretrained checkpoint",
+}
+#: kernels whose similarity has no temperature: transformers' ``scaling`` does not apply
+_UNSCALED = frozenset({"linear", "efficient"})
+
+_registered: Dict[str, Tuple[str, Dict[str, Any]]] = {}  # attn_implementation -> (kernel name, knobs)
+_kernels: "weakref.WeakKeyDictionary[torch.nn.Module, Dict[tuple, AttentionKernel]]" = weakref.WeakKeyDictionary()
+_warned: set = set()
+
+
+def _refusal(kernel: str, knobs: Dict[str, Any]) -> Optional[str]:
+    """Why ``kernel`` with ``knobs`` cannot serve a pretrained model, or None."""
+    if kernel in REFUSED:
+        return REFUSED[kernel]
+    cls = lookup("attention", kernel)
+    params = inspect.signature(cls.__init__).parameters
+    if cls.needs_seq_len:
+        return "it needs the sequence length at construction"
+    shared = knobs.get("shared_qk", params["shared_qk"].default if "shared_qk" in params else cls.shared_qk)
+    if shared:
+        return ("it shares queries and keys (keys are the normalised queries), and a pretrained model has separate "
+                "key weights; lsh fits encoders with shared_qk=False")
+    if kernel == "local-2d" and "image_size" not in knobs:
+        return "it needs image_size=(H, W): its blocks are 2-D"
+    return None
+
+
+def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: Any) -> Dict[str, Tuple[str, Dict[str, Any]]]:
+    """Make qkv kernels selectable as transformers' ``attn_implementation``.
+
+    ``register()`` registers every kernel that fits a pretrained model as ``qkv-<kernel>`` (those
+    that need knobs with :data:`DEFAULT_KNOBS`); ``register(name, kernel, **knobs)`` registers one,
+    ``name`` starting with ``qkv-``. Each goes into both ``AttentionInterface`` and
+    ``AttentionMaskInterface``. Returns ``{attn_implementation: (kernel, knobs)}`` of what was
+    registered. A kernel that cannot serve a pretrained model raises ``ValueError`` with the reason
+    (:data:`REFUSED`); unknown knobs raise ``TypeError``.
+    """
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError as e:
+        raise ImportError("qkv.integrations.huggingface needs transformers: pip install 'qkv[hf]'") from e
+    if name is None and kernel is None:
+        if knobs:
+            raise TypeError("knobs go with one kernel: register(name, kernel, **knobs)")
+        wanted = {f"{PREFIX}{k}": (k, dict(DEFAULT_KNOBS.get(k, {}))) for k in names("attention")
+                  if _refusal(k, DEFAULT_KNOBS.get(k, {})) is None}
+    else:
+        if not isinstance(name, str) or not name.startswith(PREFIX) or len(name) == len(PREFIX):
+            raise ValueError(f"name must be an attn_implementation starting with {PREFIX!r} (e.g. 'qkv-window-16'), got {name!r}")
+        if not isinstance(kernel, str):
+            raise TypeError(f"kernel must be a qkv kernel name (qkv.list_attention()), got {kernel!r}")
+        cls = lookup("attention", kernel)  # an unknown name raises, listing the known ones
+        why = _refusal(cls.registry_name, knobs)
+        if why is not None:
+            raise ValueError(f"attention {cls.registry_name!r} cannot serve a pretrained transformers model: {why}")
+        check_kwargs(cls, {**knobs, "causal": False, "dropout": 0.0}, f"attention {cls.registry_name!r}")
+        params = inspect.signature(cls.__init__).parameters
+        needed = [p for p, v in params.items() if v.default is inspect.Parameter.empty and v.kind is v.KEYWORD_ONLY
+                  and p not in knobs and p not in ("n_heads", "d_head", "head_dim")]
+        if needed:
+            raise TypeError(f"attention {cls.registry_name!r} needs {', '.join(needed)}: "
+                            f"register({name!r}, {kernel!r}, {', '.join(f'{p}=...' for p in needed)})")
+        wanted = {name: (cls.registry_name, dict(knobs))}
+    for impl, (kernel_name, kernel_knobs) in wanted.items():
+        AttentionInterface.register(impl, _attention_function(impl, kernel_name, kernel_knobs))
+        AttentionMaskInterface.register(impl, _mask_function)
+        _registered[impl] = (kernel_name, kernel_knobs)
+    return dict(wanted)
+
+
+def registered() -> Dict[str, Tuple[str, Dict[str, Any]]]:
+    """What :func:`register` has registered so far: ``{attn_implementation: (kernel, knobs)}``."""
+    return dict(_registered)
+
+
+# ----------------------------------------------------------------------------- the mask
+
+
+def _mask_function(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: Any = 0,
+                   mask_function: Optional[Callable] = None, attention_mask: Optional[Tensor] = None,
+                   use_vmap: bool = False, device: Any = "cpu", **kwargs: Any) -> Optional[Tensor]:
+    """transformers' mask interface: the key-padding mask ``(B, 1, 1, N)`` (None without padding)
+    for the plain causal and bidirectional patterns, queries aligned to the end of the keys; any
+    other pattern as the full boolean mask ``(B, 1, M, N)``."""
+    from transformers.masking_utils import (bidirectional_mask_function, causal_mask_function,
+                                            prepare_padding_mask, sdpa_mask)
+
+    mask_function = causal_mask_function if mask_function is None else mask_function
+    q_offset, kv_offset = int(q_offset), int(kv_offset)
+    aligned = q_offset + q_length == kv_offset + kv_length  # query i sits at key N - M + i
+    if mask_function is bidirectional_mask_function or (mask_function is causal_mask_function and aligned):
+        padding = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+        if padding is None:
+            return None
+        padding = padding[:, kv_offset: kv_offset + kv_length].to(device=device, dtype=torch.bool)  # (B, N)
+        if bool(padding.all()):
+            return None
+        return padding[:, None, None, :]  # (B, 1, 1, N)
+    for key in ("allow_is_causal_skip", "allow_is_bidirectional_skip", "allow_torch_fix"):
+        kwargs.pop(key, None)
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
+                     allow_is_causal_skip=False, allow_is_bidirectional_skip=False, use_vmap=use_vmap,
+                     device=device, **{k: v for k, v in kwargs.items() if k == "local_size"})
+
+
+# ----------------------------------------------------------------------------- the attention
+
+
+def _repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """``(B, H_kv, N, E)`` -> ``(B, H_kv * n_rep, N, E)``: each key/value head serves ``n_rep`` query heads."""
+    if n_rep == 1:
+        return x
+    B, H, N, E = x.shape
+    return x[:, :, None].expand(B, H, n_rep, N, E).reshape(B, H * n_rep, N, E)
+
+
+def _kernel(module: torch.nn.Module, impl: str, kernel: str, knobs: Dict[str, Any], causal: bool, dropout: float,
+            heads: int, d_head: int, device: torch.device) -> AttentionKernel:
+    """The kernel of one attention layer, built on its first call and kept (random features stay fixed)."""
+    per_module = _kernels.setdefault(module, {})
+    key = (impl, causal, dropout, heads, d_head, str(device), tuple(sorted((k, repr(v)) for k, v in knobs.items())))
+    if key not in per_module:
+        cls = lookup("attention", kernel)
+        if dropout > 0 and not cls.applies_dropout:
+            if (impl, "dropout") not in _warned:
+                _warned.add((impl, "dropout"))
+                warnings.warn(f"attention {kernel!r} forms no attention-weight matrix and applies no dropout: the "
+                              f"model's attention dropout ({dropout}) is not applied", stacklevel=4)
+            dropout = 0.0
+        params = inspect.signature(cls.__init__).parameters
+        filled = {k: v for k, v in (("n_heads", heads), ("d_head", d_head), ("head_dim", d_head))
+                  if k in params and k not in knobs}
+        try:
+            built = cls(causal=causal, dropout=dropout, **filled, **knobs)
+        except ValueError as e:
+            role = "a decoder (causal attention)" if causal else "an encoder"
+            raise ValueError(f"{impl}: {e}; {type(module).__name__} is {role}") from None
+        per_module[key] = built.to(device)
+    return per_module[key]
+
+
+def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callable:
+    """transformers' attention signature around qkv kernel ``kernel`` built with ``knobs``."""
+
+    def attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
+                  dropout: float = 0.0, scaling: Optional[float] = None, is_causal: Optional[bool] = None,
+                  **kwargs: Any) -> Tuple[Tensor, Optional[Tensor]]:
+        B, H, M, E = query.shape  # (B, H, M, E); key, value (B, H_kv, N, E)
+        if kwargs.get("softcap") is not None:
+            raise ValueError(f"{impl}: this model caps its scores (softcap), which qkv's kernels do not do; use 'eager'")
+        if kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None:
+            raise ValueError(f"{impl}: this model adds a score bias (position_bias / attention sinks), which qkv's kernels do not take")
+        n_rep = H // key.shape[1]
+        key, value = _repeat_kv(key, n_rep), _repeat_kv(value, n_rep)  # (B, H, N, E)
+        causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
+        mask = attention_mask
+        if mask is not None:
+            if mask.dtype != torch.bool:  # an additive float mask: 0 = attend, the dtype's minimum = masked
+                allowed = mask == 0
+                if not bool((allowed | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
+                    raise ValueError(f"{impl}: the attention mask adds score biases, which qkv's kernels do not take")
+                mask = allowed
+            if mask.shape[-2] != 1:  # the full pattern (causality included) is in the mask
+                causal = False
+        own = dict(knobs)
+        if kernel == "softmax" and "scale" not in own:
+            own["scale"] = scaling  # transformers' own factor (None: 1/sqrt(E))
+        built = _kernel(module, impl, kernel, own, causal, float(dropout), H, E, query.device)
+        built.train(dropout > 0)
+        if kernel != "softmax" and kernel not in _UNSCALED and scaling is not None:
+            query = query * (scaling * math.sqrt(E))  # the kernel divides by sqrt(E): softmax(scaling q k^T)
+        if mask is not None and mask.shape[-2] != 1 and built.supports_mask != "full":
+            raise ValueError(f"{impl}: this model's attention pattern is not plain causal or bidirectional (a sliding "
+                             f"window, packed sequences or a static cache), and attention {kernel!r} takes key-padding "
+                             f"masks only; use qkv-softmax, or a dynamic cache without packing")
+        need_weights = bool(kwargs.get("output_attentions", False))
+        out = built(query, key, value, mask=mask, need_weights=need_weights)
+        return out.output.transpose(1, 2).contiguous(), out.weights  # (B, M, H, E)
+
+    attention.__name__ = attention.__qualname__ = f"qkv_attention_{kernel.replace('-', '_')}"
+    attention.__doc__ = f"qkv's {kernel!r} kernel ({knobs or 'default knobs'}) as a transformers attention function."
+    return attention

@@ -1,0 +1,74 @@
+"""A run that starts from a pretrained checkpoint directory: ``qkv train MODEL --task TASK --init DIR``
+where ``DIR`` is a Hugging Face checkpoint (``config.json`` + ``model.safetensors``, e.g.
+``qkv data fetch minilm``) or a qkv model directory written by ``save_pretrained`` — not a run
+(a run directory holds ``run.json`` and is read by the CLI as before).
+
+The new model takes the checkpoint's architecture (``from_pretrained``, so a Hugging Face config
+is translated by ``models/transformer/hf_checkpoints.py``), the task's head fields
+(``init_task_fields``: BERT's ``head`` and ``num_labels``) and the user's ``--set``; its weights
+come from the checkpoint except the new task's head (``init_fresh``). A Hugging Face checkpoint
+reads ids of its own tokenizer, so a task that takes ``tokenizer=`` gets the checkpoint's
+``tokenizer.json`` (``qkv.tasks.pretrained_vocab``), and a task that builds its own vocabulary is
+refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Dict, Tuple
+
+__all__ = ["is_checkpoint_dir", "task_options", "init_config"]
+
+RUN_FILE = "run.json"
+
+
+def is_checkpoint_dir(path: Any) -> bool:
+    """A model directory (``config.json``, no ``run.json``): a Hugging Face checkpoint or a
+    ``save_pretrained`` directory."""
+    directory = Path(str(path))
+    return directory.is_dir() and (directory / "config.json").is_file() and not (directory / RUN_FILE).exists()
+
+
+def _is_huggingface(directory: Path) -> bool:
+    from ..models.transformer.hf_checkpoints import is_huggingface
+
+    return is_huggingface(directory)
+
+
+def task_options(path: Any, task_cls: type, options: Dict[str, Any]) -> Dict[str, Any]:
+    """The task's options with the checkpoint's tokenizer (``tokenizer=DIR``) when ``path`` is a
+    Hugging Face checkpoint; a task that cannot take one is refused with the reason."""
+    directory = Path(str(path)).expanduser()
+    if not is_checkpoint_dir(directory) or not _is_huggingface(directory):
+        return options
+    takes = "tokenizer" in inspect.signature(task_cls.__init__).parameters
+    name = getattr(task_cls, "registry_name", task_cls.__name__)
+    if not takes:
+        raise ValueError(f"--init {path}: a Hugging Face checkpoint reads the ids of its own tokenizer, and task {name!r} "
+                         f"builds its own vocabulary (it takes no tokenizer=); choose a task that takes one (bbc-news)")
+    if options.get("tokenizer") is None:
+        if not (directory / "tokenizer.json").is_file():
+            raise ValueError(f"--init {path}: the checkpoint has no tokenizer.json; give the task one with "
+                             f"--set task.tokenizer=DIR")
+        options = {**options, "tokenizer": str(directory.resolve())}
+    return options
+
+
+def init_config(path: Any, model_cls: type, head: Dict[str, Any], user: Dict[str, Any],
+                say: Callable[[str], None] = print) -> Tuple[Dict[str, Any], Any]:
+    """``(config values, source model)`` for a run initialised from the checkpoint in ``path``:
+    its architecture, then the task's ``head`` fields, then the user's settings. What the
+    checkpoint lacks (a ``BertModel``'s heads) is said through ``say`` in one line."""
+    directory = Path(str(path)).expanduser()
+    # a Hugging Face checkpoint is read with the new head, so that what it lacks is said of that head
+    as_head = {"head": head["head"]} if "head" in head and _is_huggingface(directory) else {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        source = model_cls.from_pretrained(directory, **as_head)
+    for w in caught:
+        say(str(w.message))
+    values = {**dataclasses.asdict(source.config), **head, **user}
+    return values, source

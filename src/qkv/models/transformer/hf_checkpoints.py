@@ -1,0 +1,532 @@
+"""Hugging Face checkpoints of BERT and GPT-2, in and out of qkv's ``BERT`` and ``GPT``.
+
+A Hugging Face checkpoint is a directory with ``config.json`` (``model_type`` ``"bert"`` or
+``"gpt2"``) and ``model.safetensors``. The weights are read from safetensors only: a directory
+that holds ``pytorch_model.bin`` (a pickle, which can run code when loaded) is refused, and
+nothing in it is opened. Every difference between the two architectures and qkv's stack is
+either an option of the stack or a weight layout written down here, once:
+
+=====================================  ========================================================
+transformers                           qkv
+=====================================  ========================================================
+BERT: post-LN blocks, erf GELU,        ``residual="post-ln"``, ``activation="gelu"``,
+LayerNorm eps 1e-12, token types,      ``layer_norm_eps``, ``n_segments`` (``type_vocab_size``),
+embedding LayerNorm, pooler,           ``embedding_norm``, ``BERT.pooler``,
+MLM decoder tied to the embeddings     ``mlm_decoder.weight`` is the token table
+GPT-2: pre-LN blocks + ``ln_f``,       ``residual="pre-ln"`` (its final LayerNorm),
+tanh GELU (``gelu_new``),              ``activation="gelu-tanh"``,
+token types through ``wte``,           ``Embeddings(token_segments=True)``,
+tied ``lm_head``                       ``tie_embeddings``
+GPT-2's ``Conv1D`` stores ``W`` as     transposed to ``nn.Linear``'s ``(out, in)``
+``(in, out)``; ``c_attn`` fuses        split into ``q_proj``, ``k_proj``, ``v_proj``
+``[W_q W_k W_v]``
+=====================================  ========================================================
+
+``load`` maps the tensors and checks every one (names, shapes, nothing missing, nothing left
+over) before any weight is copied; the heads a checkpoint lacks (a plain ``BertModel`` has no
+MLM, NSP or classification head) start fresh and are named in one warning. ``save`` writes the
+inverse, which ``transformers``' ``AutoModelFor...from_pretrained`` loads with equal outputs.
+Neither needs transformers installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from ...registry import lookup
+
+__all__ = ["is_huggingface", "load", "save", "HF_ACTIVATIONS", "PICKLE_FILES"]
+
+PathLike = Union[str, os.PathLike]
+
+WEIGHTS = "model.safetensors"
+#: weight files that are pickles (or other formats qkv does not read); never opened
+PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack",
+                "model.ckpt.index")
+#: transformers' activation names -> qkv's (``qkv.blocks.ACTIVATIONS``)
+HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu-tanh", "gelu_pytorch_tanh": "gelu-tanh",
+                  "gelu_fast": "gelu-tanh"}
+_QKV_TO_HF_ACTIVATION = {"gelu": "gelu", "relu": "relu", "gelu-tanh": "gelu_new"}
+
+# the architectures (config.json "architectures") whose tensors qkv represents, and BERT's head for each
+_BERT_HEADS = {"BertModel": "pretraining", "BertForPreTraining": "pretraining", "BertForMaskedLM": "pretraining",
+               "BertForNextSentencePrediction": "pretraining", "BertForSequenceClassification": "classification"}
+_GPT2_ARCHITECTURES = ("GPT2Model", "GPT2LMHeadModel")
+#: config fields a checkpoint fixes (they shape the weights or the function); overrides may set the others
+_FIXED = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "n_segments", "activation", "residual",
+          "positional", "layer_norm_eps", "tie_embeddings", "linear")
+
+
+def _error(message: str) -> Exception:
+    from ...train.checkpoint import CheckpointError
+
+    return CheckpointError(message)
+
+
+# ----------------------------------------------------------------------------- tensor layouts
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One Hugging Face tensor and the qkv tensor(s) it holds.
+
+    layout: ``"same"``; ``"t"`` (a ``Conv1D`` weight ``(in, out)`` is ``nn.Linear``'s transposed);
+    ``"qkv_t"`` (``c_attn.weight (d, 3d)`` = ``[W_q^T W_k^T W_v^T]``); ``"qkv"`` (``c_attn.bias``).
+    group: ``"base"`` (required) or the head it belongs to (absent as a whole: starts fresh).
+    """
+
+    hf: str
+    ours: Tuple[str, ...]
+    layout: str = "same"
+    group: str = "base"
+
+    def to_qkv(self, t: Tensor) -> List[Tensor]:
+        if self.layout == "same":
+            return [t]
+        if self.layout == "t":
+            return [t.t()]
+        if self.layout == "qkv_t":
+            return [w.t() for w in t.chunk(3, dim=1)]  # (d, 3d) -> three (d, d), each transposed
+        return list(t.chunk(3, dim=0))  # "qkv": (3d,) -> three (d,)
+
+    def to_hf(self, ts: Sequence[Tensor]) -> Tensor:
+        if self.layout == "same":
+            return ts[0]
+        if self.layout == "t":
+            return ts[0].t()
+        if self.layout == "qkv_t":
+            return torch.cat([w.t() for w in ts], dim=1)  # three (d, d) -> (d, 3d)
+        return torch.cat(list(ts), dim=0)
+
+
+def _pair(hf: str, ours: str, group: str = "base", layout: str = "same", bias: bool = True) -> List[Rule]:
+    """``weight`` (and ``bias``) of one layer."""
+    rules = [Rule(f"{hf}.weight", (f"{ours}.weight",), layout, group)]
+    if bias:
+        rules.append(Rule(f"{hf}.bias", (f"{ours}.bias",), "same", group))
+    return rules
+
+
+def _bert_rules(n_layers: int, base: str) -> List[Rule]:
+    """BERT (``modeling_bert``): ``base`` is ``"bert."`` in the ``BertFor...`` models, ``""`` in ``BertModel``."""
+    e = f"{base}embeddings"
+    rules = [Rule(f"{e}.word_embeddings.weight", ("stack.embed.token.weight",)),
+             Rule(f"{e}.position_embeddings.weight", ("stack.embed.positional.embedding.weight",)),
+             Rule(f"{e}.token_type_embeddings.weight", ("stack.embed.segment.weight",)),
+             *_pair(f"{e}.LayerNorm", "stack.embed.norm")]
+    for i in range(n_layers):
+        hf, ours = f"{base}encoder.layer.{i}", f"stack.layers.{i}"
+        rules += [*_pair(f"{hf}.attention.self.query", f"{ours}.self_attn.q_proj"),
+                  *_pair(f"{hf}.attention.self.key", f"{ours}.self_attn.k_proj"),
+                  *_pair(f"{hf}.attention.self.value", f"{ours}.self_attn.v_proj"),
+                  *_pair(f"{hf}.attention.output.dense", f"{ours}.self_attn.out_proj"),
+                  *_pair(f"{hf}.attention.output.LayerNorm", f"{ours}.res_self.norm"),
+                  *_pair(f"{hf}.intermediate.dense", f"{ours}.ff.w1"),
+                  *_pair(f"{hf}.output.dense", f"{ours}.ff.w2"),
+                  *_pair(f"{hf}.output.LayerNorm", f"{ours}.res_ff.norm")]
+    rules += _pair(f"{base}pooler.dense", "pooler", "pooler")
+    rules += [*_pair("cls.predictions.transform.dense", "mlm_transform.0", "mlm"),
+              *_pair("cls.predictions.transform.LayerNorm", "mlm_transform.2", "mlm"),
+              Rule("cls.predictions.bias", ("mlm_decoder.bias",), "same", "mlm")]
+    rules += _pair("cls.seq_relationship", "nsp_head", "nsp")
+    rules += _pair("classifier", "classifier", "classifier")
+    return rules
+
+
+def _gpt2_rules(n_layers: int, base: str, tied: bool) -> List[Rule]:
+    """GPT-2 (``modeling_gpt2``): ``base`` is ``"transformer."`` in ``GPT2LMHeadModel``, ``""`` in ``GPT2Model``."""
+    rules = [Rule(f"{base}wte.weight", ("stack.embed.token.weight",)),
+             Rule(f"{base}wpe.weight", ("stack.embed.positional.embedding.weight",))]
+    for i in range(n_layers):
+        hf, ours = f"{base}h.{i}", f"stack.layers.{i}"
+        attn = tuple(f"{ours}.self_attn.{p}_proj" for p in "qkv")
+        rules += [*_pair(f"{hf}.ln_1", f"{ours}.res_self.norm"),
+                  Rule(f"{hf}.attn.c_attn.weight", tuple(f"{a}.weight" for a in attn), "qkv_t"),
+                  Rule(f"{hf}.attn.c_attn.bias", tuple(f"{a}.bias" for a in attn), "qkv"),
+                  *_pair(f"{hf}.attn.c_proj", f"{ours}.self_attn.out_proj", layout="t"),
+                  *_pair(f"{hf}.ln_2", f"{ours}.res_ff.norm"),
+                  *_pair(f"{hf}.mlp.c_fc", f"{ours}.ff.w1", layout="t"),
+                  *_pair(f"{hf}.mlp.c_proj", f"{ours}.ff.w2", layout="t")]
+    rules += _pair(f"{base}ln_f", "stack.final_norm")
+    if not tied:
+        rules.append(Rule("lm_head.weight", ("lm_head.weight",), "same", "lm_head"))
+    return rules
+
+
+def _ignorable(name: str, model_type: str) -> bool:
+    """Buffers older transformers saved that carry no weights (position ids, GPT-2's causal mask)."""
+    if model_type == "bert":
+        return name.endswith(("embeddings.position_ids", "embeddings.token_type_ids"))
+    return name.endswith((".attn.bias", ".attn.masked_bias"))
+
+
+#: the head groups each BERT head setting uses (the pooled [CLS] feeds NSP and the classifier)
+_BERT_GROUPS = {"pretraining": ("pooler", "mlm", "nsp"), "classification": ("pooler", "classifier")}
+_HEAD_NAMES = {"pooler": "pooler (pooler.dense)", "mlm": "masked-LM head (cls.predictions)",
+               "nsp": "next-sentence head (cls.seq_relationship)", "classifier": "classifier",
+               "lm_head": "LM head (lm_head)"}
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def _read_json(path: Path) -> Dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _error(f"{path} is not a readable JSON config: {e}") from None
+    if not isinstance(value, dict):
+        raise _error(f"{path} must hold a JSON object, got {type(value).__name__}")
+    return value
+
+
+def is_huggingface(directory: PathLike) -> bool:
+    """Whether ``directory/config.json`` is a transformers config (not a qkv one): it names
+    ``transformers_version``/``architectures``, or a ``model_type`` with transformers' size fields."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        return False
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if not isinstance(config, dict) or "model_type" not in config:
+        return False
+    return ("transformers_version" in config or "architectures" in config or config["model_type"] == "gpt2"
+            or ("d_model" not in config and any(k in config for k in ("hidden_size", "n_embd"))))
+
+
+def _get(config: Dict[str, Any], key: str, default: Any, kind: type = int) -> Any:
+    """``config[key]`` (transformers' default when absent), type-checked."""
+    value = config.get(key, default)
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok:
+        raise _error(f"config.json: {key} must be {'a number' if kind is float else kind.__name__}, got {value!r}")
+    return value
+
+
+def _activation(config: Dict[str, Any], key: str, default: str) -> str:
+    name = config.get(key, default)
+    if name not in HF_ACTIVATIONS:
+        raise _error(f"config.json: {key}={name!r} is not an activation qkv represents; expected one of {sorted(HF_ACTIVATIONS)}")
+    return HF_ACTIVATIONS[name]
+
+
+def _architecture(config: Dict[str, Any], known: Sequence[str], default: str) -> str:
+    names = config.get("architectures") or [default]
+    if not isinstance(names, list) or len(names) != 1 or names[0] not in known:
+        raise _error(f"config.json: architectures={names!r}; qkv reads one of {sorted(known)}")
+    return names[0]
+
+
+def _refuse(config: Dict[str, Any], key: str, allowed: Any, what: str) -> None:
+    if key in config and config[key] not in allowed:
+        raise _error(f"config.json: {key}={config[key]!r} is not supported ({what}); expected {allowed[0]!r}")
+
+
+def _bert_config(config: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
+    """transformers' ``BertConfig`` (its defaults where a field is absent) -> (architecture, BERTConfig fields)."""
+    arch = _architecture(config, _BERT_HEADS, "BertModel")
+    _refuse(config, "position_embedding_type", ("absolute",), "qkv's BERT has absolute learned positions")
+    _refuse(config, "is_decoder", (False,), "a BERT decoder is not represented")
+    _refuse(config, "add_cross_attention", (False,), "a BERT with cross-attention is not represented")
+    _refuse(config, "problem_type", (None, "single_label_classification"), "qkv's classifier is single-label")
+    values = {
+        "vocab_size": _get(config, "vocab_size", 30522), "d_model": _get(config, "hidden_size", 768),
+        "n_layers": _get(config, "num_hidden_layers", 12), "n_heads": _get(config, "num_attention_heads", 12),
+        "d_ff": _get(config, "intermediate_size", 3072), "activation": _activation(config, "hidden_act", "gelu"),
+        "dropout": float(_get(config, "hidden_dropout_prob", 0.1, float)),
+        "attention_dropout": float(_get(config, "attention_probs_dropout_prob", 0.1, float)),
+        "max_len": _get(config, "max_position_embeddings", 512), "n_segments": _get(config, "type_vocab_size", 2),
+        "layer_norm_eps": float(_get(config, "layer_norm_eps", 1e-12, float)),
+        "residual": "post-ln", "positional": "learned", "head": _BERT_HEADS[arch],
+    }
+    if arch == "BertForSequenceClassification":
+        labels = config.get("id2label")
+        values["num_labels"] = len(labels) if isinstance(labels, dict) and labels else _get(config, "num_labels", 2)
+    return arch, values
+
+
+def _gpt2_config(config: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
+    """transformers' ``GPT2Config`` (its defaults where a field is absent) -> (architecture, GPTConfig fields)."""
+    arch = _architecture(config, _GPT2_ARCHITECTURES, "GPT2LMHeadModel")
+    _refuse(config, "scale_attn_weights", (True,), "qkv scales scores by 1/sqrt(head_dim)")
+    _refuse(config, "scale_attn_by_inverse_layer_idx", (False,), "no per-layer score scaling in qkv")
+    _refuse(config, "add_cross_attention", (False,), "a GPT-2 with cross-attention is not represented")
+    d = _get(config, "n_embd", 768)
+    values = {
+        "vocab_size": _get(config, "vocab_size", 50257), "d_model": d, "n_layers": _get(config, "n_layer", 12),
+        "n_heads": _get(config, "n_head", 12), "d_ff": 4 * d if config.get("n_inner") is None else _get(config, "n_inner", 0),
+        "activation": _activation(config, "activation_function", "gelu_new"),
+        "dropout": float(_get(config, "resid_pdrop", 0.1, float)),
+        "attention_dropout": float(_get(config, "attn_pdrop", 0.1, float)),
+        "max_len": _get(config, "n_positions", 1024),
+        "layer_norm_eps": float(_get(config, "layer_norm_epsilon", 1e-5, float)),
+        "tie_embeddings": _get(config, "tie_word_embeddings", True, bool),
+        "residual": "pre-ln", "positional": "learned",
+    }
+    return arch, values
+
+
+def _hf_bert_config(c: Any) -> Dict[str, Any]:
+    arch = "BertForSequenceClassification" if c.head == "classification" else "BertForPreTraining"
+    config = {"architectures": [arch], "model_type": "bert", "vocab_size": c.vocab_size, "hidden_size": c.d_model,
+              "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads, "intermediate_size": c.d_ff,
+              "hidden_act": _QKV_TO_HF_ACTIVATION[c.activation], "hidden_dropout_prob": c.dropout,
+              "attention_probs_dropout_prob": c.attention_dropout, "max_position_embeddings": c.max_len,
+              "type_vocab_size": max(c.n_segments, 1), "layer_norm_eps": c.layer_norm_eps,
+              "position_embedding_type": "absolute", "tie_word_embeddings": True, "pad_token_id": 0}
+    if c.head == "classification":
+        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(c.num_labels)}
+        config["label2id"] = {f"LABEL_{i}": i for i in range(c.num_labels)}
+    return config
+
+
+def _hf_gpt2_config(c: Any) -> Dict[str, Any]:
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": c.vocab_size,
+            "n_embd": c.d_model, "n_layer": c.n_layers, "n_head": c.n_heads, "n_inner": c.d_ff,
+            "activation_function": _QKV_TO_HF_ACTIVATION[c.activation], "resid_pdrop": c.dropout,
+            "embd_pdrop": c.dropout, "attn_pdrop": c.attention_dropout, "n_positions": c.max_len,
+            "layer_norm_epsilon": c.layer_norm_eps, "tie_word_embeddings": c.tie_embeddings,
+            "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+            "bos_token_id": None, "eos_token_id": None}
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _check_files(directory: Path) -> Path:
+    """``directory/model.safetensors``, or one line saying what is there instead."""
+    weights = directory / WEIGHTS
+    if weights.is_file():
+        return weights
+    pickles = [name for name in PICKLE_FILES if (directory / name).exists()]
+    if pickles:
+        raise _error(f"{directory} holds {', '.join(pickles)} and no {WEIGHTS}: qkv reads weights from safetensors only "
+                     f"and never unpickles (a pickle can run code); save the model with safe_serialization=True")
+    if (directory / f"{WEIGHTS}.index.json").exists():
+        raise _error(f"{directory} holds a sharded checkpoint ({WEIGHTS}.index.json); qkv reads one {WEIGHTS}")
+    raise _error(f"{directory} has no {WEIGHTS}: expected a Hugging Face checkpoint (config.json + {WEIGHTS})")
+
+
+def _read_tensors(weights: Path) -> Dict[str, Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise _error(f"{weights} is not a safetensors file (corrupt, truncated or another format): {e}") from None
+
+
+def _names(names: Sequence[str], limit: int = 6) -> str:
+    names = sorted(names)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _model_class(model_type: str, cls: Optional[type]) -> type:
+    from .bert import BERT
+    from .gpt import GPT
+
+    wanted = {"bert": BERT, "gpt2": GPT}.get(model_type)
+    if wanted is None:
+        raise _error(f"config.json: model_type={model_type!r} is not an architecture qkv represents; expected 'bert' or 'gpt2'")
+    if cls is not None and cls is not wanted:
+        raise _error(f"a Hugging Face {model_type!r} checkpoint loads into qkv.models.{wanted.__name__}, not "
+                     f"{cls.__name__} (choose its kernel with {wanted.__name__}.from_pretrained(dir, attention=...))")
+    return wanted
+
+
+def load(cls: Optional[type], directory: PathLike, map_location: str = "cpu", **overrides: Any) -> Any:
+    """Build qkv's ``BERT``/``GPT`` from the Hugging Face checkpoint in ``directory``.
+
+    Args:
+        cls: ``BERT`` or ``GPT`` (None: chosen by ``model_type``).
+        overrides: config fields the checkpoint does not fix (``attention``, ``attention_kwargs``,
+            ``dropout``, ``head``, ``num_labels``, ...); a kernel that applies no attention dropout
+            (``linear``, ``performer``, ``efficient``) gets ``attention_dropout=0``. A kernel with learned parameters of its own
+            (Linformer's projections) or with shared query/key weights (``lsh``) is refused: the
+            checkpoint has no weights for the one and separate key weights for the other.
+    Raises:
+        CheckpointError (a ``ValueError``): an unsupported ``model_type``, architecture or option;
+        a pickle instead of safetensors; missing or unexpected tensors; a wrong shape.
+    """
+    directory = Path(directory)
+    config = _read_json(directory / "config.json")
+    model_type = config.get("model_type")
+    model_cls = _model_class(model_type, cls)
+    arch, values = (_bert_config if model_type == "bert" else _gpt2_config)(config)
+    fixed = sorted(set(overrides) & set(_FIXED))
+    if fixed:
+        raise ValueError(f"{fixed} are fixed by the checkpoint in {directory}; override only fields that keep the "
+                         f"weights' shapes (attention, attention_kwargs, dropout, head, num_labels, ...)")
+    values.update(overrides)
+    kernel = lookup("attention", values.get("attention", "softmax"))
+    if not kernel.applies_dropout and "attention_dropout" not in overrides:
+        values["attention_dropout"] = 0.0  # a kernel that forms no weight matrix takes no attention dropout
+    weights = _check_files(directory)
+    model = model_cls.from_config(values)  # sizes are checked before anything is allocated
+    _refuse_kernel(model)
+    tensors = _read_tensors(weights)
+    if model_type == "bert":
+        base = "bert." if any(k.startswith("bert.") for k in tensors) else ""
+        rules = _bert_rules(model.config.n_layers, base)
+        tied = {"cls.predictions.decoder.weight": f"{base}embeddings.word_embeddings.weight",
+                "cls.predictions.decoder.bias": "cls.predictions.bias"}
+    else:
+        base = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
+        rules = _gpt2_rules(model.config.n_layers, base, model.config.tie_embeddings)
+        tied = {"lm_head.weight": f"{base}wte.weight"} if model.config.tie_embeddings else {}
+    fresh = _copy(model, rules, tensors, tied, model_type, weights)
+    if model_type == "bert":  # name the heads this head setting uses; the others are idle
+        fresh = [g for g in fresh if g in _BERT_GROUPS[model.config.head]]
+    if fresh:
+        warnings.warn(f"{directory} ({arch}) has no {', '.join(_HEAD_NAMES[g] for g in fresh)}: "
+                      f"{'it starts' if len(fresh) == 1 else 'they start'} fresh", stacklevel=3)
+    return model.to(map_location)
+
+
+def _refuse_kernel(model: Any) -> None:
+    """A kernel that cannot take a pretrained model's attention weights, with the reason."""
+    for block in model.stack.layers:
+        mha = block.self_attn
+        name = mha.kernel.registry_name
+        if mha.k_proj is None:
+            raise ValueError(f"attention {name!r} shares queries and keys (shared_qk, Reformer): a pretrained model has "
+                             f"separate key weights, which it cannot use; choose another kernel")
+        learned = [n for n, p in mha.kernel.named_parameters()]
+        if learned:
+            raise ValueError(f"attention {name!r} has learned parameters of its own ({_names(learned)}) that no "
+                             f"pretrained checkpoint holds; choose a kernel without them")
+
+
+def _copy(model: Any, rules: List[Rule], tensors: Dict[str, Tensor], tied: Dict[str, str], model_type: str,
+          weights: Path) -> List[str]:
+    """Check then copy ``tensors`` into ``model`` by ``rules``; returns the head groups left fresh."""
+    mine = model.state_dict()
+    by_group: Dict[str, List[Rule]] = {}
+    for rule in rules:
+        by_group.setdefault(rule.group, []).append(rule)
+    fresh, use = [], []
+    for group, group_rules in by_group.items():
+        present = [r for r in group_rules if r.hf in tensors]
+        if group != "base" and not present:
+            fresh.append(group)
+            continue
+        missing = [r.hf for r in group_rules if r.hf not in tensors]
+        if missing:
+            raise _error(f"{weights} lacks {_names(missing)} (a {model_type} checkpoint of {model.config.n_layers} "
+                         f"layers needs them)")
+        use += group_rules
+    covered = {r.hf for r in use} | set(tied)
+    extra = [k for k in tensors if k not in covered and not _ignorable(k, model_type)]
+    if extra:
+        raise _error(f"{weights} holds tensors qkv's {type(model).__name__} has no place for: {_names(extra)}")
+    for name, target in tied.items():  # tied copies (older checkpoints store them): must be the same tensor
+        if name in tensors and target in tensors and not torch.equal(tensors[name], tensors[target]):
+            raise _error(f"{weights}: {name} differs from {target}; qkv ties them (untied output weights are not represented)")
+    state = {}
+    for rule in use:
+        t = tensors[rule.hf]
+        expected = tuple(rule.to_hf([mine[o] for o in rule.ours]).shape)
+        if tuple(t.shape) != expected:
+            raise _error(f"{weights}: {rule.hf} has shape {tuple(t.shape)}, expected {expected} (from config.json)")
+        if not t.is_floating_point():
+            raise _error(f"{weights}: {rule.hf} has dtype {t.dtype}, expected a floating-point tensor")
+        for o, part in zip(rule.ours, rule.to_qkv(t)):
+            state[o] = part.to(mine[o].dtype)
+    owned = {o for r in rules for o in r.ours}
+    unmapped = [n for n in mine if n not in owned and ".kernel." not in n and n not in _tied_targets(model)]
+    if unmapped:  # a qkv parameter no rule covers: the mapping is incomplete for this configuration
+        raise _error(f"qkv's {type(model).__name__} has tensors no Hugging Face {model_type} tensor fills: {_names(unmapped)}")
+    with torch.no_grad():
+        for name, value in state.items():
+            mine[name].copy_(value)
+    return fresh
+
+
+def _tied_targets(model: Any) -> set:
+    """qkv parameters that are the token table under another name (BERT's MLM decoder, a tied LM head)."""
+    names = set()
+    if hasattr(model, "mlm_decoder"):
+        names.add("mlm_decoder.weight")
+    if getattr(model.config, "tie_embeddings", False):
+        names.add("lm_head.weight")
+    names |= {f"target_heads.{i}.weight" for i in range(len(getattr(model, "target_heads", ())))}
+    return names
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _check_representable(model: Any) -> str:
+    """The transformers model_type ``model`` saves as, or one line saying why it cannot."""
+    from .bert import BERT
+    from .gpt import GPT
+
+    c = model.config
+    if type(model) is BERT:
+        kind, residual = "bert", "post-ln"
+    elif type(model) is GPT:
+        kind, residual = "gpt2", "pre-ln"
+        if c.n_targets != 1:
+            raise ValueError(f"format='huggingface': n_targets={c.n_targets} adds heads GPT-2 has no place for; expected 1")
+    else:
+        raise ValueError(f"format='huggingface' writes BERT and GPT (transformers' bert and gpt2); "
+                         f"{type(model).__name__} has no transformers counterpart")
+    wanted = {"attention": "softmax", "positional": "learned", "residual": residual, "linear": "dense"}
+    for key, value in wanted.items():
+        if getattr(c, key) != value:
+            raise ValueError(f"format='huggingface': {key}={getattr(c, key)!r} has no counterpart in transformers' "
+                             f"{kind}; expected {value!r}")
+    if c.attention_kwargs not in ({}, {"scale": None}):
+        raise ValueError(f"format='huggingface': attention_kwargs={c.attention_kwargs!r}; transformers' {kind} has none")
+    if c.activation not in _QKV_TO_HF_ACTIVATION:
+        raise ValueError(f"format='huggingface': activation={c.activation!r}; expected one of {sorted(_QKV_TO_HF_ACTIVATION)}")
+    return kind
+
+
+def save(model: Any, directory: PathLike) -> Path:
+    """Write ``model`` (qkv's ``BERT`` or ``GPT``) as a Hugging Face checkpoint: ``config.json``
+    and ``model.safetensors`` with transformers' names and layouts (``BertForPreTraining`` or
+    ``BertForSequenceClassification``; ``GPT2LMHeadModel``). Each file is written atomically."""
+    from safetensors.torch import save_file
+
+    from ...train.checkpoint import atomic_write, atomic_write_text
+
+    kind = _check_representable(model)
+    c = model.config
+    mine = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+    if kind == "bert":
+        rules = _bert_rules(c.n_layers, "bert.")
+        skip = {"classifier"} if c.head == "pretraining" else {"mlm", "nsp"}
+        config = _hf_bert_config(c)
+    else:
+        rules = _gpt2_rules(c.n_layers, "transformer.", c.tie_embeddings)
+        skip = set()
+        config = _hf_gpt2_config(c)
+    token_types = "bert.embeddings.token_type_embeddings.weight"
+    tensors = {r.hf: r.to_hf([mine[o] for o in r.ours]).contiguous().clone() for r in rules
+               if r.group not in skip and not (r.hf == token_types and kind == "bert" and c.n_segments == 0)}
+    if kind == "bert" and c.n_segments == 0:  # one all-zero token type: transformers' default ids add nothing
+        tensors[token_types] = torch.zeros(1, c.d_model, dtype=mine["stack.embed.token.weight"].dtype)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write(directory / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    atomic_write_text(directory / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return directory

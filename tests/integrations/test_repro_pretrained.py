@@ -1,0 +1,44 @@
+"""benchmarks/repro_pretrained.py --quick on a tiny random checkpoint: every part runs, writes its
+JSON and page to the folder given (never docs/reproductions), and the numbers it writes hold what
+they claim where that can be checked (softmax against itself has no error)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from qkv.tasks.bbc import is_bbc_cached
+
+transformers = pytest.importorskip("transformers")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("repro_pretrained", ROOT / "benchmarks" / "repro_pretrained.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not is_bbc_cached(), reason="BBC News is not cached (qkv data fetch bbc)")
+def test_quick_run_writes_every_part(wordpiece_dir, tmp_path):
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=24, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=24, max_position_embeddings=32)
+    transformers.BertModel(config).save_pretrained(wordpiece_dir)
+    published = (ROOT / "docs" / "reproductions" / "pretrained.md")
+    before = published.read_text() if published.exists() else None
+    results = _script().main(["--quick", "--checkpoint", str(wordpiece_dir), "--out", str(tmp_path)])
+    assert set(results) == {"finetune", "swap", "speed"}
+    assert json.loads((tmp_path / "pretrained.json").read_text()) == json.loads(json.dumps(results))
+    page = (tmp_path / "pretrained.md").read_text()
+    assert "Smoke run" in page and "| MiniLM (pretrained) |" in page and "**gpt2**" in page
+    assert (published.read_text() if published.exists() else None) == before
+    swap = results["swap"]["kernels"]
+    assert max(swap["softmax"]["layer_error"]) < 1e-6 and min(swap["window"]["layer_error"]) > 0
+    assert len(results["finetune"]["accuracy"]["random"]["runs"]) == 2
+    assert "qkv-bench-efficient" not in results["speed"]["seconds"]["gpt2"]  # not causal
+    assert set(results["speed"]["seconds"]["bert"]["sdpa"]) == {"32", "64"}
