@@ -101,6 +101,30 @@ def _gpt_cases(sizes: Dict[str, int], L: int, seed: int, device: torch.device, t
         diff = _check_same("gpt2 logits", ours(inputs).logits, theirs(inputs).logits, 1e-4)
     rows = []
 
+    # --- greedy generation with the KV cache, L - n prompt tokens -> L (before training changes the weights)
+    prompt = inputs[:1, : L - n]
+
+    def ours_gen(k: int) -> Callable[[], torch.Tensor]:
+        return lambda: ours.generate(prompt, k, temperature=0)
+
+    def theirs_gen(k: int) -> Callable[[], torch.Tensor]:
+        # an explicit attention mask: without one transformers takes every token equal to pad_token_id for padding
+        return lambda: theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=k,
+                                       min_new_tokens=k, do_sample=False, use_cache=True, pad_token_id=0)
+
+    with torch.no_grad():
+        a, b = ours_gen(min(n, 16))(), theirs_gen(min(n, 16))()
+        if not torch.equal(a.cpu(), b.cpu()):
+            raise ValueError("gpt2 greedy generation: qkv and transformers chose different tokens; not timed")
+        full = common.time_interleaved({"qkv": ours_gen(n), "transformers": theirs_gen(n)}, device, warmup=1,
+                                       min_repeats=5, max_repeats=30, target_seconds=target)
+        first = common.time_interleaved({"qkv": ours_gen(1), "transformers": theirs_gen(1)}, device, warmup=1,
+                                        min_repeats=5, max_repeats=30, target_seconds=target / 2)
+    per_token = {k: (full[k].median - first[k].median) / max(n - 1, 1) for k in full}
+    rows.append({"pair": "gpt-generate", "length": L, "what": f"greedy, prompt {L - n} -> {L} tokens, per token",
+                 "qkv_s": per_token["qkv"], "peer_s": per_token["transformers"],
+                 "ratio": per_token["qkv"] / per_token["transformers"], "max_abs_diff": 0.0,
+                 "prefill_qkv_s": first["qkv"].median, "prefill_peer_s": first["transformers"].median})
     # --- training step
     opt = {"qkv": torch.optim.AdamW(ours.parameters(), lr=1e-5), "transformers": torch.optim.AdamW(theirs.parameters(), lr=1e-5)}
 
@@ -116,32 +140,8 @@ def _gpt_cases(sizes: Dict[str, int], L: int, seed: int, device: torch.device, t
     steps = {"qkv": train("qkv", ours, lambda: flat(ours(inputs).logits)),
              "transformers": train("transformers", theirs, lambda: flat(theirs(inputs).logits))}
     t = common.time_interleaved(steps, device, warmup=1, min_repeats=5, max_repeats=40, target_seconds=target)
-    rows.append(_row("gpt-train", L, f"{B} x {L} tokens, fwd+bwd+AdamW", t, diff))
+    rows.insert(0, _row("gpt-train", L, f"{B} x {L} tokens, fwd+bwd+AdamW", t, diff))
 
-    # --- greedy generation with the KV cache, L - n prompt tokens -> L
-    ours.eval(), theirs.eval()
-    prompt = inputs[:1, : L - n]
-
-    def ours_gen(k: int) -> Callable[[], torch.Tensor]:
-        return lambda: ours.generate(prompt, k, temperature=0)
-
-    def theirs_gen(k: int) -> Callable[[], torch.Tensor]:
-        return lambda: theirs.generate(prompt, max_new_tokens=k, min_new_tokens=k, do_sample=False, use_cache=True,
-                                       pad_token_id=0)
-
-    with torch.no_grad():
-        a, b = ours_gen(min(n, 16))(), theirs_gen(min(n, 16))()
-        if not torch.equal(a.cpu(), b.cpu()):
-            raise ValueError("gpt2 greedy generation: qkv and transformers chose different tokens; not timed")
-        full = common.time_interleaved({"qkv": ours_gen(n), "transformers": theirs_gen(n)}, device, warmup=1,
-                                       min_repeats=5, max_repeats=30, target_seconds=target)
-        first = common.time_interleaved({"qkv": ours_gen(1), "transformers": theirs_gen(1)}, device, warmup=1,
-                                        min_repeats=5, max_repeats=30, target_seconds=target / 2)
-    per_token = {k: (full[k].median - first[k].median) / max(n - 1, 1) for k in full}
-    rows.append({"pair": "gpt-generate", "length": L, "what": f"greedy, prompt {L - n} -> {L} tokens, per token",
-                 "qkv_s": per_token["qkv"], "peer_s": per_token["transformers"],
-                 "ratio": per_token["qkv"] / per_token["transformers"], "max_abs_diff": 0.0,
-                 "prefill_qkv_s": first["qkv"].median, "prefill_peer_s": first["transformers"].median})
     return rows
 
 
