@@ -181,3 +181,39 @@ def test_bad_arguments_are_named():
     q, k, v = tensors(H=3, dtype=torch.float32)
     with pytest.raises(ValueError, match="n_heads=2"):
         qkv.build_attention("adaptive-span", max_span=4, n_heads=2)(q, k, v)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("M", [12, 5, 1])
+@pytest.mark.parametrize("padded", [False, True])
+def test_full_span_takes_one_fused_call_with_the_same_values_and_gradients(monkeypatch, causal, M, padded):
+    """When every span covers the context (z > N - 1, N <= S) the kernel skips the bands (no
+    score counted) and gives the banded result: outputs and gradients of q, k, v and z."""
+    counted = count_scores(monkeypatch)
+    S, N = 16, 12
+    kernel = qkv.build_attention("adaptive-span", max_span=S, ramp=3, n_heads=3, causal=causal).double()
+    q, k, v = (t.requires_grad_() for t in tensors(M=M, N=N))
+    mask = None
+    if padded:
+        mask = torch.ones(2, N, dtype=torch.bool)
+        mask[1, :5] = False  # batch 1: the first five keys padded (causal: early queries see nothing)
+    fast = kernel(q, k, v, mask=mask)
+    assert counted == []  # the fused path
+    grads_fast = torch.autograd.grad(fast.output.square().sum(), (q, k, v, kernel.span), allow_unused=True)
+    banded = kernel(q, k, v, mask=mask, need_weights=True)  # weights go through the bands
+    assert len(counted) == 1
+    torch.testing.assert_close(fast.output, banded.output)
+    grads_band = torch.autograd.grad(banded.output.square().sum(), (q, k, v, kernel.span), allow_unused=True)
+    for a, b in zip(grads_fast[:3], grads_band[:3]):
+        torch.testing.assert_close(a, b)
+    assert grads_fast[3] is None or torch.count_nonzero(grads_fast[3]) == 0
+    assert grads_band[3] is None or torch.count_nonzero(grads_band[3]) == 0  # z: m is clamped at 1 everywhere
+
+
+def test_a_span_short_of_the_context_is_not_taken_for_full(monkeypatch):
+    counted = count_scores(monkeypatch)
+    kernel = with_spans(qkv.build_attention("adaptive-span", max_span=16, ramp=3, n_heads=3, causal=True).double(),
+                        [16.0, 16.0, 10.5])
+    q, k, v = tensors(M=12, N=12)
+    kernel(q, k, v)
+    assert len(counted) == 1  # one head's ramp reaches inside the context: the banded path

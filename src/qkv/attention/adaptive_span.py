@@ -176,6 +176,19 @@ class AdaptiveSpanAttention(AttentionKernel):
         if self.n_heads is not None and H != self.n_heads:
             raise ValueError(f"q has {H} heads, but the kernel learns spans for n_heads={self.n_heads}")
 
+    def _full_span(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+        """Softmax attention over every key (causal: aligned to the end of the keys), fused."""
+        M, N = q.shape[-2], k.shape[-2]
+        dropout_p = self.dropout if self.training else 0.0
+        if mask is None and (not self.causal or M == N):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=dropout_p)
+        allowed = masks.causal_mask(M, N, offset=N - M, device=q.device) if self.causal else None
+        if mask is not None:
+            allowed = mask if allowed is None else mask & allowed  # (B|1, 1, M|1, N) & (M, N)
+        row_valid = allowed.any(-1, keepdim=True)  # (..., M, 1): a row with no key gives zeros
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~row_valid, dropout_p=dropout_p)
+        return out.masked_fill(~row_valid, 0.0)
+
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         B, H, M, E = q.shape
         self._check_heads(H)
@@ -197,6 +210,11 @@ class AdaptiveSpanAttention(AttentionKernel):
         else:
             z = self.spans().to(q.dtype).view(-1, 1, 1, 1)  # (H|1, 1, 1, 1)
             width = self.current_span()
+        if not self.dynamic and not need_weights and M <= N <= S and float(z.detach().min()) > N - 1:
+            # the span covers the whole context: m_z(x) = 1 for every distance x <= N - 1 (clamped,
+            # so z has no gradient there either) and the renormalised weights are plain softmax
+            # attention -- one fused SDPA call instead of bands with a float bias
+            return AttentionOutput(self._full_span(q, k, v, mask), None, cache)
         r = min(width - 1, N + M)  # keys before (and, bidirectional, after) a query that can carry weight
         right = 0 if self.causal else r
         # blocks of W / 4 queries (64 .. 256): the band of W + b keys then wastes at most ~25-60% of its scores

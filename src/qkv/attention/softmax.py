@@ -76,6 +76,9 @@ class SoftmaxAttention(AttentionKernel):
         if not need_weights:
             if self.causal and M == N and mask is None:
                 out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
+            elif self.causal and M == 1 and mask is None:
+                # one query at the end of the keys (a decoding step) sees every key: no mask to build
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
             else:
                 if self.causal:
                     # SDPA's is_causal aligns queries to the start; qkv aligns them to the end.

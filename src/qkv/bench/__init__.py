@@ -14,6 +14,8 @@ Subcommands (``qkv bench NAME --help``):
   ordinary residual layers (``qkv.bench.depth_memory``).
 * ``throughput`` — achieved TFLOP/s of exact attention against the measured matmul peak, and the
   pattern kernels (FlexAttention on CUDA) against SDPA with a dense mask (``qkv.bench.throughput``).
+* ``models`` — whole models against transformers' GPT-2 and BERT with the same weights: a
+  training step, KV-cache generation per token and an encoder forward (``qkv.bench.models``).
 * ``peers`` — qkv against the other libraries' implementations of the same mechanisms
   (``qkv.bench.peers``).
 * ``lra`` — Long Range Arena at small scale: every encoder kernel trained and tested on LRA's five
@@ -37,7 +39,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import common, complexity, depth_memory, generation, gpt, kernels, lra, peers, throughput
+from . import common, complexity, depth_memory, generation, gpt, kernels, lra, models, peers, throughput
 
 __all__ = ["BENCHMARKS", "build_parser", "main", "common"]
 
@@ -51,6 +53,7 @@ BENCHMARKS: Dict[str, ModuleType] = {
     "depth-memory": depth_memory,
     "throughput": throughput,
     "lra": lra,
+    "models": models,
 }
 
 

@@ -1,0 +1,225 @@
+"""``qkv bench models``: whole models against transformers' GPT-2 and BERT, with the same weights.
+
+transformers builds a GPT-2 (``GPT2LMHeadModel``) and a BERT (``BertModel``) of the given sizes
+with its own random initialisation; each is written with ``save_pretrained`` (safetensors) and
+read back by ``qkv.models.GPT.from_pretrained`` / ``qkv.models.BERT.from_pretrained``, so both sides
+hold the same weights. Before anything is timed the outputs are compared (GPT-2 logits, BERT's
+last hidden states, and the greedy tokens of a short generation); a pair that disagrees is
+refused, not timed. Then, for each length ``L`` (``--lengths``), timed interleaved round by round
+(the same machine load for both), one thread by default:
+
+* ``gpt-train`` — one training step on ``B x L`` tokens: forward, next-token loss, backward and an
+  AdamW update (both models in train mode, dropout 0);
+* ``gpt-generate`` — greedy decoding with the KV cache from a ``L - n`` token prompt to ``L``
+  tokens (``n = --new-tokens``); reported per generated token as
+  ``(time(n tokens) - time(1 token)) / (n - 1)``, i.e. the decoding steps without the prompt's
+  forward pass, which is measured separately as ``prefill``;
+* ``bert-forward`` — an encoder forward of ``B x L`` tokens with a padding mask (no gradient),
+  qkv's BERT with its small classification head against ``BertModel`` (encoder and pooler).
+
+Reported: the median time of each side and the ratio ``qkv / transformers`` (below 1: qkv is
+faster). Writes ``models.json`` and ``models.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Tuple
+
+import torch
+from torch import nn
+
+from . import common
+
+__all__ = ["add_arguments", "run", "PAIRS"]
+
+PAIRS = ("gpt-train", "gpt-generate", "bert-forward")
+#: the issue's shapes: GPT-2 layout, 4 layers, width 256, 4 heads, vocabulary 512 (3.55 M parameters)
+SIZES = dict(layers=4, d_model=256, heads=4, vocab=512, batch=4, new_tokens=128)
+SIZES_QUICK = dict(layers=2, d_model=32, heads=2, vocab=64, batch=2, new_tokens=8)
+LENGTHS = [512, 2048]
+LENGTHS_QUICK = [32, 64]
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as err:  # pragma: no cover - the hf extra is installed by make test
+        raise ValueError("qkv bench models needs transformers (pip install -e '.[hf]')") from err
+    return transformers
+
+
+def build_pair(kind: str, sizes: Dict[str, int], max_len: int, seed: int) -> Tuple[nn.Module, nn.Module]:
+    """A transformers model (``kind`` ``"gpt2"`` or ``"bert"``) and the qkv model read from its checkpoint."""
+    tf = _transformers()
+    from ..models import BERT, GPT
+
+    torch.manual_seed(seed)
+    common_args = dict(vocab_size=sizes["vocab"], num_hidden_layers=sizes["layers"], hidden_size=sizes["d_model"],
+                       num_attention_heads=sizes["heads"])
+    if kind == "gpt2":
+        config = tf.GPT2Config(vocab_size=sizes["vocab"], n_positions=max_len, n_embd=sizes["d_model"],
+                               n_layer=sizes["layers"], n_head=sizes["heads"], resid_pdrop=0.0, embd_pdrop=0.0,
+                               attn_pdrop=0.0, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        theirs = tf.GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
+        qkv_cls, overrides = GPT, {"dropout": 0.0}
+    elif kind == "bert":
+        config = tf.BertConfig(**common_args, intermediate_size=4 * sizes["d_model"], max_position_embeddings=max_len,
+                               hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        theirs = tf.BertModel._from_config(config, attn_implementation="sdpa")
+        qkv_cls, overrides = BERT, {"dropout": 0.0, "attention_dropout": 0.0, "head": "classification"}
+    else:
+        raise ValueError(f"kind must be 'gpt2' or 'bert', got {kind!r}")
+    with tempfile.TemporaryDirectory() as tmp:
+        theirs.save_pretrained(tmp, safe_serialization=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # BertModel has no heads: qkv says so once, fresh heads are fine here
+            ours = qkv_cls.from_pretrained(tmp, **overrides)
+    return ours, theirs
+
+
+def _check_same(name: str, a: torch.Tensor, b: torch.Tensor, tolerance: float) -> float:
+    diff = float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
+    scale = float(b.float().abs().max()) if b.numel() else 0.0
+    if not diff <= tolerance * max(1.0, scale):
+        raise ValueError(f"{name}: qkv and transformers disagree by {diff:.3g} (scale {scale:.3g}); not timed")
+    return diff
+
+
+def _gpt_cases(sizes: Dict[str, int], L: int, seed: int, device: torch.device, target: float) -> List[Dict[str, Any]]:
+    ours, theirs = build_pair("gpt2", sizes, L, seed)
+    ours.to(device), theirs.to(device)
+    gen = torch.Generator().manual_seed(seed)
+    B, n = sizes["batch"], min(sizes["new_tokens"], L - 1)
+    ids = torch.randint(sizes["vocab"], (B, L + 1), generator=gen).to(device)
+    inputs, labels = ids[:, :-1], ids[:, 1:]
+    ours.eval(), theirs.eval()
+    with torch.no_grad():
+        diff = _check_same("gpt2 logits", ours(inputs).logits, theirs(inputs).logits, 1e-4)
+    rows = []
+
+    # --- greedy generation with the KV cache, L - n prompt tokens -> L (before training changes the weights)
+    prompt = inputs[:1, : L - n]
+
+    def ours_gen(k: int) -> Callable[[], torch.Tensor]:
+        return lambda: ours.generate(prompt, k, temperature=0)
+
+    def theirs_gen(k: int) -> Callable[[], torch.Tensor]:
+        # an explicit attention mask: without one transformers takes every token equal to pad_token_id for padding
+        return lambda: theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=k,
+                                       min_new_tokens=k, do_sample=False, use_cache=True, pad_token_id=0)
+
+    with torch.no_grad():
+        a, b = ours_gen(min(n, 16))(), theirs_gen(min(n, 16))()
+        if not torch.equal(a.cpu(), b.cpu()):
+            raise ValueError("gpt2 greedy generation: qkv and transformers chose different tokens; not timed")
+        full = common.time_interleaved({"qkv": ours_gen(n), "transformers": theirs_gen(n)}, device, warmup=1,
+                                       min_repeats=5, max_repeats=30, target_seconds=target)
+        first = common.time_interleaved({"qkv": ours_gen(1), "transformers": theirs_gen(1)}, device, warmup=1,
+                                        min_repeats=5, max_repeats=30, target_seconds=target / 2)
+    per_token = {k: (full[k].median - first[k].median) / max(n - 1, 1) for k in full}
+    rows.append({"pair": "gpt-generate", "length": L, "what": f"greedy, prompt {L - n} -> {L} tokens, per token",
+                 "qkv_s": per_token["qkv"], "peer_s": per_token["transformers"],
+                 "ratio": per_token["qkv"] / per_token["transformers"], "max_abs_diff": 0.0,
+                 "prefill_qkv_s": first["qkv"].median, "prefill_peer_s": first["transformers"].median})
+    # --- training step
+    opt = {"qkv": torch.optim.AdamW(ours.parameters(), lr=1e-5), "transformers": torch.optim.AdamW(theirs.parameters(), lr=1e-5)}
+
+    def train(name: str, model: nn.Module, loss: Callable[[], torch.Tensor]) -> Callable[[], None]:
+        def step() -> None:
+            opt[name].zero_grad(set_to_none=True)
+            loss().backward()
+            opt[name].step()
+        return step
+
+    ours.train(), theirs.train()
+    flat = lambda logits: torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())  # noqa: E731
+    steps = {"qkv": train("qkv", ours, lambda: flat(ours(inputs).logits)),
+             "transformers": train("transformers", theirs, lambda: flat(theirs(inputs).logits))}
+    t = common.time_interleaved(steps, device, warmup=1, min_repeats=5, max_repeats=40, target_seconds=target)
+    rows.insert(0, _row("gpt-train", L, f"{B} x {L} tokens, fwd+bwd+AdamW", t, diff))
+
+    return rows
+
+
+def _bert_cases(sizes: Dict[str, int], L: int, seed: int, device: torch.device, target: float) -> List[Dict[str, Any]]:
+    ours, theirs = build_pair("bert", sizes, L, seed)
+    ours.to(device).eval(), theirs.to(device).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    B = sizes["batch"]
+    ids = torch.randint(sizes["vocab"], (B, L), generator=gen).to(device)
+    mask = torch.ones(B, L, dtype=torch.bool, device=device)
+    mask[-1, L - L // 4:] = False  # the last row padded for its final quarter
+    types = torch.zeros_like(ids)
+    with torch.no_grad():
+        diff = _check_same("bert last hidden states (real tokens)", ours(ids, types, attention_mask=mask).hidden[mask],
+                           theirs(ids, attention_mask=mask.long(), token_type_ids=types).last_hidden_state[mask], 1e-4)
+        t = common.time_interleaved(
+            {"qkv": lambda: ours(ids, types, attention_mask=mask),
+             "transformers": lambda: theirs(ids, attention_mask=mask.long(), token_type_ids=types)},
+            device, warmup=1, min_repeats=5, max_repeats=40, target_seconds=target)
+    return [_row("bert-forward", L, f"{B} x {L} tokens, padded, no grad", t, diff)]
+
+
+def _row(pair: str, L: int, what: str, t: Dict[str, Any], diff: float) -> Dict[str, Any]:
+    return {"pair": pair, "length": L, "what": what, "qkv_s": t["qkv"].median, "peer_s": t["transformers"].median,
+            "ratio": t["qkv"].median / t["transformers"].median, "max_abs_diff": diff}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``models`` options (``--quick``, ``--device``, ``--threads``, ``--out`` come from ``qkv.bench``)."""
+    parser.add_argument("--pairs", nargs="+", choices=PAIRS, default=list(PAIRS), metavar="PAIR",
+                        help=f"what to compare (default all: {', '.join(PAIRS)})")
+    parser.add_argument("--lengths", nargs="+", type=int, metavar="L",
+                        help=f"sequence lengths (default {' '.join(map(str, LENGTHS))})")
+    for name, value in SIZES.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name,
+                            help=f"{name} (default {value}; --quick: {SIZES_QUICK[name]})")
+    parser.add_argument("--target-seconds", type=float, default=6.0,
+                        help="time spent per comparison, both sides together (default 6)")
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    """Compare, then time every pair at every length; writes ``models.json`` and ``models.md``."""
+    _transformers()
+    device = common.resolve_device(args.device)
+    sizes = {k: getattr(args, k, None) or (SIZES_QUICK if args.quick else SIZES)[k] for k in SIZES}
+    for k, v in sizes.items():
+        if v < 1:
+            raise ValueError(f"--{k.replace('_', '-')} must be >= 1, got {v}")
+    if sizes["d_model"] % sizes["heads"]:
+        raise ValueError(f"--d-model {sizes['d_model']} must be divisible by --heads {sizes['heads']}")
+    lengths = args.lengths or (LENGTHS_QUICK if args.quick else LENGTHS)
+    for L in lengths:
+        if L < 2:
+            raise ValueError(f"--lengths must be >= 2, got {L}")
+    target = 0.2 if args.quick else args.target_seconds
+    machine = common.describe_machine(device)
+    print(f"models on {common.machine_line(machine)}", flush=True)
+    rows: List[Dict[str, Any]] = []
+    for L in lengths:
+        if {"gpt-train", "gpt-generate"} & set(args.pairs):
+            rows += [r for r in _gpt_cases(sizes, L, args.seed, device, target) if r["pair"] in args.pairs]
+        if "bert-forward" in args.pairs:
+            rows += _bert_cases(sizes, L, args.seed, device, target)
+        for r in (r for r in rows if r["length"] == L):
+            print(f"{r['pair']:<13} L={L:<6} qkv {r['qkv_s'] * 1e3:9.2f} ms  transformers {r['peer_s'] * 1e3:9.2f} ms"
+                  f"  ratio {r['ratio']:.2f}", flush=True)
+    results = {"benchmark": "models", "command": args.command_line, "date": common.now_iso(), "machine": machine,
+               "config": {**sizes, "lengths": lengths, "timing": "median of interleaved rounds"}, "rows": rows}
+    table = common.markdown_table(
+        ["pair", "L", "what", "qkv ms", "transformers ms", "qkv / transformers", "max |diff|"],
+        [[r["pair"], r["length"], r["what"], f"{r['qkv_s'] * 1e3:.2f}", f"{r['peer_s'] * 1e3:.2f}", f"{r['ratio']:.3f}",
+          f"{r['max_abs_diff']:.1e}"] for r in rows])
+    summary = (f"GPT-2 / BERT layout, {sizes['layers']} layers, width {sizes['d_model']}, {sizes['heads']} heads, "
+               f"vocabulary {sizes['vocab']}, batch {sizes['batch']}; same weights (transformers' initialisation read "
+               f"by qkv's from_pretrained); ratio below 1: qkv is faster.")
+    out = Path(args.out)
+    common.write_json(out / "models.json", results)
+    common.write_markdown(out / "models.md", "qkv bench models", machine, args.command_line, results["date"],
+                          [summary, table])
+    print("\n" + table + "\n\n" + summary + f"\n\nwritten to {out}/", flush=True)
+    return results

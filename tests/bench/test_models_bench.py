@@ -1,0 +1,46 @@
+"""``qkv bench models``: qkv's GPT and BERT against transformers' with the same weights (tiny sizes,
+no timed asserts): the pairs agree before timing, and a pair that disagrees is refused."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from qkv.bench import main, models  # noqa: E402
+
+
+def test_quick_run_writes_every_pair(tmp_path):
+    out = tmp_path / "models"
+    assert main(["models", "--quick", "--lengths", "16", "--threads", "1", "--out", str(out)]) == 0
+    results = json.loads((out / "models.json").read_text())
+    rows = {r["pair"]: r for r in results["rows"]}
+    assert set(rows) == set(models.PAIRS)
+    for r in rows.values():
+        assert r["length"] == 16 and r["qkv_s"] > 0 and r["peer_s"] > 0
+        assert r["max_abs_diff"] < 1e-4
+    assert "qkv / transformers" in (out / "models.md").read_text()
+
+
+def test_a_pair_that_disagrees_is_not_timed(monkeypatch, tmp_path):
+    original = models.build_pair
+
+    def broken(kind, *args, **kwargs):
+        ours, theirs = original(kind, *args, **kwargs)
+        with torch.no_grad():
+            for p in ours.parameters():  # qkv's copy of the weights is no longer transformers'
+                p.add_(0.1 * torch.randn_like(p))
+        return ours, theirs
+
+    monkeypatch.setattr(models, "build_pair", broken)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["models", "--quick", "--pairs", "bert-forward", "--lengths", "16", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+
+
+def test_bad_sizes_are_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        main(["models", "--quick", "--d-model", "30", "--heads", "4", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        main(["models", "--quick", "--lengths", "1", "--out", str(tmp_path)])
