@@ -130,7 +130,7 @@ class RelativeAttention(AttentionKernel):
     def position_keys(self, n_queries: int, n_keys: int, dtype: torch.dtype, device) -> Tensor:
         """``W_{k,R} R_d`` for every distance the scores need -> ``(H, K, E)``."""
         d = relative_distances(n_queries, n_keys, self.causal, self.clamp_len, device=device)  # (K,)
-        R = sinusoid_table(d, self.n_heads * self.head_dim)  # (K, H E) float32
+        R = sinusoid_table(d, self.n_heads * self.head_dim, dtype)  # (K, H E): float64 for float64, else float32
         r = self.w_r(R.to(self.w_r.weight.dtype))  # (K, H E)
         return r.view(-1, self.n_heads, self.head_dim).transpose(0, 1).to(dtype)  # (H, K, E)
 
