@@ -18,8 +18,8 @@ Error vs exact softmax attention falls as ``m`` grows (``docs/approximation.md``
 
 Numerics: ``exp(w^T x)`` overflows for large inputs, so a maximum is subtracted inside the exp —
 per query row for queries (a factor common to a row's numerator and denominator) and, for keys, the
-maximum over all keys (non-causal) or a running maximum carried chunk by chunk and in the state
-(causal) — a factor common to every key in ``S`` and ``Z``. Both cancel in ``D^{-1}(...)`` exactly,
+maximum over all keys (non-causal) or, causal, the running maximum over the keys up to each
+position (carried in the state), by which each query reads its sums — so no later key reaches it. Both cancel in ``D^{-1}(...)`` exactly,
 so they are detached from the graph. Deviations: no ``eps`` in ``D`` (the features are positive;
 a row with no allowed key returns zeros); dropout must be 0 (none in the
 authors' FAVOR+; ``dropout > 0`` raises); ``redraw=True``
