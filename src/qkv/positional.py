@@ -3,12 +3,17 @@
 ``PE(pos, 2i) = sin(pos / 10000^(2i / d))``, ``PE(pos, 2i+1) = cos(pos / 10000^(2i / d))``.
 Relative (Transformer-XL) and timestep (Universal Transformer) encodings build on
 ``sinusoid_table``.
+
+A scheme whose class sets ``fixed = True`` adds a fixed signal of unit amplitude (RMS ~0.7 per
+feature, whatever the width): the Transformer stack then puts the token embeddings on the same
+scale, ``E[ids] * sqrt(d_model)`` with ``E ~ N(0, 1 / d_model)`` (Vaswani et al. 2017, §3.4), so
+that positions do not drown the tokens (``qkv.models.transformer.stack.token_scale``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 from torch import Tensor, nn
@@ -53,6 +58,8 @@ class SinusoidalPositionalEncoding(nn.Module):
     Works for any length (no ``max_len`` table limit); a buffer caches the first ``max_len`` rows.
     """
 
+    fixed: ClassVar[bool] = True  # a fixed unit-amplitude signal: the stack scales the tokens to match
+
     def __init__(self, d_model: int, max_len: int = 4096, dropout: float = 0.0) -> None:
         super().__init__()
         self.d_model = _checks.positive_int("d_model", d_model)
@@ -80,6 +87,8 @@ class SinusoidalPositionalEncoding(nn.Module):
 class LearnedPositionalEmbedding(nn.Module):
     """Learned absolute position embeddings (Gehring et al. 2017; BERT, GPT) added to ``x``."""
 
+    fixed: ClassVar[bool] = False  # learned: on the tokens' scale from the start (both N(0, 0.02))
+
     def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.0) -> None:
         super().__init__()
         self.d_model = _checks.positive_int("d_model", d_model)
@@ -101,6 +110,8 @@ class LearnedPositionalEmbedding(nn.Module):
 @register("positional", "none")
 class NoPositionalEncoding(nn.Module):
     """No absolute positions: for kernels that see positions themselves (relative, Transformer-XL)."""
+
+    fixed: ClassVar[bool] = False
 
     def __init__(self, d_model: int, max_len: int = 0, dropout: float = 0.0) -> None:
         super().__init__()
@@ -142,6 +153,8 @@ class RowColumnEmbedding(nn.Module):
         image_size: ``(H, W)``.
         order: ``(H * W,)`` long, the raster index of each sequence position (default raster order).
     """
+
+    fixed: ClassVar[bool] = False  # learned
 
     def __init__(self, d_model: int, max_len: int = 784, dropout: float = 0.0, image_size=None, order: Tensor = None) -> None:
         super().__init__()

@@ -35,7 +35,7 @@ from ...registry import lookup, register
 from ..base import ModelOutput
 from ..losses import check_labels, lm_loss
 from .gpt import GPT, GPTConfig
-from .stack import StackOutput, StackState, TransformerStack, _drop_if_full, check_ids
+from .stack import StackOutput, StackState, TransformerStack, _drop_if_full, check_ids, token_scale
 from .transformer import Transformer, TransformerConfig
 
 __all__ = ["UniversalStack", "UniversalTransformer", "UniversalTransformerConfig", "UniversalTransformerLM",
@@ -84,6 +84,8 @@ class UniversalStack(TransformerStack):
             raise TypeError(f"config must carry UniversalOptions (a Universal Transformer config), got {type(config).__name__}")
         if n_layers not in (None, 1):
             raise ValueError(f"a Universal Transformer stack has one shared block; n_layers must be 1, got {n_layers}")
+        # the coordinates are added here, not by the embeddings: the tokens are scaled for them all the same
+        kwargs.setdefault("embedding_scale", token_scale(config.positional, config.d_model))
         super().__init__(dataclasses.replace(config, positional="none"), n_layers=1, **kwargs)
         self.coordinates = lookup("positional", config.positional)(config.d_model, max_len=config.max_len, dropout=0.0)
         self.max_steps = config.max_steps
