@@ -1,13 +1,13 @@
 """The edges of every registered kernel and of MultiHeadAttention (issue 14, items 14-17): empty
 inputs, extreme magnitudes of linear attention's feature map, half precision on the weights path,
 non-finite values behind a mask, queries before the first key, and dtype mismatches.
-Parametrised over the registry: a new kernel gets them for free (knobs from test_kernels)."""
+Parametrised over the registry: a new kernel gets them for free (its own default_knobs, see test_kernels)."""
 
 import math
 
 import pytest
 import torch
-from test_kernels import KERNEL_KWARGS, build as contract_build
+from test_kernels import build as contract_build, knobs
 
 import qkv
 from qkv.attention.linear import elu_plus_one
@@ -68,7 +68,7 @@ def test_empty_decoding_steps_keep_the_state(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_multihead_batch_size_zero(name):
     causal = lookup("attention", name).supports_causal
-    mha = qkv.MultiHeadAttention(8, 2, name, causal=causal, **KERNEL_KWARGS.get(name, {}))
+    mha = qkv.MultiHeadAttention(8, 2, name, causal=causal, **knobs(name, H=2, E=4, with_heads=False))
     x = torch.randn(0, 5, 8)
     out = mha(x, need_weights=True)
     assert out.output.shape == (0, 5, 8) and out.weights.shape == (0, 2, 5, 5)

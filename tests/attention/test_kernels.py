@@ -1,7 +1,8 @@
 """Contract tests run for every registered self-attention kernel (parametrised over the registry):
-a new kernel gets them for free. Per-kernel knobs for the tests live in KERNEL_KWARGS."""
+a new kernel gets them for free. Each kernel is built with its own ``default_knobs`` for the
+tests' short sequences (``KNOB_LENGTH``) and, if it draws random numbers on every call, its
+``deterministic_kwargs``: no table of knobs lives here."""
 
-import inspect
 import math
 
 import pytest
@@ -12,32 +13,20 @@ import qkv
 from qkv import masks
 from qkv.registry import lookup
 
-# Small knobs so that sparse/approximate kernels do something non-trivial at test sizes.
-KERNEL_KWARGS = {
-    "window": {"radius": 3, "block": 4},
-    "strided": {"stride": 3},
-    "fixed": {"stride": 4, "c": 2},
-    "local-1d": {"block": 3, "memory": 2},
-    "local-2d": {"image_size": (4, 4), "block": (2, 2), "memory": (1, 1, 1)},
-    "linear": {"chunk_size": 4},
-    "performer": {"nb_features": 32, "chunk_size": 4, "seed": 0},
-    "relative": {"mem_len": 16, "clamp_len": 12},
-    "adaptive-span": {"max_span": 4, "ramp": 2, "block": 3},
-    "linformer": {"seq_len": 16, "k": 5},
-    "lsh": {"bucket_size": 4, "n_rounds": 2, "n_buckets": 4, "seed": 0},
-}
-# Kernels with per-head parameters take the test tensors' head shape (as MultiHeadAttention fills it in).
-HEAD_KWARGS = ("n_heads", "head_dim")
-
+KNOB_LENGTH = 16  # the test sequences are at most this long
 NAMES = list(qkv.list_attention())
 
 
+def knobs(name, H=3, E=8, with_heads=True):
+    """Kernel ``name``'s example knobs for the test sizes (head arguments included unless
+    ``with_heads`` is False: ``MultiHeadAttention`` fills those in itself)."""
+    cls = lookup("attention", name)
+    kw = {**cls.default_knobs(KNOB_LENGTH, H, E), **(cls.deterministic_kwargs or {})}
+    return kw if with_heads else {k: v for k, v in kw.items() if k not in cls.head_kwargs(H, E)}
+
+
 def build(name, causal=False, H=3, E=8, **extra):
-    kw = dict(KERNEL_KWARGS.get(name, {}))
-    params = inspect.signature(lookup("attention", name).__init__).parameters
-    kw.update({key: value for key, value in zip(HEAD_KWARGS, (H, E)) if key in params})
-    kw.update(extra)
-    return qkv.build_attention(name, causal=causal, **kw)
+    return qkv.build_attention(name, causal=causal, **{**knobs(name, H, E), **extra})
 
 
 def can_causal(name):

@@ -50,7 +50,7 @@ from .. import _checks, masks
 from ..functional import masked_softmax, scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache
-from .base import AttentionKernel
+from .base import AttentionKernel, clamp_knob
 from .softmax import append_cache
 from .window import band_blocks, scatter_band
 
@@ -142,6 +142,16 @@ class AdaptiveSpanAttention(AttentionKernel):
             n_distances = self.max_span if causal else 2 * self.max_span - 1
             # p_d for d = 0 .. S-1 (non-causal: -(S-1) .. S-1 at row d + S - 1); N(0, 1) as the authors' code
             self.key_pe = nn.Parameter(torch.randn(n_distances, _checks.positive_int("d_head", d_head)))
+
+    @classmethod
+    def head_kwargs(cls, n_heads: int, d_head: int) -> dict:
+        return {"n_heads": n_heads, "d_head": d_head}
+
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """Spans up to ``S = max_len / 2`` in ``[1, 512]``, a ramp ``R = S / 4`` in ``[1, 32]`` (the paper's 32)."""
+        S = clamp_knob(max_len // 2, 1, 512)
+        return {**super().default_knobs(max_len, n_heads, d_head), "max_span": S, "ramp": clamp_knob(S // 4, 1, 32)}
 
     def extra_repr(self) -> str:
         return (f"max_span={self.max_span}, ramp={self.ramp}, n_heads={self.n_heads}, dynamic={self.dynamic}, "

@@ -12,7 +12,7 @@ masked returns zeros.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Dict, Optional
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from .. import _checks
 from ..types import AttentionOutput
 
-__all__ = ["AttentionKernel", "normalize_mask"]
+__all__ = ["AttentionKernel", "normalize_mask", "clamp_knob"]
 
 
 def normalize_mask(mask: Optional[Tensor], B: int, H: int, M: int, N: int, name: str = "mask") -> Optional[Tensor]:
@@ -29,6 +29,11 @@ def normalize_mask(mask: Optional[Tensor], B: int, H: int, M: int, N: int, name:
     Accepts ``(B, N)`` (key padding), ``(B, M, N)`` or ``(B|1, H|1, M|1, N)``.
     """
     return _checks.attention_mask(name, mask, B, M, N, H=H)
+
+
+def clamp_knob(value: int, low: int, high: int) -> int:
+    """``value`` clipped to ``[low, high]`` (for knobs derived from a length in ``default_knobs``)."""
+    return max(low, min(high, value))
 
 
 def _select_away_masked(k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -65,6 +70,9 @@ class AttentionKernel(nn.Module):
     shared_qk: ClassVar[bool] = False
     #: knobs under which an approximate kernel is exact (tested against the literal reference), or None.
     exact_kwargs: ClassVar[Optional[dict]] = None
+    #: knobs under which a kernel that draws random numbers on every call draws the same ones each
+    #: time (contract tests that compare calls, stepwise with parallel, use them), or None.
+    deterministic_kwargs: ClassVar[Optional[dict]] = None
     #: weights are returned only when they are computed anyway or asked for.
     registry_name: ClassVar[str] = ""
     #: applies ``dropout`` somewhere (the paper's or authors' practice); a kernel that forms no
@@ -86,6 +94,25 @@ class AttentionKernel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"causal={self.causal}, dropout={self.dropout}"
+
+    @classmethod
+    def head_kwargs(cls, n_heads: int, d_head: int) -> Dict[str, Any]:
+        """The constructor arguments taken from the heads' shape, for kernels with per-head
+        parameters (``MultiHeadAttention`` fills them in unless given); none by default."""
+        return {}
+
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> Dict[str, Any]:
+        """Knobs that fit sequences of up to ``max_len`` positions, with the head arguments.
+
+        What a model built with ``attention=NAME`` and no knobs gets (knobs given explicitly win),
+        and the example knobs of ``qkv bench``, the contract tests and the pattern pictures: a new
+        kernel states its own here and needs no table elsewhere. The base class: the head
+        arguments only (for a kernel whose constructor defaults fit every length).
+        """
+        for name, value in (("max_len", max_len), ("n_heads", n_heads), ("d_head", d_head)):
+            _checks.positive_int(name, value)
+        return cls.head_kwargs(n_heads, d_head)
 
     def forward(
         self,

@@ -45,7 +45,7 @@ from torch import Tensor
 from .. import _checks
 from ..registry import register
 from ..types import AttentionOutput
-from .base import AttentionKernel
+from .base import AttentionKernel, clamp_knob
 
 __all__ = ["LinearAttention", "LinearState", "linear_attention", "accumulation_dtype", "elu_plus_one", "log_elu_plus_one",
            "resolve_feature_map", "split_key_mask"]
@@ -412,6 +412,11 @@ class LinearAttention(AttentionKernel):
             raise ValueError(f"eps must be a float >= 0, got {eps!r}")
         self.eps = float(eps)
         self.chunk_size = _checks.positive_int("chunk_size", chunk_size)
+
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """Causal chunks of ``max_len / 4`` in ``[1, 64]`` (a speed knob: the result is the same)."""
+        return {**super().default_knobs(max_len, n_heads, d_head), "chunk_size": clamp_knob(max_len // 4, 1, 64)}
 
     def extra_repr(self) -> str:
         name = getattr(self.feature_map, "__name__", repr(self.feature_map))

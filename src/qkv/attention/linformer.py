@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from .. import _checks
 from ..registry import register
 from ..types import AttentionOutput
-from .base import AttentionKernel
+from .base import AttentionKernel, clamp_knob
 from .linear import accumulation_dtype
 
 __all__ = ["LinformerAttention", "SHARING"]
@@ -84,6 +84,11 @@ class LinformerAttention(AttentionKernel):
         self.E = nn.Parameter(torch.empty(self.k, self.seq_len).uniform_(-bound, bound))  # (k, n): keys
         # (k, n): values; key-value and layerwise sharing use E for both
         self.F = nn.Parameter(torch.empty(self.k, self.seq_len).uniform_(-bound, bound)) if sharing == "headwise" else None
+
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """``seq_len = max_len`` and a projected length ``k = max_len / 4`` in ``[1, 256]`` (the paper: 128-256)."""
+        return {**super().default_knobs(max_len, n_heads, d_head), "seq_len": max_len, "k": clamp_knob(max_len // 4, 1, 256)}
 
     def extra_repr(self) -> str:
         return f"seq_len={self.seq_len}, k={self.k}, sharing={self.sharing!r}, {super().extra_repr()}"

@@ -50,7 +50,7 @@ from .. import _checks, masks
 from ..functional import masked_softmax, scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache
-from .base import AttentionKernel
+from .base import AttentionKernel, clamp_knob
 from .softmax import append_cache
 from .window import unfold_band
 
@@ -179,6 +179,12 @@ class Local1DAttention(AttentionKernel):
         self.block = _checks.positive_int("block", block)
         self.memory = _checks.positive_int("memory", memory, allow_zero=True)
 
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """Query blocks of ``max_len / 8`` in ``[1, 128]`` positions, each with as many before it."""
+        block = clamp_knob(max_len // 8, 1, 128)
+        return {**super().default_knobs(max_len, n_heads, d_head), "block": block, "memory": block}
+
     def extra_repr(self) -> str:
         return f"block={self.block}, memory={self.memory}, {super().extra_repr()}"
 
@@ -303,6 +309,17 @@ class Local2DAttention(AttentionKernel):
             raise ValueError(f"block must be positive, got {self.block!r}")
         self.memory = _int_tuple("memory", memory, 3, "a triple (top, left, right)")
         self._index_cache: Dict[torch.device, _Blocks2D] = {}
+
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """The square image of ``max_len`` pixels (else the narrowest ``H x W >= max_len`` with
+        ``W = ceil(sqrt(max_len))``), query rectangles of a quarter of its rows by half its columns,
+        a memory of a quarter of the rows above and columns to either side."""
+        W = math.isqrt(max_len - 1) + 1 if max_len > 1 else 1  # ceil(sqrt(max_len))
+        H = -(-max_len // W)
+        rows, cols = max(1, H // 4), max(1, W // 4)
+        return {**super().default_knobs(max_len, n_heads, d_head), "image_size": (H, W),
+                "block": (rows, max(1, W // 2)), "memory": (rows, cols, cols)}
 
     def extra_repr(self) -> str:
         return f"image_size={self.image_size}, block={self.block}, memory={self.memory}, {super().extra_repr()}"

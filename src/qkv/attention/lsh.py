@@ -70,7 +70,7 @@ from torch import Tensor
 from .. import _checks
 from ..registry import register
 from ..types import AttentionOutput
-from .base import AttentionKernel
+from .base import AttentionKernel, clamp_knob
 
 __all__ = ["LSHAttention", "LSHState", "LSHHashing", "hash_vectors", "draw_hashing", "derived_n_buckets",
            "SELF_PENALTY"]
@@ -235,6 +235,7 @@ class LSHAttention(AttentionKernel):
     exact = False
     #: with one bucket and one chunk covering the sequence this is exact shared-QK attention.
     exact_kwargs: ClassVar[dict] = {"n_buckets": 1, "bucket_size": 1 << 20}
+    deterministic_kwargs: ClassVar[dict] = {"seed": 0}  # seed=None draws new rotations on every call
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0, bucket_size: int = 64, n_rounds: int = 1,
                  n_buckets: Union[int, Tuple[int, ...], None] = None, shared_qk: bool = True, dedup: bool = False,
@@ -255,6 +256,15 @@ class LSHAttention(AttentionKernel):
         if seed is not None:
             _checks.positive_int("seed", seed, allow_zero=True)
         self.seed = seed
+
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """Chunks of ``bucket_size = max_len / 4`` in ``[1, 64]`` (the paper's 64 from 256 positions on)
+        and the paper's ``n_b = 2 max_len / bucket_size`` buckets, fixed for the model (``derived_n_buckets``):
+        shorter sequences hash the same way, so decoding continues the hashing of a full pass."""
+        bucket_size = clamp_knob(max_len // 4, 1, 64)
+        return {**super().default_knobs(max_len, n_heads, d_head), "bucket_size": bucket_size,
+                "n_buckets": derived_n_buckets(max_len, bucket_size)}
 
     @staticmethod
     def _check_buckets(n_buckets) -> Tuple[int, ...]:

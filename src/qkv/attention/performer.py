@@ -38,7 +38,7 @@ from torch import Tensor
 from .. import _checks
 from ..registry import register
 from ..types import AttentionOutput
-from .base import AttentionKernel
+from .base import AttentionKernel, clamp_knob
 from .linear import LinearState, accumulation_dtype, linear_attention, split_key_mask
 
 __all__ = ["PerformerAttention", "draw_projection", "favor_log_features"]
@@ -124,6 +124,18 @@ class PerformerAttention(AttentionKernel):
         d = None if d_head is None else _checks.positive_int("d_head", d_head)
         # W (m, d): the random feature directions, float32 (cast to the accumulation dtype when used).
         self.register_buffer("projection", None if d is None else self._draw(d))
+
+    @classmethod
+    def head_kwargs(cls, n_heads: int, d_head: int) -> dict:
+        return {"d_head": d_head}
+
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """``m = d ln d`` features (at least ``d``: Choromanski et al. 2020, Theorem 4, m = Theta(d log d)),
+        causal chunks of ``max_len / 4`` in ``[1, 64]``."""
+        m = max(d_head, round(d_head * math.log(d_head)))
+        return {**super().default_knobs(max_len, n_heads, d_head), "nb_features": m,
+                "chunk_size": clamp_knob(max_len // 4, 1, 64)}
 
     def extra_repr(self) -> str:
         return (f"nb_features={self.nb_features}, orthogonal={self.orthogonal}, redraw={self.redraw}, "

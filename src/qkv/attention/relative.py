@@ -111,6 +111,10 @@ class RelativeAttention(AttentionKernel):
         nn.init.normal_(self.u, std=0.02)
         nn.init.normal_(self.v, std=0.02)
 
+    @classmethod
+    def head_kwargs(cls, n_heads: int, d_head: int) -> dict:
+        return {"n_heads": n_heads, "head_dim": d_head}
+
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
                 f"mem_len={self.mem_len}, clamp_len={self.clamp_len}")

@@ -54,7 +54,7 @@ from .. import _checks, masks
 from ..registry import register
 from ..types import AttentionOutput, KVCache
 from . import flex
-from .base import AttentionKernel
+from .base import AttentionKernel, clamp_knob
 from .linear import accumulation_dtype
 from .local import _empty, check_cache, from_frame, gathered_attend, shift_queries, to_frame
 from .softmax import append_cache
@@ -218,6 +218,11 @@ class StridedAttention(_Factorized):
                  dropout: float = 0.0, recompute: int = 8) -> None:
         super().__init__(stride=stride, subsets=subsets, causal=causal, dropout=dropout, recompute=recompute)
 
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """``stride = sqrt(max_len)`` (Child et al. 2019: l ~ sqrt(n), O(n sqrt n))."""
+        return {**super().default_knobs(max_len, n_heads, d_head), "stride": max(1, math.isqrt(max_len))}
+
     def extra_repr(self) -> str:
         return f"stride={self.stride}, subsets={self.subsets}, {super().extra_repr()}"
 
@@ -358,6 +363,13 @@ class FixedAttention(_Factorized):
         self.c = _checks.positive_int("c", c)
         if self.c > self.stride:
             raise ValueError(f"c must be <= stride ({self.stride}): a block has only stride positions; got c={c}")
+
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """``stride = sqrt(max_len)`` and ``c = stride / 4`` in ``[1, 8]`` summary positions per block
+        (Child et al. 2019 use c in {8, 16, 32} with l = 128)."""
+        stride = max(1, math.isqrt(max_len))
+        return {**super().default_knobs(max_len, n_heads, d_head), "stride": stride, "c": clamp_knob(stride // 4, 1, 8)}
 
     def extra_repr(self) -> str:
         return f"stride={self.stride}, c={self.c}, subsets={self.subsets}, {super().extra_repr()}"

@@ -97,12 +97,18 @@ def _causal_names():
 
 
 @pytest.mark.parametrize("name", sorted(qkv.list_attention()))
-def test_every_kernel_trains_in_gpt(name, small_kernel_kwargs):
-    cls = lookup("attention", name)
-    if not cls.supports_causal:
-        pytest.skip(f"attention {name!r} cannot be causal (supports_causal=False): tested in BERT")
+def test_every_kernel_trains_in_gpt_by_name_alone(name):
+    """Issue 20 item 7: ``qkv train gpt --attention NAME`` with no knob (the CLI builds
+    ``GPT.from_config(values)``) — window's radius, strided's stride, ... come from the kernel's
+    ``default_knobs`` for max_len. Only kernels that cannot be causal are refused, saying so."""
+    values = dict(vocab_size=V, max_len=16, n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0, attention=name)
+    if not lookup("attention", name).supports_causal:  # linformer, efficient: encoders
+        with pytest.raises(ValueError, match=f"attention {name!r} cannot be causal"):
+            GPT.from_config(values)
+        return
     torch.manual_seed(0)
-    m = GPT(tiny(attention=name, attention_kwargs=small_kernel_kwargs(name))).train()
+    m = GPT.from_config(values).train()
+    assert m.config.attention_kwargs == {}  # nothing given: the knobs are the kernel's
     x = torch.randint(0, V, (2, 16))
     out = m(x, labels=x.roll(-1, 1))
     out.loss.backward()

@@ -15,8 +15,9 @@ joined to the residual stream by a residual wiring (``qkv.blocks``):
 Hooks for the variants (each a name in a registry or one overridable method, never a flag here):
 
 - **attention kernel**: ``config.attention`` + ``config.attention_kwargs`` go to
-  ``qkv.MultiHeadAttention`` unchanged; what a kernel cannot do (be causal, run without
-  ``seq_len``) is the kernel's error to raise.
+  ``qkv.MultiHeadAttention``, missing knobs filled from the kernel's ``default_knobs`` for
+  ``max_len`` (``self_attention_settings``); what a kernel cannot do (be causal) is the kernel's
+  error to raise.
 - **positional scheme**: ``@register("positional", name)`` on a module ``(d_model, max_len=, dropout=)``
   whose ``forward(x, offset)`` returns ``x`` plus the encoding of positions ``offset ..``. A scheme
   that changes the scores (Transformer-XL's relative positions) is an attention kernel
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
@@ -57,7 +59,7 @@ from ...registry import lookup, names, register
 __all__ = [
     "StackConfig", "TransformerStack", "TransformerBlock", "Embeddings", "BlockState", "StackState",
     "BlockOutput", "StackOutput", "NoPositionalEncoding", "check_ids", "check_token_mask", "reorder_state", "copy_torch_layer",
-    "init_normal", "token_scale",
+    "init_normal", "token_scale", "self_attention_settings",
 ]
 
 
@@ -269,6 +271,28 @@ class Embeddings(nn.Module):
 # ----------------------------------------------------------------------------- one block
 
 
+def self_attention_settings(config: StackConfig) -> Tuple[Dict[str, Any], float]:
+    """The self-attention kernel's knobs and dropout under ``config``.
+
+    Knobs: the kernel's ``default_knobs(max_len, n_heads, d_head)`` (sizes that fit the model's
+    length, and the head arguments) under ``config.attention_kwargs`` (given knobs win), so that
+    ``attention=NAME`` alone builds every kernel. Dropout: ``config.attention_dropout``, or 0 for a
+    kernel that forms no attention-weight matrix (``applies_dropout = False``: linear, performer,
+    efficient), with a warning (once) — the residual dropout still applies.
+    """
+    kernel = lookup("attention", config.attention)
+    sizes = (config.n_heads, config.d_model // config.n_heads)
+    heads = kernel.head_kwargs(*sizes)  # MultiHeadAttention fills these from its own shape
+    defaults = {k: v for k, v in kernel.default_knobs(config.max_len, *sizes).items() if k not in heads}
+    knobs = {**defaults, **config.attention_kwargs}
+    dropout = config.attention_dropout
+    if dropout > 0 and not kernel.applies_dropout:
+        warnings.warn(f"attention {kernel.registry_name!r} forms no attention-weight matrix: attention_dropout="
+                      f"{dropout} is not applied inside it (the residual dropout still is)", stacklevel=3)
+        dropout = 0.0
+    return knobs, dropout
+
+
 class TransformerBlock(nn.Module):
     """Self-attention, optional cross-attention and feed-forward, each inside a residual wiring.
 
@@ -284,8 +308,9 @@ class TransformerBlock(nn.Module):
         super().__init__()
         c = config
         linear = LINEAR_LAYERS[c.linear]
+        knobs, attention_dropout = self_attention_settings(c)
         self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention, causal=causal,
-                                            dropout=c.attention_dropout, linear=linear, **dict(c.attention_kwargs))
+                                            dropout=attention_dropout, linear=linear, **knobs)
         self.res_self = build_residual(c.residual, c.d_model, c.dropout, c.layer_norm_eps)
         self.cross_attn = self.res_cross = None
         if cross_attention is not None:
