@@ -107,15 +107,16 @@ class UniversalStack(TransformerStack):
         mask, memory_mask = _drop_if_full(mask), _drop_if_full(memory_mask)
         if state is not None and not isinstance(state, StackState):
             raise TypeError(f"state must be the StackState a previous call returned, got {type(state).__name__}")
-        step_states = state.layers if state is not None else (None,) * self.max_steps
-        if len(step_states) != self.max_steps:
-            raise ValueError(f"state has {len(step_states)} steps, the stack runs max_steps={self.max_steps}")
+        if state is not None and len(state.layers) != self.max_steps:
+            raise ValueError(f"state has {len(state.layers)} steps, the stack runs max_steps={self.max_steps}")
+        step_states = state.layers if state is not None else None  # no per-step list: memory follows the steps run
         offset = state.position if state is not None else 0
         block = self.layers[0]
 
         def step(h: Tensor, n: int):
             out = block(self.add_coordinates(h, offset, n), mask=mask, memory=memory, memory_mask=memory_mask,
-                        state=step_states[n - 1], need_weights=need_weights, return_state=return_state)
+                        state=None if step_states is None else step_states[n - 1], need_weights=need_weights,
+                        return_state=return_state)
             return out.hidden, out
 
         act = None
