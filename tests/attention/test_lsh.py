@@ -307,3 +307,19 @@ def test_masked_keys_never_reach_an_output_however_large_the_scores():
     k2, v2 = k.clone(), v.clone()
     k2[:, :, 1], v2[:, :, 1] = 1e5 * q[:, :, 0], 7.0  # the masked key, as tempting as can be
     torch.testing.assert_close(kernel(q, k2, v2, mask=mask).output, ref)
+
+
+@pytest.mark.parametrize("knobs, message", [
+    ({"n_rounds": 10 ** 9}, "n_rounds must be at most 256"),
+    ({"n_buckets": 2 ** 40}, "hash a larger count as factors"),
+    ({"n_buckets": (2 ** 16, 2 ** 16)}, "at most 2147483648 buckets"),
+])
+def test_absurd_knobs_are_refused_before_any_work(knobs, message):
+    """Issue 20 item 5: Reformer n_rounds=1e9 / n_buckets=2**40 ended in allocation tracebacks."""
+    with pytest.raises(ValueError, match=message):
+        LSHAttention(**knobs)
+    from qkv.models.transformer.reformer import Reformer, ReformerConfig
+
+    reformer_knobs = {"n_rounds": knobs["n_rounds"]} if "n_rounds" in knobs else {"n_buckets": knobs["n_buckets"]}
+    with pytest.raises(ValueError, match=message):
+        Reformer(ReformerConfig(vocab_size=7, max_len=16, n_layers=1, d_model=8, n_heads=2, d_ff=16, **reformer_knobs))

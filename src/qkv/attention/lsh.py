@@ -79,6 +79,15 @@ __all__ = ["LSHAttention", "LSHState", "LSHHashing", "hash_vectors", "draw_hashi
 
 #: subtracted from a position's score with itself (the authors' code uses the same constant).
 SELF_PENALTY = 1e5
+#: the most hash rounds: each round is a full pass of chunked attention (memory O(n_rounds L m));
+#: the paper uses 1 to 8, and the error vs full attention is flat long before this.
+MAX_ROUNDS = 256
+#: the largest single bucket factor (``n_buckets`` or one of its factors): a factor ``f`` costs
+#: ``f / 2`` rotation columns per round and head; larger counts are hashed as factors (a tuple).
+MAX_BUCKET_FACTOR = 2 ** 16
+#: the largest bucket count (the product of the factors): beyond ~2 L / m buckets almost every
+#: bucket is empty, and bucket ids times positions must fit the sort keys.
+MAX_BUCKETS = 2 ** 31
 
 
 def derived_n_buckets(length: int, bucket_size: int) -> Tuple[int, ...]:
@@ -245,6 +254,9 @@ class LSHAttention(AttentionKernel):
         super().__init__(causal=causal, dropout=dropout)
         self.bucket_size = _checks.positive_int("bucket_size", bucket_size)
         self.n_rounds = _checks.positive_int("n_rounds", n_rounds)
+        if self.n_rounds > MAX_ROUNDS:
+            raise ValueError(f"n_rounds must be at most {MAX_ROUNDS} (each hash round is one more full pass of "
+                             f"chunked attention; the paper uses 1 to 8), got n_rounds={n_rounds!r}")
         self.factors = None if n_buckets is None else self._check_buckets(n_buckets)
         self.n_buckets = n_buckets
         for name, flag in (("shared_qk", shared_qk), ("dedup", dedup)):
@@ -277,6 +289,12 @@ class LSHAttention(AttentionKernel):
             _checks.positive_int("n_buckets", f)
         if factors != (1,) and any(f % 2 for f in factors):
             raise ValueError(f"n_buckets must be even (argmax over [xR; -xR]) or 1, got {n_buckets}")
+        if max(factors) > MAX_BUCKET_FACTOR:
+            raise ValueError(f"n_buckets: a bucket factor is at most {MAX_BUCKET_FACTOR} (f / 2 rotation columns per "
+                             f"round and head); hash a larger count as factors, e.g. n_buckets=(256, 256), got {n_buckets}")
+        if math.prod(factors) > MAX_BUCKETS:
+            raise ValueError(f"n_buckets must be at most {MAX_BUCKETS} buckets in all (the paper: about 2 L / bucket_size), "
+                             f"got {n_buckets} = {math.prod(factors)}")
         return factors
 
     def extra_repr(self) -> str:
