@@ -3,14 +3,16 @@ arXiv:1802.05751, Section 3.2 and Figure 2).
 
 1D local: the raster-scanned sequence is cut into query blocks of ``l_q = block`` positions;
 block ``t`` (positions ``[t l_q, (t + 1) l_q)``) attends to the memory block made of itself and
-the ``l_m = memory`` positions before it, causally::
+the ``l_m = memory`` positions before it; causal (the paper's decoder), only up to itself::
 
     out_i = sum_{j in A_i} softmax_j(q_i . k_j / sqrt(d)) v_j,
     A_i = {j : floor(i / l_q) l_q - l_m <= j <= i}                      (qkv.masks.local_1d)
 
+(``causal=False``: the whole block, ``j < floor(i / l_q) l_q + l_q``, as an encoder would use it).
+
 2D local: the image ``(H, W)`` is cut into ``(b_h, b_w)`` query rectangles; a rectangle attends to
-the keys of itself extended ``top`` rows up and ``left`` / ``right`` columns sideways, and only
-to keys earlier in raster order ("causal within the memory")            (qkv.masks.local_2d).
+the keys of itself extended ``top`` rows up and ``left`` / ``right`` columns sideways; causal, only
+to keys earlier in generation order ("causal within the memory")         (qkv.masks.local_2d).
 
 Cost. 1D: each query block is a dense ``(l_q, l_q + l_m)`` problem, gathered with
 ``Tensor.unfold`` — O(n (l_q + l_m) d) time and O(n (l_q + l_m)) memory; the fused
@@ -21,16 +23,19 @@ unless ``need_weights=True`` asks for the dense weights (for plots).
 
 Deviations and choices:
 
-* Both patterns are causal by definition (the Image Transformer decoder). ``causal=False`` is
-  accepted so that the kernels fit wherever a kernel is built with the registry's default, but
-  the attention stays causal: ``kernel.causal`` is always True.
+* The paper's patterns are causal (the Image Transformer decoder), the kernels' default;
+  ``causal=False`` gives the same neighbourhoods without the causal cut (not in the paper), so
+  that the kernels also serve encoders (``kernel.causal`` says which).
 * The paper's 2D memory is ``top`` rows above plus the query rows, ``left``/``right`` columns
   sideways; blocks at the image border are clipped to the image, not padded with pixels.
-* The 2D kernel reads a key sequence of length ``N <= H * W`` as the first ``N`` pixels of the
-  raster scan (a partly generated image); since the pattern is causal, its outputs equal those of
-  the whole image at the same positions. ``N > H * W`` raises ValueError. Queries may be fewer than
+* The 2D kernel reads a key sequence of length ``N <= H * W`` as the first ``N`` pixels of its scan
+  (block-raster order, see ``Local2DAttention``: a partly generated image); causal, its outputs
+  equal those of the whole image at the same positions. ``N > H * W`` raises ValueError. Queries may be fewer than
   the keys (aligned to the end of the keys).
-* No incremental decoding (``supports_state = False``).
+* Incremental decoding (causal): both keep a bounded ``KVCache`` of the positions later queries
+  can still reach (1D: the last ``(t mod l_q) + l_m``; 2D: a band of about ``(top + b_h) W`` pixels),
+  so a token costs O(window) whatever its position; feeding a sequence in pieces gives the same
+  outputs as one pass.
 
 This module also holds helpers shared with ``sparse.py`` (the band of keys a query block sees,
 ``window.unfold_band``, is shared with all three) and ``to_frame``/``from_frame`` (queries aligned to the end of
