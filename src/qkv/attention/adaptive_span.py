@@ -102,6 +102,7 @@ class AdaptiveSpanAttention(AttentionKernel):
 
     supports_mask = "key_padding"
     supports_state = True
+    state_type = KVCache
 
     def __init__(self, *, max_span: int, ramp: float = 32, n_heads: Optional[int] = None,
                  init_span: Optional[float] = None, dynamic: bool = False, d_head: Optional[int] = None,
@@ -204,9 +205,6 @@ class AdaptiveSpanAttention(AttentionKernel):
     def pattern(self, n_queries: int, n_keys: int):
         return masks.window(self.current_span() - 1, causal=self.causal, offset=n_keys - n_queries)
 
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, KVCache) else 0
-
     # ------------------------------------------------------------------ attention
 
     def _check_heads(self, H: int) -> None:
@@ -227,9 +225,11 @@ class AdaptiveSpanAttention(AttentionKernel):
         index = (distance + right).clamp(0, left + right)  # (b, W)
         return per_distance.gather(-1, index.expand(*per_distance.shape[:-1], index.shape[-1]))
 
+    def _validate(self, q, k, v, state):
+        self._check_heads(q.shape[1])
+
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         B, H, M, E = q.shape
-        self._check_heads(H)
         cache = None
         if state is not None or return_state:
             k, v, cache = append_cache(state, k, v, keep=self.max_span - 1)

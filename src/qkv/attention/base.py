@@ -62,6 +62,9 @@ class AttentionKernel(nn.Module):
     supports_causal: ClassVar[bool] = True
     #: computes softmax attention exactly (approximations document their error knob).
     exact: ClassVar[bool] = True
+    #: the type of the ``state`` this kernel returns and continues (``supports_state``); another
+    #: type given as ``state`` raises TypeError at the boundary.
+    state_type: ClassVar[Optional[type]] = None
     #: needs the sequence length at construction (e.g. Linformer's projections).
     needs_seq_len: ClassVar[bool] = False
     #: keys are the unit-normalised queries (``k`` unused) and a position attends to itself only
@@ -148,7 +151,8 @@ class AttentionKernel(nn.Module):
                              f"with incremental decoding")
         if (state is not None or return_state) and not self.causal:
             raise ValueError(f"state/return_state need causal=True (attention {self.registry_name!r} was built with causal=False)")
-        n_total = k.shape[-2] + (self._state_length(state) if state is not None else 0)
+        n_total = k.shape[-2] + self._state_length(state)  # checks the state's type
+        self._validate(q, k, v, state)
         mask = normalize_mask(mask, B, H, M, n_total)
         if mask is not None:
             if self.supports_mask == "none":
@@ -202,8 +206,18 @@ class AttentionKernel(nn.Module):
         ``first``'s. Default: nothing is shared."""
 
     def _state_length(self, state: Any) -> int:
-        """Number of cached key positions in ``state`` (masks cover cached + new keys)."""
-        return 0
+        """Number of cached key positions in ``state`` (masks cover cached + new keys); 0 for None.
+        A state that is not this kernel's ``state_type`` raises TypeError."""
+        if state is None:
+            return 0
+        if self.state_type is not None and not isinstance(state, self.state_type):
+            raise TypeError(f"state must be the {self.state_type.__name__} attention {self.registry_name!r} returned, "
+                            f"got {type(state).__name__}")
+        return getattr(state, "length", 0)
+
+    def _validate(self, q: Tensor, k: Tensor, v: Tensor, state: Any) -> None:
+        """The kernel's own checks of its inputs (shapes it needs, its head size, ...), run by
+        ``forward`` before any shortcut, so that empty inputs are checked too. Default: none."""
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], state: Any,
                 need_weights: bool, return_state: bool) -> AttentionOutput:

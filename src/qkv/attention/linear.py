@@ -400,6 +400,7 @@ class LinearAttention(AttentionKernel):
 
     supports_mask = "key_padding"
     supports_state = True
+    state_type = LinearState
     exact = False
     applies_dropout = False  # the authors' code (fast-transformers) applies none: dropout > 0 raises
 
@@ -421,9 +422,6 @@ class LinearAttention(AttentionKernel):
     def extra_repr(self) -> str:
         name = getattr(self.feature_map, "__name__", repr(self.feature_map))
         return f"feature_map={name}, eps={self.eps}, chunk_size={self.chunk_size}, {super().extra_repr()}"
-
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, LinearState) else 0
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         key_mask = split_key_mask(mask, state, k.shape[-2], self._state_length(state))

@@ -103,11 +103,14 @@ class LinformerAttention(AttentionKernel):
             raise ValueError(f"layerwise sharing needs equal projections, got {tuple(first.E.shape)} and {tuple(self.E.shape)}")
         self.E = first.E
 
-    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+    def _validate(self, q, k, v, state):
         N = k.shape[-2]
         if N > self.seq_len:
             raise ValueError(f"linformer was built for seq_len={self.seq_len} keys, got {N} (E and F are "
                              f"({self.k}, {self.seq_len}); build it with a larger seq_len)")
+
+    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        N = k.shape[-2]
         dtype, acc = q.dtype, accumulation_dtype(q.dtype)  # projections sum N terms: float32 for half inputs
         q, k, v = q.to(acc), k.to(acc), v.to(acc)
         E = self.E[:, :N].to(acc)  # (k, N): shorter inputs use the first N columns

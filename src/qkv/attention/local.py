@@ -178,6 +178,7 @@ class Local1DAttention(AttentionKernel):
 
     supports_mask = "key_padding"
     supports_state = True
+    state_type = KVCache
 
     def __init__(self, *, block: int, memory: int, causal: bool = True, dropout: float = 0.0) -> None:
         super().__init__(causal=causal, dropout=dropout)
@@ -195,9 +196,6 @@ class Local1DAttention(AttentionKernel):
 
     def pattern(self, n_queries: int, n_keys: int):
         return shift_queries(masks.local_1d(self.block, self.memory, causal=self.causal), n_keys - n_queries)
-
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, KVCache) else 0
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         B, H, M, E = q.shape
@@ -300,6 +298,7 @@ class Local2DAttention(AttentionKernel):
 
     supports_mask = "key_padding"
     supports_state = True
+    state_type = KVCache
 
     def __init__(self, *, image_size: Tuple[int, int], block: Union[int, Tuple[int, int]] = (8, 8),
                  memory: Union[int, Tuple[int, int, int]] = (0, 0, 0), causal: bool = True,
@@ -336,9 +335,6 @@ class Local2DAttention(AttentionKernel):
     def pattern(self, n_queries: int, n_keys: int):
         return shift_queries(masks.local_2d(self.image_size, self.block, self.memory, causal=self.causal),
                              n_keys - n_queries)
-
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, KVCache) else 0
 
     def _indices(self, device: torch.device) -> _Blocks2D:
         """The blocks' index tables (built once per device; the image size is fixed)."""
@@ -378,8 +374,7 @@ class Local2DAttention(AttentionKernel):
         self._index_cache[device] = _Blocks2D(q_idx, k_idx, allowed, slot, block_of, first_needed)
         return self._index_cache[device]
 
-    def _attend(self, q, k, v, mask, state, need_weights, return_state):
-        B, H, M, E = q.shape
+    def _validate(self, q, k, v, state):
         Hi, Wi = self.image_size
         P = Hi * Wi  # pixels
         first = state.offset if isinstance(state, KVCache) else 0  # position of the first key
@@ -387,8 +382,16 @@ class Local2DAttention(AttentionKernel):
         if n_seen > P:
             raise ValueError(f"local-2d attends over an image of H * W = {Hi} * {Wi} = {P} pixels "
                              f"(image_size={self.image_size}): got {n_seen} keys; the sequence length must be <= {P}")
-        if M > k.shape[-2]:
+        M = q.shape[-2]
+        if M > k.shape[-2] and (not self.causal or state is not None):  # (causal, no state: leading zero rows)
             raise ValueError(f"local-2d: more queries ({M}) than keys ({k.shape[-2]}); queries are pixels of the scanned keys")
+
+    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        B, H, M, E = q.shape
+        Hi, Wi = self.image_size
+        P = Hi * Wi  # pixels
+        first = state.offset if isinstance(state, KVCache) else 0  # position of the first key
+        n_seen = first + self._state_length(state) + k.shape[-2]  # <= P (_validate)
         t = self._indices(q.device)
         cache = None
         if state is not None or return_state:

@@ -243,6 +243,7 @@ class LSHAttention(AttentionKernel):
 
     supports_mask = "key_padding"
     supports_state = True
+    state_type = LSHState
     exact = False
     #: with one bucket and one chunk covering the sequence this is exact shared-QK attention.
     exact_kwargs: ClassVar[dict] = {"n_buckets": 1, "bucket_size": 1 << 20}
@@ -301,9 +302,6 @@ class LSHAttention(AttentionKernel):
         return (f"bucket_size={self.bucket_size}, n_rounds={self.n_rounds}, n_buckets={self.n_buckets}, "
                 f"shared_qk={self.shared_qk}, dedup={self.dedup}, seed={self.seed}, {super().extra_repr()}")
 
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, LSHState) else 0
-
     def hashing(self, n_heads: int, dim: int, length: int, device: torch.device) -> LSHHashing:
         """The rotations for a call on ``length`` positions (seeded, or drawn now; see ``draw_hashing``)."""
         factors = self.factors if self.factors is not None else derived_n_buckets(length, self.bucket_size)
@@ -311,14 +309,19 @@ class LSHAttention(AttentionKernel):
 
     # ------------------------------------------------------------------------------------------
 
-    def _attend(self, q, k, v, mask, state, need_weights, return_state):
-        B, H, M, E = q.shape
+    def _validate(self, q, k, v, state):
+        M = q.shape[-2]
+        if self.causal and M > k.shape[-2] and state is None:
+            return  # queries before the first key: zero rows (AttentionKernel), the rest M == N
         if self.shared_qk and state is None and k.shape[-2] != M:
             raise ValueError(f"shared-QK LSH attention uses the queries as keys: q and k must have the same length, "
                              f"got {M} and {k.shape[-2]} (use shared_qk=False for other keys)")
         if not self.shared_qk and k.shape[-2] != M:
             raise ValueError(f"LSH attention sorts queries and keys into aligned chunks: q and k must have the same "
                              f"length, got {M} and {k.shape[-2]}")
+
+    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        B, H, M, E = q.shape
         out_dtype = v.dtype
         work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # softmax in float32
         q, k, v = q.to(work), k.to(work), v.to(work)

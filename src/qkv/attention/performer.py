@@ -104,6 +104,7 @@ class PerformerAttention(AttentionKernel):
 
     supports_mask = "key_padding"
     supports_state = True
+    state_type = LinearState
     exact = False
     applies_dropout = False  # FAVOR+ in the authors' code applies none: dropout > 0 raises
 
@@ -154,16 +155,15 @@ class PerformerAttention(AttentionKernel):
         W = draw_projection(self.nb_features, d, self.orthogonal, generator) if generator is not None else self._draw(d)
         self.projection = W if self.projection is None else W.to(self.projection.device)
 
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, LinearState) else 0
+    def _validate(self, q, k, v, state):
+        if self.projection is not None and self.projection.shape[-1] != q.shape[-1] and not (self.redraw and self.training and state is None):
+            raise ValueError(f"q has head size {q.shape[-1]}, but the random features were drawn for d_head="
+                             f"{self.projection.shape[-1]}")
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         d = q.shape[-1]
         if self.projection is None or (self.redraw and self.training and state is None):
             self.projection = self._draw(d).to(q.device)
-        elif self.projection.shape[-1] != d:
-            raise ValueError(f"q has head size {d}, but the random features were drawn for d_head="
-                             f"{self.projection.shape[-1]}")
         key_mask = split_key_mask(mask, state, k.shape[-2], self._state_length(state))
         acc = accumulation_dtype(q.dtype)  # features and sums in float32 for half inputs
         W = self.projection.to(device=q.device, dtype=acc)  # (m, d)

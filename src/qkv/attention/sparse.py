@@ -137,9 +137,6 @@ class _Factorized(AttentionKernel):
         self.subsets = _check_subsets(subsets)
         self.recompute = _checks.positive_int("recompute", recompute, allow_zero=True)
 
-    def _state_length(self, state) -> int:
-        return getattr(state, "length", 0)
-
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         dropout_p = self.dropout if self.training else 0.0
         if state is not None:
@@ -213,6 +210,8 @@ class StridedAttention(_Factorized):
     aligned to the end of the keys; key-padding masks only. Cost: O(N (3l + N/l) E) time,
     O(N (3l + N/l)) memory (causal: ``2l`` instead of ``3l``).
     """
+
+    state_type = KVCache
 
     def __init__(self, *, stride: int, subsets: Sequence[int] = (1, 2), causal: bool = False,
                  dropout: float = 0.0, recompute: int = 8) -> None:
@@ -356,6 +355,8 @@ class FixedAttention(_Factorized):
     aligned to the end of the keys; key-padding masks only. Cost: O(N (l + c N / l) E) time,
     O(N (l + c N / l)) memory.
     """
+
+    state_type = FixedState
 
     def __init__(self, *, stride: int, c: int, subsets: Sequence[int] = (1, 2), causal: bool = False,
                  dropout: float = 0.0, recompute: int = 8) -> None:

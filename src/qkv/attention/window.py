@@ -95,6 +95,7 @@ class WindowAttention(AttentionKernel):
 
     supports_mask = "key_padding"
     supports_state = True
+    state_type = KVCache
 
     def __init__(self, *, radius: int, causal: bool = False, dropout: float = 0.0, block: Optional[int] = None) -> None:
         super().__init__(causal=causal, dropout=dropout)
@@ -111,9 +112,6 @@ class WindowAttention(AttentionKernel):
 
     def pattern(self, n_queries: int, n_keys: int):
         return masks.window(self.radius, causal=self.causal, offset=n_keys - n_queries)
-
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, KVCache) else 0
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         cache = None

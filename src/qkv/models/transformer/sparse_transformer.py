@@ -86,7 +86,11 @@ class HeadSplitAttention(AttentionKernel):
         self.first, self.second = first, second
 
     def _state_length(self, state) -> int:
-        return self.first._state_length(state[0]) if state is not None else 0
+        if state is None:
+            return 0
+        if not (isinstance(state, tuple) and len(state) == 2):
+            raise TypeError(f"state must be the (first, second) pair a head-split kernel returned, got {type(state).__name__}")
+        return self.first._state_length(state[0])
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         h = q.shape[1] // 2
