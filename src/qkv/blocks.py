@@ -279,7 +279,9 @@ class QuaternionLinear(nn.Module):
                           torch.cat([z, -y, x, r], dim=1)], dim=0)  # (out, in)
 
     def forward(self, x: Tensor) -> Tensor:
+        _checks.tensor("x", x, floating=True)
         _checks.same("x", x.shape[-1], "in_features", self.in_features, "the feature size")
+        _checks.same_dtype("x", x, "QuaternionLinear", self.weight_r)
         return F.linear(x, self.weight, self.bias)
 
 

@@ -219,3 +219,12 @@ def test_bad_arguments_are_named():
     q, k, v = tensors(H=3, dtype=torch.float32)
     with pytest.raises(ValueError, match="n_heads=2"):
         qkv.build_attention("adaptive-span", max_span=4, n_heads=2)(q, k, v)
+
+
+def test_dynamic_span_of_a_nan_query_is_a_named_error():
+    """Issue 20 item 6: a NaN query raised 'cannot convert float NaN to integer'."""
+    kernel = qkv.build_attention("adaptive-span", max_span=4, dynamic=True, d_head=4, n_heads=3)
+    q, k, v = tensors(dtype=torch.float32)
+    q[0, 1, 2, 0] = float("nan")
+    with pytest.raises(ValueError, match="q holds NaN: the dynamic span"):
+        kernel(q, k, v)

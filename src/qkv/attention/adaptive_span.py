@@ -244,7 +244,11 @@ class AdaptiveSpanAttention(AttentionKernel):
             z = S * torch.sigmoid(torch.einsum("bhme,he->bhm", q, self.span_weight.to(q.dtype))
                                   + self.span_bias.to(q.dtype).view(-1, 1))
             self._last_spans = z.float().mean(dim=(0, 2))
-            width = self._width(float(z.detach().max()) if z.numel() else 0.0)  # no query (B = 0): any width
+            z_max = float(z.detach().max()) if z.numel() else 0.0  # no query (B = 0): any width
+            if math.isnan(z_max):
+                raise ValueError("q holds NaN: the dynamic span z_t = S sigmoid(v^T q_t + b) of some query is NaN, so "
+                                 "no span can be set (check the layer's inputs for NaN)")
+            width = self._width(z_max)
         else:
             z = self.spans().to(q.dtype).view(-1, 1, 1, 1)  # (H|1, 1, 1, 1)
             width = self.current_span()

@@ -346,6 +346,9 @@ class TransformerBlock(nn.Module):
         h = self.res_self.enter(x)
         context = None
         if prefix is not None:
+            _checks.tensor("prefix", prefix, ndim=3, floating=True)
+            _checks.same("prefix", prefix.shape[0], "x", x.shape[0], "the batch size")
+            _checks.same("prefix", prefix.shape[2], "x", x.shape[2], "the feature size (dim -1)")
             context = torch.cat([self.res_self.enter(prefix), h], dim=1)  # (B, P + L, d_model)
         a = self.self_attn(h, context, context, mask=mask, state=state.self_attn,
                            need_weights=need_weights, return_state=return_state)
