@@ -56,7 +56,7 @@ def test_halted_positions_stop_changing():
 
 def test_the_loop_stops_when_all_halted_unless_asked():
     act, step, seen = scripted([[0.995, 0.5, 0.5]], max_steps=3)
-    assert act(step, torch.zeros(1, 2, dtype=torch.float64)).probabilities.shape == (1, 3)
+    assert act(step, torch.zeros(1, 2, dtype=torch.float64)).probabilities.shape == (1, 1)  # the steps run
     assert len(seen) == 1
     act(step, torch.zeros(1, 2, dtype=torch.float64), run_all_steps=True)
     assert len(seen) == 1 + 3
@@ -101,3 +101,19 @@ def test_bad_arguments_are_named():
         AdaptiveComputationTime(4, 3, halting_bias_init="1")
     with pytest.raises(TypeError, match="s must be"):
         AdaptiveComputationTime(4, 3)(lambda s, n: s, torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_memory_follows_the_steps_run_not_max_steps():
+    """Issue 20 item 5: ACT kept one (zero) probability per step up to M whatever the steps run, so
+    a Universal Transformer with max_steps=1e9 was killed for memory. Every position halts at
+    step 1 here: M = 10^6 costs what M = 2 does (Python-side allocations traced)."""
+    import tracemalloc
+
+    act = AdaptiveComputationTime(4, 10 ** 6, halting_bias_init=10.0)  # h ~ 1: everything halts at once
+    s = torch.randn(2, 3, 4)
+    tracemalloc.start()
+    out = act(lambda x, n: x + 1, s)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert out.n_steps.eq(1).all() and out.probabilities.shape == (2, 3, 1)
+    assert peak < 1_000_000, peak  # was ~10^8 bytes: a million zero tensors

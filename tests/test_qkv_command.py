@@ -282,7 +282,7 @@ def test_presets_defaults_and_dotted_set(shakespeare_cache, capsys):
     vocab = vocab_from_dict(json.loads((run / "model" / "vocab.json").read_text()))
     assert vocab.decode(vocab.encode("To be")) == "To be"
     for bad, message in ((["--preset", "huge"], "no preset 'huge'; its presets: cpu, paper"),
-                         (["--set", "attention_kwargs={}"], "attention 'window' (WindowAttention) needs radius: add --set attention_kwargs.radius"),
+                         (["--set", "attention_kwargs.radus=3"], "attention 'window' got unknown argument(s) ['radus']"),
                          (["--set", "d_model.x=1"], "not a dict")):
         assert main([*argv[:-2], *bad, "--out", str(shakespeare_cache / "bad")]) == 2
         assert message in capsys.readouterr().err

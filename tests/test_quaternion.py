@@ -92,3 +92,14 @@ def test_stack_built_with_quaternion_layers():
     with pytest.raises(ValueError, match="linear must be one of"):
         StackConfig(linear="complex", **kw)
     assert set(LINEAR_LAYERS) == {"dense", "quaternion"}
+
+
+def test_bad_inputs_are_named():
+    """Issue 20 item 6: integer input was a bare RuntimeError from F.linear."""
+    layer = QuaternionLinear(8, 4)
+    with pytest.raises(TypeError, match="x must be a floating-point tensor, got dtype torch.int64"):
+        layer(torch.ones(2, 8, dtype=torch.long))
+    with pytest.raises(TypeError, match="x has dtype torch.float64 but the parameters of QuaternionLinear are torch.float32"):
+        layer(torch.ones(2, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="feature size"):
+        layer(torch.ones(2, 7))

@@ -280,7 +280,9 @@ class QuaternionLinear(nn.Module):
                           torch.cat([z, -y, x, r], dim=1)], dim=0)  # (out, in)
 
     def forward(self, x: Tensor) -> Tensor:
+        _checks.tensor("x", x, floating=True)
         _checks.same("x", x.shape[-1], "in_features", self.in_features, "the feature size")
+        _checks.same_dtype("x", x, "QuaternionLinear", self.weight_r)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -298,7 +300,8 @@ class ACTOutput(NamedTuple):
     ponder_cost:   ``(*P,)`` ``N(t) + R(t)`` (differentiable through ``R``); sum it times ``tau``.
     n_steps:       ``(*P,)`` long, ``N(t)``.
     remainder:     ``(*P,)`` ``R(t) = 1 - sum_{n < N(t)} h^n``.
-    probabilities: ``(*P, M)`` ``p^n`` (0 after ``N(t)``); each row sums to 1.
+    probabilities: ``(*P, T)`` ``p^n`` for the ``T <= M`` steps run (0 after ``N(t)``; the steps
+                   never run, all 0, are not stored); each row sums to 1.
     states:        the step function's last auxiliary results, one per step (see ``forward``).
     """
 
@@ -360,7 +363,8 @@ class AdaptiveComputationTime(nn.Module):
         ``step(s, n) -> s_new`` or ``(s_new, aux)`` (``n`` = 1 .. M; ``aux``, e.g. a cache or
         attention weights, is collected into ``ACTOutput.states``). The loop stops once every
         position has halted, unless ``run_all_steps`` (incremental decoding needs every step's
-        state for the positions that follow).
+        state for the positions that follow). Time and memory follow the steps run, ``max N(t)``,
+        not ``M``.
         """
         _checks.tensor("s", s, floating=True)
         P = s.shape[:-1]
@@ -387,7 +391,7 @@ class AdaptiveComputationTime(nn.Module):
             probabilities.append(p)
             if not run_all_steps and not bool(running.any()):
                 break
-        probabilities += [torch.zeros_like(cum)] * (self.max_steps - len(probabilities))
+        # memory follows the steps run, not M: p^n = 0 for every step never run, and none is stored
         ponder = n_steps.to(remainder.dtype) + remainder  # N(t) + R(t)
         return ACTOutput(output, ponder, n_steps, remainder, torch.stack(probabilities, dim=-1), states)
 

@@ -3,11 +3,17 @@
 ``PE(pos, 2i) = sin(pos / 10000^(2i / d))``, ``PE(pos, 2i+1) = cos(pos / 10000^(2i / d))``.
 Relative (Transformer-XL) and timestep (Universal Transformer) encodings build on
 ``sinusoid_table``.
+
+A scheme whose class sets ``fixed = True`` adds a fixed signal of unit amplitude (RMS ~0.7 per
+feature, whatever the width): the Transformer stack then puts the token embeddings on the same
+scale, ``E[ids] * sqrt(d_model)`` with ``E ~ N(0, 1 / d_model)`` (Vaswani et al. 2017, §3.4), so
+that positions do not drown the tokens (``qkv.models.transformer.stack.token_scale``).
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar, Optional
 
 import torch
 from torch import Tensor, nn
@@ -15,17 +21,31 @@ from torch import Tensor, nn
 from . import _checks
 from .registry import register
 
-__all__ = ["sinusoid_table", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "NoPositionalEncoding",
+__all__ = ["sinusoid_table", "table_dtype", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "NoPositionalEncoding",
            "TimestepEncoding", "RowColumnEmbedding"]
 
 
-def sinusoid_table(positions: Tensor, d_model: int) -> Tensor:
+def table_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a positional table is computed in for inputs of ``dtype``: float64 for float64,
+    float32 for everything else (half types included) — never less than float32, so that the
+    table does not depend on how a CPU rounds a half-precision ``sin``."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def sinusoid_table(positions: Tensor, d_model: int, dtype: Optional[torch.dtype] = None) -> Tensor:
     """Sinusoids of ``positions`` (any float/int tensor ``(...)``) -> ``(..., d_model)``;
-    even features are sines, odd features cosines (an odd ``d_model`` drops the last cosine)."""
+    even features are sines, odd features cosines (an odd ``d_model`` drops the last cosine).
+
+    Computed in ``table_dtype(dtype)`` (``dtype`` defaults to float64 positions' own dtype, else
+    float32): float64 inputs get a float64 table, all others a float32 one (cast by the caller).
+    """
     _checks.positive_int("d_model", d_model)
-    i = torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float32)  # (ceil(d/2),)
+    if dtype is None:
+        dtype = positions.dtype if positions.is_floating_point() else torch.float32
+    dtype = table_dtype(dtype)
+    i = torch.arange(0, d_model, 2, device=positions.device, dtype=dtype)  # (ceil(d/2),)
     inv_freq = torch.exp(-math.log(10000.0) * i / d_model)  # 1 / 10000^(2i/d)
-    angles = positions.float().unsqueeze(-1) * inv_freq  # (..., ceil(d/2))
+    angles = positions.to(dtype).unsqueeze(-1) * inv_freq  # (..., ceil(d/2))
     table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # (..., 2 ceil(d/2)) interleaved
     return table[..., :d_model]
 
@@ -38,28 +58,36 @@ class SinusoidalPositionalEncoding(nn.Module):
     Works for any length (no ``max_len`` table limit); a buffer caches the first ``max_len`` rows.
     """
 
+    fixed: ClassVar[bool] = True  # a fixed unit-amplitude signal: the stack scales the tokens to match
+
     def __init__(self, d_model: int, max_len: int = 4096, dropout: float = 0.0) -> None:
         super().__init__()
         self.d_model = _checks.positive_int("d_model", d_model)
         self.max_len = _checks.positive_int("max_len", max_len)
         self.dropout = nn.Dropout(_checks.probability("dropout", dropout))
-        self.register_buffer("table", sinusoid_table(torch.arange(max_len), d_model), persistent=False)
+        # float32 rows rounded from float64 (the same on every CPU: no float32 sin); float64 inputs get float64 rows
+        table = sinusoid_table(torch.arange(max_len, dtype=torch.float64), d_model).float()
+        self.register_buffer("table", table, persistent=False)
 
-    def encoding(self, length: int, offset: int = 0, device=None) -> Tensor:
-        """``(length, d_model)`` encodings of positions ``offset .. offset + length - 1``."""
-        if offset + length <= self.max_len:
-            return self.table[offset:offset + length]
-        return sinusoid_table(torch.arange(offset, offset + length, device=device or self.table.device), self.d_model)
+    def encoding(self, length: int, offset: int = 0, device=None, dtype: torch.dtype = torch.float32) -> Tensor:
+        """``(length, d_model)`` encodings of positions ``offset .. offset + length - 1`` in ``dtype``:
+        the cached rows for every dtype but float64; rows beyond them computed as the cache is."""
+        if offset + length <= self.max_len and table_dtype(dtype) == torch.float32:
+            return self.table[offset:offset + length].to(dtype)
+        positions = torch.arange(offset, offset + length, device=device or self.table.device)
+        return sinusoid_table(positions, self.d_model, torch.float64).to(dtype)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         _checks.tensor("x", x, ndim=3, floating=True)
         _checks.same("x", x.shape[-1], "d_model", self.d_model, "the feature size")
-        return self.dropout(x + self.encoding(x.shape[1], offset, x.device).to(x.dtype))
+        return self.dropout(x + self.encoding(x.shape[1], offset, x.device, x.dtype))
 
 
 @register("positional", "learned", "absolute")
 class LearnedPositionalEmbedding(nn.Module):
     """Learned absolute position embeddings (Gehring et al. 2017; BERT, GPT) added to ``x``."""
+
+    fixed: ClassVar[bool] = False  # learned: on the tokens' scale from the start (both N(0, 0.02))
 
     def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.0) -> None:
         super().__init__()
@@ -83,6 +111,8 @@ class LearnedPositionalEmbedding(nn.Module):
 class NoPositionalEncoding(nn.Module):
     """No absolute positions: for kernels that see positions themselves (relative, Transformer-XL)."""
 
+    fixed: ClassVar[bool] = False
+
     def __init__(self, d_model: int, max_len: int = 0, dropout: float = 0.0) -> None:
         super().__init__()
         self.dropout = nn.Dropout(_checks.probability("dropout", dropout))
@@ -104,7 +134,7 @@ class TimestepEncoding(SinusoidalPositionalEncoding):
 
     def forward(self, x: Tensor, offset: int = 0, step: int = 0) -> Tensor:
         _checks.positive_int("step", step, allow_zero=True)
-        t = sinusoid_table(torch.tensor(float(step), device=x.device), self.d_model).to(x.dtype)  # (d_model,)
+        t = sinusoid_table(torch.tensor(float(step), device=x.device), self.d_model, x.dtype).to(x.dtype)  # (d_model,)
         return super().forward(x + t, offset)
 
 
@@ -123,6 +153,8 @@ class RowColumnEmbedding(nn.Module):
         image_size: ``(H, W)``.
         order: ``(H * W,)`` long, the raster index of each sequence position (default raster order).
     """
+
+    fixed: ClassVar[bool] = False  # learned
 
     def __init__(self, d_model: int, max_len: int = 784, dropout: float = 0.0, image_size=None, order: Tensor = None) -> None:
         super().__init__()

@@ -351,7 +351,7 @@ def kernel_pattern(name: str, length: int, causal: bool = False, overrides: Opti
     cls = lookup("attention", name)
     overrides = dict(overrides or {})
     defaults = {k: v for k, v in _pattern_defaults(cls.registry_name, length).items() if k not in overrides}
-    kwargs, _ = kernel_kwargs(name, length, heads=1, head_dim=16, overrides={**defaults, **overrides})
+    kwargs = kernel_kwargs(name, length, heads=1, head_dim=16, overrides={**defaults, **overrides})
     kernel = build_attention(name, causal=causal, **kwargs) if cls.supports_causal else build_attention(name, **kwargs)
     if causal and not kernel.causal:
         raise ValueError(f"attention {name!r} cannot be causal")

@@ -17,8 +17,9 @@ def tensors(B=2, H=3, M=10, N=10, E=4, dtype=torch.float64, seed=0):
     return tuple(torch.randn(B, H, L, E, generator=g, dtype=dtype) for L in (M, N, N))
 
 
-def literal(q, k, v, z, S, R, causal=True):
-    """a_tr = m_z(t - r) exp(s_tr) / sum_q m_z(t - q) exp(s_tq) over keys with |t - r| < S; z: (B, H, M)."""
+def literal(q, k, v, z, S, R, causal=True, key_pe=None):
+    """a_tr = m_z(t - r) exp(s_tr) / sum_q m_z(t - q) exp(s_tq) over keys with |t - r| < S; z: (B, H, M).
+    ``key_pe``: s_tr = q_t . (k_r + p_{t-r}) / sqrt(d), ``p`` row ``t - r`` (non-causal: ``t - r + S - 1``)."""
     B, H, M, E = q.shape
     N = k.shape[2]
     out = torch.zeros(B, H, M, v.shape[-1], dtype=torch.float64)
@@ -32,7 +33,10 @@ def literal(q, k, v, z, S, R, causal=True):
                     if x < 0 or x >= S:
                         continue
                     m = min(max((R + float(z[b, h, i]) - x) / R, 0.0), 1.0)
-                    w = m * math.exp(float(q[b, h, i] @ k[b, h, r]) / math.sqrt(E))
+                    key = k[b, h, r]
+                    if key_pe is not None:
+                        key = key + key_pe[t - r if causal else t - r + S - 1]
+                    w = m * math.exp(float(q[b, h, i] @ key) / math.sqrt(E))
                     num += w * v[b, h, r]
                     den += w
                 if den > 0:
@@ -62,6 +66,40 @@ def test_soft_mask_matches_the_equation(causal, need_weights):
         distance = signed if causal else signed.abs()
         assert (out.weights[:, 0][:, distance.abs() >= 4] == 0).all()  # head 0: m = 0 from z + R = 3.5 on
         assert (out.weights[:, 2][:, (distance >= 0) & (distance < 8)] > 0).all()  # head 2: z + R = 9 > S - 1
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_position_embeddings_match_the_equation(causal, need_weights):
+    """The paper's relative position embeddings: s_tr = q_t . (k_r + p_{t-r}) / sqrt(d) (Sukhbaatar et
+    al. 2019, §2), one table for every head; continuing a state gives the same numbers."""
+    S, R = 6, 2
+    kernel = with_spans(qkv.build_attention("adaptive-span", max_span=S, ramp=R, n_heads=3, causal=causal, block=3,
+                                            position_embeddings=True, d_head=4), [1.0, 3.0, 6.0]).double()
+    assert not kernel.exact and kernel.key_pe.shape == ((S if causal else 2 * S - 1), 4)
+    q, k, v = tensors(M=7, N=11)
+    z = kernel.spans().detach().view(1, 3, 1).expand(2, 3, 7)
+    ref = literal(q, k, v, z, S, R, causal, key_pe=kernel.key_pe.detach())
+    torch.testing.assert_close(kernel(q, k, v, need_weights=need_weights).output, ref)
+    if causal:  # decoding in pieces through the cache: the same positions, the same embeddings
+        q, k, v = tensors(M=11, N=11, seed=1)
+        full = kernel(q, k, v).output
+        first = kernel(q[:, :, :4], k[:, :, :4], v[:, :, :4], return_state=True)
+        rest = kernel(q[:, :, 4:], k[:, :, 4:], v[:, :, 4:], state=first.state)
+        torch.testing.assert_close(torch.cat([first.output, rest.output], 2), full)
+
+
+def test_position_embeddings_are_one_table_per_stack():
+    from qkv.models.transformer.stack import StackConfig, TransformerStack
+
+    config = StackConfig(n_layers=3, d_model=8, n_heads=2, d_ff=16, attention="adaptive-span", positional="none",
+                         attention_kwargs={"max_span": 4, "position_embeddings": True})
+    stack = TransformerStack(config, vocab_size=5, causal=True)
+    tables = {id(block.self_attn.kernel.key_pe) for block in stack.layers}
+    assert len(tables) == 1
+    assert sum(p.numel() for n, p in stack.named_parameters() if "key_pe" in n) == 4 * 4
+    with pytest.raises(ValueError, match="needs d_head"):
+        qkv.build_attention("adaptive-span", max_span=4, position_embeddings=True)
 
 
 def test_full_span_equals_softmax_on_the_last_S_keys():
@@ -217,3 +255,11 @@ def test_a_span_short_of_the_context_is_not_taken_for_full(monkeypatch):
     q, k, v = tensors(M=12, N=12)
     kernel(q, k, v)
     assert len(counted) == 1  # one head's ramp reaches inside the context: the banded path
+
+def test_dynamic_span_of_a_nan_query_is_a_named_error():
+    """Issue 20 item 6: a NaN query raised 'cannot convert float NaN to integer'."""
+    kernel = qkv.build_attention("adaptive-span", max_span=4, dynamic=True, d_head=4, n_heads=3)
+    q, k, v = tensors(dtype=torch.float32)
+    q[0, 1, 2, 0] = float("nan")
+    with pytest.raises(ValueError, match="q holds NaN: the dynamic span"):
+        kernel(q, k, v)

@@ -1,13 +1,13 @@
 """The edges of every registered kernel and of MultiHeadAttention (issue 14, items 14-17): empty
 inputs, extreme magnitudes of linear attention's feature map, half precision on the weights path,
 non-finite values behind a mask, queries before the first key, and dtype mismatches.
-Parametrised over the registry: a new kernel gets them for free (knobs from test_kernels)."""
+Parametrised over the registry: a new kernel gets them for free (its own default_knobs, see test_kernels)."""
 
 import math
 
 import pytest
 import torch
-from test_kernels import KERNEL_KWARGS, build as contract_build
+from test_kernels import build as contract_build, knobs
 
 import qkv
 from qkv.attention.linear import elu_plus_one
@@ -38,6 +38,13 @@ def heads(B, H, M, N, E=4, Ev=3, dtype=torch.float32, seed=0, scale=1.0):
 def test_empty_inputs_give_empty_outputs(name, causal, B, M, N):
     kernel = build(name, causal)
     q, k, v = heads(B, 2, M, N)
+    if M != N:
+        try:
+            kernel(*heads(2, 2, M + 1, N + 2))
+        except ValueError:  # the kernel needs as many queries as keys (lsh): empty or not, it says so
+            with pytest.raises(ValueError):
+                kernel(q, k, v)
+            return
     for need_weights in (False, True):
         out = kernel(q, k, v, need_weights=need_weights)
         assert out.output.shape == (B, 2, M, 3) and (out.output == 0).all()
@@ -68,7 +75,7 @@ def test_empty_decoding_steps_keep_the_state(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_multihead_batch_size_zero(name):
     causal = lookup("attention", name).supports_causal
-    mha = qkv.MultiHeadAttention(8, 2, name, causal=causal, **KERNEL_KWARGS.get(name, {}))
+    mha = qkv.MultiHeadAttention(8, 2, name, causal=causal, **knobs(name, H=2, E=4, with_heads=False))
     x = torch.randn(0, 5, 8)
     out = mha(x, need_weights=True)
     assert out.output.shape == (0, 5, 8) and out.weights.shape == (0, 2, 5, 5)
@@ -196,3 +203,30 @@ def test_kernel_dtype_mismatch_names_both_dtypes(name):
     q, k, v = heads(1, 2, 3, 3)
     with pytest.raises(TypeError, match="torch.float32, torch.float64"):
         kernel(q, k.double(), v)
+
+
+# ------------------------------------------------------------------ validation before the empty shortcut
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if lookup("attention", n).supports_state])
+@pytest.mark.parametrize("B,M", [(2, 3), (0, 3), (2, 0)])
+def test_a_junk_state_is_refused_even_for_empty_inputs(name, B, M):
+    """Issue 20 item 6: with an empty batch or length the edge shortcut returned a junk ``state``
+    unchecked. The state's type is checked at the boundary, before any shortcut."""
+    kernel = build(name, causal=True)
+    with pytest.raises(TypeError, match="state must be"):
+        kernel(*heads(B, 2, M, M), state="junk", return_state=True)
+
+
+@pytest.mark.parametrize("B,L", [(0, 5), (2, 0)])
+def test_kernel_checks_run_for_empty_inputs(B, L):
+    """lsh's M != N and linformer's N > seq_len were accepted when the batch or length was empty."""
+    q, _, _ = heads(B, 2, L, L)
+    _, k, v = heads(B, 2, L + 3, L + 3)
+    with pytest.raises(ValueError, match="same length"):
+        build("lsh")(q, k, v)
+    linformer = build("linformer", seq_len=4)
+    with pytest.raises(ValueError, match="seq_len=4"):
+        linformer(*heads(B, 2, 0 if L == 0 else 6, 6))
+    with pytest.raises(ValueError, match="heads"):
+        build("relative", H=3)(*heads(B, 2, L, L))

@@ -69,6 +69,36 @@ def test_linear_matches_literal_reference(causal, M):
 
 
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("eps", [1e-6, 1e-3, 0.5])
+@pytest.mark.parametrize("chunk_size", [1, 3, 64])
+def test_linear_eps_is_relative_to_the_visible_features(causal, eps, chunk_size):
+    """The exact function with eps (issue 20 item 3): ``eps`` scales with the largest query feature
+    of the row and the largest key feature the row may see — keys ``j <= i`` when causal (it was
+    the largest of the whole chunk, so later keys moved earlier outputs by ~eps):
+
+        out_i = sum_j phi_q_i . phi_k_j v_j / (sum_j phi_q_i . phi_k_j + eps phi(max q_i) phi(max_{j visible} k_j))
+    """
+    q, k, v = tensors(B=2, M=9, N=9, seed=3)
+    k[:, :, 6] *= 4  # a large later key: it must not reach the outputs before it
+    pad = torch.tensor([[True] * 7 + [False] * 2, [True, False] * 4 + [True]])
+    out = qkv.build_attention("linear", causal=causal, eps=eps, chunk_size=chunk_size)(q, k, v, mask=pad).output
+    phi = lambda x: F.elu(x) + 1
+    allowed = allowed_pairs(2, 9, 9, causal, pad)
+    ref = torch.zeros_like(out)
+    for b in range(2):
+        for h in range(2):
+            for i in range(9):
+                js = [j for j in range(9) if allowed[b, i, j]]
+                if not js:
+                    continue
+                s = torch.stack([phi(q[b, h, i]) @ phi(k[b, h, j]) for j in js])  # (n,)
+                top_k = max(float(k[b, h, j].max()) for j in js)
+                den = s.sum() + eps * float(phi(q[b, h, i].max())) * float(phi(torch.tensor(top_k, dtype=torch.float64)))
+                ref[b, h, i] = (s[:, None] * v[b, h, js]).sum(0) / den
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("M", [7, 4])
 def test_performer_matches_literal_reference(causal, M):
     """Its own equation: phi(x) = exp(w^T x' - |x'|^2 / 2) / sqrt(m), x' = d^{-1/4} x, written per feature."""

@@ -16,13 +16,15 @@ def heads(B=1, H=2, L=11, E=6, dtype=torch.float64, seed=0):
     return tuple(torch.randn(B, H, L, E, generator=g, dtype=dtype) for _ in range(3))
 
 
-def windows(kernel, bq, bk, L, nb):
+def windows(kernel, bq, bk, L, nb, hq=None):
     """For each query ``i``: the list (one entry per round) of key sets it attends in that round.
 
     ``bq``/``bk``: per round lists of effective buckets (masked keys already moved to ``nb``,
-    which sorts after every real bucket, as the padding does).
+    which sorts after every real bucket, as the padding does); ``hq``: the queries' own hash
+    buckets (masked or not).
     Written from the definitions: sort (bucket, position), chunks of ``m``, chunk + previous chunk
-    (non-causal); the ``bucket_size`` most recent same-bucket positions ``j <= i`` (causal)."""
+    (non-causal); the ``bucket_size`` most recent keys ``j <= i`` of the query's bucket (causal; a
+    masked position is no key but still a query, as in softmax attention)."""
     m = min(kernel.bucket_size, L)
     C = math.ceil(L / m)
     Lp = C * m
@@ -36,7 +38,8 @@ def windows(kernel, bq, bk, L, nb):
         nb_real = [j for j in range(L) if bk[r][j] != nb]
         for i in range(L):
             if kernel.causal:
-                keys = {j for j in nb_real if bk[r][j] == bq[r][i] and j <= i and 0 <= rq[i] - rk[j] < kernel.bucket_size}
+                same = [j for j in nb_real if bk[r][j] == hq[r][i] and j <= i]
+                keys = set(same[len(same) - kernel.bucket_size:] if len(same) > kernel.bucket_size else same)
             else:
                 c = rq[i] // m
                 keys = {j for j in nb_real if rk[j] // m in {c, (c - 1) % C}}
@@ -61,7 +64,8 @@ def literal_lsh(kernel, q, k, v, key_mask=None):
             def eff(raw):
                 return [[nb if key_mask is not None and not key_mask[b, j] else int(raw[b, h, r, j]) for j in range(L)]
                         for r in range(raw.shape[2])]
-            win = windows(kernel, eff(raw_q), eff(raw_k), L, nb)
+            hq = [[int(raw_q[b, h, r, j]) for j in range(L)] for r in range(raw_q.shape[2])]
+            win = windows(kernel, eff(raw_q), eff(raw_k), L, nb, hq)
             for i in range(L):
                 met = [j for keys_r in win[i] for j in sorted(keys_r)]
                 if kernel.dedup:
@@ -263,3 +267,59 @@ def test_bad_knobs_are_named():
         LSHAttention(causal=True)(q, k, v, state=object())
     with pytest.raises(ValueError, match="key-padding"):
         LSHAttention()(q, k, v, mask=torch.ones(1, 1, 6, 6, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("n_rounds,dedup", [(1, False), (3, False), (3, True)])
+def test_causal_padded_queries_attend_like_any_query(n_rounds, dedup):
+    """Issue 20 item 6: causal LSH with key padding zeroed the outputs at padded positions, while
+    softmax and non-causal LSH attend from them. A padding position is no key but still a query:
+    it attends to the bucket_size most recent keys of its own bucket, in the parallel pass and
+    one token at a time alike, and no padded key reaches any output."""
+    kernel = LSHAttention(causal=True, bucket_size=2, n_rounds=n_rounds, n_buckets=4, dedup=dedup, seed=1)
+    q, k, v = heads(B=2, L=12)
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[0, 8:] = False  # trailing padding
+    mask[1, 3] = mask[1, 6] = False
+    out = kernel(q, k, v, mask=mask, need_weights=True)
+    torch.testing.assert_close(out.output, literal_lsh(kernel, q, k, v, mask), atol=1e-10, rtol=1e-9)
+    assert (out.output[0, :, 8:].abs().sum(-1) > 0).any()  # padded queries see keys
+    assert (out.weights[..., ~mask[0]][0] == 0).all() and (out.weights[1][..., ~mask[1]] == 0).all()
+    torch.testing.assert_close(out.weights @ v, out.output)
+    state, steps = None, []
+    for t in range(12):
+        o = kernel(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], mask=mask[:, :t + 1], state=state,
+                   return_state=True)
+        state = o.state
+        steps.append(o.output)
+    torch.testing.assert_close(torch.cat(steps, 2), out.output, atol=1e-10, rtol=1e-9)
+
+
+def test_masked_keys_never_reach_an_output_however_large_the_scores():
+    """A masked key scored -1e9 (finite) lost to scores of that size (separate keys of magnitude
+    1e4): the row of a batch entry whose keys are all masked came out non-zero. Masked pairs now
+    score -inf."""
+    kernel = LSHAttention(causal=False, bucket_size=1, n_rounds=1, shared_qk=False, seed=0)
+    q, k, v = (x * 1e4 - 1e4 for x in heads(B=1, H=1, L=3, E=3, seed=4))
+    out = kernel(q, k, v, mask=torch.zeros(1, 3, dtype=torch.bool)).output
+    assert (out == 0).all()
+    mask = torch.tensor([[True, False, True]])
+    ref = kernel(q, k, v, mask=mask).output
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 1], v2[:, :, 1] = 1e5 * q[:, :, 0], 7.0  # the masked key, as tempting as can be
+    torch.testing.assert_close(kernel(q, k2, v2, mask=mask).output, ref)
+
+
+@pytest.mark.parametrize("knobs, message", [
+    ({"n_rounds": 10 ** 9}, "n_rounds must be at most 256"),
+    ({"n_buckets": 2 ** 40}, "hash a larger count as factors"),
+    ({"n_buckets": (2 ** 16, 2 ** 16)}, "at most 2147483648 buckets"),
+])
+def test_absurd_knobs_are_refused_before_any_work(knobs, message):
+    """Issue 20 item 5: Reformer n_rounds=1e9 / n_buckets=2**40 ended in allocation tracebacks."""
+    with pytest.raises(ValueError, match=message):
+        LSHAttention(**knobs)
+    from qkv.models.transformer.reformer import Reformer, ReformerConfig
+
+    reformer_knobs = {"n_rounds": knobs["n_rounds"]} if "n_rounds" in knobs else {"n_buckets": knobs["n_buckets"]}
+    with pytest.raises(ValueError, match=message):
+        Reformer(ReformerConfig(vocab_size=7, max_len=16, n_layers=1, d_model=8, n_heads=2, d_ff=16, **reformer_knobs))

@@ -7,7 +7,6 @@ import torch
 
 import qkv
 from qkv.attention.relative import relative_shift
-from qkv.positional import sinusoid_table
 
 
 def make(H=2, E=4, causal=True, seed=0, **kw):
@@ -22,6 +21,13 @@ def make(H=2, E=4, causal=True, seed=0, **kw):
 def tensors(B=2, H=2, M=5, N=8, E=4, seed=1):
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(B, H, L, E, generator=g, dtype=torch.float64) for L in (M, N, N))
+
+
+def literal_sinusoid(d, width):
+    """R_d of Vaswani et al. (2017, §3.5) in float64, one feature at a time:
+    ``sin(d / 10000^(2i / width))`` at feature 2i, ``cos`` of the same at 2i + 1."""
+    return torch.tensor([(math.sin if f % 2 == 0 else math.cos)(d / 10000 ** ((f - f % 2) / width))
+                         for f in range(width)], dtype=torch.float64)
 
 
 def literal(kernel, q, k, v, causal, clamp_len=None, allowed=None):
@@ -40,14 +46,14 @@ def literal(kernel, q, k, v, causal, clamp_len=None, allowed=None):
                     d = pos - j
                     if clamp_len is not None:
                         d = max(-clamp_len, min(clamp_len, d))
-                    R = sinusoid_table(torch.tensor(float(d)), H * E).double()  # (H E,)
+                    R = literal_sinusoid(d, H * E)  # (H E,)
                     r = (kernel.w_r.weight.double() @ R).view(H, E)[h]  # W_{k,R} R_{i-j}, head h
                     a = float((q[b, h, i] + kernel.u[h].detach()) @ k[b, h, j] + (q[b, h, i] + kernel.v[h].detach()) @ r.detach())
                     scores.append(a / math.sqrt(E))
                     keys.append(j)
                 if not keys:
                     continue
-                w = torch.tensor(scores).softmax(0)
+                w = torch.tensor(scores, dtype=torch.float64).softmax(0)
                 out[b, h, i] = sum(w[t] * v[b, h, j] for t, j in enumerate(keys))
     return out
 
@@ -58,8 +64,8 @@ def test_matches_literal_reference(causal, M, N, clamp_len):
     kernel = make(causal=causal, clamp_len=clamp_len)
     q, k, v = tensors(M=M, N=N)
     ref = literal(kernel, q, k, v, causal, clamp_len)
-    for need_weights in (False, True):
-        torch.testing.assert_close(kernel(q, k, v, need_weights=need_weights).output, ref)
+    for need_weights in (False, True):  # float64 throughout: the sinusoids too (issue 20 item 1, was float32)
+        torch.testing.assert_close(kernel(q, k, v, need_weights=need_weights).output, ref, rtol=0, atol=1e-12)
 
 
 def test_relative_shift_is_the_skewed_gather():

@@ -86,9 +86,9 @@ def test_throughput_counts_flops_and_compares_patterns_with_a_dense_mask(tmp_pat
 def test_kernel_kwargs_parsing_and_defaults():
     assert parse_kernel_kwargs(["window:radius=128,block=64", "local-2d:image_size=(32,32)"]) == {
         "window": {"radius": 128, "block": 64}, "local-2d": {"image_size": (32, 32)}}
-    kwargs, notes = kernel_kwargs("window", 1024, heads=4, head_dim=64)
-    assert kwargs == {"radius": 64} and notes == []
-    assert kernel_kwargs("window", 1024, 4, 64, {"radius": 3})[0] == {"radius": 3}
+    assert kernel_kwargs("window", 1024, heads=4, head_dim=64) == {"radius": 64}  # the kernel's own default_knobs
+    assert kernel_kwargs("window", 1024, 4, 64, {"radius": 3}) == {"radius": 3}
+    assert kernel_kwargs("relative", 256, 4, 16) == {"n_heads": 4, "head_dim": 16}  # head arguments
     with pytest.raises(ValueError):
         parse_kernel_kwargs(["radius=3"])
 

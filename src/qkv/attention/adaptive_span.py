@@ -20,6 +20,15 @@ of ``b + W - 1`` keys, as the ``window`` kernel does), so time and memory follow
 not ``S``. The mask is applied as the additive score bias ``log m_z(x)`` (``-inf`` where
 ``m = 0``), which is the renormalised product above and lets the fused SDPA kernel do the work.
 
+Positions (``position_embeddings=True``): the paper's score has a learned relative position
+embedding on the keys (§2, after Shaw et al. 2018),
+
+    s_tr = q_t^T (k_r + p_{t-r}) / sqrt(d),          p_0 .. p_{S-1}: one (S, d) table,
+
+one table for all heads; the authors' code also shares it across layers, and so does a stack
+(``share_across_layers``). The term ``q_t . p_{t-r}`` is computed for the distances of the band
+only (``O(M W d)``, like the scores) and joins the score bias. Non-causal: distances ``-(S-1) .. S-1``.
+
 Deviations from the paper: the dynamic span reads the head's query ``q_t = x_t W^Q_h`` rather
 than ``x_t`` itself (``v^T q_t`` is a linear function of ``x_t``, restricted to ``W^Q_h``'s row
 space), because a kernel sees projected heads only. The non-causal form (not in the paper) uses
@@ -41,7 +50,7 @@ from .. import _checks, masks
 from ..functional import masked_softmax, scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache
-from .base import AttentionKernel
+from .base import AttentionKernel, clamp_knob
 from .softmax import append_cache
 from .window import band_blocks, scatter_band
 
@@ -84,6 +93,8 @@ class AdaptiveSpanAttention(AttentionKernel):
         dynamic: ``z_t = S sigmoid(v^T q_t + b)`` per query position and head (needs ``d_head``).
         d_head: head size (filled in by ``MultiHeadAttention``); needed when ``dynamic``.
         block: query block length (default ``W / 4`` clamped to ``[64, 256]``).
+        position_embeddings: add the paper's learned relative position embeddings ``p_{t-r}`` to
+            the keys (needs ``d_head``); shared across the layers of a stack.
     Shapes: ``q (B, H, M, E)``, ``k, v (B, H, N, E)`` -> ``(B, H, M, E)``. Cost
     ``O(M (b + W) E)`` per head with ``W = min(S, ceil(max z + R))``. Incremental decoding keeps
     the last ``S - 1`` keys and values (a bounded ``KVCache``).
@@ -91,10 +102,12 @@ class AdaptiveSpanAttention(AttentionKernel):
 
     supports_mask = "key_padding"
     supports_state = True
+    state_type = KVCache
 
     def __init__(self, *, max_span: int, ramp: float = 32, n_heads: Optional[int] = None,
                  init_span: Optional[float] = None, dynamic: bool = False, d_head: Optional[int] = None,
-                 block: Optional[int] = None, causal: bool = False, dropout: float = 0.0) -> None:
+                 block: Optional[int] = None, position_embeddings: bool = False, causal: bool = False,
+                 dropout: float = 0.0) -> None:
         super().__init__(causal=causal, dropout=dropout)
         self.max_span = _checks.positive_int("max_span", max_span)
         if isinstance(ramp, bool) or not isinstance(ramp, (int, float)) or not ramp > 0:
@@ -121,10 +134,35 @@ class AdaptiveSpanAttention(AttentionKernel):
             self._last_spans: Optional[Tensor] = None  # (heads,) mean z_t of the last call, for span_loss
         else:
             self.span = nn.Parameter(torch.full((heads,), frac))  # z / S, kept in [0, 1]
+        if not isinstance(position_embeddings, bool):
+            raise TypeError(f"position_embeddings must be a bool, got {position_embeddings!r}")
+        self.key_pe = None
+        if position_embeddings:
+            if d_head is None:
+                raise ValueError("position_embeddings=True needs d_head (the head size; MultiHeadAttention fills it in)")
+            n_distances = self.max_span if causal else 2 * self.max_span - 1
+            # p_d for d = 0 .. S-1 (non-causal: -(S-1) .. S-1 at row d + S - 1); N(0, 1) as the authors' code
+            self.key_pe = nn.Parameter(torch.randn(n_distances, _checks.positive_int("d_head", d_head)))
+
+    @classmethod
+    def head_kwargs(cls, n_heads: int, d_head: int) -> dict:
+        return {"n_heads": n_heads, "d_head": d_head}
+
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """Spans up to ``S = max_len / 2`` in ``[1, 512]``, a ramp ``R = S / 4`` in ``[1, 32]`` (the paper's 32)."""
+        S = clamp_knob(max_len // 2, 1, 512)
+        return {**super().default_knobs(max_len, n_heads, d_head), "max_span": S, "ramp": clamp_knob(S // 4, 1, 32)}
 
     def extra_repr(self) -> str:
         return (f"max_span={self.max_span}, ramp={self.ramp}, n_heads={self.n_heads}, dynamic={self.dynamic}, "
-                f"{super().extra_repr()}")
+                f"position_embeddings={self.key_pe is not None}, {super().extra_repr()}")
+
+    def share_across_layers(self, first: "AttentionKernel") -> None:
+        """One position table for the whole stack, as the authors' code (its ``key_pe``)."""
+        if self.key_pe is not None and isinstance(first, AdaptiveSpanAttention) and first.key_pe is not None:
+            _checks.same("key_pe", tuple(self.key_pe.shape), "the first layer's", tuple(first.key_pe.shape), "the shape")
+            self.key_pe = first.key_pe
 
     # ------------------------------------------------------------------ spans
 
@@ -159,16 +197,13 @@ class AdaptiveSpanAttention(AttentionKernel):
     @property
     def exact(self) -> bool:  # type: ignore[override]
         """Plain softmax on its pattern when every mask value inside the band is 1 (``z >= W - 1``)."""
-        if self.dynamic:
+        if self.dynamic or self.key_pe is not None:
             return False
         z = self.spans().detach()
         return bool(z.min() >= self._width(float(z.max())) - 1)
 
     def pattern(self, n_queries: int, n_keys: int):
         return masks.window(self.current_span() - 1, causal=self.causal, offset=n_keys - n_queries)
-
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, KVCache) else 0
 
     # ------------------------------------------------------------------ attention
 
@@ -189,9 +224,25 @@ class AdaptiveSpanAttention(AttentionKernel):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~row_valid, dropout_p=dropout_p)
         return out.masked_fill(~row_valid, 0.0)
 
+    def _position_scores(self, q_blocks: Tensor, distance: Tensor, left: int, right: int) -> Tensor:
+        """``q_t . p_{t-r} / sqrt(d)`` on the band: ``q_blocks (B, H, nb, b, E)``, signed
+        ``distance (b, W)`` within ``[-right, left]`` on the band -> ``(B, H, nb, b, W)`` (float32
+        for half inputs; entries off the band hold some distance's value and are masked)."""
+        E = q_blocks.shape[-1]
+        if self.key_pe.shape[-1] != E:
+            raise ValueError(f"q has head size {E}, but the position embeddings were built for d_head={self.key_pe.shape[-1]}")
+        acc = torch.float32 if q_blocks.dtype in (torch.float16, torch.bfloat16) else q_blocks.dtype
+        zero = 0 if self.causal else self.max_span - 1  # row of distance 0
+        table = self.key_pe[zero - right:zero + left + 1].to(acc)  # (right + 1 + left, E): distances -right .. left
+        per_distance = q_blocks.to(acc) @ table.T / math.sqrt(E)  # (B, H, nb, b, right + 1 + left)
+        index = (distance + right).clamp(0, left + right)  # (b, W)
+        return per_distance.gather(-1, index.expand(*per_distance.shape[:-1], index.shape[-1]))
+
+    def _validate(self, q, k, v, state):
+        self._check_heads(q.shape[1])
+
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         B, H, M, E = q.shape
-        self._check_heads(H)
         cache = None
         if state is not None or return_state:
             k, v, cache = append_cache(state, k, v, keep=self.max_span - 1)
@@ -206,14 +257,19 @@ class AdaptiveSpanAttention(AttentionKernel):
             z = S * torch.sigmoid(torch.einsum("bhme,he->bhm", q, self.span_weight.to(q.dtype))
                                   + self.span_bias.to(q.dtype).view(-1, 1))
             self._last_spans = z.float().mean(dim=(0, 2))
-            width = self._width(float(z.detach().max()) if z.numel() else 0.0)  # no query (B = 0): any width
+            z_max = float(z.detach().max()) if z.numel() else 0.0  # no query (B = 0): any width
+            if math.isnan(z_max):
+                raise ValueError("q holds NaN: the dynamic span z_t = S sigmoid(v^T q_t + b) of some query is NaN, so "
+                                 "no span can be set (check the layer's inputs for NaN)")
+            width = self._width(z_max)
         else:
             z = self.spans().to(q.dtype).view(-1, 1, 1, 1)  # (H|1, 1, 1, 1)
             width = self.current_span()
-        if not self.dynamic and not need_weights and M <= N <= S and float(z.detach().min()) > N - 1:
+        if (not self.dynamic and self.key_pe is None and not need_weights and M <= N <= S
+                and float(z.detach().min()) > N - 1):
             # the span covers the whole context: m_z(x) = 1 for every distance x <= N - 1 (clamped,
-            # so z has no gradient there either) and the renormalised weights are plain softmax
-            # attention -- one fused SDPA call instead of bands with a float bias
+            # so z has no gradient there either) and, without position embeddings, the renormalised
+            # weights are plain softmax attention -- one fused SDPA call instead of bands with a float bias
             return AttentionOutput(self._full_span(q, k, v, mask), None, cache)
         r = min(width - 1, N + M)  # keys before (and, bidirectional, after) a query that can carry weight
         right = 0 if self.causal else r
@@ -231,7 +287,10 @@ class AdaptiveSpanAttention(AttentionKernel):
             m = soft_span_mask(distance, z, self.ramp)  # (H|1, 1, b, W)
         allowed = valid & (m > 0)
         # log m where m > 0 (m clamped first so that log's gradient stays finite where m = 0)
-        bias = torch.where(allowed, m.clamp_min(torch.finfo(m.dtype).tiny).log(), float("-inf"))
+        bias = m.clamp_min(torch.finfo(m.dtype).tiny).log()
+        if self.key_pe is not None:  # + q_t . p_{t-r} / sqrt(d) (the paper's position term)
+            bias = bias + self._position_scores(q_blocks, x, r, right)
+        bias = torch.where(allowed, bias, float("-inf"))
         row_valid = allowed.any(-1)  # (..., nb, b)
         bias = bias.masked_fill(~row_valid.unsqueeze(-1), 0.0)  # no -inf-only rows (zeroed after)
 

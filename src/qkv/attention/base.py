@@ -12,7 +12,7 @@ masked returns zeros.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Dict, Optional
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from .. import _checks
 from ..types import AttentionOutput
 
-__all__ = ["AttentionKernel", "normalize_mask"]
+__all__ = ["AttentionKernel", "normalize_mask", "clamp_knob"]
 
 
 def normalize_mask(mask: Optional[Tensor], B: int, H: int, M: int, N: int, name: str = "mask") -> Optional[Tensor]:
@@ -29,6 +29,11 @@ def normalize_mask(mask: Optional[Tensor], B: int, H: int, M: int, N: int, name:
     Accepts ``(B, N)`` (key padding), ``(B, M, N)`` or ``(B|1, H|1, M|1, N)``.
     """
     return _checks.attention_mask(name, mask, B, M, N, H=H)
+
+
+def clamp_knob(value: int, low: int, high: int) -> int:
+    """``value`` clipped to ``[low, high]`` (for knobs derived from a length in ``default_knobs``)."""
+    return max(low, min(high, value))
 
 
 def _select_away_masked(k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -57,6 +62,9 @@ class AttentionKernel(nn.Module):
     supports_causal: ClassVar[bool] = True
     #: computes softmax attention exactly (approximations document their error knob).
     exact: ClassVar[bool] = True
+    #: the type of the ``state`` this kernel returns and continues (``supports_state``); another
+    #: type given as ``state`` raises TypeError at the boundary.
+    state_type: ClassVar[Optional[type]] = None
     #: needs the sequence length at construction (e.g. Linformer's projections).
     needs_seq_len: ClassVar[bool] = False
     #: keys are the unit-normalised queries (``k`` unused) and a position attends to itself only
@@ -65,6 +73,9 @@ class AttentionKernel(nn.Module):
     shared_qk: ClassVar[bool] = False
     #: knobs under which an approximate kernel is exact (tested against the literal reference), or None.
     exact_kwargs: ClassVar[Optional[dict]] = None
+    #: knobs under which a kernel that draws random numbers on every call draws the same ones each
+    #: time (contract tests that compare calls, stepwise with parallel, use them), or None.
+    deterministic_kwargs: ClassVar[Optional[dict]] = None
     #: weights are returned only when they are computed anyway or asked for.
     registry_name: ClassVar[str] = ""
     #: applies ``dropout`` somewhere (the paper's or authors' practice); a kernel that forms no
@@ -86,6 +97,25 @@ class AttentionKernel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"causal={self.causal}, dropout={self.dropout}"
+
+    @classmethod
+    def head_kwargs(cls, n_heads: int, d_head: int) -> Dict[str, Any]:
+        """The constructor arguments taken from the heads' shape, for kernels with per-head
+        parameters (``MultiHeadAttention`` fills them in unless given); none by default."""
+        return {}
+
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> Dict[str, Any]:
+        """Knobs that fit sequences of up to ``max_len`` positions, with the head arguments.
+
+        What a model built with ``attention=NAME`` and no knobs gets (knobs given explicitly win),
+        and the example knobs of ``qkv bench``, the contract tests and the pattern pictures: a new
+        kernel states its own here and needs no table elsewhere. The base class: the head
+        arguments only (for a kernel whose constructor defaults fit every length).
+        """
+        for name, value in (("max_len", max_len), ("n_heads", n_heads), ("d_head", d_head)):
+            _checks.positive_int(name, value)
+        return cls.head_kwargs(n_heads, d_head)
 
     def forward(
         self,
@@ -121,7 +151,8 @@ class AttentionKernel(nn.Module):
                              f"with incremental decoding")
         if (state is not None or return_state) and not self.causal:
             raise ValueError(f"state/return_state need causal=True (attention {self.registry_name!r} was built with causal=False)")
-        n_total = k.shape[-2] + (self._state_length(state) if state is not None else 0)
+        n_total = k.shape[-2] + self._state_length(state)  # checks the state's type
+        self._validate(q, k, v, state)
         mask = normalize_mask(mask, B, H, M, n_total)
         if mask is not None:
             if self.supports_mask == "none":
@@ -175,8 +206,18 @@ class AttentionKernel(nn.Module):
         ``first``'s. Default: nothing is shared."""
 
     def _state_length(self, state: Any) -> int:
-        """Number of cached key positions in ``state`` (masks cover cached + new keys)."""
-        return 0
+        """Number of cached key positions in ``state`` (masks cover cached + new keys); 0 for None.
+        A state that is not this kernel's ``state_type`` raises TypeError."""
+        if state is None:
+            return 0
+        if self.state_type is not None and not isinstance(state, self.state_type):
+            raise TypeError(f"state must be the {self.state_type.__name__} attention {self.registry_name!r} returned, "
+                            f"got {type(state).__name__}")
+        return getattr(state, "length", 0)
+
+    def _validate(self, q: Tensor, k: Tensor, v: Tensor, state: Any) -> None:
+        """The kernel's own checks of its inputs (shapes it needs, its head size, ...), run by
+        ``forward`` before any shortcut, so that empty inputs are checked too. Default: none."""
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], state: Any,
                 need_weights: bool, return_state: bool) -> AttentionOutput:

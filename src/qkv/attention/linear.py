@@ -19,7 +19,13 @@ Deviations: ``eps`` is added to the denominator (as in the authors' code) — wi
 each query row's features and the keys' features are divided by their largest (the factors
 cancel in the ratio, so eps guards a zero denominator without shrinking rows of small features;
 folded into eps while the largest inputs are above -20, in log space below, so that features below
-float range still rank the keys); dropout must be 0 (no
+float range still rank the keys). For a causal row ``i`` "the keys' largest" is that of the keys
+``j <= i`` (a running maximum, per position): eps then relates to what row ``i`` may see, so no
+later key reaches it and one token at a time gives the parallel pass's numbers. Written out,
+
+    V'_i = phi(Q_i)^T S_i / (phi(Q_i)^T Z_i + eps phi(max Q_i) phi(max_{j <= i} K_j)).
+
+Dropout must be 0 (no
 attention matrix exists to drop from, and the authors' code applies none; ``dropout > 0`` raises
 rather than being silently ignored); only key-padding
 masks are supported (a mask is a matrix, which the factorisation avoids).
@@ -33,12 +39,13 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _checks
 from ..registry import register
 from ..types import AttentionOutput
-from .base import AttentionKernel
+from .base import AttentionKernel, clamp_knob
 
 __all__ = ["LinearAttention", "LinearState", "linear_attention", "accumulation_dtype", "elu_plus_one", "log_elu_plus_one",
            "resolve_feature_map", "split_key_mask"]
@@ -190,14 +197,18 @@ def linear_attention(
     Args:
         phi_q: ``(B, H, M, F)`` non-negative query features.
         phi_k: ``(B, H, N, F)`` non-negative key features, or their logarithms when ``log_keys``:
-            then they are exponentiated here after subtracting a maximum that cancels in the
-            ratio — over all keys (non-causal), or a running maximum over the keys seen so far
-            (causal: chunk by chunk, so no key's value reaches an earlier output, not even
-            through rounding; carried in ``state.log_scale``).
+            then they are exponentiated here after subtracting a maximum — over all keys
+            (non-causal), or (causal) at each key position ``j`` the running maximum ``m_j`` of
+            the keys ``<= j`` (the state's keys included, carried in ``state.log_scale``). A causal
+            query ``i`` reads its sums at the scale ``exp(-m_i)``, so its output, ``eps`` term
+            included, depends on the keys ``<= i`` only: no later key reaches it, not even through
+            rounding, and decoding one token at a time computes the same numbers.
         v: ``(B, H, N, Ev)``.
         key_mask: bool ``(B|1, H|1, N)``, True = may attend (masked keys get zero features).
         state: sums of earlier keys (causal only); None starts from zero.
         eps: added to the denominator; ``0`` divides exactly (a zero denominator gives zero).
+            With ``log_keys`` it is relative to the largest key feature (of all keys, or causal:
+            of the keys ``<= i``).
         eps_scale: ``(B|1, H|1, M, 1)`` or None: ``eps * eps_scale`` is added instead (the features'
             normalisation folded into eps, see ``direct_features``; causal: the queries' only).
         need_weights: also return the implied ``(B, H, M, N)`` weights (O(M N); not with ``state``).
@@ -213,12 +224,27 @@ def linear_attention(
     if key_mask is not None:
         keep = key_mask.unsqueeze(-1)  # (B|1, H|1, N, 1)
         phi_k = phi_k.masked_fill(~keep, float("-inf")) if log_keys else phi_k * keep
+    eps_q = eps if eps_scale is None else eps * eps_scale  # (B|1, H|1, M, 1) or float
+
     def divide(nd: Tensor) -> Tensor:
         num, den = nd[..., :Ev], nd[..., Ev:]  # (B, H, M, Ev), (B, H, M, 1)
         if eps > 0:
-            return num / (den + (eps if eps_scale is None else eps * eps_scale))
+            return num / (den + eps_q)
         # den = 0 only where every feature product is 0, and then num = 0 too: 0 / tiny = 0.
         return num / den.clamp(min=torch.finfo(den.dtype).tiny)
+
+    if causal:
+        if state is not None and not isinstance(state, LinearState):
+            raise TypeError(f"state must be a LinearState returned by this kernel, got {type(state).__name__}")
+        if state is not None and (state.log_scale is not None) != log_keys:
+            raise ValueError("state was produced by a kernel with a different feature map (log_scale mismatch)")
+    m = None  # causal log mode: (B, H, 1 + N) running maxima, m[..., 0] the state's, m[..., 1 + j] after key j
+    if causal and log_keys:
+        m0 = (state.log_scale.to(acc).view(B, H, 1) if state is not None
+              else phi_k.new_full((B, H, 1), float("-inf")))
+        top = phi_k.detach().amax(-1) if Fdim else phi_k.new_full((B, H, N), float("-inf"))  # (B, H, N)
+        m = torch.cummax(torch.cat([m0, top], dim=-1), dim=-1).values  # (B, H, 1 + N)
+        phi_k = torch.exp(phi_k - _finite_or_zero(m[..., 1:]).unsqueeze(-1))  # (B, H, N, F): exp(l_j - m_j) <= 1
 
     weights = None
     if need_weights:
@@ -226,22 +252,25 @@ def linear_attention(
             raise ValueError("need_weights=True with a state: the weights over cached keys were summed away in "
                              "the state; call without state to see them")
         fk = phi_k
-        if log_keys:
+        if log_keys and not causal:
             fk = torch.exp(fk - _finite_or_zero(_key_max(fk)))
         a = phi_q @ fk.transpose(-1, -2)  # (B, H, M, N) unnormalised weights
         if causal:
             allowed = torch.ones(M, N, dtype=torch.bool, device=a.device).tril(N - M)
-            a = a * allowed
+            if m is None:
+                a = a * allowed
+            else:  # key j was scaled by exp(-m_j); query i reads it at exp(-m_i): times exp(m_j - m_i) <= 1
+                mk, mq = m[..., 1:], m[..., 1 + N - M:]  # (B, H, N), (B, H, M)
+                a = a * torch.exp((mk.unsqueeze(-2) - _finite_or_zero(mq).unsqueeze(-1)).masked_fill(~allowed, float("-inf")))
         den = a.sum(-1, keepdim=True)
-        eps_w = eps if eps_scale is None else eps * eps_scale
-        weights = (a / (den + eps_w) if eps > 0 else a / torch.where(den > 0, den, torch.ones_like(den))).to(out_dtype)
+        weights = (a / (den + eps_q) if eps > 0 else a / torch.where(den > 0, den, torch.ones_like(den))).to(out_dtype)
 
     if not causal:
         if state is not None:
             raise ValueError("state is only used by causal linear attention")
         if log_keys:
             phi_k = torch.exp(phi_k - _finite_or_zero(_key_max(phi_k)))
-        out = _NonCausalLinear.apply(phi_q, phi_k, v, eps if eps_scale is None else eps * eps_scale)
+        out = _NonCausalLinear.apply(phi_q, phi_k, v, eps_q)
         return out.to(out_dtype), weights, None  # (B, H, M, Ev)
 
     if M > N:
@@ -253,55 +282,89 @@ def linear_attention(
     _checks.positive_int("chunk_size", chunk_size)
     # [V, 1]: one product gives both the numerator S and the normaliser Z (its last column).
     v1 = torch.cat([v, v.new_ones(B, H, N, 1)], dim=-1)  # (B, H, N, Ev + 1)
-    # P = [S, Z] of the keys summed so far; in log mode stored divided by exp(m).
+    # P = [S, Z] of the keys summed so far; in log mode stored divided by exp(m_cur).
     if state is None:
         P = v1.new_zeros(B, H, Fdim, Ev + 1)  # (B, H, F, Ev + 1)
-        m = v1.new_full((B, H, 1, 1), float("-inf")) if log_keys else None
         length = 0
     else:
-        if not isinstance(state, LinearState):
-            raise TypeError(f"state must be a LinearState returned by this kernel, got {type(state).__name__}")
         if state.S.shape != (B, H, Fdim, Ev) or state.Z.shape != (B, H, Fdim):
             raise ValueError(f"state holds S {tuple(state.S.shape)} and Z {tuple(state.Z.shape)}, incompatible with "
                              f"(B, H, features, Ev) = {(B, H, Fdim, Ev)}")
-        if (state.log_scale is not None) != log_keys:
-            raise ValueError("state was produced by a kernel with a different feature map (log_scale mismatch)")
         P = torch.cat([state.S, state.Z.unsqueeze(-1)], dim=-1).to(acc)
-        m = state.log_scale.to(acc).view(B, H, 1, 1) if log_keys else None
         length = state.length
-
-    def features(kc: Tensor, P: Tensor, m: Optional[Tensor]):
-        """Exponentiate a chunk of log key features against the running max; rescale P to it."""
-        if not log_keys:
-            return kc, P, m
-        m_new = torch.maximum(m, _key_max(kc))  # (B, H, 1, 1)
-        safe_new = _finite_or_zero(m_new)
-        P = P * torch.exp(m - safe_new)  # <= 1; 0 while m was -inf (P is still 0 then)
-        return torch.exp(kc - safe_new), P, m_new
-
     off = N - M  # keys before the first query's position: seen by every query
+    mk = mk_safe = None
+    if m is not None:
+        # Scales (causal log mode; every factor <= 1). Key j was exponentiated at its running max
+        # m_j; query i reads everything at its own m_i; [S, Z] is kept at the m of its last key.
+        mk = m[..., 1:]  # (B, H, N): m_j
+        mk_safe = _finite_or_zero(mk)
     if off > 0:
-        kc, P, m = features(phi_k[:, :, :off], P, m)
         # S += sum_j phi(K_j) V_j^T, Z += sum_j phi(K_j) over the leading keys
-        P = P + kc.transpose(-1, -2) @ v1[:, :, :off]  # (B, H, F, Ev + 1)
-    tri = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=v.device).tril()  # j <= i inside a chunk
-    outs = []
-    # split, not a slice per chunk: a slice's backward writes into a full-length zero gradient
-    # (O(N) per chunk, O(N^2 / C) in all); split's backward is one concatenation.
-    chunks = zip(phi_q.split(chunk_size, dim=2), phi_k[:, :, off:].split(chunk_size, dim=2),
-                 v1[:, :, off:].split(chunk_size, dim=2))
-    for qc, kc, vc in chunks:  # (B, H, c, F), (B, H, c, F), (B, H, c, Ev + 1)
-        kc, P, m = features(kc, P, m)
-        c = qc.shape[2]
-        # within the chunk: sum_{j<=i} (phi_q_i . phi_k_j) [v_j, 1] — the masked quadratic form
-        local = (qc @ kc.transpose(-1, -2)) * tri[:c, :c]  # (B, H, c, c)
-        # across chunks: phi_q_i^T [S, Z] of every earlier chunk
-        outs.append(qc @ P + local @ vc)  # (B, H, c, Ev + 1)
-        P = P + kc.transpose(-1, -2) @ vc  # running [S, Z] after this chunk
-    nd = torch.cat(outs, dim=2) if outs else v1.new_zeros(B, H, 0, Ev + 1)  # (B, H, M, Ev + 1)
+        lead = phi_k[:, :, :off]
+        if m is not None:
+            lead = lead * torch.exp(mk[..., :off] - mk_safe[..., off - 1:off]).unsqueeze(-1)
+            P = P * torch.exp(m[..., :1] - mk_safe[..., off - 1:off]).unsqueeze(-1)
+        P = P + lead.transpose(-1, -2) @ v1[:, :, :off]  # (B, H, F, Ev + 1)
+    if M == 0:
+        nd = v1.new_zeros(B, H, 0, Ev + 1)
+    else:
+        nd, P = _causal_chunks(phi_q, phi_k[:, :, off:], v1[:, :, off:], P, min(chunk_size, M),
+                               None if m is None else (m[..., off:], mk_safe[..., off:]))
     new_state = LinearState(S=P[..., :Ev], Z=P[..., Ev], length=length + N,
-                            log_scale=m.view(B, H) if log_keys else None)
+                            log_scale=m[..., -1] if log_keys else None)
     return divide(nd).to(out_dtype), weights, new_state
+
+
+def _causal_chunks(phi_q: Tensor, phi_k: Tensor, v1: Tensor, P: Tensor, C: int,
+                   scales: Optional[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """The causal sums of ``M`` queries and their ``M`` keys in chunks of ``C`` (the core's inner part).
+
+    ``phi_q, phi_k (B, H, M, F)``, ``v1 = [V, 1] (B, H, M, Ev + 1)``, ``P = [S, Z] (B, H, F, Ev + 1)``
+    of the keys before. Returns ``(sum_{j <= i} (phi_q_i . phi_k_j) [v_j, 1] (B, H, M, Ev + 1), P after)``.
+    ``scales``: None, or (log mode) ``(m (B, H, 1 + M), m_safe (B, H, M))`` — the running maxima
+    before the first key (``m[..., 0]``, P's scale) and after each key, at which ``phi_k`` was taken.
+
+    All chunks at once: the within-chunk quadratic forms as one batched product, every chunk's
+    ``[S, Z]`` likewise; only the running sum over chunks is a loop (or a cumulative sum).
+    """
+    B, H, M, Fdim = phi_q.shape
+    T, pad = -(-M // C), -M % C  # chunks, padding of the last one
+    chunked = lambda x: F.pad(x, (0, 0, 0, pad)).view(B, H, T, C, x.shape[-1])
+    qs, ks, vs = chunked(phi_q), chunked(phi_k), chunked(v1)  # (B, H, T, C, F | Ev + 1)
+    tri = torch.ones(C, C, dtype=torch.bool, device=v1.device).tril()  # j <= i inside a chunk
+    if scales is None:
+        ends, mask, to_query = ks, tri, None
+    else:
+        m, m_safe = scales
+        mc = F.pad(m[..., 1:], (0, pad), value=float("-inf")).view(B, H, T, C)  # m_j (padding: no key)
+        mq = F.pad(m_safe, (0, pad), value=float("inf")).view(B, H, T, C)  # m_i (padding: a query that reads nothing)
+        last = m_safe[..., (torch.arange(1, T + 1, device=m.device) * C - 1).clamp(max=M - 1)]  # (B, H, T): m of each chunk's last key
+        before = m[..., ::C][..., :T]  # (B, H, T): the running max before each chunk, P's scale there
+        # key j read at query i's scale: exp(m_j - m_i), j <= i (never computed above the diagonal)
+        mask = torch.exp((mc.unsqueeze(-2) - mq.unsqueeze(-1)).masked_fill(~tri, float("-inf")))  # (B, H, T, C, C)
+        ends = ks * torch.exp(mc - last.unsqueeze(-1)).unsqueeze(-1)  # key j at its chunk's last scale
+        chunk_of = torch.arange(M, device=m.device) // C
+        to_query = F.pad(torch.exp(before[..., chunk_of] - m_safe), (0, pad)).view(B, H, T, C, 1)  # P's scale -> m_i
+        step = torch.exp(before - last)  # (B, H, T): P's scale -> the chunk's last
+    # within a chunk: sum_{j<=i} (phi_q_i . phi_k_j) [v_j, 1] — the masked quadratic form
+    local = ((qs @ ks.transpose(-1, -2)) * mask) @ vs  # (B, H, T, C, Ev + 1)
+    # each chunk's own [S, Z] = sum_j phi(K_j) [V_j, 1]^T
+    own = ends.transpose(-1, -2) @ vs  # (B, H, T, F, Ev + 1)
+    # [S, Z] of every earlier chunk: a running sum (rescaled chunk to chunk in log mode)
+    if scales is None:
+        before_P = P.unsqueeze(2) + F.pad(own.cumsum(2)[:, :, :-1], (0, 0, 0, 0, 1, 0))  # (B, H, T, F, Ev + 1)
+        P = before_P[:, :, -1] + own[:, :, -1]
+    else:
+        running = []
+        for own_t, step_t in zip(own.unbind(2), step.unbind(-1)):  # unbind: one stack in backward
+            running.append(P)
+            P = P * step_t[..., None, None] + own_t
+        before_P = torch.stack(running, dim=2)  # (B, H, T, F, Ev + 1)
+    across = qs @ before_P  # (B, H, T, C, Ev + 1): phi_q_i^T [S, Z] of the earlier chunks
+    if to_query is not None:
+        across = across * to_query
+    return (across + local).view(B, H, T * C, vs.shape[-1])[:, :, :M], P
 
 
 def resolve_feature_map(feature_map: Union[str, Callable[[Tensor], Tensor]]) -> Callable[[Tensor], Tensor]:
@@ -337,6 +400,7 @@ class LinearAttention(AttentionKernel):
 
     supports_mask = "key_padding"
     supports_state = True
+    state_type = LinearState
     exact = False
     applies_dropout = False  # the authors' code (fast-transformers) applies none: dropout > 0 raises
 
@@ -350,12 +414,14 @@ class LinearAttention(AttentionKernel):
         self.eps = float(eps)
         self.chunk_size = _checks.positive_int("chunk_size", chunk_size)
 
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """Causal chunks of ``max_len / 4`` in ``[1, 64]`` (a speed knob: the result is the same)."""
+        return {**super().default_knobs(max_len, n_heads, d_head), "chunk_size": clamp_knob(max_len // 4, 1, 64)}
+
     def extra_repr(self) -> str:
         name = getattr(self.feature_map, "__name__", repr(self.feature_map))
         return f"feature_map={name}, eps={self.eps}, chunk_size={self.chunk_size}, {super().extra_repr()}"
-
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, LinearState) else 0
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         key_mask = split_key_mask(mask, state, k.shape[-2], self._state_length(state))

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from .. import _checks
 from ..registry import register
 from ..types import AttentionOutput
-from .base import AttentionKernel
+from .base import AttentionKernel, clamp_knob
 from .linear import accumulation_dtype
 
 __all__ = ["LinformerAttention", "SHARING"]
@@ -85,6 +85,11 @@ class LinformerAttention(AttentionKernel):
         # (k, n): values; key-value and layerwise sharing use E for both
         self.F = nn.Parameter(torch.empty(self.k, self.seq_len).uniform_(-bound, bound)) if sharing == "headwise" else None
 
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """``seq_len = max_len`` and a projected length ``k = max_len / 4`` in ``[1, 256]`` (the paper: 128-256)."""
+        return {**super().default_knobs(max_len, n_heads, d_head), "seq_len": max_len, "k": clamp_knob(max_len // 4, 1, 256)}
+
     def extra_repr(self) -> str:
         return f"seq_len={self.seq_len}, k={self.k}, sharing={self.sharing!r}, {super().extra_repr()}"
 
@@ -98,11 +103,14 @@ class LinformerAttention(AttentionKernel):
             raise ValueError(f"layerwise sharing needs equal projections, got {tuple(first.E.shape)} and {tuple(self.E.shape)}")
         self.E = first.E
 
-    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+    def _validate(self, q, k, v, state):
         N = k.shape[-2]
         if N > self.seq_len:
             raise ValueError(f"linformer was built for seq_len={self.seq_len} keys, got {N} (E and F are "
                              f"({self.k}, {self.seq_len}); build it with a larger seq_len)")
+
+    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        N = k.shape[-2]
         dtype, acc = q.dtype, accumulation_dtype(q.dtype)  # projections sum N terms: float32 for half inputs
         q, k, v = q.to(acc), k.to(acc), v.to(acc)
         E = self.E[:, :N].to(acc)  # (k, N): shorter inputs use the first N columns

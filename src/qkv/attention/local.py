@@ -3,14 +3,16 @@ arXiv:1802.05751, Section 3.2 and Figure 2).
 
 1D local: the raster-scanned sequence is cut into query blocks of ``l_q = block`` positions;
 block ``t`` (positions ``[t l_q, (t + 1) l_q)``) attends to the memory block made of itself and
-the ``l_m = memory`` positions before it, causally::
+the ``l_m = memory`` positions before it; causal (the paper's decoder), only up to itself::
 
     out_i = sum_{j in A_i} softmax_j(q_i . k_j / sqrt(d)) v_j,
     A_i = {j : floor(i / l_q) l_q - l_m <= j <= i}                      (qkv.masks.local_1d)
 
+(``causal=False``: the whole block, ``j < floor(i / l_q) l_q + l_q``, as an encoder would use it).
+
 2D local: the image ``(H, W)`` is cut into ``(b_h, b_w)`` query rectangles; a rectangle attends to
-the keys of itself extended ``top`` rows up and ``left`` / ``right`` columns sideways, and only
-to keys earlier in raster order ("causal within the memory")            (qkv.masks.local_2d).
+the keys of itself extended ``top`` rows up and ``left`` / ``right`` columns sideways; causal, only
+to keys earlier in generation order ("causal within the memory")         (qkv.masks.local_2d).
 
 Cost. 1D: each query block is a dense ``(l_q, l_q + l_m)`` problem, gathered with
 ``Tensor.unfold`` — O(n (l_q + l_m) d) time and O(n (l_q + l_m)) memory; the fused
@@ -21,16 +23,19 @@ unless ``need_weights=True`` asks for the dense weights (for plots).
 
 Deviations and choices:
 
-* Both patterns are causal by definition (the Image Transformer decoder). ``causal=False`` is
-  accepted so that the kernels fit wherever a kernel is built with the registry's default, but
-  the attention stays causal: ``kernel.causal`` is always True.
+* The paper's patterns are causal (the Image Transformer decoder), the kernels' default;
+  ``causal=False`` gives the same neighbourhoods without the causal cut (not in the paper), so
+  that the kernels also serve encoders (``kernel.causal`` says which).
 * The paper's 2D memory is ``top`` rows above plus the query rows, ``left``/``right`` columns
   sideways; blocks at the image border are clipped to the image, not padded with pixels.
-* The 2D kernel reads a key sequence of length ``N <= H * W`` as the first ``N`` pixels of the
-  raster scan (a partly generated image); since the pattern is causal, its outputs equal those of
-  the whole image at the same positions. ``N > H * W`` raises ValueError. Queries may be fewer than
+* The 2D kernel reads a key sequence of length ``N <= H * W`` as the first ``N`` pixels of its scan
+  (block-raster order, see ``Local2DAttention``: a partly generated image); causal, its outputs
+  equal those of the whole image at the same positions. ``N > H * W`` raises ValueError. Queries may be fewer than
   the keys (aligned to the end of the keys).
-* No incremental decoding (``supports_state = False``).
+* Incremental decoding (causal): both keep a bounded ``KVCache`` of the positions later queries
+  can still reach (1D: the last ``(t mod l_q) + l_m``; 2D: a band of about ``(top + b_h) W`` pixels),
+  so a token costs O(window) whatever its position; feeding a sequence in pieces gives the same
+  outputs as one pass.
 
 This module also holds helpers shared with ``sparse.py`` (the band of keys a query block sees,
 ``window.unfold_band``, is shared with all three) and ``to_frame``/``from_frame`` (queries aligned to the end of
@@ -50,7 +55,7 @@ from .. import _checks, masks
 from ..functional import masked_softmax, scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache
-from .base import AttentionKernel
+from .base import AttentionKernel, clamp_knob
 from .softmax import append_cache
 from .window import unfold_band
 
@@ -173,20 +178,24 @@ class Local1DAttention(AttentionKernel):
 
     supports_mask = "key_padding"
     supports_state = True
+    state_type = KVCache
 
     def __init__(self, *, block: int, memory: int, causal: bool = True, dropout: float = 0.0) -> None:
         super().__init__(causal=causal, dropout=dropout)
         self.block = _checks.positive_int("block", block)
         self.memory = _checks.positive_int("memory", memory, allow_zero=True)
 
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """Query blocks of ``max_len / 8`` in ``[1, 128]`` positions, each with as many before it."""
+        block = clamp_knob(max_len // 8, 1, 128)
+        return {**super().default_knobs(max_len, n_heads, d_head), "block": block, "memory": block}
+
     def extra_repr(self) -> str:
         return f"block={self.block}, memory={self.memory}, {super().extra_repr()}"
 
     def pattern(self, n_queries: int, n_keys: int):
         return shift_queries(masks.local_1d(self.block, self.memory, causal=self.causal), n_keys - n_queries)
-
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, KVCache) else 0
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         B, H, M, E = q.shape
@@ -289,6 +298,7 @@ class Local2DAttention(AttentionKernel):
 
     supports_mask = "key_padding"
     supports_state = True
+    state_type = KVCache
 
     def __init__(self, *, image_size: Tuple[int, int], block: Union[int, Tuple[int, int]] = (8, 8),
                  memory: Union[int, Tuple[int, int, int]] = (0, 0, 0), causal: bool = True,
@@ -304,6 +314,17 @@ class Local2DAttention(AttentionKernel):
         self.memory = _int_tuple("memory", memory, 3, "a triple (top, left, right)")
         self._index_cache: Dict[torch.device, _Blocks2D] = {}
 
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """The square image of ``max_len`` pixels (else the narrowest ``H x W >= max_len`` with
+        ``W = ceil(sqrt(max_len))``), query rectangles of a quarter of its rows by half its columns,
+        a memory of a quarter of the rows above and columns to either side."""
+        W = math.isqrt(max_len - 1) + 1 if max_len > 1 else 1  # ceil(sqrt(max_len))
+        H = -(-max_len // W)
+        rows, cols = max(1, H // 4), max(1, W // 4)
+        return {**super().default_knobs(max_len, n_heads, d_head), "image_size": (H, W),
+                "block": (rows, max(1, W // 2)), "memory": (rows, cols, cols)}
+
     def extra_repr(self) -> str:
         return f"image_size={self.image_size}, block={self.block}, memory={self.memory}, {super().extra_repr()}"
 
@@ -314,9 +335,6 @@ class Local2DAttention(AttentionKernel):
     def pattern(self, n_queries: int, n_keys: int):
         return shift_queries(masks.local_2d(self.image_size, self.block, self.memory, causal=self.causal),
                              n_keys - n_queries)
-
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, KVCache) else 0
 
     def _indices(self, device: torch.device) -> _Blocks2D:
         """The blocks' index tables (built once per device; the image size is fixed)."""
@@ -356,8 +374,7 @@ class Local2DAttention(AttentionKernel):
         self._index_cache[device] = _Blocks2D(q_idx, k_idx, allowed, slot, block_of, first_needed)
         return self._index_cache[device]
 
-    def _attend(self, q, k, v, mask, state, need_weights, return_state):
-        B, H, M, E = q.shape
+    def _validate(self, q, k, v, state):
         Hi, Wi = self.image_size
         P = Hi * Wi  # pixels
         first = state.offset if isinstance(state, KVCache) else 0  # position of the first key
@@ -365,8 +382,16 @@ class Local2DAttention(AttentionKernel):
         if n_seen > P:
             raise ValueError(f"local-2d attends over an image of H * W = {Hi} * {Wi} = {P} pixels "
                              f"(image_size={self.image_size}): got {n_seen} keys; the sequence length must be <= {P}")
-        if M > k.shape[-2]:
+        M = q.shape[-2]
+        if M > k.shape[-2] and (not self.causal or state is not None):  # (causal, no state: leading zero rows)
             raise ValueError(f"local-2d: more queries ({M}) than keys ({k.shape[-2]}); queries are pixels of the scanned keys")
+
+    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        B, H, M, E = q.shape
+        Hi, Wi = self.image_size
+        P = Hi * Wi  # pixels
+        first = state.offset if isinstance(state, KVCache) else 0  # position of the first key
+        n_seen = first + self._state_length(state) + k.shape[-2]  # <= P (_validate)
         t = self._indices(q.device)
         cache = None
         if state is not None or return_state:

@@ -48,12 +48,14 @@ blocks: O(n_rounds L (log L + m d)) time and O(n_rounds L m) memory — never an
 (only ``need_weights=True`` builds one). Any length works: the sequence is padded to a multiple of
 ``m`` inside (padding sorts into its own bucket after every real one and is never seen). Masks:
 key padding only; masked keys move to that padding bucket too, so their hashes do not shift the
-chunks of the others. ``dedup`` adds O(n_rounds^2 L m) for the round counts. A derived bucket
+chunks of the others. A masked position is no key but still a query (as in softmax attention):
+causal, it attends to the ``bucket_size`` most recent keys of its own bucket, found apart by a
+binary search in the sorted order (O(K n_rounds m d) for K masked positions). ``dedup`` adds O(n_rounds^2 L m) for the round counts. A derived bucket
 count above 64 is hashed as two factors (``derived_n_buckets``).
 
 Numerics: scores and softmax run in float32 for half inputs; a pair that may not attend scores
-``-1e9`` (finite, so fused softmax kernels never see an all ``-inf`` row; a row with no allowed
-key is zeroed afterwards); the self penalty ``1e5`` excludes self as long as the scores stay far
+``-inf`` however large the others (a row with no allowed key gets a finite stand-in and is zeroed
+afterwards, so no softmax sees a row of ``-inf``); the self penalty ``1e5`` excludes self as long as the scores stay far
 below it (unit keys: ``|q_i . k_j| / sqrt(d) <= ||q_i|| / sqrt(d)``).
 """
 
@@ -70,13 +72,22 @@ from torch import Tensor
 from .. import _checks
 from ..registry import register
 from ..types import AttentionOutput
-from .base import AttentionKernel
+from .base import AttentionKernel, clamp_knob
 
 __all__ = ["LSHAttention", "LSHState", "LSHHashing", "hash_vectors", "draw_hashing", "derived_n_buckets",
            "SELF_PENALTY"]
 
 #: subtracted from a position's score with itself (the authors' code uses the same constant).
 SELF_PENALTY = 1e5
+#: the most hash rounds: each round is a full pass of chunked attention (memory O(n_rounds L m));
+#: the paper uses 1 to 8, and the error vs full attention is flat long before this.
+MAX_ROUNDS = 256
+#: the largest single bucket factor (``n_buckets`` or one of its factors): a factor ``f`` costs
+#: ``f / 2`` rotation columns per round and head; larger counts are hashed as factors (a tuple).
+MAX_BUCKET_FACTOR = 2 ** 16
+#: the largest bucket count (the product of the factors): beyond ~2 L / m buckets almost every
+#: bucket is empty, and bucket ids times positions must fit the sort keys.
+MAX_BUCKETS = 2 ** 31
 
 
 def derived_n_buckets(length: int, bucket_size: int) -> Tuple[int, ...]:
@@ -175,10 +186,10 @@ def _look_back(x: Tensor, dim: int) -> Tensor:
     return torch.cat([x, x.roll(1, dims=dim)], dim=dim + 1)
 
 
-#: the score of a pair that may not attend: finite, so that a row with no allowed key stays
-#: NaN-free through the fused softmax (its output is zeroed afterwards, see ``EMPTY``).
+#: marks a pair that may not attend in the score bias (finite while the bias is built: it turns
+#: into -inf before the softmax; see ``attend_chunked``).
 MASKED = -1e9
-#: a row's normaliser below this means it had no allowed key.
+#: a bias entry below this is a pair that may not attend.
 EMPTY = MASKED / 2
 
 
@@ -232,9 +243,11 @@ class LSHAttention(AttentionKernel):
 
     supports_mask = "key_padding"
     supports_state = True
+    state_type = LSHState
     exact = False
     #: with one bucket and one chunk covering the sequence this is exact shared-QK attention.
     exact_kwargs: ClassVar[dict] = {"n_buckets": 1, "bucket_size": 1 << 20}
+    deterministic_kwargs: ClassVar[dict] = {"seed": 0}  # seed=None draws new rotations on every call
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0, bucket_size: int = 64, n_rounds: int = 1,
                  n_buckets: Union[int, Tuple[int, ...], None] = None, shared_qk: bool = True, dedup: bool = False,
@@ -242,6 +255,9 @@ class LSHAttention(AttentionKernel):
         super().__init__(causal=causal, dropout=dropout)
         self.bucket_size = _checks.positive_int("bucket_size", bucket_size)
         self.n_rounds = _checks.positive_int("n_rounds", n_rounds)
+        if self.n_rounds > MAX_ROUNDS:
+            raise ValueError(f"n_rounds must be at most {MAX_ROUNDS} (each hash round is one more full pass of "
+                             f"chunked attention; the paper uses 1 to 8), got n_rounds={n_rounds!r}")
         self.factors = None if n_buckets is None else self._check_buckets(n_buckets)
         self.n_buckets = n_buckets
         for name, flag in (("shared_qk", shared_qk), ("dedup", dedup)):
@@ -256,6 +272,15 @@ class LSHAttention(AttentionKernel):
             _checks.positive_int("seed", seed, allow_zero=True)
         self.seed = seed
 
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """Chunks of ``bucket_size = max_len / 4`` in ``[1, 64]`` (the paper's 64 from 256 positions on)
+        and the paper's ``n_b = 2 max_len / bucket_size`` buckets, fixed for the model (``derived_n_buckets``):
+        shorter sequences hash the same way, so decoding continues the hashing of a full pass."""
+        bucket_size = clamp_knob(max_len // 4, 1, 64)
+        return {**super().default_knobs(max_len, n_heads, d_head), "bucket_size": bucket_size,
+                "n_buckets": derived_n_buckets(max_len, bucket_size)}
+
     @staticmethod
     def _check_buckets(n_buckets) -> Tuple[int, ...]:
         factors = tuple(n_buckets) if isinstance(n_buckets, (tuple, list)) else (n_buckets,)
@@ -265,14 +290,17 @@ class LSHAttention(AttentionKernel):
             _checks.positive_int("n_buckets", f)
         if factors != (1,) and any(f % 2 for f in factors):
             raise ValueError(f"n_buckets must be even (argmax over [xR; -xR]) or 1, got {n_buckets}")
+        if max(factors) > MAX_BUCKET_FACTOR:
+            raise ValueError(f"n_buckets: a bucket factor is at most {MAX_BUCKET_FACTOR} (f / 2 rotation columns per "
+                             f"round and head); hash a larger count as factors, e.g. n_buckets=(256, 256), got {n_buckets}")
+        if math.prod(factors) > MAX_BUCKETS:
+            raise ValueError(f"n_buckets must be at most {MAX_BUCKETS} buckets in all (the paper: about 2 L / bucket_size), "
+                             f"got {n_buckets} = {math.prod(factors)}")
         return factors
 
     def extra_repr(self) -> str:
         return (f"bucket_size={self.bucket_size}, n_rounds={self.n_rounds}, n_buckets={self.n_buckets}, "
                 f"shared_qk={self.shared_qk}, dedup={self.dedup}, seed={self.seed}, {super().extra_repr()}")
-
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, LSHState) else 0
 
     def hashing(self, n_heads: int, dim: int, length: int, device: torch.device) -> LSHHashing:
         """The rotations for a call on ``length`` positions (seeded, or drawn now; see ``draw_hashing``)."""
@@ -281,14 +309,19 @@ class LSHAttention(AttentionKernel):
 
     # ------------------------------------------------------------------------------------------
 
-    def _attend(self, q, k, v, mask, state, need_weights, return_state):
-        B, H, M, E = q.shape
+    def _validate(self, q, k, v, state):
+        M = q.shape[-2]
+        if self.causal and M > k.shape[-2] and state is None:
+            return  # queries before the first key: zero rows (AttentionKernel), the rest M == N
         if self.shared_qk and state is None and k.shape[-2] != M:
             raise ValueError(f"shared-QK LSH attention uses the queries as keys: q and k must have the same length, "
                              f"got {M} and {k.shape[-2]} (use shared_qk=False for other keys)")
         if not self.shared_qk and k.shape[-2] != M:
             raise ValueError(f"LSH attention sorts queries and keys into aligned chunks: q and k must have the same "
                              f"length, got {M} and {k.shape[-2]}")
+
+    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        B, H, M, E = q.shape
         out_dtype = v.dtype
         work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # softmax in float32
         q, k, v = q.to(work), k.to(work), v.to(work)
@@ -366,9 +399,14 @@ class LSHAttention(AttentionKernel):
         with torch.no_grad():
             bias = self._bias(pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, kw.dtype)
 
-        # scores q_i . k_j / sqrt(d) within the chunk and its predecessor, plus the mask
-        s = (sq @ kw.transpose(-1, -2)).add_(bias)  # (B, H, R, C, m, W)
-        p, z = _SoftmaxLSE.apply(s)  # each round's softmax and its normaliser z^(r)
+        # scores q_i . k_j / sqrt(d) within the chunk and its predecessor, plus the mask: -inf where
+        # a pair may not attend (however large the scores), 0 on a row with no allowed key (no NaN)
+        allowed = bias > EMPTY
+        has_key = allowed.any(-1, keepdim=True)  # (..., m | 1, 1)
+        s = (sq @ kw.transpose(-1, -2)).add_(torch.where(allowed, bias, torch.where(has_key, -math.inf, 0.0)))
+        p, z = _SoftmaxLSE.apply(s)  # (B, H, R, C, m, W): each round's softmax, and its normaliser z^(r)
+        p = p * has_key  # a row with no allowed key: no weight, and z = -inf
+        z = z.masked_fill(~has_key[..., 0], -math.inf)
         if self.dropout and self.training:
             p = F.dropout(p, self.dropout)
         o = p @ vw  # (B, H, R, C, m, Ev)
@@ -376,12 +414,15 @@ class LSHAttention(AttentionKernel):
         # undo the sort, then o_i = sum_r exp(z_i^(r) - logsumexp_r z_i^(r)) o_i^(r)
         o = _flat_gather(o.reshape(B, H * R, Lp, Ev), inv_q.view(B, H * R, Lp)).view(B, H, R, Lp, Ev)
         z = z.view(B, H, R, Lp).gather(-1, inv_q)  # (B, H, R, Lp)
-        found = (z.detach().amax(dim=2) > EMPTY).to(o.dtype)  # (B, H, Lp): 0 where no key was allowed
+        extra = None
+        if self.causal and key_mask is not None and not bool(key_mask.all()):
+            o, z, extra = self._masked_queries(q, raw_q, key_mask, o, z, b_q, perm_q, sk, sv, Lp)
+        found = torch.isfinite(z).any(dim=2)  # (B, H, Lp): False where no key was allowed in any round
         if R == 1:
-            w = found[:, :, None]  # one round: its softmax is the answer
-            out = o[:, :, 0, :L] * found[:, :, :L, None]
+            w = found[:, :, None].to(o.dtype)  # one round: its softmax is the answer
+            out = o[:, :, 0, :L] * w[:, :, 0, :L, None]
         else:
-            w = torch.softmax(z, dim=2) * found[:, :, None]  # (B, H, R, Lp)
+            w = torch.softmax(z.masked_fill(~found[:, :, None], 0.0), dim=2) * found[:, :, None]  # (B, H, R, Lp)
             out = (w[..., None] * o).sum(dim=2)[:, :, :L]  # (B, H, L, Ev)
 
         weights = None
@@ -390,9 +431,54 @@ class LSHAttention(AttentionKernel):
             wr = w.expand(B, H, R, Lp).gather(-1, perm_q).view(B, H, R, C, m, 1)  # round weights in sorted order
             pair = (p * wr).reshape(B, H, -1)
             index = (pos_q[..., :, None] * Lp + pos_k[..., None, :]).reshape(B, H, -1)
-            dense = pair.new_zeros(B, H, Lp * Lp).scatter_add_(-1, index, pair)
-            weights = dense.view(B, H, Lp, Lp)[:, :, :L, :L]
+            dense = pair.new_zeros(B, H, Lp * Lp).scatter_add_(-1, index, pair).view(B, H, Lp, Lp)
+            if extra is not None:  # the masked queries' windows (see _masked_queries)
+                (bi, hi, ii), p_m, pos_m = extra  # (K,) x 3, (K, R, n), (K, R, n)
+                w_m = w[bi, hi, :, ii]  # (K, R)
+                dense = dense.index_put((bi[:, None, None], hi[:, None, None], ii[:, None, None], pos_m),
+                                        p_m * w_m[..., None], accumulate=True)
+            weights = dense[:, :, :L, :L]
         return out, weights, raw_q
+
+    def _masked_queries(self, q: Tensor, raw_q: Tensor, key_mask: Tensor, o: Tensor, z: Tensor, b: Tensor,
+                        perm: Tensor, sk: Tensor, sv: Tensor, Lp: int):
+        """Causal attention of the queries at masked (padding) positions, which the sort moved to the
+        padding bucket: like every causal query, each attends in each round to the ``bucket_size``
+        most recent keys ``j < i`` of its own bucket ``h(q_i)`` — the entries just before where
+        ``(h(q_i), i)`` would sort. Their rows of ``o (B, H, R, Lp, Ev)`` and ``z (B, H, R, Lp)`` (unsorted)
+        are filled in; also returns ``((b, h, i), p (K, R, n), key positions (K, R, n))`` for weights.
+        Cost O(K R n E) for the K masked positions, n = ``bucket_size``."""
+        B, H, R, _ = raw_q.shape
+        L = q.shape[-2]
+        E, Ev = sk.shape[-1], sv.shape[-1]
+        n = self.bucket_size
+        pos = torch.arange(Lp, device=q.device)
+        sorted_key = (b * Lp + pos).gather(-1, perm)  # (B, H, R, Lp) ascending: (bucket, position)
+        where = (raw_q * Lp + pos[:L]).contiguous()  # (B, H, R, L): (h(q_i), i)
+        insert = torch.searchsorted(sorted_key, where)  # sorted entries before (h(q_i), i)
+        bi, hi, ii = (~key_mask[:, :, :L]).nonzero(as_tuple=True)  # (K,) each: the masked queries
+        r = torch.arange(R, device=q.device)
+        slots = insert[bi, hi, :, ii][..., None] - n + torch.arange(n, device=q.device)  # (K, R, n) sorted indices
+        at = slots.clamp(min=0)
+        K3 = (bi[:, None, None], hi[:, None, None], r[None, :, None], at)
+        valid = (slots >= 0) & (b.gather(-1, perm)[K3] == raw_q[bi, hi, :, ii][..., None])  # same bucket, j < i
+        flat_k = sk.reshape(B, H, R, Lp, E)
+        flat_v = sv.reshape(B, H, R, Lp, Ev)
+        key_pos = perm[K3]  # (K, R, n) positions of the window keys
+        s = (flat_k[K3] @ q[bi, hi, ii].unsqueeze(1).unsqueeze(-1)).squeeze(-1)  # (K, R, n): q_i . k_j / sqrt(d)
+        if self.dedup and R > 1:  # N_ij: rounds whose window holds j
+            same = (key_pos[:, :, :, None, None] == key_pos[:, None, None, :, :]) & valid[:, None, None, :, :]
+            s = s - torch.log(same.any(-1).sum(-1).clamp_min(1).to(s.dtype))
+        has = valid.any(-1, keepdim=True)
+        s = torch.where(valid, s, torch.where(has, -math.inf, 0.0))
+        p_m = torch.softmax(s, dim=-1) * has  # (K, R, n)
+        z_m = torch.logsumexp(s, dim=-1).masked_fill(~has[..., 0], -math.inf)  # (K, R)
+        if self.dropout and self.training:
+            p_m = F.dropout(p_m, self.dropout)
+        o_m = (p_m.unsqueeze(-2) @ flat_v[K3]).squeeze(-2)  # (K, R, Ev)
+        o = o.permute(0, 1, 3, 2, 4).index_put((bi, hi, ii), o_m).permute(0, 1, 3, 2, 4)
+        z = z.permute(0, 1, 3, 2).index_put((bi, hi, ii), z_m).permute(0, 1, 3, 2)
+        return o, z, ((bi, hi, ii), p_m, key_pos)
 
     def _bias(self, pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, dtype) -> Tensor:
         """The additive score bias of the chunked windows, broadcastable to ``(B, H, R, C, m, W)``:
@@ -455,11 +541,12 @@ class LSHAttention(AttentionKernel):
         v_all = torch.cat([state.value.to(v.dtype), v], dim=-2)
         raw = torch.cat([state.buckets, hash_vectors(q, state.hashing)], dim=-1)  # (B, H, R, N)
         new_state = LSHState(k_all, v_all, raw, state.hashing)
-        b = raw if key_mask is None else raw.masked_fill(~key_mask[:, :, None, :], nb)
+        b = raw if key_mask is None else raw.masked_fill(~key_mask[:, :, None, :], nb)  # keys: masked ones in no bucket
         i_pos = torch.arange(S, N, device=q.device)  # query positions
         j_pos = torch.arange(N, device=q.device)
         causal = j_pos[None, :] <= i_pos[:, None]  # (M, N)
-        member = (b[..., S:, None] == b[..., None, :]) & (b[..., None, :] < nb) & causal  # (B, H, R, M, N)
+        # a query's own bucket is its hash, masked or not (a masked position is no key, still a query)
+        member = (raw[..., S:, None] == b[..., None, :]) & (b[..., None, :] < nb) & causal  # (B, H, R, M, N)
         # rank distance within the bucket: positions of i's bucket in (j, i]
         cnt = member.cumsum(-1)
         at_i = cnt.gather(-1, i_pos.view(1, 1, 1, M, 1).expand(B, H, cnt.shape[2], M, 1))
@@ -468,8 +555,9 @@ class LSHAttention(AttentionKernel):
         s = (q @ k_all.transpose(-1, -2)) * (1.0 / math.sqrt(E))  # (B, H, M, N)
         s = torch.where(j_pos[None, :] == i_pos[:, None], s - SELF_PENALTY, s)
         bonus = 0.0 if self.dedup else torch.log(n_ij.clamp_min(1).to(s.dtype))  # multiset of the rounds
-        p = torch.softmax((s + bonus).masked_fill(n_ij == 0, MASKED), dim=-1)  # (B, H, M, N)
-        p = p * (n_ij > 0).any(-1, keepdim=True)  # no allowed key: zeros
+        has = (n_ij > 0).any(-1, keepdim=True)  # (B, H, M, 1)
+        p = torch.softmax((s + bonus).masked_fill(n_ij == 0, -math.inf).masked_fill(~has, 0.0), dim=-1)  # (B, H, M, N)
+        p = p * has  # no allowed key: zeros
         if self.dropout and self.training:
             p = F.dropout(p, self.dropout)
         return p @ v_all, (p if need_weights else None), new_state

@@ -6,7 +6,6 @@ projection around any registered kernel.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -37,8 +36,8 @@ class MultiHeadAttention(nn.Module):
         kdim, vdim: feature sizes of ``key`` and ``value`` inputs (default ``d_model``).
         linear: the factory ``linear(in_features, out_features, bias=)`` of the four projections
             (``nn.Linear``; e.g. ``qkv.blocks.QuaternionLinear``).
-        **kernel_kwargs: the kernel's own knobs (e.g. ``radius=``); a kernel that takes
-            ``n_heads``/``d_head`` (or ``head_dim``) gets them filled in.
+        **kernel_kwargs: the kernel's own knobs (e.g. ``radius=``); a kernel with per-head
+            parameters gets its ``head_kwargs(n_heads, d_head)`` filled in.
 
     A shared-QK kernel (``kernel.shared_qk``: Reformer's ``lsh``) gets no key projection: the
     projected queries are the keys (``k_proj`` is None) and the module does self-attention only.
@@ -80,10 +79,7 @@ class MultiHeadAttention(nn.Module):
             self.kernel = attention
         elif isinstance(attention, str):
             cls = lookup("attention", attention)
-            params = inspect.signature(cls.__init__).parameters
-            for key, value in (("n_heads", n_heads), ("d_head", self.d_head), ("head_dim", self.d_head)):
-                if key in params and key not in kernel_kwargs:
-                    kernel_kwargs[key] = value
+            kernel_kwargs = {**cls.head_kwargs(n_heads, self.d_head), **kernel_kwargs}  # given ones win
             check_kwargs(cls, kernel_kwargs, f"attention {attention!r}")
             self.kernel = cls(causal=causal, dropout=dropout, **kernel_kwargs)
         else:

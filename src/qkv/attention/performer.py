@@ -18,8 +18,8 @@ Error vs exact softmax attention falls as ``m`` grows (``docs/approximation.md``
 
 Numerics: ``exp(w^T x)`` overflows for large inputs, so a maximum is subtracted inside the exp —
 per query row for queries (a factor common to a row's numerator and denominator) and, for keys, the
-maximum over all keys (non-causal) or a running maximum carried chunk by chunk and in the state
-(causal) — a factor common to every key in ``S`` and ``Z``. Both cancel in ``D^{-1}(...)`` exactly,
+maximum over all keys (non-causal) or, causal, the running maximum over the keys up to each
+position (carried in the state), by which each query reads its sums — so no later key reaches it. Both cancel in ``D^{-1}(...)`` exactly,
 so they are detached from the graph. Deviations: no ``eps`` in ``D`` (the features are positive;
 a row with no allowed key returns zeros); dropout must be 0 (none in the
 authors' FAVOR+; ``dropout > 0`` raises); ``redraw=True``
@@ -38,7 +38,7 @@ from torch import Tensor
 from .. import _checks
 from ..registry import register
 from ..types import AttentionOutput
-from .base import AttentionKernel
+from .base import AttentionKernel, clamp_knob
 from .linear import LinearState, accumulation_dtype, linear_attention, split_key_mask
 
 __all__ = ["PerformerAttention", "draw_projection", "favor_log_features"]
@@ -104,6 +104,7 @@ class PerformerAttention(AttentionKernel):
 
     supports_mask = "key_padding"
     supports_state = True
+    state_type = LinearState
     exact = False
     applies_dropout = False  # FAVOR+ in the authors' code applies none: dropout > 0 raises
 
@@ -125,6 +126,18 @@ class PerformerAttention(AttentionKernel):
         # W (m, d): the random feature directions, float32 (cast to the accumulation dtype when used).
         self.register_buffer("projection", None if d is None else self._draw(d))
 
+    @classmethod
+    def head_kwargs(cls, n_heads: int, d_head: int) -> dict:
+        return {"d_head": d_head}
+
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """``m = d ln d`` features (at least ``d``: Choromanski et al. 2020, Theorem 4, m = Theta(d log d)),
+        causal chunks of ``max_len / 4`` in ``[1, 64]``."""
+        m = max(d_head, round(d_head * math.log(d_head)))
+        return {**super().default_knobs(max_len, n_heads, d_head), "nb_features": m,
+                "chunk_size": clamp_knob(max_len // 4, 1, 64)}
+
     def extra_repr(self) -> str:
         return (f"nb_features={self.nb_features}, orthogonal={self.orthogonal}, redraw={self.redraw}, "
                 f"seed={self.seed}, chunk_size={self.chunk_size}, {super().extra_repr()}")
@@ -142,16 +155,15 @@ class PerformerAttention(AttentionKernel):
         W = draw_projection(self.nb_features, d, self.orthogonal, generator) if generator is not None else self._draw(d)
         self.projection = W if self.projection is None else W.to(self.projection.device)
 
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, LinearState) else 0
+    def _validate(self, q, k, v, state):
+        if self.projection is not None and self.projection.shape[-1] != q.shape[-1] and not (self.redraw and self.training and state is None):
+            raise ValueError(f"q has head size {q.shape[-1]}, but the random features were drawn for d_head="
+                             f"{self.projection.shape[-1]}")
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         d = q.shape[-1]
         if self.projection is None or (self.redraw and self.training and state is None):
             self.projection = self._draw(d).to(q.device)
-        elif self.projection.shape[-1] != d:
-            raise ValueError(f"q has head size {d}, but the random features were drawn for d_head="
-                             f"{self.projection.shape[-1]}")
         key_mask = split_key_mask(mask, state, k.shape[-2], self._state_length(state))
         acc = accumulation_dtype(q.dtype)  # features and sums in float32 for half inputs
         W = self.projection.to(device=q.device, dtype=acc)  # (m, d)

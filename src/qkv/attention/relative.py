@@ -95,6 +95,7 @@ class RelativeAttention(AttentionKernel):
 
     supports_mask = "full"
     supports_state = True
+    state_type = KVCache
     exact = False  # softmax attention plus a learned position term: see tests/attention/test_relative.py
 
     def __init__(self, *, n_heads: int, head_dim: int, causal: bool = False, dropout: float = 0.0,
@@ -111,6 +112,10 @@ class RelativeAttention(AttentionKernel):
         nn.init.normal_(self.u, std=0.02)
         nn.init.normal_(self.v, std=0.02)
 
+    @classmethod
+    def head_kwargs(cls, n_heads: int, d_head: int) -> dict:
+        return {"n_heads": n_heads, "head_dim": d_head}
+
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
                 f"mem_len={self.mem_len}, clamp_len={self.clamp_len}")
@@ -124,21 +129,21 @@ class RelativeAttention(AttentionKernel):
             _checks.same(name, tuple(p.shape), "(n_heads, head_dim)", (self.n_heads, self.head_dim), "the shape")
         self.u, self.v = u, v
 
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, KVCache) else 0
-
     def position_keys(self, n_queries: int, n_keys: int, dtype: torch.dtype, device) -> Tensor:
         """``W_{k,R} R_d`` for every distance the scores need -> ``(H, K, E)``."""
         d = relative_distances(n_queries, n_keys, self.causal, self.clamp_len, device=device)  # (K,)
-        R = sinusoid_table(d, self.n_heads * self.head_dim)  # (K, H E) float32
+        R = sinusoid_table(d, self.n_heads * self.head_dim, dtype)  # (K, H E): float64 for float64, else float32
         r = self.w_r(R.to(self.w_r.weight.dtype))  # (K, H E)
         return r.view(-1, self.n_heads, self.head_dim).transpose(0, 1).to(dtype)  # (H, K, E)
 
-    def _attend(self, q, k, v, mask, state, need_weights, return_state):
-        B, H, M, E = q.shape
+    def _validate(self, q, k, v, state):
+        H, E = q.shape[1], q.shape[-1]
         if (H, E) != (self.n_heads, self.head_dim):
             raise ValueError(f"q has {H} heads of size {E}; this kernel was built for n_heads={self.n_heads}, "
                              f"head_dim={self.head_dim}")
+
+    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        B, H, M, E = q.shape
         cache = None
         if state is not None or return_state:
             k, v, cache = append_cache(state, k, v, keep=self.mem_len)

@@ -57,15 +57,13 @@ class SoftmaxAttention(AttentionKernel):
 
     supports_mask = "full"
     supports_state = True
+    state_type = KVCache
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0, scale: Optional[float] = None) -> None:
         super().__init__(causal=causal, dropout=dropout)
         if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0):
             raise ValueError(f"scale must be a positive float or None (1/sqrt(head_dim)), got {scale!r}")
         self.scale = scale
-
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, KVCache) else 0
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         cache = None

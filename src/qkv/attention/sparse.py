@@ -54,7 +54,7 @@ from .. import _checks, masks
 from ..registry import register
 from ..types import AttentionOutput, KVCache
 from . import flex
-from .base import AttentionKernel
+from .base import AttentionKernel, clamp_knob
 from .linear import accumulation_dtype
 from .local import _empty, check_cache, from_frame, gathered_attend, shift_queries, to_frame
 from .softmax import append_cache
@@ -137,9 +137,6 @@ class _Factorized(AttentionKernel):
         self.subsets = _check_subsets(subsets)
         self.recompute = _checks.positive_int("recompute", recompute, allow_zero=True)
 
-    def _state_length(self, state) -> int:
-        return getattr(state, "length", 0)
-
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         dropout_p = self.dropout if self.training else 0.0
         if state is not None:
@@ -214,9 +211,16 @@ class StridedAttention(_Factorized):
     O(N (3l + N/l)) memory (causal: ``2l`` instead of ``3l``).
     """
 
+    state_type = KVCache
+
     def __init__(self, *, stride: int, subsets: Sequence[int] = (1, 2), causal: bool = False,
                  dropout: float = 0.0, recompute: int = 8) -> None:
         super().__init__(stride=stride, subsets=subsets, causal=causal, dropout=dropout, recompute=recompute)
+
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """``stride = sqrt(max_len)`` (Child et al. 2019: l ~ sqrt(n), O(n sqrt n))."""
+        return {**super().default_knobs(max_len, n_heads, d_head), "stride": max(1, math.isqrt(max_len))}
 
     def extra_repr(self) -> str:
         return f"stride={self.stride}, subsets={self.subsets}, {super().extra_repr()}"
@@ -352,12 +356,21 @@ class FixedAttention(_Factorized):
     O(N (l + c N / l)) memory.
     """
 
+    state_type = FixedState
+
     def __init__(self, *, stride: int, c: int, subsets: Sequence[int] = (1, 2), causal: bool = False,
                  dropout: float = 0.0, recompute: int = 8) -> None:
         super().__init__(stride=stride, subsets=subsets, causal=causal, dropout=dropout, recompute=recompute)
         self.c = _checks.positive_int("c", c)
         if self.c > self.stride:
             raise ValueError(f"c must be <= stride ({self.stride}): a block has only stride positions; got c={c}")
+
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """``stride = sqrt(max_len)`` and ``c = stride / 4`` in ``[1, 8]`` summary positions per block
+        (Child et al. 2019 use c in {8, 16, 32} with l = 128)."""
+        stride = max(1, math.isqrt(max_len))
+        return {**super().default_knobs(max_len, n_heads, d_head), "stride": stride, "c": clamp_knob(stride // 4, 1, 8)}
 
     def extra_repr(self) -> str:
         return f"stride={self.stride}, c={self.c}, subsets={self.subsets}, {super().extra_repr()}"

@@ -21,7 +21,7 @@ from .. import _checks, masks
 from ..functional import masked_softmax, scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache
-from .base import AttentionKernel
+from .base import AttentionKernel, clamp_knob
 from .softmax import append_cache
 
 __all__ = ["WindowAttention", "unfold_band", "band_blocks", "scatter_band"]
@@ -95,20 +95,23 @@ class WindowAttention(AttentionKernel):
 
     supports_mask = "key_padding"
     supports_state = True
+    state_type = KVCache
 
     def __init__(self, *, radius: int, causal: bool = False, dropout: float = 0.0, block: Optional[int] = None) -> None:
         super().__init__(causal=causal, dropout=dropout)
         self.radius = _checks.positive_int("radius", radius, allow_zero=True)
         self.block = None if block is None else _checks.positive_int("block", block)
 
+    @classmethod
+    def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
+        """``radius = max_len / 8`` in ``[1, 64]``: a local window, constant (O(n)) for long sequences."""
+        return {**super().default_knobs(max_len, n_heads, d_head), "radius": clamp_knob(max_len // 8, 1, 64)}
+
     def extra_repr(self) -> str:
         return f"radius={self.radius}, {super().extra_repr()}"
 
     def pattern(self, n_queries: int, n_keys: int):
         return masks.window(self.radius, causal=self.causal, offset=n_keys - n_queries)
-
-    def _state_length(self, state) -> int:
-        return state.length if isinstance(state, KVCache) else 0
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         cache = None

@@ -110,9 +110,23 @@ def test_classification_head():
 
 
 @pytest.mark.parametrize("name", sorted(qkv.list_attention()))
-def test_every_kernel_trains_in_bert(name, small_kernel_kwargs):
+def test_every_kernel_trains_in_bert_by_name_alone(name):
+    """Issue 20 item 7: ``qkv train bert --attention NAME`` with no knob and BERT's attention dropout
+    0.1: knobs from the kernel's ``default_knobs``; a kernel that forms no weight matrix (performer,
+    linear, efficient: dropout > 0 refused) gets none inside it, and a warning says so."""
+    import warnings
+
     torch.manual_seed(0)
-    model = BERT(tiny(attention=name, attention_kwargs=small_kernel_kwargs(name))).train()
+    values = dict(vocab_size=V, max_len=16, n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0, attention=name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = BERT.from_config(values).train()
+    said = [w for w in caught if "forms no attention-weight matrix" in str(w.message)]
+    if lookup("attention", name).applies_dropout:
+        assert not said and model.config.attention_dropout == 0.1
+        assert all(block.self_attn.kernel.dropout == 0.1 for block in model.stack.layers)
+    else:
+        assert said and all(block.self_attn.kernel.dropout == 0.0 for block in model.stack.layers)
     ids = torch.randint(4, V, (2, 16))
     inputs, labels = mask_tokens(ids, V, MASK, SPECIAL, prob=0.3, generator=torch.Generator().manual_seed(0))
     out = model(inputs, labels=labels, next_sentence_label=torch.tensor([0, 1]))

@@ -116,6 +116,13 @@ def test_save_load_and_config_checks(tmp_path):
         ReformerConfig(head="seq2seq")
     with pytest.raises(ValueError, match="pre-ln"):
         ReformerConfig(residual="post-ln")
+    # issue 20 item 6: attention_kwargs' LSH knobs were silently overridden by the fields
+    with pytest.raises(ValueError, match=r"attention_kwargs.bucket_size=16 conflicts with bucket_size=32: .* set bucket_size"):
+        ReformerConfig(attention_kwargs={"bucket_size": 16})
+    with pytest.raises(ValueError, match=r"attention_kwargs.seed=3 conflicts with hash_seed=None"):
+        ReformerConfig(attention_kwargs={"seed": 3})
+    agreeing = ReformerConfig(bucket_size=16, attention_kwargs={"bucket_size": 16, "n_rounds": 2})
+    assert agreeing.attention_kwargs["bucket_size"] == 16
 
 
 def test_cli_train(tmp_path, shakespeare_cache, capsys, train_argv):

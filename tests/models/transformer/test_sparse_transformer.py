@@ -15,7 +15,8 @@ from qkv.models.transformer.sparse_transformer import HeadSplitAttention
 def tiny(mode="interleave", attention="strided", **kw):
     torch.manual_seed(0)
     config = SparseTransformerConfig(vocab_size=11, max_len=40, n_layers=3, d_model=16, n_heads=2, d_ff=32,
-                                     attention=attention, stride=4, c=2, sparse_mode=mode, **kw)
+                                     attention=attention, stride=4, sparse_mode=mode,
+                                     **({"c": 2} if attention == "fixed" else {}), **kw)
     return SparseTransformer(config)
 
 
@@ -34,6 +35,10 @@ def test_modes_place_the_patterns():
         SparseTransformerConfig(sparse_mode="mixed")
     with pytest.raises(ValueError, match="factorised"):
         SparseTransformerConfig(attention="softmax")
+    # issue 20 item 6: `--set c=99` with the default strided attention was silently ignored
+    with pytest.raises(ValueError, match="c=99 .* acts only with attention='fixed'"):
+        SparseTransformerConfig(c=99)
+    assert SparseTransformerConfig(attention="fixed", c=3).attention_kwargs == {"stride": 64, "c": 3}
 
 
 def test_residual_init_scaling():

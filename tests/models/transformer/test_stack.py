@@ -178,3 +178,46 @@ def test_new_wiring_and_positional_scheme_plug_in_by_name():
     stack = TransformerStack(config, vocab_size=7)
     ids = torch.randint(0, 7, (2, 5))
     torch.testing.assert_close(stack(ids).hidden, stack.embed.token(ids))  # alpha = 0: the identity
+
+
+# ----------------------------------------------------------------------------- fixed positions vs tokens
+
+
+def _position_token_rms(name):
+    """RMS of the positions a model adds over RMS of its (scaled) token embeddings, at init."""
+    from qkv.models.transformer.bert import BERT, BERTConfig
+    from qkv.models.transformer.gpt import GPT, GPTConfig
+    from qkv.models.transformer.universal_transformer import UniversalTransformerLM, UniversalTransformerLMConfig
+
+    def measure(cls, config_cls, positional, d):
+        torch.manual_seed(0)
+        m = cls(config_cls(vocab_size=200, n_layers=1, d_model=d, n_heads=4, d_ff=32, positional=positional, max_len=200))
+        stack = m.stack
+        tokens = stack.embed.token(torch.arange(200).view(1, 200)) * stack.embed.scale
+        zeros = torch.zeros(1, 200, d)
+        positions = stack.coordinates(zeros, 0, step=1) if positional == "timestep" else stack.embed.positional(zeros)
+        return float(positions.pow(2).mean().sqrt() / tokens.pow(2).mean().sqrt())
+
+    models = {"gpt": (GPT, GPTConfig, "sinusoidal"), "bert": (BERT, BERTConfig, "sinusoidal"),
+              "ut-lm": (UniversalTransformerLM, UniversalTransformerLMConfig, "timestep")}
+    return [measure(*models[name], d) for d in (32, 256)]
+
+
+@pytest.mark.parametrize("name", ["gpt", "bert", "ut-lm"])
+@torch.no_grad()
+def test_fixed_positions_do_not_drown_the_tokens(name):
+    """Issue 20 item 2: unit-amplitude sinusoids (and the Universal Transformer's timestep signal)
+    added to N(0, 0.02) token embeddings were ~35 (UT: ~60) times their RMS at every width, and the
+    models stayed at the unigram loss. The stack scales the tokens by sqrt(d_model) from unit-RMS
+    tables (Vaswani et al. 2017, §3.4): positions and tokens start on one scale at every width."""
+    for ratio in _position_token_rms(name):
+        assert 0.5 < ratio < 2.0, ratio
+
+
+def test_token_scale_follows_the_positional_scheme():
+    from qkv.models.transformer.stack import Embeddings, token_scale
+
+    assert token_scale("sinusoidal", 64) == 8.0 and token_scale("timestep", 16) == 4.0
+    assert token_scale("learned", 64) == 1.0 and token_scale("none", 64) == 1.0
+    assert Embeddings(10, 64, positional="sinusoidal").scale == 8.0
+    assert Embeddings(10, 64, positional="sinusoidal", scale=1.0).scale == 1.0  # an explicit scale wins

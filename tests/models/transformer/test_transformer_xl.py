@@ -103,6 +103,13 @@ def test_bad_configs_and_states():
         model(ids(), state=XLMemory((torch.zeros(2, 3, 16),)))
     with pytest.raises(ValueError, match="batch size"):
         model(ids(B=1), state=model(ids(B=2), return_state=True).state)
+    # issue 20 item 6: a memory of the wrong width was a bare RuntimeError from torch.cat
+    with pytest.raises(ValueError, match=r"feature size \(dim -1\) of state.hidden\[0\] \(8\) and d_model \(16\)"):
+        model(ids(), state=XLMemory(tuple(torch.zeros(2, 3, 8) for _ in range(3))))
+    with pytest.raises(ValueError, match=r"remembered positions"):
+        model(ids(), state=XLMemory((torch.zeros(2, 3, 16), torch.zeros(2, 2, 16), torch.zeros(2, 3, 16))))
+    with pytest.raises(TypeError, match=r"state.hidden\[1\] must be a floating-point tensor"):
+        model(ids(), state=XLMemory((torch.zeros(2, 3, 16), torch.zeros(2, 3, 16, dtype=torch.long), torch.zeros(2, 3, 16))))
 
 
 def test_gru_gate_starts_close_to_the_identity_on_the_skip_path():

@@ -169,3 +169,18 @@ def test_qkv_train_and_translate(tmp_path, capsys, train_argv):
     capsys.readouterr()
     assert main(["translate", str(run), "12+3", "--max-new-tokens", "4"]) == 0
     assert capsys.readouterr().out.startswith("12+3\t")
+
+
+def test_a_huge_max_steps_costs_only_the_steps_run():
+    """Issue 20 item 5: ``qkv train universal-transformer-lm --set max_steps=1000000000`` was killed
+    for memory (a per-step tuple and list of max_steps entries). With every position halting at
+    step 1, a forward and backward pass runs one step."""
+    from qkv.models.transformer.universal_transformer import UniversalTransformerLM, UniversalTransformerLMConfig
+
+    torch.manual_seed(0)
+    m = UniversalTransformerLM(UniversalTransformerLMConfig(vocab_size=11, d_model=16, n_heads=2, d_ff=32,
+                                                            max_len=16, max_steps=10 ** 9, halting_bias_init=20.0))
+    x = torch.randint(11, (2, 8))
+    out = m(x, labels=x, return_act=True)
+    out.loss.backward()
+    assert out.aux["act"].probabilities.shape == (2, 8, 1) and float(out.aux["steps"]) == 1.0

@@ -14,11 +14,11 @@ trainer's ``carries_state`` hook; detached, no gradient flows into it, and saved
 so every position sees ``S`` back, as in the paper; on random windows a span can only use the
 ``block_size - 1`` positions of its window.
 
-Deviation: no position embeddings by default (``positional="none"``) instead of the paper's
-learned relative position embeddings on the keys; causal attention orders the positions itself, and
-the span mask is a function of distance. (``positional="sinusoidal"`` works too, offset by the
-state's position, but unit-amplitude sinusoids added to N(0, 0.02) token embeddings held this
-small model at the unigram loss in our runs.)
+Positions: the paper's — learned relative position embeddings on the keys, ``s_tr = q_t^T (k_r +
+p_{t-r})`` (§2; ``position_embeddings=True`` on the kernel), one ``(S, d_head)`` table shared by
+every head and layer as in the authors' code — and no absolute positions (``positional="none"``):
+a score sees the distance ``t - r``, which is also what the span mask acts on, and a segment
+continued from the cache needs no position offset.
 ``set_step`` (called by the trainer before every update) clamps each span into ``[0, S]``.
 """
 
@@ -58,8 +58,9 @@ class AdaptiveSpanTransformerConfig(GPTConfig):
     dropout: float = 0.1  # residual and embedding dropout
     activation: str = "relu"  # feed-forward activation (the paper: ReLU)
     residual: str = "pre-ln"  # x + F(LN(x)), final LayerNorm
-    positional: str = "none"  # no absolute positions: the causal mask and the span mask give the order (see below)
+    positional: str = "none"  # no absolute positions: the relative position embeddings below give the order
     max_len: int = 4096  # sinusoid rows cached when positional="sinusoidal" (any length works)
+    position_embeddings: bool = True  # the paper's learned relative position embeddings p_{t-r} on the keys
     tie_embeddings: bool = True  # output projection = token embedding transposed
     attention: str = "adaptive-span"  # the kernel (fixed)
     attention_kwargs: Dict[str, Any] = field(default_factory=dict)  # filled from the fields below
@@ -75,8 +76,10 @@ class AdaptiveSpanTransformerConfig(GPTConfig):
         _checks.positive_int("max_span", self.max_span)
         if isinstance(self.span_loss_coef, bool) or not isinstance(self.span_loss_coef, (int, float)) or self.span_loss_coef < 0:
             raise ValueError(f"span_loss_coef must be a float >= 0, got {self.span_loss_coef!r}")
+        if not isinstance(self.position_embeddings, bool):
+            raise TypeError(f"position_embeddings must be a bool, got {self.position_embeddings!r}")
         self.attention_kwargs = {"max_span": self.max_span, "ramp": self.ramp, "init_span": self.init_span,
-                                 "dynamic": self.dynamic}
+                                 "dynamic": self.dynamic, "position_embeddings": self.position_embeddings}
         super().__post_init__()
         if self.aux_layer_losses or self.n_targets != 1:
             raise ValueError("the Al-Rfou auxiliary losses (aux_layer_losses, n_targets) are GPT options, not this model's")

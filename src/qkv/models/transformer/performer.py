@@ -4,6 +4,12 @@ arXiv:2009.14794): FAVOR+ attention in a causal LM (GPT's) and in an encoder (BE
     Att(Q, K, V) ~ D^{-1} (Q' ((K')^T V)),  D = diag(Q' ((K')^T 1)),   Q' = phi(Q), K' = phi(K)
     phi(x) = exp(-||x||^2 / 2) / sqrt(m) [exp(w_1^T x), ..., exp(w_m^T x)],   w orthogonal Gaussian
 
+Positions: learned absolute position embeddings (``positional="learned"``) in both models. The
+paper changes attention only and keeps the Transformer around it — Performer is presented as
+backwards-compatible with pretrained regular Transformers (the BERT/GPT kind, learned absolute
+positions), whose weights it can take over — so the LM uses GPT's learned positions as the encoder
+uses BERT's. Generation beyond ``max_len`` slides its window (GPT's ``generate``).
+
 Feature redrawing: the paper redraws the random features ``w`` periodically during training. The
 trainer calls ``model.set_step(step)`` before each update (docs/contracts.md); every
 ``redraw_every`` steps each layer draws new features from a generator seeded by
@@ -61,7 +67,7 @@ class PerformerConfig(GPTConfig):
     d_model: int = 256  # width
     n_heads: int = 4  # heads
     d_ff: int = 1024  # feed-forward width
-    positional: str = "none"  # as LinearTransformer: causal attention orders tokens itself; no length limit
+    positional: str = "learned"  # the Transformer's learned absolute positions (see the module docstring)
     attention: str = "performer"  # FAVOR+
     nb_features: int = 128  # m: random features per head
     orthogonal: bool = True  # orthogonal (FAVOR+) rather than iid features

@@ -89,8 +89,17 @@ class ReformerConfig(GPTConfig):
             self.n_buckets = tuple(self.n_buckets)  # from config.json
         if self.attention == "lsh":
             n_buckets = self.n_buckets if self.n_buckets is not None else derived_n_buckets(self.max_len, self.bucket_size)
-            self.attention_kwargs = {**self.attention_kwargs, "bucket_size": self.bucket_size, "n_rounds": self.n_rounds,
-                                     "n_buckets": n_buckets, "dedup": self.dedup, "seed": self.hash_seed}
+            own = {"bucket_size": self.bucket_size, "n_rounds": self.n_rounds, "n_buckets": n_buckets,
+                   "dedup": self.dedup, "seed": self.hash_seed}
+            field_of = {"seed": "hash_seed"}  # the kernel's knob -> this config's field
+            for knob, value in own.items():  # one source of truth: the fields; attention_kwargs may only agree
+                given = self.attention_kwargs.get(knob, value)
+                given = tuple(given) if isinstance(given, list) else given  # from config.json
+                if given != value:
+                    name = field_of.get(knob, knob)
+                    raise ValueError(f"attention_kwargs.{knob}={given!r} conflicts with {name}={value!r}: the Reformer's "
+                                     f"LSH knobs are its own fields — set {name} (--set {name}=...) instead")
+            self.attention_kwargs = {**self.attention_kwargs, **own}
         super().__post_init__()
 
 

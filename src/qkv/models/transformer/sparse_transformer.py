@@ -25,6 +25,7 @@ no fp16 / custom GPU block-sparse kernels (the kernels here are structured CPU/G
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -67,6 +68,10 @@ class SparseTransformerConfig(GPTConfig):
         _checks.positive_int("c", self.c)
         if self.sparse_mode not in MODES:
             raise ValueError(f"sparse_mode must be one of {MODES}, got {self.sparse_mode!r}")
+        default_c = next(f.default for f in dataclasses.fields(SparseTransformerConfig) if f.name == "c")
+        if self.attention != "fixed" and self.c != default_c:  # a setting that cannot act is an error
+            raise ValueError(f"c={self.c} (summary positions per block) acts only with attention='fixed'; "
+                             f"attention={self.attention!r} has none — set attention=fixed, or leave c")
         if self.sparse_mode == "heads" and self.n_heads % 2:
             raise ValueError(f"sparse_mode='heads' splits the heads in two halves: n_heads must be even, got {self.n_heads}")
         self.attention_kwargs = {"stride": self.stride, **({"c": self.c} if self.attention == "fixed" else {})}
@@ -86,7 +91,11 @@ class HeadSplitAttention(AttentionKernel):
         self.first, self.second = first, second
 
     def _state_length(self, state) -> int:
-        return self.first._state_length(state[0]) if state is not None else 0
+        if state is None:
+            return 0
+        if not (isinstance(state, tuple) and len(state) == 2):
+            raise TypeError(f"state must be the (first, second) pair a head-split kernel returned, got {type(state).__name__}")
+        return self.first._state_length(state[0])
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         h = q.shape[1] // 2

@@ -15,8 +15,9 @@ joined to the residual stream by a residual wiring (``qkv.blocks``):
 Hooks for the variants (each a name in a registry or one overridable method, never a flag here):
 
 - **attention kernel**: ``config.attention`` + ``config.attention_kwargs`` go to
-  ``qkv.MultiHeadAttention`` unchanged; what a kernel cannot do (be causal, run without
-  ``seq_len``) is the kernel's error to raise.
+  ``qkv.MultiHeadAttention``, missing knobs filled from the kernel's ``default_knobs`` for
+  ``max_len`` (``self_attention_settings``); what a kernel cannot do (be causal) is the kernel's
+  error to raise.
 - **positional scheme**: ``@register("positional", name)`` on a module ``(d_model, max_len=, dropout=)``
   whose ``forward(x, offset)`` returns ``x`` plus the encoding of positions ``offset ..``. A scheme
   that changes the scores (Transformer-XL's relative positions) is an attention kernel
@@ -40,6 +41,8 @@ Hooks for the variants (each a name in a registry or one overridable method, nev
 from __future__ import annotations
 
 import dataclasses
+import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
@@ -56,17 +59,35 @@ from ...registry import lookup, names, register
 __all__ = [
     "StackConfig", "TransformerStack", "TransformerBlock", "Embeddings", "BlockState", "StackState",
     "BlockOutput", "StackOutput", "NoPositionalEncoding", "check_ids", "check_token_mask", "reorder_state", "copy_torch_layer",
-    "init_normal",
+    "init_normal", "token_scale", "self_attention_settings",
 ]
 
 
 def init_normal(module: nn.Module, std: float = 0.02) -> None:
     """GPT/BERT initialisation for ``model.apply``: ``N(0, std)`` linear and embedding weights,
-    zero biases (BERT truncates the normal; the difference is immaterial at 0.02)."""
+    zero biases (BERT truncates the normal; the difference is immaterial at 0.02) — except the
+    token table of ``Embeddings`` that scale their tokens (fixed positions, see ``token_scale``):
+    ``N(0, 1 / scale^2)``, so that the scaled tokens start at unit RMS, as the positions do.
+    (``model.apply`` visits a module's children first, so this comes after the table's 0.02.)"""
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, mean=0.0, std=std)
     if isinstance(module, nn.Linear) and module.bias is not None:
         nn.init.zeros_(module.bias)
+    if isinstance(module, Embeddings) and module.scale != 1.0:
+        nn.init.normal_(module.token.weight, mean=0.0, std=1.0 / module.scale)
+
+
+def token_scale(positional: str, d_model: int) -> float:
+    """The factor on the token embeddings under the positional scheme ``positional``.
+
+    ``sqrt(d_model)`` when the scheme adds a fixed unit-amplitude signal (``fixed``: sinusoidal,
+    timestep), as Vaswani et al. (2017, §3.4) scale theirs; with the token table drawn from
+    ``N(0, 1 / d_model)`` (``init_normal``) tokens and positions then start at the same RMS at every
+    width. GPT's and BERT's ``N(0, 0.02)`` tokens under unscaled sinusoids were ~35 times smaller
+    than the positions and the model could not see them (a GPT stayed at the unigram loss).
+    1 for learned schemes and none.
+    """
+    return math.sqrt(d_model) if getattr(lookup("positional", positional), "fixed", False) else 1.0
 
 
 
@@ -211,7 +232,7 @@ class Embeddings(nn.Module):
         vocab_size, d_model: the table size.
         positional, max_len: scheme name and its length limit.
         dropout: on the sum.
-        scale: multiplies the token embeddings.
+        scale: multiplies the token embeddings; None: ``token_scale(positional, d_model)``.
         n_segments: number of segment embeddings (0: none).
         norm: LayerNorm after the sum (BERT).
         token: an existing ``nn.Embedding`` to share (encoder and decoder of one vocabulary).
@@ -220,14 +241,14 @@ class Embeddings(nn.Module):
     """
 
     def __init__(self, vocab_size: int, d_model: int, *, positional: str = "sinusoidal", max_len: int = 512,
-                 dropout: float = 0.0, scale: float = 1.0, n_segments: int = 0, norm: bool = False,
+                 dropout: float = 0.0, scale: Optional[float] = None, n_segments: int = 0, norm: bool = False,
                  eps: float = 1e-5, token: Optional[nn.Embedding] = None, token_segments: bool = False) -> None:
         super().__init__()
         self.vocab_size = _checks.positive_int("vocab_size", vocab_size)
         self.token = nn.Embedding(vocab_size, d_model) if token is None else token
         if self.token.weight.shape != (vocab_size, d_model):
             raise ValueError(f"token embedding must be ({vocab_size}, {d_model}), got {tuple(self.token.weight.shape)}")
-        self.scale = scale
+        self.scale = token_scale(positional, d_model) if scale is None else scale
         self.positional = lookup("positional", positional)(d_model, max_len=max_len, dropout=0.0)
         self.n_segments = _checks.positive_int("n_segments", n_segments, allow_zero=True)
         self.segment = nn.Embedding(n_segments, d_model) if n_segments else None
@@ -257,6 +278,28 @@ class Embeddings(nn.Module):
 # ----------------------------------------------------------------------------- one block
 
 
+def self_attention_settings(config: StackConfig) -> Tuple[Dict[str, Any], float]:
+    """The self-attention kernel's knobs and dropout under ``config``.
+
+    Knobs: the kernel's ``default_knobs(max_len, n_heads, d_head)`` (sizes that fit the model's
+    length, and the head arguments) under ``config.attention_kwargs`` (given knobs win), so that
+    ``attention=NAME`` alone builds every kernel. Dropout: ``config.attention_dropout``, or 0 for a
+    kernel that forms no attention-weight matrix (``applies_dropout = False``: linear, performer,
+    efficient), with a warning (once) — the residual dropout still applies.
+    """
+    kernel = lookup("attention", config.attention)
+    sizes = (config.n_heads, config.d_model // config.n_heads)
+    heads = kernel.head_kwargs(*sizes)  # MultiHeadAttention fills these from its own shape
+    defaults = {k: v for k, v in kernel.default_knobs(config.max_len, *sizes).items() if k not in heads}
+    knobs = {**defaults, **config.attention_kwargs}
+    dropout = config.attention_dropout
+    if dropout > 0 and not kernel.applies_dropout:
+        warnings.warn(f"attention {kernel.registry_name!r} forms no attention-weight matrix: attention_dropout="
+                      f"{dropout} is not applied inside it (the residual dropout still is)", stacklevel=3)
+        dropout = 0.0
+    return knobs, dropout
+
+
 class TransformerBlock(nn.Module):
     """Self-attention, optional cross-attention and feed-forward, each inside a residual wiring.
 
@@ -272,8 +315,9 @@ class TransformerBlock(nn.Module):
         super().__init__()
         c = config
         linear = LINEAR_LAYERS[c.linear]
+        knobs, attention_dropout = self_attention_settings(c)
         self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention, causal=causal,
-                                            dropout=c.attention_dropout, linear=linear, **dict(c.attention_kwargs))
+                                            dropout=attention_dropout, linear=linear, **knobs)
         self.res_self = build_residual(c.residual, c.d_model, c.dropout, c.layer_norm_eps)
         self.cross_attn = self.res_cross = None
         if cross_attention is not None:
@@ -309,6 +353,9 @@ class TransformerBlock(nn.Module):
         h = self.res_self.enter(x)
         context = None
         if prefix is not None:
+            _checks.tensor("prefix", prefix, ndim=3, floating=True)
+            _checks.same("prefix", prefix.shape[0], "x", x.shape[0], "the batch size")
+            _checks.same("prefix", prefix.shape[2], "x", x.shape[2], "the feature size (dim -1)")
             context = torch.cat([self.res_self.enter(prefix), h], dim=1)  # (B, P + L, d_model)
         a = self.self_attn(h, context, context, mask=mask, state=state.self_attn,
                            need_weights=need_weights, return_state=return_state)
@@ -339,7 +386,8 @@ class TransformerStack(nn.Module):
         cross_attention_kwargs: its knobs.
         n_layers: overrides ``config.n_layers`` (e.g. a decoder deeper than its encoder).
         token_embedding: an ``nn.Embedding`` to share with another stack.
-        embedding_scale: multiplies token embeddings (the paper: ``sqrt(d_model)``).
+        embedding_scale: multiplies token embeddings (the paper: ``sqrt(d_model)``); None:
+            ``token_scale(config.positional, d_model)``.
         n_segments, embedding_norm: BERT's segment embeddings and embedding LayerNorm.
         token_segments: token types embedded by the token table (GPT-2), see ``Embeddings``.
 
@@ -349,7 +397,7 @@ class TransformerStack(nn.Module):
     def __init__(self, config: StackConfig, *, vocab_size: int, causal: bool = False,
                  cross_attention: Optional[str] = None, cross_attention_kwargs: Optional[Dict[str, Any]] = None,
                  n_layers: Optional[int] = None, token_embedding: Optional[nn.Embedding] = None,
-                 embedding_scale: float = 1.0, n_segments: int = 0, embedding_norm: bool = False,
+                 embedding_scale: Optional[float] = None, n_segments: int = 0, embedding_norm: bool = False,
                  token_segments: bool = False) -> None:
         super().__init__()
         if not isinstance(config, StackConfig):

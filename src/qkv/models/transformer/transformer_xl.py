@@ -136,7 +136,12 @@ class TransformerXL(QKVModel):
             raise TypeError(f"state must be the XLMemory a previous call returned, got {type(state).__name__}")
         if len(state.hidden) != len(self.stack.layers):
             raise ValueError(f"state holds {len(state.hidden)} layers of memory, the model has {len(self.stack.layers)}")
-        _checks.same("state", state.hidden[0].shape[0], "input_ids", input_ids.shape[0], "the batch size")
+        for n, h in enumerate(state.hidden):
+            name = f"state.hidden[{n}]"
+            _checks.tensor(name, h, ndim=3, floating=True)
+            _checks.same(name, h.shape[0], "input_ids", input_ids.shape[0], "the batch size")
+            _checks.same(name, h.shape[2], "d_model", self.config.d_model, "the feature size (dim -1)")
+            _checks.same(name, h.shape[1], "state.hidden[0]", state.hidden[0].shape[1], "the remembered positions (dim 1)")
         return state
 
     def encode(self, input_ids: Tensor, state: Optional[XLMemory] = None, mask: Optional[Tensor] = None,

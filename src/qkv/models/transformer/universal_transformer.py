@@ -35,7 +35,7 @@ from ...registry import lookup, register
 from ..base import ModelOutput
 from ..losses import check_labels, lm_loss
 from .gpt import GPT, GPTConfig
-from .stack import StackOutput, StackState, TransformerStack, _drop_if_full, check_ids
+from .stack import StackOutput, StackState, TransformerStack, _drop_if_full, check_ids, token_scale
 from .transformer import Transformer, TransformerConfig
 
 __all__ = ["UniversalStack", "UniversalTransformer", "UniversalTransformerConfig", "UniversalTransformerLM",
@@ -84,6 +84,8 @@ class UniversalStack(TransformerStack):
             raise TypeError(f"config must carry UniversalOptions (a Universal Transformer config), got {type(config).__name__}")
         if n_layers not in (None, 1):
             raise ValueError(f"a Universal Transformer stack has one shared block; n_layers must be 1, got {n_layers}")
+        # the coordinates are added here, not by the embeddings: the tokens are scaled for them all the same
+        kwargs.setdefault("embedding_scale", token_scale(config.positional, config.d_model))
         super().__init__(dataclasses.replace(config, positional="none"), n_layers=1, **kwargs)
         self.coordinates = lookup("positional", config.positional)(config.d_model, max_len=config.max_len, dropout=0.0)
         self.max_steps = config.max_steps
@@ -105,15 +107,16 @@ class UniversalStack(TransformerStack):
         mask, memory_mask = _drop_if_full(mask), _drop_if_full(memory_mask)
         if state is not None and not isinstance(state, StackState):
             raise TypeError(f"state must be the StackState a previous call returned, got {type(state).__name__}")
-        step_states = state.layers if state is not None else (None,) * self.max_steps
-        if len(step_states) != self.max_steps:
-            raise ValueError(f"state has {len(step_states)} steps, the stack runs max_steps={self.max_steps}")
+        if state is not None and len(state.layers) != self.max_steps:
+            raise ValueError(f"state has {len(state.layers)} steps, the stack runs max_steps={self.max_steps}")
+        step_states = state.layers if state is not None else None  # no per-step list: memory follows the steps run
         offset = state.position if state is not None else 0
         block = self.layers[0]
 
         def step(h: Tensor, n: int):
             out = block(self.add_coordinates(h, offset, n), mask=mask, memory=memory, memory_mask=memory_mask,
-                        state=step_states[n - 1], need_weights=need_weights, return_state=return_state)
+                        state=None if step_states is None else step_states[n - 1], need_weights=need_weights,
+                        return_state=return_state)
             return out.hidden, out
 
         act = None
