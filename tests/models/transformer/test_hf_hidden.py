@@ -33,6 +33,8 @@ def test_hidden_is_the_last_hidden_states(name):
     else:
         length = getattr(c, "seq_len", None) or min(c.max_len, 16)
         batch = {"input_ids": torch.randint(0, 8, (2, length))}
+        if "input_ids_2" in params:  # a two-tower model: hidden holds the first document's states
+            batch["input_ids_2"] = torch.randint(0, 8, (2, length))
     with torch.no_grad():
         out = model(**batch)
     assert out.hidden is not None and out.hidden.shape == (2, length, c.d_model)

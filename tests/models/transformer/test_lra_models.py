@@ -32,15 +32,21 @@ def test_padding_changes_nothing(attention):
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-def test_kernel_knobs_follow_the_length():
-    assert kernel_knobs("window", 1024, 2, 32) == {"radius": 32}
-    assert kernel_knobs("linformer", 1024, 2, 32) == {"seq_len": 1024, "k": 256}
-    assert kernel_knobs("linformer", 256, 2, 32)["k"] == 64
-    assert kernel_knobs("strided", 100, 2, 32) == {"stride": 10}
+def test_kernel_knobs_are_the_kernels_own_for_the_length():
+    from qkv.registry import lookup
+
+    for name in ("window", "linformer", "strided", "performer", "adaptive-span", "softmax"):
+        cls = lookup("attention", name)
+        own = cls.default_knobs(1024, 2, 32)
+        knobs = kernel_knobs(name, 1024, 2, 32)
+        assert knobs == {k: v for k, v in own.items() if k not in cls.head_kwargs(2, 32)}
+    assert kernel_knobs("linformer", 1024, 2, 32)["seq_len"] == 1024
+    assert kernel_knobs("window", 4096, 2, 32)["radius"] > kernel_knobs("window", 256, 2, 32)["radius"]
     assert kernel_knobs("softmax", 1024, 2, 32) == {}
     with pytest.raises(ValueError, match="image"):
         kernel_knobs("local-2d", 1024, 2, 32)
-    assert small("window").attention_kwargs == {"radius": 8}  # filled in when the config leaves them empty
+    filled = small("window").attention_kwargs  # filled in when the config leaves them empty
+    assert filled and set(filled) <= {"radius"}
     assert small("window", attention_kwargs={"radius": 3}).attention_kwargs == {"radius": 3}
 
 

@@ -48,45 +48,18 @@ __all__ = ["LRAEncoder", "LRAEncoderConfig", "LRADualEncoder", "kernel_knobs"]
 
 def kernel_knobs(name: str, max_len: int, n_heads: int, d_head: int,
                  image_size: Optional[Tuple[int, int]] = None) -> Dict[str, Any]:
-    """The knobs kernel ``name`` gets in an LRA encoder over ``max_len`` tokens.
-
-    TODO(trust-kernels): a ``default_knobs(max_len, n_heads, d_head)`` classmethod on every kernel
-    is being added; when a kernel has it, it is used (and ``image_size`` overrides ``local-2d``'s
-    image), and this table is to be removed.
-
-    With ``w = 2 ceil(sqrt(L))`` (the keys a local query sees; Child et al. 2019 choose strides
-    about ``sqrt(n)``): ``window`` radius ``w/2``; ``local-1d`` blocks of ``w/2`` with ``w/2`` keys
-    of memory; ``strided``/``fixed`` stride ``ceil(sqrt(L))`` (``fixed``: ``c = stride/4``
-    summary columns); ``lsh`` buckets of ``w/2`` with 2 hash rounds; ``linformer`` ``k =
-    min(256, L/4)``; ``performer`` ``min(256, 4 d_head)`` features; ``adaptive-span`` spans of at
-    most ``max(64, 2 w)`` keys each side; ``local-2d`` query rectangles of ``H/8 x W/4`` pixels with
-    ``H/8`` rows above and ``W/8`` columns each side; the exact and linear kernels need none.
-    """
+    """The knobs kernel ``name`` gets in an LRA encoder over ``max_len`` tokens: the kernel's own
+    ``default_knobs(max_len, n_heads, d_head)`` (sizes that fit the length: radius, stride about
+    ``sqrt(L)``, blocks, features, spans, buckets), without the head arguments, which
+    ``MultiHeadAttention`` fills in; ``local-2d`` reads the task's image (``image_size``) with query
+    rectangles of ``H/8 x W/4`` pixels, ``H/8`` rows above and ``W/8`` columns each side."""
     cls = lookup("attention", name)
-    key = cls.registry_name
-    if key == "local-2d" and image_size is None:
-        raise ValueError("attention 'local-2d' needs an image task (image_size=(H, W)); this task is a 1-D sequence")
-    own = getattr(cls, "default_knobs", None)
-    if callable(own):  # the kernel's own choice (trust-kernels)
-        knobs = dict(own(max_len, n_heads, d_head))
-        if key == "local-2d":
-            knobs.update(_local_2d(image_size))
-        return knobs
-    side = math.isqrt(max_len - 1) + 1 if max_len > 1 else 1  # ceil(sqrt(L))
-    half = side  # w / 2
-    table: Dict[str, Dict[str, Any]] = {
-        "window": {"radius": half},
-        "local-1d": {"block": half, "memory": half},
-        "strided": {"stride": side},
-        "fixed": {"stride": side, "c": max(1, side // 4)},
-        "lsh": {"bucket_size": max(4, half), "n_rounds": 2},
-        "linformer": {"seq_len": max_len, "k": max(1, min(256, max_len // 4))},
-        "performer": {"nb_features": max(16, min(256, 4 * d_head))},
-        "adaptive-span": {"max_span": min(max_len, max(64, 4 * side))},
-    }
-    if key == "local-2d":
+    if cls.registry_name == "local-2d":
+        if image_size is None:
+            raise ValueError("attention 'local-2d' needs an image task (image_size=(H, W)); this task is a 1-D sequence")
         return _local_2d(image_size)
-    return dict(table.get(key, {}))
+    heads = cls.head_kwargs(n_heads, d_head)
+    return {k: v for k, v in cls.default_knobs(max_len, n_heads, d_head).items() if k not in heads}
 
 
 def _local_2d(image_size: Tuple[int, int]) -> Dict[str, Any]:
@@ -168,7 +141,8 @@ class LRAEncoder(QKVModel):
                 clamp()
 
     def encode(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, need_weights: bool = False):
-        """``(pooled (B, d_model), weights)``: the mean of the final hidden states over real tokens."""
+        """``(pooled (B, d_model), weights, hidden (B, L, d_model))``: the mean of the final hidden
+        states over real tokens, the attention weights and the final hidden states (raster order)."""
         c = self.config
         check_token_mask("attention_mask", attention_mask, input_ids)
         if input_ids.shape[1] > c.max_len:
@@ -186,23 +160,25 @@ class LRAEncoder(QKVModel):
             keep = mask.unsqueeze(-1).to(h.dtype)  # (B, L, 1)
             pooled = (h * keep).sum(1) / keep.sum(1).clamp_min(1.0)  # (B, d_model)
         weights = out.weights
-        if weights is not None and self.order is not None:  # back to raster order on both axes
+        if self.order is not None:  # back to raster order (weights: on both axes)
             back = torch.argsort(self.order)
-            weights = [w[:, :, back][..., back] for w in weights]
-        return pooled, weights
+            h = h[:, back]
+            if weights is not None:
+                weights = [w[:, :, back][..., back] for w in weights]
+        return pooled, weights, h
 
-    def _classify(self, features: Tensor, labels: Optional[Tensor], weights: Any) -> ModelOutput:
+    def _classify(self, features: Tensor, labels: Optional[Tensor], weights: Any, hidden: Tensor) -> ModelOutput:
         logits = self.head(features)  # (B, n_classes)
         loss = None
         if labels is not None:
             check_labels("labels", labels, self.config.n_classes, (features.shape[0],))
             loss = F.cross_entropy(float32_at_least(logits), labels)
-        return ModelOutput(loss=loss, logits=logits, weights=weights)
+        return ModelOutput(loss=loss, logits=logits, weights=weights, hidden=hidden)
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, labels: Optional[Tensor] = None,
                 need_weights: bool = False) -> ModelOutput:
-        pooled, weights = self.encode(input_ids, attention_mask, need_weights)
-        return self._classify(pooled, labels, weights)
+        pooled, weights, hidden = self.encode(input_ids, attention_mask, need_weights)
+        return self._classify(pooled, labels, weights, hidden)
 
 
 @register("model", "lra-dual-encoder")
@@ -229,9 +205,9 @@ class LRADualEncoder(LRAEncoder):
         B = input_ids.shape[0]
         both = torch.cat([input_ids, input_ids_2])  # (2B, L): one pass through the shared encoder
         mask = None if attention_mask is None else torch.cat([attention_mask, attention_mask_2])
-        pooled, weights = self.encode(both, mask, need_weights)
+        pooled, weights, hidden = self.encode(both, mask, need_weights)
         u, v = pooled[:B], pooled[B:]  # (B, d_model) each
         features = torch.cat([u, v, u * v, u - v], dim=-1)  # (B, 4 d_model)
         if weights is not None:
             weights = [w[:B] for w in weights]
-        return self._classify(features, labels, weights)
+        return self._classify(features, labels, weights, hidden[:B])  # hidden: the first document's
