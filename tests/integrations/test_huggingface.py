@@ -156,8 +156,7 @@ def test_kernels_that_cannot_serve_say_why():
         hf.register("qkv-my-2d", "local-2d")
     with pytest.raises(ValueError, match="must be an attn_implementation starting with 'qkv-'"):
         hf.register("sdpa", "window", radius=2)
-    with pytest.raises(TypeError, match=r"needs radius: register\('qkv-w', 'window', radius=...\)"):
-        hf.register("qkv-w", "window")
+    assert hf.register("qkv-w", "window") == {"qkv-w": ("window", {})}  # the radius: its own default_knobs
     with pytest.raises(TypeError, match="unknown argument"):
         hf.register("qkv-w", "window", radius=2, width=3)
     model = _gpt2()
@@ -173,3 +172,19 @@ def test_a_kernel_without_dropout_says_it_in_training():
     hf._warned.discard(("qkv-linear", "dropout"))
     with pytest.warns(UserWarning, match="applies no dropout"):
         model(input_ids=torch.ones(1, 3, dtype=torch.long))
+
+
+def test_knobs_not_given_are_the_kernels_own_for_the_models_length():
+    """A registered kernel fills the knobs it was not given from its ``default_knobs`` at the
+    model's length (config.max_position_embeddings), as qkv's own models do."""
+    from qkv.registry import lookup
+
+    hf.register("qkv-w-default", "window")
+    model = _bert()
+    model.set_attn_implementation("qkv-w-default")
+    ids, mask = _batch()
+    _run(model, "qkv-w-default", ids, mask)
+    built = [k for per in hf._kernels.values() for (impl, *_), k in per.items() if impl == "qkv-w-default"]
+    assert built
+    expected = lookup("attention", "window").default_knobs(model.config.max_position_embeddings, 1, 1)["radius"]
+    assert all(k.radius == expected for k in built)

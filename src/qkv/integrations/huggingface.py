@@ -66,13 +66,10 @@ from ..registry import check_kwargs, lookup, names
 __all__ = ["register", "registered", "REFUSED", "DEFAULT_KNOBS", "PREFIX"]
 
 PREFIX = "qkv-"
-#: knobs ``register()`` gives the kernels that cannot be built without them (a name with knobs of
-#: your own: ``register("qkv-window-16", "window", radius=16)``)
+#: knobs ``register()`` gives a kernel beyond its own ``default_knobs`` (the sizes that fit the
+#: model's length, filled in when a layer first calls it; a name with knobs of your own:
+#: ``register("qkv-window-16", "window", radius=16)``): a pretrained model has separate W^Q, W^K
 DEFAULT_KNOBS: Dict[str, Dict[str, Any]] = {
-    "window": {"radius": 64},
-    "local-1d": {"block": 64, "memory": 64},
-    "strided": {"stride": 64},
-    "fixed": {"stride": 64, "c": 8},
     "lsh": {"shared_qk": False, "seed": 0},
 }
 #: kernels that cannot serve a pretrained model, and why
@@ -137,8 +134,9 @@ def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: 
             raise ValueError(f"attention {cls.registry_name!r} cannot serve a pretrained transformers model: {why}")
         check_kwargs(cls, {**knobs, "causal": False, "dropout": 0.0}, f"attention {cls.registry_name!r}")
         params = inspect.signature(cls.__init__).parameters
+        own = set(cls.default_knobs(512, 1, 64))  # what the kernel fills in for itself, at any length
         needed = [p for p, v in params.items() if v.default is inspect.Parameter.empty and v.kind is v.KEYWORD_ONLY
-                  and p not in knobs and p not in ("n_heads", "d_head", "head_dim")]
+                  and p not in knobs and p not in own and p not in ("n_heads", "d_head", "head_dim")]
         if needed:
             raise TypeError(f"attention {cls.registry_name!r} needs {', '.join(needed)}: "
                             f"register({name!r}, {kernel!r}, {', '.join(f'{p}=...' for p in needed)})")
@@ -196,9 +194,21 @@ def _repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     return x[:, :, None].expand(B, H, n_rep, N, E).reshape(B, H * n_rep, N, E)
 
 
+def _max_len(module: torch.nn.Module, length: int) -> int:
+    """The longest sequence the model takes (its config's positions), else the first call's length."""
+    config = getattr(module, "config", None)
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return max(1, length)
+
+
 def _kernel(module: torch.nn.Module, impl: str, kernel: str, knobs: Dict[str, Any], causal: bool, dropout: float,
-            heads: int, d_head: int, device: torch.device) -> AttentionKernel:
-    """The kernel of one attention layer, built on its first call and kept (random features stay fixed)."""
+            heads: int, d_head: int, device: torch.device, length: int = 1) -> AttentionKernel:
+    """The kernel of one attention layer, built on its first call and kept (random features stay
+    fixed); the knobs not given are the kernel's own ``default_knobs`` for the model's length, as in
+    qkv's own models."""
     per_module = _kernels.setdefault(module, {})
     key = (impl, causal, dropout, heads, d_head, str(device), tuple(sorted((k, repr(v)) for k, v in knobs.items())))
     if key not in per_module:
@@ -209,9 +219,7 @@ def _kernel(module: torch.nn.Module, impl: str, kernel: str, knobs: Dict[str, An
                 warnings.warn(f"attention {kernel!r} forms no attention-weight matrix and applies no dropout: the "
                               f"model's attention dropout ({dropout}) is not applied", stacklevel=4)
             dropout = 0.0
-        params = inspect.signature(cls.__init__).parameters
-        filled = {k: v for k, v in (("n_heads", heads), ("d_head", d_head), ("head_dim", d_head))
-                  if k in params and k not in knobs}
+        filled = {k: v for k, v in cls.default_knobs(_max_len(module, length), heads, d_head).items() if k not in knobs}
         try:
             built = cls(causal=causal, dropout=dropout, **filled, **knobs)
         except ValueError as e:
@@ -247,7 +255,7 @@ def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callab
         own = dict(knobs)
         if kernel == "softmax" and "scale" not in own:
             own["scale"] = scaling  # transformers' own factor (None: 1/sqrt(E))
-        built = _kernel(module, impl, kernel, own, causal, float(dropout), H, E, query.device)
+        built = _kernel(module, impl, kernel, own, causal, float(dropout), H, E, query.device, key.shape[-2])
         built.train(dropout > 0)
         if kernel != "softmax" and kernel not in _UNSCALED and scaling is not None:
             query = query * (scaling * math.sqrt(E))  # the kernel divides by sqrt(E): softmax(scaling q k^T)
