@@ -180,9 +180,7 @@ class LSTMN(QKVModel):
 
     def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
                 need_weights: bool = False) -> ModelOutput:
-        from .seq2seq import check_ids
-
-        check_ids("input_ids", input_ids, self.config.vocab_size)
+        _checks.token_ids("input_ids", input_ids, self.config.vocab_size)
         enc = self.lstmn(self.drop(self.embed(input_ids)), attention_mask)
         if self.config.n_classes:
             logits = self.head(self.drop(enc.final[0]))  # (B, C)

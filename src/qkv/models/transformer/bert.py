@@ -23,7 +23,7 @@ from ... import _checks
 from ...registry import register
 from ..base import ModelOutput, QKVModel
 from ..losses import IGNORE_INDEX, check_labels, float32_at_least, lm_loss
-from .stack import init_normal, StackConfig, TransformerStack, check_ids, check_token_mask
+from .stack import init_normal, StackConfig, TransformerStack, check_token_mask
 
 __all__ = ["BERT", "BERTConfig", "mask_tokens"]
 
@@ -46,7 +46,7 @@ def mask_tokens(input_ids: Tensor, vocab_size: int, mask_id: int, special_ids: S
         ``(inputs, labels)``: the corrupted ids ``(B, L)``, and the original ids at the selected
         positions with ``-100`` elsewhere ``(B, L)``.
     """
-    check_ids("input_ids", input_ids, vocab_size)
+    _checks.token_ids("input_ids", input_ids, vocab_size)
     _checks.positive_int("mask_id", mask_id, allow_zero=True)
     if mask_id >= vocab_size:
         raise ValueError(f"mask_id={mask_id} is outside the vocabulary of size {vocab_size}")
@@ -149,7 +149,7 @@ class BERT(QKVModel):
                 next_sentence_label: Optional[Tensor] = None, need_weights: bool = False) -> ModelOutput:
         """``attention_mask (B, L)`` bool: True = real token (padding keys are masked out)."""
         c = self.config
-        check_ids("input_ids", input_ids, c.vocab_size)
+        _checks.token_ids("input_ids", input_ids, c.vocab_size)
         check_token_mask("attention_mask", attention_mask, input_ids)
         out = self.stack(input_ids, token_type_ids, mask=attention_mask, need_weights=need_weights)
         h = out.hidden  # (B, L, d_model)

@@ -27,7 +27,7 @@ from ... import _checks
 from ...registry import register
 from ..base import ModelOutput, QKVModel
 from ..losses import check_labels, future_loss, layer_loss_active, layer_loss_weight, lm_loss
-from .stack import init_normal, StackConfig, StackState, TransformerStack, check_ids
+from .stack import init_normal, StackConfig, StackState, TransformerStack
 
 __all__ = ["GPT", "GPTConfig", "sample_logits"]
 
@@ -223,7 +223,7 @@ class GPT(QKVModel):
         mode: call ``model.eval()`` first to turn dropout off.
         """
         c = self.config
-        check_ids("input_ids", input_ids, c.vocab_size)
+        _checks.token_ids("input_ids", input_ids, c.vocab_size)
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids must hold at least one token (the prompt), got length 0")
         _checks.positive_int("max_new_tokens", max_new_tokens, allow_zero=True)

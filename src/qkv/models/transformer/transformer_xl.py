@@ -37,7 +37,7 @@ from ...registry import register
 from ..base import ModelOutput, QKVModel
 from ..losses import check_labels, lm_loss
 from .gpt import sample_logits
-from .stack import StackConfig, TransformerStack, check_ids, init_normal
+from .stack import StackConfig, TransformerStack, init_normal
 
 __all__ = ["XLMemory", "TransformerXL", "TransformerXLConfig", "GTrXL", "GTrXLConfig"]
 
@@ -147,7 +147,7 @@ class TransformerXL(QKVModel):
         ``mask``: self-attention mask over (memory + segment) keys, True = may attend,
         broadcastable to ``(B, H, L, m + L)``. Returns ``(hidden, weights, new_state)``.
         """
-        check_ids("input_ids", input_ids, self.config.vocab_size)
+        _checks.token_ids("input_ids", input_ids, self.config.vocab_size)
         state = self._check_state(state, input_ids)
         m = self.memory_length()
         x = self.stack.embed(input_ids)  # (B, L, d_model), no absolute positions
@@ -195,7 +195,7 @@ class TransformerXL(QKVModel):
                  top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> Tensor:
         """Extend ``input_ids (B, L)`` by ``max_new_tokens`` sampled tokens, one at a time after
         the memory of everything before (the last ``memory_length()`` positions per layer)."""
-        check_ids("input_ids", input_ids, self.config.vocab_size)
+        _checks.token_ids("input_ids", input_ids, self.config.vocab_size)
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids must hold at least one token (the prompt), got length 0")
         _checks.positive_int("max_new_tokens", max_new_tokens, allow_zero=True)
