@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import qkv
-from qkv.models.transformer.gpt import GPT, GPTConfig, sample_logits
+from qkv.models.transformer.gpt import GPT, GPTConfig
 from qkv.models.losses import future_loss, layer_loss_active, layer_loss_weight, lm_loss
 from qkv.registry import lookup
 
@@ -62,18 +62,6 @@ def test_cached_generation_equals_uncached(attention, kwargs):
     sampled = [m.generate(prompt, 20, temperature=0.9, top_k=20, top_p=0.95, use_cache=use_cache,
                           generator=torch.Generator().manual_seed(7)) for use_cache in (True, False)]
     assert torch.equal(*sampled)
-
-
-def test_sampling_filters():
-    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]]).repeat(2000, 1)
-    g = torch.Generator().manual_seed(0)
-    assert set(sample_logits(logits, top_k=2, generator=g).unique().tolist()) == {0, 1}
-    p = logits[0].softmax(-1)  # 0.64, 0.23, 0.09, ...: top_p = 0.8 keeps the first two
-    assert p[0] < 0.8 <= p[:2].sum()
-    assert set(sample_logits(logits, top_p=0.8, generator=g).unique().tolist()) == {0, 1}
-    assert torch.equal(sample_logits(logits, temperature=0), torch.zeros(2000, dtype=torch.long))
-    with pytest.raises(ValueError, match="top_p"):
-        sample_logits(logits, top_p=0.0)
 
 
 def test_weights_per_layer():

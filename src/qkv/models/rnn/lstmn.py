@@ -41,6 +41,7 @@ from ... import _checks
 from ...attention.alignment import SoftAttention
 from ...registry import register
 from ..base import ModelOutput, QKVModel
+from ..sampling import sample_logits
 
 __all__ = ["LSTMN", "LSTMNConfig", "LSTMNEncoder", "LSTMNOutput"]
 
@@ -204,8 +205,6 @@ class LSTMN(QKVModel):
         earlier hidden states anyway (``O(L)`` per token, ``O(L^2)`` per sequence, as the model).
         Returns ``(B, L + max_new_tokens)`` ids.
         """
-        from ..transformer.gpt import sample_logits
-
         if self.config.n_classes:
             raise ValueError(f"this LSTMN is a classifier (n_classes={self.config.n_classes}); only a language model generates")
         _checks.positive_int("max_new_tokens", max_new_tokens, allow_zero=True)

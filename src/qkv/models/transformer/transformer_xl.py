@@ -36,7 +36,7 @@ from ...blocks import GatedResidual
 from ...registry import register
 from ..base import ModelOutput, QKVModel
 from ..losses import check_labels, lm_loss
-from .gpt import sample_logits
+from ..sampling import sample_logits
 from .stack import StackConfig, TransformerStack, init_normal
 
 __all__ = ["XLMemory", "TransformerXL", "TransformerXLConfig", "GTrXL", "GTrXLConfig"]
