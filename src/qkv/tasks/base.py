@@ -15,7 +15,6 @@ Two families:
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -23,6 +22,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from qkv._seeding import stable_seed
 
 __all__ = [
     "SPLITS",
@@ -38,13 +39,6 @@ __all__ = [
 
 SPLITS = ("train", "valid", "test")
 IGNORE_INDEX = -100
-
-
-def stable_seed(*parts: Any) -> int:
-    """A 63-bit seed from ``parts`` that is the same in every process and Python version
-    (``hash()`` of a str is salted per process, so it cannot be used)."""
-    digest = hashlib.blake2b(repr(parts).encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 def split_of(key: str, fractions: Sequence[float] = (0.8, 0.1, 0.1)) -> str:

@@ -20,11 +20,11 @@ import torch
 from torch import nn
 
 from ... import _checks
+from ..._seeding import stable_seed
 from ...attention.performer import PerformerAttention
 from ...registry import register
 from .bert import BERT, BERTConfig
 from .gpt import GPT, GPTConfig
-from ...tasks.base import stable_seed
 
 __all__ = ["Performer", "PerformerConfig", "PerformerEncoder", "PerformerEncoderConfig", "redraw_features"]
 
