@@ -4,38 +4,17 @@ sparsity patterns and scalar curves. PNG via matplotlib's Agg backend (no displa
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
+from ._plot import PathLike, pyplot, save_figure
+
 __all__ = ["attention_panels", "plot_attention", "plot_attention_grid", "plot_pattern", "save_figure", "pyplot",
            "AttentionView", "attention_view", "show_token", "kernel_pattern", "plot_kernel_pattern"]
-
-PathLike = Union[str, os.PathLike]
-
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (PNG files, no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig: Any, path: PathLike, dpi: int = 120) -> Path:
-    """Lay out ``fig``, write it to ``path`` (folders created) and close it."""
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    pyplot().close(fig)
-    return path
 
 
 def attention_panels(weights: Any, name: str = "attention", example: int = 0) -> List[Tuple[str, Tensor]]:

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
+from ..._plot import pyplot, save_figure
 from ...attention.adaptive_span import AdaptiveSpanAttention
 from ...registry import register
 from ..base import ModelOutput
@@ -174,8 +175,6 @@ class AdaptiveSpanTransformer(GPT):
     def visualize(self, path) -> Path:
         """``qkv viz``: the learned spans per layer (rows) and head (columns) as a heat map, to ``path``."""
         import numpy as np
-
-        from ...viz import pyplot, save_figure
 
         spans = self.spans().numpy()
         plt = pyplot()
