@@ -11,7 +11,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from . import masks
 from ._plot import PathLike, pyplot, save_figure
+from .attention import build_attention
+from .attention.knobs import kernel_kwargs
+from .registry import lookup
 
 __all__ = ["attention_panels", "plot_attention", "plot_attention_grid", "plot_pattern", "save_figure", "pyplot",
            "AttentionView", "attention_view", "show_token", "kernel_pattern", "plot_kernel_pattern"]
@@ -268,11 +272,6 @@ def kernel_pattern(name: str, length: int, causal: bool = False, overrides: Opti
     ``"weights"`` for the others: the non-zero weights on a random input (dense and approximate
     kernels see every key; LSH's buckets depend on the input).
     """
-    from . import masks
-    from .attention import build_attention
-    from .bench.complexity import kernel_kwargs
-    from .registry import lookup
-
     cls = lookup("attention", name)
     overrides = dict(overrides or {})
     defaults = {k: v for k, v in _pattern_defaults(cls.registry_name, length).items() if k not in overrides}
