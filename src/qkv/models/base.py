@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from .._modelfile import CheckpointError, load_model_tensors, read_model_config, save_model
 from ..registry import lookup
 
 __all__ = ["ModelOutput", "QKVModel", "config_from_dict", "load_pretrained", "available_memory", "MODEL_TYPE_KEY"]
@@ -146,8 +147,6 @@ class QKVModel(nn.Module):
     def save_pretrained(self, directory: Union[str, os.PathLike]) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (each atomically;
         tied parameters stored once)."""
-        from ..train.checkpoint import save_model
-
         meta = {MODEL_TYPE_KEY: self.registry_name, **dataclasses.asdict(self.config)}
         return save_model(self, meta, directory)
 
@@ -156,8 +155,6 @@ class QKVModel(nn.Module):
         """Load a model written by ``save_pretrained`` (any registered model when called on
         ``QKVModel``; this class otherwise). A missing, corrupt or truncated file raises
         ``CheckpointError`` (a ``ValueError``) naming it; nothing is unpickled."""
-        from ..train.checkpoint import CheckpointError, load_model_tensors, read_model_config
-
         directory = Path(directory)
         if not directory.is_dir():
             raise FileNotFoundError(f"{directory} is not a directory written by save_pretrained")
