@@ -192,13 +192,13 @@ class AttentionView:
 def attention_view(task: Any, model: Any, text: Optional[str] = None, max_len: int = 48) -> AttentionView:
     """Run ``model`` on one input of ``task`` with ``need_weights=True`` and label what it attended to.
 
-    A task that knows its inputs best defines ``attention_view(model, text=None, max_len=48)``; the
+    A task that knows its inputs best gives its own view (``Task.attention_view``); the
     language-model and sequence-to-sequence kinds are handled here, with token labels (``text`` is
     the input to show; default: a held-out example).
     """
-    own = getattr(task, "attention_view", None)
-    if callable(own):
-        return own(model, text=text, max_len=max_len)
+    own = task.attention_view(model, text=text, max_len=max_len)
+    if own is not None:
+        return own
     was_training = model.training
     model.eval()
     try:

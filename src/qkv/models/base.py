@@ -60,7 +60,16 @@ def config_from_dict(config_class: type, values: Dict[str, Any]) -> Any:
 
 class QKVModel(nn.Module):
     """Base class of qkv's models: ``Model(config)``, ``from_config``, ``save_pretrained``,
-    ``from_pretrained``. Subclasses set ``config_class`` and are registered as ``"model"``."""
+    ``from_pretrained``. Subclasses set ``config_class`` and are registered as ``"model"``.
+
+    The hooks the trainer, the tasks and the command line call are declared here with defaults
+    that do nothing (docs/contracts.md); a model overrides the ones it needs:
+    ``set_step``/``on_evaluate`` (the trainer, before each update and after each evaluation),
+    ``carries_state`` with ``export_state``/``import_state`` (state carried between batches and
+    through checkpoints), ``eval_report`` (``qkv eval``), ``visualize`` (``qkv viz``),
+    ``generate`` (``qkv generate``/``translate``; ``can_generate`` says whether it is there),
+    ``train_defaults`` (``qkv train``) and ``input_key`` (which form of a task it reads).
+    """
 
     config_class: ClassVar[type]
     registry_name: ClassVar[str] = ""
@@ -78,12 +87,62 @@ class QKVModel(nn.Module):
     presets: ClassVar[Dict[str, Dict[str, Any]]] = {}
     #: the preset ``qkv train`` uses without ``--preset`` (a CPU-sized one); None: the config's defaults.
     default_preset: ClassVar[Optional[str]] = None
+    #: a training recipe (``TrainConfig`` fields, e.g. ``{"lr": 1e-3, "steps": 500}``) that ``qkv train``
+    #: uses unless the preset or the command line says otherwise.
+    train_defaults: ClassVar[Dict[str, Any]] = {}
+    #: the batch key of the model's main input (``"input_ids"``, ``"doc"``, ...); a task that comes in
+    #: several forms (``Task.variants``) is given in the form that has this key. None: not declared.
+    input_key: ClassVar[Optional[str]] = None
+    #: True when ``forward(..., state=, return_state=True)`` continues the previous batch: on a stream
+    #: task the trainer passes ``out.state`` from one batch to the next (Transformer-XL's memory).
+    carries_state: ClassVar[bool] = False
 
     def __init__(self, config: Any) -> None:
         super().__init__()
         if not isinstance(config, self.config_class):
             raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
         self.config = config
+
+    # ----------------------------------------------------------------------------- hooks (no-op defaults)
+
+    def set_step(self, step: int, total_steps: Optional[int] = None) -> None:
+        """Called by the trainer before each update with the update's index and the run's length
+        (losses or redraws scheduled over training). Default: nothing."""
+
+    def on_evaluate(self, metrics: Dict[str, float]) -> None:
+        """Called by the trainer after each periodic evaluation with its metrics (e.g. ``valid_loss``).
+        Default: nothing."""
+
+    def export_state(self, state: Any) -> Dict[str, Tensor]:
+        """The carried ``state`` (``carries_state``) as named tensors for a checkpoint. Default: none."""
+        return {}
+
+    def import_state(self, tensors: Dict[str, Tensor]) -> Any:
+        """Inverse of ``export_state``: the carried state from a checkpoint's tensors. Default: None."""
+        return None
+
+    def eval_report(self) -> Dict[str, float]:
+        """What the model reports about itself beside the task's metrics in ``qkv eval`` (e.g.
+        learned spans). Default: nothing."""
+        return {}
+
+    def visualize(self, path: Union[str, os.PathLike]) -> Optional[Path]:
+        """Draw what is the model's own (e.g. its learned spans) to the PNG ``path`` for ``qkv viz``;
+        returns the path written, or None when there is nothing to draw (the default)."""
+        return None
+
+    def generate(self, *args: Any, **kwargs: Any) -> Tensor:
+        """Generate from the model (docs/contracts.md: language models ``generate(input_ids,
+        max_new_tokens, ...)``, sequence-to-sequence ``generate(src_ids, src_mask=, ...)``).
+        Default: this model does not generate (``can_generate()`` is False)."""
+        raise NotImplementedError(f"a {self.registry_name or type(self).__name__} model does not generate")
+
+    @classmethod
+    def can_generate(cls) -> bool:
+        """Whether the model implements ``generate``."""
+        return cls.generate is not QKVModel.generate
+
+    # ----------------------------------------------------------------------------- building, saving
 
     @classmethod
     def from_config(cls, config: Union[Any, Dict[str, Any]]) -> "QKVModel":

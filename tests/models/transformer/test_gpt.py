@@ -231,9 +231,10 @@ def test_trainer_tells_the_model_the_run_length(tmp_path):
             seen.append((step, total_steps))
             super().set_step(step, total_steps)
 
+    from qkv.tasks.base import Task as BaseTask
     from qkv.train import TrainConfig, Trainer
 
-    class Task:
+    class Task(BaseTask):
         def get_batch(self, split, batch_size, step, **kw):
             g = torch.Generator().manual_seed(step)
             ids = torch.randint(0, V, (batch_size, 9), generator=g)

@@ -166,6 +166,7 @@ class LSTMN(QKVModel):
     """
 
     config_class = LSTMNConfig
+    input_key = "input_ids"  # token ids
     suggested_tasks = ('shakespeare-char', 'enwiki-bytes')  # `qkv list model`
 
     def __init__(self, config: LSTMNConfig) -> None:

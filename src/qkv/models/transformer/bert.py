@@ -79,6 +79,7 @@ class BERT(QKVModel):
     suggested_tasks = ("bert-pretrain", "bbc-news-tokens")  # `qkv list model`
     config_class = BERTConfig
     task_kinds = frozenset({"classification", "pretraining"})
+    input_key = "input_ids"  # token ids (bbc-news is given as bbc-news-tokens)
     init_task_fields = ("head", "num_labels")  # a fine-tuning task chooses the head (qkv train --init)
     init_fresh = ("classifier.",)  # ...which starts fresh; the encoder, pooler and MLM/NSP heads are copied
     # "paper": BERT-base (the config's defaults); "cpu": a small encoder that trains in minutes on 2 cores

@@ -81,6 +81,7 @@ class GPT(QKVModel):
     config_class = GPTConfig
     suggested_tasks = ('shakespeare-char', 'enwiki-bytes')  # `qkv list model`
     task_kinds = frozenset({"lm"})
+    input_key = "input_ids"  # token ids
     stack_class = TransformerStack  # the decoder stack (Universal Transformer: a shared-depth stack)
     # "paper": GPT-2 small (the config's defaults); "cpu": trains on shakespeare-char in minutes on 2 cores
     presets = {"paper": {},

@@ -103,6 +103,7 @@ class TransformerXL(QKVModel):
     config_class = TransformerXLConfig
     suggested_tasks = ("shakespeare-char", "enwiki-bytes")  # `qkv list model`
     task_kinds = frozenset({"lm"})
+    input_key = "input_ids"  # token ids
     #: the trainer passes ``state=`` / ``return_state=True`` and keeps ``out.state`` on stream tasks
     carries_state = True
     train_defaults = {"steps": 1000, "batch_size": 16, "lr": 1e-3, "warmup": 50, "weight_decay": 0.0}
