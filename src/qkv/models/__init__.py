@@ -9,6 +9,7 @@ from __future__ import annotations
 from .base import ModelOutput, QKVModel, load_pretrained
 from .transformer.bert import BERT, BERTConfig
 from .transformer.gpt import GPT, GPTConfig
+from .transformer.al_rfou import AlRfouConfig, AlRfouLM
 from .pooling.graph_attention import GATConfig, GraphAttention
 from .pooling.han import FlatGRU, FlatGRUConfig, HANConfig, HierarchicalAttentionNetwork
 from .rnn.lstmn import LSTMN, LSTMNConfig
@@ -38,7 +39,7 @@ from .transformer.reformer import Reformer, ReformerConfig
 
 __all__ = [
     "ModelOutput", "QKVModel", "load_pretrained", "StackConfig", "TransformerStack",
-    "Transformer", "TransformerConfig", "GPT", "GPTConfig", "BERT", "BERTConfig", "Seq2Seq",
+    "Transformer", "TransformerConfig", "GPT", "GPTConfig", "AlRfouLM", "AlRfouConfig", "BERT", "BERTConfig", "Seq2Seq",
     "Seq2SeqConfig", "ShowAttendTell", "ShowAttendTellConfig", "PointerNetwork", "PointerNetworkConfig",
     "LSTMN", "LSTMNConfig", "NadarayaWatson", "NadarayaWatsonConfig", "DeepSets", "DeepSetsConfig",
     "AttentionMIL", "AttentionMILConfig", "HierarchicalAttentionNetwork", "HANConfig", "FlatGRU",

@@ -79,8 +79,6 @@ class AdaptiveSpanTransformerConfig(GPTConfig):
         self.attention_kwargs = {"max_span": self.max_span, "ramp": self.ramp, "init_span": self.init_span,
                                  "dynamic": self.dynamic}
         super().__post_init__()
-        if self.aux_layer_losses or self.n_targets != 1:
-            raise ValueError("the Al-Rfou auxiliary losses (aux_layer_losses, n_targets) are GPT options, not this model's")
         AdaptiveSpanAttention(causal=True, n_heads=self.n_heads, d_head=self.d_model // self.n_heads,
                               **self.attention_kwargs)  # validates the span knobs, naming the bad one
 

@@ -248,8 +248,6 @@ class UniversalTransformerLMConfig(GPTConfig, UniversalOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_universal()
-        if self.aux_layer_losses or self.n_targets != 1:
-            raise ValueError("the Al-Rfou auxiliary losses (aux_layer_losses, n_targets) are GPT options, not the UT's")
 
 
 @register("model", "universal-transformer-lm", "ut-lm")
