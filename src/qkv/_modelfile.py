@@ -33,6 +33,7 @@ from ._io import atomic_write, atomic_write_text
 __all__ = [
     "CheckpointError",
     "tensors_checksum",
+    "read_header",
     "read_tensors",
     "write_tensors",
     "expand_aliases",
@@ -97,16 +98,24 @@ def tensors_checksum(tensors: Mapping[str, Tensor]) -> str:
     return digest.hexdigest()
 
 
-def read_tensors(path: Path) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
-    """All tensors and the header metadata of a safetensors file, with clear errors; the tensors'
-    checksum is verified when the file has one."""
+def read_header(path: Path) -> Dict[str, str]:
+    """The header metadata of a safetensors file, without reading its tensors, with clear errors."""
     from safetensors import safe_open
 
     if not path.is_file():
         raise CheckpointError(f"checkpoint file {str(path)!r} does not exist")
     try:
         with safe_open(str(path), framework="pt") as f:
-            metadata = dict(f.metadata() or {})
+            return dict(f.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {e}") from e
+
+
+def read_tensors(path: Path) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
+    """All tensors and the header metadata of a safetensors file, with clear errors; the tensors'
+    checksum is verified when the file has one."""
+    metadata = read_header(path)
+    try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {e}") from e

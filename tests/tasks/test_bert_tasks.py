@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from qkv.models.pooling.han import HierarchicalAttentionNetwork
+from qkv.models import LSTMN, Seq2Seq
 from qkv.models.transformer.bert import BERT
 from qkv.tasks import task_for_model
 from qkv.tasks.bbc import is_bbc_cached, tokenize
@@ -153,9 +154,12 @@ def test_bbc_tokens_share_the_vocabulary_and_split():
     assert task.model_hints()["head"] == "classification"
 
 
-def test_bbc_news_is_token_ids_for_bert_only():
+def test_bbc_news_is_token_ids_for_models_that_read_them():
+    """The form of a task follows the model's declared ``input_key``."""
     assert task_for_model("bbc-news", BERT) == "bbc-news-tokens"
+    assert task_for_model("bbc-news", LSTMN) == "bbc-news-tokens"
     assert task_for_model("bbc-news", HierarchicalAttentionNetwork) == "bbc-news"
+    assert task_for_model("bbc-news", Seq2Seq) == "bbc-news"  # no declared key: the task as named
     assert task_for_model("bert-pretrain", BERT) == "bert-pretrain"
 
 

@@ -1,8 +1,6 @@
 """The hooks ``qkv train``/``viz``/``generate`` and the trainer call are declared on Task with
-defaults that do nothing; a task in another form for some models is found from declared keys."""
+defaults that do nothing."""
 
-from qkv.models import BERT, GPT, LSTMN, HierarchicalAttentionNetwork, Seq2Seq
-from qkv.tasks import task_for_model
 from qkv.tasks.base import Task
 
 
@@ -18,11 +16,3 @@ def test_a_bare_task_has_every_hook_as_a_no_op(tmp_path):
     assert task.write_samples(object(), tmp_path / "s.png", n=2, seed=0, options={}) is None
     assert not list(tmp_path.iterdir())
     assert task.stream is False and task.input_key is None and task.variants == {}
-
-
-def test_the_form_of_a_task_follows_the_models_input_key():
-    assert task_for_model("bbc-news", BERT) == "bbc-news-tokens"
-    assert task_for_model("bbc-news", LSTMN) == "bbc-news-tokens"
-    assert task_for_model("bbc-news", HierarchicalAttentionNetwork) == "bbc-news"
-    assert task_for_model("bbc-news", Seq2Seq) == "bbc-news"  # no declared key: the task as named
-    assert task_for_model("shakespeare-char", GPT) == "shakespeare-char"

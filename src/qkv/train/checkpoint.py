@@ -28,12 +28,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
 from torch import Tensor
 
 from .._io import atomic_write, atomic_write_text
 from .._modelfile import (CheckpointError, expand_aliases, load_model_state, load_model_tensors, read_model_config,
-                          read_tensors, save_model, write_tensors)
+                          read_header, read_tensors, save_model, write_tensors)
 
 __all__ = [
     "CheckpointError",
@@ -207,17 +206,8 @@ def save_checkpoint(
 
 def read_checkpoint_meta(path: str | os.PathLike) -> Dict[str, Any]:
     """The JSON header of a training checkpoint (step, extra, ...), without loading tensors."""
-    from safetensors import safe_open
-
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint file {str(path)!r} does not exist")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            metadata = dict(f.metadata() or {})
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {e}") from e
-    return _parse_meta(metadata, path)
+    return _parse_meta(read_header(path), path)
 
 
 def read_carried_state(path: str | os.PathLike, rank: int = 0) -> Dict[str, Tensor]:
