@@ -14,6 +14,7 @@ from html.parser import HTMLParser
 import pytest
 import torch
 
+from qkv.tasks.base import Task
 from qkv.viz import AttentionView, attention_view
 from qkv.viz_html import render_html, script_json, split_panel_name, write_html
 
@@ -155,7 +156,7 @@ def test_the_most_specific_label_prefix_wins():
 
 
 def test_attention_view_refuses_unknown_task_kinds():
-    class Odd:
+    class Odd(Task):
         kind = "graph"
 
     with pytest.raises(ValueError, match="no attention view"):

@@ -37,6 +37,17 @@ def same_dtype(name: str, x: Tensor, owner: str, param: Tensor) -> None:
                         f"input (.to({param.dtype})) or the module (.to({x.dtype}))")
 
 
+def token_ids(name: str, ids: object, vocab_size: int) -> Tensor:
+    """Check a ``(B, L)`` tensor of token ids: ``torch.long`` or ``torch.int32`` (what
+    ``nn.Embedding`` takes) with every value in ``[0, vocab_size)``."""
+    tensor(name, ids, ndim=2)
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be an integer (torch.long) tensor of token ids, got dtype {ids.dtype}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"{name} must lie in [0, {vocab_size}), got min {int(ids.min())}, max {int(ids.max())}")
+    return ids
+
+
 def positive_int(name: str, value: object, allow_zero: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")

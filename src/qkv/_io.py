@@ -7,9 +7,9 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Callable, Iterator, Union
 
-__all__ = ["atomic_path"]
+__all__ = ["atomic_path", "atomic_write", "atomic_write_text"]
 
 
 @contextlib.contextmanager
@@ -37,3 +37,19 @@ def atomic_path(path: Union[str, os.PathLike]) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def atomic_write(path: Union[str, os.PathLike], write: Callable[[str], None]) -> Path:
+    """Write ``path`` atomically: ``write(tmp_path)`` fills a temporary file in the same directory,
+    which is fsynced and renamed over ``path`` (``atomic_path``). If anything fails, or
+    the process dies, before the rename, ``path`` keeps its old content."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        write(str(tmp))
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a checkpoint is an ordinary file
+    return path
+
+
+def atomic_write_text(path: Union[str, os.PathLike], text: str) -> Path:
+    """Write a UTF-8 text file atomically (see ``atomic_write``)."""
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

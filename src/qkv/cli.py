@@ -612,8 +612,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     task, model = _eval_overrides(task, model, info, args.set or [])
     with _with_progress(model, f"evaluating on {args.split}"):
         metrics = task.evaluate(model, args.split, max_examples=args.max_examples)
-    if callable(getattr(model, "eval_report", None)):  # what the model itself reports (e.g. learned spans)
-        metrics.update(model.eval_report())
+    metrics.update(model.eval_report())  # what the model itself reports (e.g. learned spans)
     print(json.dumps({k: round(float(v), 4) for k, v in metrics.items()}))
     return 0
 
@@ -625,15 +624,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     _set_threads(args.threads)
     task, model, info = _restore(args.run)
-    if hasattr(task, "write_samples"):  # tasks whose samples are pictures draw them (images)
-        path = Path(args.out or Path(args.run) / "samples.png")
-        options = _split_sets(args.set or [])[0]  # key=value strings; the task parses them
-        print(task.write_samples(model, path, n=args.n, seed=args.seed, options=options))
+    options = _split_sets(args.set or [])[0]  # key=value strings; the task parses them
+    written = task.write_samples(model, Path(args.out or Path(args.run) / "samples.png"), n=args.n, seed=args.seed,
+                                 options=options)  # tasks whose samples are pictures draw them (images)
+    if written is not None:
+        print(written)
         return 0
     if task.kind != "lm":
         hint = " (try `qkv translate`)" if task.kind == "seq2seq" else ""
         raise CLIError(f"`qkv generate` samples from language models; {info['task']} is a {task.kind} task{hint}")
-    if not callable(getattr(model, "generate", None)):
+    if not model.can_generate():
         raise CLIError(f"a {info['model']} model cannot generate text (it has no generate method); "
                        "`qkv eval` and `qkv viz` work on this run")
     ids = task.vocab.encode(args.prompt) if args.prompt else [task.vocab.bos_id if hasattr(task.vocab, "bos_id") else 0]
@@ -713,9 +713,9 @@ def _cmd_viz(args: argparse.Namespace) -> int:
         print(f"wrote {written}")
         return 0
     path = Path(args.out or Path(args.run) / "attention.png")
-    if callable(getattr(task, "visualize", None)):
-        # tasks whose inputs are not token strings (images, sets, graphs) draw their own picture
-        written = task.visualize(model, path, text=args.text)
+    # tasks whose inputs are not token strings (images, sets, graphs) may draw their own picture
+    written = task.visualize(model, path, text=args.text)
+    if written is not None:
         print(f"wrote {written}")
         return 0
     view = viz.attention_view(task, model, args.text, args.max_len)
@@ -726,8 +726,9 @@ def _cmd_viz(args: argparse.Namespace) -> int:
     if len(view.panels) > args.max_panels:
         print(f"showing {args.max_panels} of {len(view.panels)} panels (cross-attention first); --max-panels to see more")
     print(f"wrote {path}")
-    if callable(getattr(model, "visualize", None)):  # a model's own picture (e.g. learned spans)
-        print(f"wrote {model.visualize(path.with_name(path.stem + '-model.png'))}")
+    own = model.visualize(path.with_name(path.stem + "-model.png"))  # a model's own picture (e.g. learned spans)
+    if own is not None:
+        print(f"wrote {own}")
     return 0
 
 
@@ -768,7 +769,7 @@ def _data_cached(name: str, cache_dir: Optional[str]) -> Optional[bool]:
 
 
 def _task_kind(cls: type) -> str:
-    return getattr(cls, "kind", "") or "?"
+    return cls.kind or "?"
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -790,9 +791,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
             cls = lookup(kind, name)
             print(f"  {name:<22} {describe(cls)}")
             if kind == "model":
-                suggested = [t for t in getattr(cls, "suggested_tasks", ()) if t in tasks]
-                kinds = sorted(getattr(cls, "task_kinds", None) or {_task_kind(tasks[t]) for t in suggested})
-                presets = sorted(getattr(cls, "presets", {}) or {})
+                suggested = [t for t in cls.suggested_tasks if t in tasks]
+                kinds = sorted(cls.task_kinds or {_task_kind(tasks[t]) for t in suggested})
+                presets = sorted(cls.presets)
                 line = f"task kinds: {', '.join(kinds) or 'any'}; tasks: {', '.join(suggested) or '-'}"
                 if presets:
                     line += f"; presets: {', '.join(presets)}"

@@ -4,41 +4,21 @@ sparsity patterns and scalar curves. PNG via matplotlib's Agg backend (no displa
 from __future__ import annotations
 
 import math
-import os
 import textwrap
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
+from . import masks
+from ._plot import PathLike, pyplot, save_figure
+from .attention import build_attention
+from .registry import lookup
+
 __all__ = ["attention_panels", "plot_attention", "plot_attention_grid", "plot_pattern", "save_figure", "pyplot",
            "AttentionView", "attention_view", "show_token", "kernel_pattern", "plot_kernel_pattern"]
-
-PathLike = Union[str, os.PathLike]
-
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (PNG files, no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig: Any, path: PathLike, dpi: int = 120) -> Path:
-    """Lay out ``fig`` (unless it has its own layout engine, e.g. ``layout="constrained"``), write it
-    to ``path`` (folders created) and close it."""
-    if fig.get_layout_engine() is None:
-        fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    pyplot().close(fig)
-    return path
 
 
 def attention_panels(weights: Any, name: str = "attention", example: int = 0) -> List[Tuple[str, Tensor]]:
@@ -256,15 +236,15 @@ class AttentionView:
 def attention_view(task: Any, model: Any, text: Optional[str] = None, max_len: int = 48) -> AttentionView:
     """Run ``model`` on one input of ``task`` with ``need_weights=True`` and label what it attended to.
 
-    A task that knows its inputs best defines ``attention_view(model, text=None, max_len=48)``; the
+    A task that knows its inputs best gives its own view (``Task.attention_view``); the
     language-model and sequence-to-sequence kinds are handled here, with token labels (``text`` is
     the input to show; default: a held-out passage, ``task.view_text(max_len)`` for a language
     model, of at most ``max_len`` tokens). A longer ``text`` is cut to ``max_len`` tokens and the
     view's ``cut`` says so; a sequence-to-sequence output stops at the task's ``max_target_len``.
     """
-    own = getattr(task, "attention_view", None)
-    if callable(own):
-        return own(model, text=text, max_len=max_len)
+    own = task.attention_view(model, text=text, max_len=max_len)
+    if own is not None:
+        return own
     was_training = model.training
     model.eval()
     try:
@@ -343,15 +323,10 @@ def kernel_pattern(name: str, length: int, causal: bool = False, overrides: Opti
     ``"weights"`` for the others: the non-zero weights on a random input (dense and approximate
     kernels see every key; LSH's buckets depend on the input).
     """
-    from . import masks
-    from .attention import build_attention
-    from .bench.complexity import kernel_kwargs
-    from .registry import lookup
-
     cls = lookup("attention", name)
     overrides = dict(overrides or {})
     defaults = {k: v for k, v in _pattern_defaults(cls.registry_name, length).items() if k not in overrides}
-    kwargs = kernel_kwargs(name, length, heads=1, head_dim=16, overrides={**defaults, **overrides})
+    kwargs = {**cls.default_knobs(length, 1, 16), **defaults, **overrides}  # the kernel's own knobs for the length
     kernel = build_attention(name, causal=causal, **kwargs) if cls.supports_causal else build_attention(name, **kwargs)
     if causal and not kernel.causal:
         raise ValueError(f"attention {name!r} cannot be causal")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from qkv.models.base import QKVModel
+from qkv.models.transformer.al_rfou import AlRfouConfig, AlRfouLM
 from qkv.models.transformer.bert import BERT, BERTConfig
 from qkv.models.transformer.gpt import GPT, GPTConfig
 from qkv.models.transformer.transformer import Transformer, TransformerConfig
@@ -16,7 +17,8 @@ from qkv.models.transformer.transformer_xl import GTrXL, GTrXLConfig, Transforme
 
 SMALL = dict(n_layers=2, d_model=16, n_heads=2, d_ff=32, dropout=0.0, max_len=16)
 MODELS = {
-    "gpt": lambda: GPT(GPTConfig(vocab_size=11, n_targets=2, attention="window", attention_kwargs={"radius": 2}, **SMALL)),
+    "gpt": lambda: GPT(GPTConfig(vocab_size=11, attention="window", attention_kwargs={"radius": 2}, **SMALL)),
+    "al-rfou": lambda: AlRfouLM(AlRfouConfig(vocab_size=11, n_targets=2, **SMALL)),
     "bert": lambda: BERT(BERTConfig(vocab_size=11, **SMALL)),
     "transformer": lambda: Transformer(TransformerConfig(vocab_size=11, tgt_vocab_size=9, **SMALL)),
     "transformer-xl": lambda: TransformerXL(TransformerXLConfig(vocab_size=11, mem_len=4, **SMALL)),

@@ -1,22 +1,71 @@
-"""BERT's tasks: sentence pairs for MLM + NSP, BBC News as token ids, the task variant for BERT,
-and `qkv train bert --task bbc-news --init RUN` (Devlin et al. 2019, §3.1-3.2)."""
+"""BERT's tasks: the masked LM's 80/10/10 corruption, sentence pairs for MLM + NSP, BBC News as
+token ids, the task variant for BERT, and `qkv train bert --task bbc-news --init RUN` (Devlin et
+al. 2019, §3.1-3.2)."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 
 from qkv.models.pooling.han import HierarchicalAttentionNetwork
+from qkv.models import LSTMN, Seq2Seq
 from qkv.models.transformer.bert import BERT
 from qkv.tasks import task_for_model
 from qkv.tasks.bbc import is_bbc_cached, tokenize
-from qkv.tasks.bert_tasks import BBCNewsTokens, BertPretrainTask
+from qkv.tasks.bert_tasks import BBCNewsTokens, BertPretrainTask, mask_tokens
 
 CLASSES = ["business", "tech", "sport", "politics", "entertainment"]
 ARTICLES = [(f"Headline {i} {c}\n\n" + " ".join(f"Sentence {j} of {c} story {i} says w{i}x{j} and more{j}." for j in range(6)), c)
             for i, c in enumerate(CLASSES * 8)]
+
+
+V, MASK = 50, 3
+SPECIAL = (0, 1, 2)  # pad, [CLS], [SEP]
+PAD, CLS, SEP = SPECIAL
+
+
+def test_masking_follows_80_10_10_and_skips_specials():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, V, (400, 500), generator=g)
+    ids[:, 0], ids[:, -1], ids[:, 250] = CLS, SEP, PAD  # specials in every row
+    inputs, labels = mask_tokens(ids, V, MASK, SPECIAL, prob=0.15, generator=g)
+    special = torch.isin(ids, torch.tensor(SPECIAL))
+    assert (labels[special] == -100).all() and torch.equal(inputs[special], ids[special])
+    selected = labels != -100
+    assert torch.equal(labels[selected], ids[selected]) and torch.equal(inputs[~selected], ids[~selected])
+
+    def within_5_sigma(count, n, p):  # binomial count: |count - n p| <= 5 sqrt(n p (1 - p))
+        return abs(count - n * p) <= 5 * math.sqrt(n * p * (1 - p))
+
+    n_candidates = int((~special).sum())
+    n = int(selected.sum())
+    assert within_5_sigma(n, n_candidates, 0.15)
+    replaced = inputs[selected]
+    originals = ids[selected]
+    n_mask = int((replaced == MASK).sum())
+    n_changed = int(((replaced != MASK) & (replaced != originals)).sum())
+    n_kept = int((replaced == originals).sum())
+    n_drawable = V - len(SPECIAL) - 1  # random replacements avoid the specials and [MASK]
+    assert within_5_sigma(n_mask, n, 0.8)
+    assert within_5_sigma(n_changed, n, 0.1 * (1 - 1 / n_drawable))  # a random draw may hit the original
+    assert within_5_sigma(n_kept, n, 0.1 + 0.1 / n_drawable)
+    assert not torch.isin(replaced, torch.tensor(SPECIAL)).any()
+
+
+def test_masking_is_seeded_and_validates():
+    ids = torch.randint(4, V, (4, 20))
+    a = mask_tokens(ids, V, MASK, SPECIAL, generator=torch.Generator().manual_seed(1))
+    b = mask_tokens(ids, V, MASK, SPECIAL, generator=torch.Generator().manual_seed(1))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(ValueError, match="mask_id"):
+        mask_tokens(ids, V, V, SPECIAL)
+    with pytest.raises(ValueError, match="prob"):
+        mask_tokens(ids, V, MASK, SPECIAL, prob=1.5)
+    with pytest.raises(ValueError, match="input_ids"):
+        mask_tokens(ids + V, V, MASK, SPECIAL)
 
 
 def _pretrain(**kw):
@@ -105,9 +154,12 @@ def test_bbc_tokens_share_the_vocabulary_and_split():
     assert task.model_hints()["head"] == "classification"
 
 
-def test_bbc_news_is_token_ids_for_bert_only():
+def test_bbc_news_is_token_ids_for_models_that_read_them():
+    """The form of a task follows the model's declared ``input_key``."""
     assert task_for_model("bbc-news", BERT) == "bbc-news-tokens"
+    assert task_for_model("bbc-news", LSTMN) == "bbc-news-tokens"
     assert task_for_model("bbc-news", HierarchicalAttentionNetwork) == "bbc-news"
+    assert task_for_model("bbc-news", Seq2Seq) == "bbc-news"  # no declared key: the task as named
     assert task_for_model("bert-pretrain", BERT) == "bert-pretrain"
 
 

@@ -13,12 +13,16 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from qkv.models import QKVModel
+from qkv.tasks.base import Task
 
 VOCAB = 11
 LENGTH = 6
@@ -40,11 +44,21 @@ class ToyOutput(NamedTuple):
     logits: Tensor
 
 
-class ToyLM(nn.Module):
+@dataclass
+class ToyConfig:
+    vocab: int = VOCAB  # token vocabulary
+    d_model: int = 8  # width
+    dropout: float = 0.0  # on the embeddings
+    tied: bool = False  # output layer = embedding matrix
+
+
+class ToyLM(QKVModel):
     """Embedding -> dropout -> linear; the output layer may share the embedding's weight."""
 
+    config_class = ToyConfig
+
     def __init__(self, vocab: int = VOCAB, d_model: int = 8, dropout: float = 0.0, tied: bool = False) -> None:
-        super().__init__()
+        super().__init__(ToyConfig(vocab, d_model, dropout, tied))
         self.embed = nn.Embedding(vocab, d_model)
         self.drop = nn.Dropout(dropout)
         self.norm = nn.LayerNorm(d_model)
@@ -60,7 +74,7 @@ class ToyLM(nn.Module):
         return ToyOutput(loss, logits)
 
 
-class ToyTask:
+class ToyTask(Task):
     """Arithmetic sequences ``x_t = (a + t d) mod V``; example ``j`` depends only on (seed, split, j).
 
     A batch is the slice ``[(step * world_size + rank) * B, ... + B)`` of the example stream, so

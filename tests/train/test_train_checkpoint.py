@@ -185,8 +185,11 @@ def test_non_checkpoint_and_mismatch_errors(tmp_path):
 
 
 def test_never_unpickles():
-    source = open(ckpt.__file__).read()
-    assert "torch.load(" not in source and "pickle" not in source
+    from qkv import _modelfile
+
+    for module in (ckpt, _modelfile):
+        source = open(module.__file__).read()
+        assert "torch.load(" not in source and "pickle" not in source
 
 
 def test_checksum_catches_a_flipped_bit(tmp_path):

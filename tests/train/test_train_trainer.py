@@ -130,6 +130,8 @@ def test_config_and_argument_errors(tmp_path):
         _config(tmp_path, steps=0)
     with pytest.raises(TypeError, match="task"):
         Trainer(_fresh_model(), object(), _config(tmp_path))
+    with pytest.raises(TypeError, match="QKVModel"):  # the hooks the trainer calls are declared there
+        Trainer(torch.nn.Linear(2, 2), ToyTask(), _config(tmp_path))
     with pytest.raises(TypeError, match="config"):
         Trainer(_fresh_model(), ToyTask(), {"steps": 3})
 

@@ -40,6 +40,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .._plot import pyplot, save_figure
+
 __all__ = [
     "AllocationTracker", "Timing", "time_steps", "time_interleaved", "peak_memory", "describe_machine",
     "machine_line", "fit_loglog", "markdown_table", "write_json", "write_markdown", "plot_loglog",
@@ -318,8 +320,6 @@ def plot_loglog(path: Path, series: Mapping[str, Mapping[str, Sequence[float]]],
     ``series[name]`` holds ``"x"`` and each panel key as equal-length lists; a ``f"{key}_label"``
     entry, when present, replaces the legend entry for that panel (e.g. with the fitted slope).
     """
-    from ..viz import pyplot, save_figure
-
     fig, axes = pyplot().subplots(1, len(panels), figsize=(6 * len(panels), 4.6), squeeze=False)
     for ax, (key, ylabel) in zip(axes[0], panels):
         for name, s in series.items():

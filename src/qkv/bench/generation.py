@@ -24,7 +24,8 @@ from typing import Any, Dict, List
 
 import torch
 
-from ..models.transformer.gpt import GPT, GPTConfig, sample_logits
+from ..models.sampling import sample_logits
+from ..models.transformer.gpt import GPT, GPTConfig
 from ..models.transformer.linear_transformer import LinearTransformer, LinearTransformerConfig
 from ..models.transformer.sparse_transformer import SparseTransformer, SparseTransformerConfig
 from . import common

@@ -9,6 +9,7 @@ from __future__ import annotations
 from .base import ModelOutput, QKVModel, load_pretrained
 from .transformer.bert import BERT, BERTConfig
 from .transformer.gpt import GPT, GPTConfig
+from .transformer.al_rfou import AlRfouConfig, AlRfouLM
 from .pooling.graph_attention import GATConfig, GraphAttention
 from .pooling.han import FlatGRU, FlatGRUConfig, HANConfig, HierarchicalAttentionNetwork
 from .rnn.lstmn import LSTMN, LSTMNConfig
@@ -36,10 +37,11 @@ from .transformer.image_transformer import ImageTransformer, ImageTransformerCon
 from .transformer.sparse_transformer import SparseTransformer, SparseTransformerConfig
 from .transformer.reformer import Reformer, ReformerConfig
 from .transformer.lra import LRADualEncoder, LRAEncoder, LRAEncoderConfig
+from .transformer import hf_checkpoints  # noqa: F401  (registers the Hugging Face checkpoint format)
 
 __all__ = [
     "ModelOutput", "QKVModel", "load_pretrained", "StackConfig", "TransformerStack",
-    "Transformer", "TransformerConfig", "GPT", "GPTConfig", "BERT", "BERTConfig", "Seq2Seq",
+    "Transformer", "TransformerConfig", "GPT", "GPTConfig", "AlRfouLM", "AlRfouConfig", "BERT", "BERTConfig", "Seq2Seq",
     "Seq2SeqConfig", "ShowAttendTell", "ShowAttendTellConfig", "PointerNetwork", "PointerNetworkConfig",
     "LSTMN", "LSTMNConfig", "NadarayaWatson", "NadarayaWatsonConfig", "DeepSets", "DeepSetsConfig",
     "AttentionMIL", "AttentionMILConfig", "HierarchicalAttentionNetwork", "HANConfig", "FlatGRU",

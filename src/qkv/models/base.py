@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from .._modelfile import CheckpointError, load_model_tensors, read_model_config, save_model
 from ..registry import lookup
 
 __all__ = ["ModelOutput", "QKVModel", "config_from_dict", "load_pretrained", "available_memory", "MODEL_TYPE_KEY"]
@@ -60,9 +61,41 @@ def config_from_dict(config_class: type, values: Dict[str, Any]) -> Any:
     return config_class(**{k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in values.items()})
 
 
+class CheckpointFormat:
+    """Another library's checkpoint layout that ``QKVModel.from_pretrained`` reads and
+    ``save_pretrained(format=name)`` writes; registered in ``CHECKPOINT_FORMATS`` by the module that
+    implements it (``models/transformer/hf_checkpoints.py``: ``"huggingface"``), so that this floor
+    imports none of the models."""
+
+    def recognizes(self, directory: Path) -> bool:  # pragma: no cover - the protocol
+        """Whether ``directory`` holds a checkpoint of this format."""
+        raise NotImplementedError
+
+    def load(self, cls: Optional[type], directory: Path, map_location: str, **overrides: Any) -> "QKVModel":  # pragma: no cover
+        """The model in ``directory`` (as ``cls`` when given; else the architecture it holds)."""
+        raise NotImplementedError
+
+    def save(self, model: "QKVModel", directory: Union[str, os.PathLike]) -> Path:  # pragma: no cover
+        """Write ``model`` in this format into ``directory``."""
+        raise NotImplementedError
+
+
+#: format name -> reader/writer of another library's checkpoints (filled on ``import qkv``)
+CHECKPOINT_FORMATS: Dict[str, CheckpointFormat] = {}
+
+
 class QKVModel(nn.Module):
     """Base class of qkv's models: ``Model(config)``, ``from_config``, ``save_pretrained``,
-    ``from_pretrained``. Subclasses set ``config_class`` and are registered as ``"model"``."""
+    ``from_pretrained``. Subclasses set ``config_class`` and are registered as ``"model"``.
+
+    The hooks the trainer, the tasks and the command line call are declared here with defaults
+    that do nothing (docs/contracts.md); a model overrides the ones it needs:
+    ``set_step``/``on_evaluate`` (the trainer, before each update and after each evaluation),
+    ``carries_state`` with ``export_state``/``import_state`` (state carried between batches and
+    through checkpoints), ``eval_report`` (``qkv eval``), ``visualize`` (``qkv viz``),
+    ``generate`` (``qkv generate``/``translate``; ``can_generate`` says whether it is there),
+    ``train_defaults`` (``qkv train``) and ``input_key`` (which form of a task it reads).
+    """
 
     config_class: ClassVar[type]
     registry_name: ClassVar[str] = ""
@@ -80,12 +113,62 @@ class QKVModel(nn.Module):
     presets: ClassVar[Dict[str, Dict[str, Any]]] = {}
     #: the preset ``qkv train`` uses without ``--preset`` (a CPU-sized one); None: the config's defaults.
     default_preset: ClassVar[Optional[str]] = None
+    #: a training recipe (``TrainConfig`` fields, e.g. ``{"lr": 1e-3, "steps": 500}``) that ``qkv train``
+    #: uses unless the preset or the command line says otherwise.
+    train_defaults: ClassVar[Dict[str, Any]] = {}
+    #: the batch key of the model's main input (``"input_ids"``, ``"doc"``, ...); a task that comes in
+    #: several forms (``Task.variants``) is given in the form that has this key. None: not declared.
+    input_key: ClassVar[Optional[str]] = None
+    #: True when ``forward(..., state=, return_state=True)`` continues the previous batch: on a stream
+    #: task the trainer passes ``out.state`` from one batch to the next (Transformer-XL's memory).
+    carries_state: ClassVar[bool] = False
 
     def __init__(self, config: Any) -> None:
         super().__init__()
         if not isinstance(config, self.config_class):
             raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
         self.config = config
+
+    # ----------------------------------------------------------------------------- hooks (no-op defaults)
+
+    def set_step(self, step: int, total_steps: Optional[int] = None) -> None:
+        """Called by the trainer before each update with the update's index and the run's length
+        (losses or redraws scheduled over training). Default: nothing."""
+
+    def on_evaluate(self, metrics: Dict[str, float]) -> None:
+        """Called by the trainer after each periodic evaluation with its metrics (e.g. ``valid_loss``).
+        Default: nothing."""
+
+    def export_state(self, state: Any) -> Dict[str, Tensor]:
+        """The carried ``state`` (``carries_state``) as named tensors for a checkpoint. Default: none."""
+        return {}
+
+    def import_state(self, tensors: Dict[str, Tensor]) -> Any:
+        """Inverse of ``export_state``: the carried state from a checkpoint's tensors. Default: None."""
+        return None
+
+    def eval_report(self) -> Dict[str, float]:
+        """What the model reports about itself beside the task's metrics in ``qkv eval`` (e.g.
+        learned spans). Default: nothing."""
+        return {}
+
+    def visualize(self, path: Union[str, os.PathLike]) -> Optional[Path]:
+        """Draw what is the model's own (e.g. its learned spans) to the PNG ``path`` for ``qkv viz``;
+        returns the path written, or None when there is nothing to draw (the default)."""
+        return None
+
+    def generate(self, *args: Any, **kwargs: Any) -> Tensor:
+        """Generate from the model (docs/contracts.md: language models ``generate(input_ids,
+        max_new_tokens, ...)``, sequence-to-sequence ``generate(src_ids, src_mask=, ...)``).
+        Default: this model does not generate (``can_generate()`` is False)."""
+        raise NotImplementedError(f"a {self.registry_name or type(self).__name__} model does not generate")
+
+    @classmethod
+    def can_generate(cls) -> bool:
+        """Whether the model implements ``generate``."""
+        return cls.generate is not QKVModel.generate
+
+    # ----------------------------------------------------------------------------- building, saving
 
     @classmethod
     def from_config(cls, config: Union[Any, Dict[str, Any]]) -> "QKVModel":
@@ -148,17 +231,13 @@ class QKVModel(nn.Module):
 
     def save_pretrained(self, directory: Union[str, os.PathLike], format: str = "qkv") -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (each atomically;
-        tied parameters stored once). ``format="huggingface"``: a checkpoint that transformers'
-        ``AutoModel...from_pretrained`` loads (BERT and GPT; ``models/transformer/hf_checkpoints.py``)."""
-        from ..train.checkpoint import save_model
-
-        if format == "huggingface":
-            from .transformer import hf_checkpoints
-
-            return hf_checkpoints.save(self, directory)
+        tied parameters stored once). Another ``format`` writes that format's checkpoint
+        (``CHECKPOINT_FORMATS``): ``"huggingface"`` one that transformers' ``AutoModel...from_pretrained``
+        loads (BERT and GPT; ``models/transformer/hf_checkpoints.py``)."""
         if format != "qkv":
-            raise ValueError(f"format must be 'qkv' or 'huggingface', got {format!r}")
-
+            if format not in CHECKPOINT_FORMATS:
+                raise ValueError(f"format must be one of {['qkv', *CHECKPOINT_FORMATS]}, got {format!r}")
+            return CHECKPOINT_FORMATS[format].save(self, directory)
         meta = {MODEL_TYPE_KEY: self.registry_name, **dataclasses.asdict(self.config)}
         return save_model(self, meta, directory)
 
@@ -171,15 +250,13 @@ class QKVModel(nn.Module):
         config fields that do not change the weights' shapes (e.g. ``attention="window",
         attention_kwargs={"radius": 16}``, ``dropout``). A missing, corrupt or truncated file raises
         ``CheckpointError`` (a ``ValueError``) naming it; nothing is unpickled."""
-        from ..train.checkpoint import CheckpointError, load_model_tensors, read_model_config
-        from .transformer import hf_checkpoints
-
         directory = Path(directory)
         if not directory.is_dir():
             raise FileNotFoundError(f"{directory} is not a model directory (config.json + model.safetensors, written by "
                                     f"save_pretrained or a Hugging Face checkpoint)")
-        if hf_checkpoints.is_huggingface(directory):
-            return hf_checkpoints.load(None if cls is QKVModel else cls, directory, map_location, **overrides)
+        for reader in CHECKPOINT_FORMATS.values():  # another library's checkpoint (e.g. Hugging Face)
+            if reader.recognizes(directory):
+                return reader.load(None if cls is QKVModel else cls, directory, map_location, **overrides)
         meta = read_model_config(directory)  # the sizes are checked (from_config) before the weights are read
         if isinstance(meta, dict) and isinstance(meta.get("config"), dict) and "model" in meta:
             name, values = meta["model"], meta["config"]  # the older nested layout

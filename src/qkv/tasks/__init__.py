@@ -1,10 +1,10 @@
 """Built-in tasks: real data sets shipped by package registries, and generated tasks.
 
-Every task follows docs/contracts.md: ``get_batch(split, batch_size, step, *, seed, rank,
-world_size)`` (a pure function of its arguments), ``eval_batches``, ``evaluate``, ``vocab``,
-``examples`` and ``kind`` (``"lm"`` or ``"seq2seq"``).
+Every task is a :class:`~qkv.tasks.base.Task` (docs/contracts.md): ``get_batch(split, batch_size,
+step, *, seed, rank, world_size)`` (a pure function of its arguments), ``eval_batches``,
+``evaluate``, ``vocab``, ``examples``, ``kind`` (the batch kind: ``"lm"``, ``"seq2seq"``,
+``"classification"``, ...) and the hooks ``Task`` declares.
 
-=================  =========  ====================================================================
 name               kind       options
 =================  =========  ====================================================================
 shakespeare-char   lm         ``block_size=128``, ``cache_dir``, ``stream=False``
@@ -21,6 +21,8 @@ bbc-bytes          class.     LRA Text stand-in: BBC News topic from bytes, ``ma
 bbc-match          class.     LRA Retrieval stand-in: two BBC articles, same category?, ``max_len=4096``
 fashion-mnist-seq  class.     LRA Image stand-in: Fashion-MNIST pixels as a sequence, ``size=32``
 =================  =========  ====================================================================
+=======
+``list_tasks()`` (``qkv list task``) names every registered task with its one-line description.
 
 Real data is cached by :func:`fetch` (``qkv data fetch NAME``); :data:`DATASETS` lists the sets.
 """
@@ -66,15 +68,10 @@ def list_tasks() -> List[Tuple[str, str]]:
 
 def task_for_model(name: str, model_cls: type) -> str:
     """The form of task ``name`` that ``model_cls`` reads: a task whose batches come in another
-    form for other models lists it as ``variants = {batch key: task name}`` (``bbc-news`` is
-    ``bbc-news-tokens`` for a model whose ``forward`` takes ``input_ids`` and not ``doc``)."""
-    import inspect
-
+    form for other models lists it as ``variants = {model input key: task name}``; the model's
+    ``input_key`` picks one (``bbc-news`` is ``bbc-news-tokens`` for a model whose ``input_key`` is
+    ``input_ids`` and not ``doc``)."""
     cls = registry.lookup("task", name)
-    params = inspect.signature(model_cls.forward).parameters
-    if getattr(cls, "input_key", None) in params:
+    if model_cls.input_key is None or model_cls.input_key == cls.input_key:
         return name
-    for key, variant in getattr(cls, "variants", {}).items():
-        if key in params:
-            return variant
-    return name
+    return cls.variants.get(model_cls.input_key, name)

@@ -15,14 +15,20 @@ Two families:
 
 from __future__ import annotations
 
-import hashlib
 import math
+import os
 import random
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from qkv._seeding import stable_seed
+
+if TYPE_CHECKING:
+    from qkv.viz import AttentionView
 
 __all__ = [
     "SPLITS",
@@ -38,13 +44,6 @@ __all__ = [
 
 SPLITS = ("train", "valid", "test")
 IGNORE_INDEX = -100
-
-
-def stable_seed(*parts: Any) -> int:
-    """A 63-bit seed from ``parts`` that is the same in every process and Python version
-    (``hash()`` of a str is salted per process, so it cannot be used)."""
-    digest = hashlib.blake2b(repr(parts).encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 def split_of(key: str, fractions: Sequence[float] = (0.8, 0.1, 0.1)) -> str:
@@ -96,10 +95,25 @@ def _logits_of(out: Any, labels: Tensor) -> Tensor:
 
 
 class Task:
-    """Base class: a task yields batches and knows its metric (see the module docstring)."""
+    """Base class: a task yields batches and knows its metric (see the module docstring).
+
+    Beside the batches and the metric, the hooks the trainer, ``qkv viz``/``generate`` and
+    ``qkv train`` call are declared here with defaults that do nothing (docs/contracts.md):
+    ``model_hints`` (config fields the data determines), ``attention_view`` (a labelled view of
+    what a model attends to), ``visualize`` (a picture of the task's own), ``write_samples``
+    (samples that are pictures), ``stream`` and ``input_key``/``variants``.
+    """
 
     kind: str = ""
     registry_name: str = ""
+    #: True when each batch continues the previous one row by row (``LanguageModelTask(stream=True)``):
+    #: the trainer then carries the state of a model that ``carries_state``.
+    stream: bool = False
+    #: the batch key of the model input these batches hold (e.g. ``"doc"``); None: not declared.
+    input_key: Optional[str] = None
+    #: the same data in another form for a model that reads another key: ``{model input key: task
+    #: name}`` (``qkv.tasks.task_for_model``; ``bbc-news`` is ``bbc-news-tokens`` for token-id models).
+    variants: Dict[str, str] = {}
 
     def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
         """The batch of ``rank`` at ``step``: a pure function of the arguments."""
@@ -116,6 +130,33 @@ class Task:
     def examples(self, n: int = 5) -> List[Dict[str, str]]:
         """``n`` raw examples to show (from the train split)."""
         raise NotImplementedError  # abstract: subclasses implement it
+
+    # ----------------------------------------------------------------------------- hooks (no-op defaults)
+
+    def model_hints(self) -> Dict[str, Any]:
+        """Config fields the data determines beyond the vocabulary and the common sizes (e.g. an
+        image's size and levels), filled in by ``qkv train`` unless given. Default: none."""
+        return {}
+
+    def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Optional["AttentionView"]:
+        """What ``model`` attends to on one input (``text``: the input to show, default a held-out
+        example), labelled with what the inputs really are (``qkv viz``; helpers in
+        ``qkv.tasks.views``). Default: None, and ``qkv.viz.attention_view`` labels ``"lm"`` and
+        ``"seq2seq"`` tasks with their tokens."""
+        return None
+
+    def visualize(self, model: torch.nn.Module, path: Union[str, os.PathLike], text: Optional[str] = None) -> Optional[Path]:
+        """A richer picture of the task's own (e.g. images under their attention) written to the
+        PNG ``path``, which ``qkv viz`` prefers to the attention grid; returns the path written.
+        Default: None (the attention grid is drawn)."""
+        return None
+
+    def write_samples(self, model: torch.nn.Module, path: Union[str, os.PathLike], n: int = 16, seed: int = 0,
+                      options: Optional[Dict[str, Any]] = None) -> Optional[Path]:
+        """For a task whose samples are pictures: draw ``n`` samples of ``model`` (``options``: the
+        ``--set key=value`` strings) to the PNG ``path`` for ``qkv generate``; returns the path
+        written. Default: None (samples are text, decoded by ``qkv generate``)."""
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.registry_name!r}, kind={self.kind!r}, vocab size {self.vocab.size})"

@@ -9,7 +9,7 @@ another article (NotNext, ``1``); each span takes about half of ``max_len`` and 
 to ``max_len`` tokens by trimming the longer span (BERT's ``truncate_seq_pair``; ``A`` loses its
 start and ``B`` its end, so that an IsNext pair stays adjacent). Then 15% of the word tokens are selected for the
 masked LM and replaced 80/10/10 by ``[MASK]`` / a random word / themselves
-(:func:`qkv.models.transformer.bert.mask_tokens`). Pairs come from the ``bbc-news`` training
+(:func:`mask_tokens`). Pairs come from the ``bbc-news`` training
 articles only (valid/test from theirs), so fine-tuning never evaluates on pre-training text.
 
 ``bbc-news-tokens`` (kind ``"classification"``): the ``bbc-news`` topic classification in the
@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from qkv import _checks
 from qkv.registry import register
 from qkv.tasks.base import SPLITS, Task, _check_batch_args, _check_positive_int, _check_split, _model_device, stable_seed
 from qkv.tasks.bbc import CLASSES, load_bbc, tokenize
@@ -43,9 +44,54 @@ from qkv.tasks.classify import TensorTask, split_indices
 from qkv.tasks.pretrained_vocab import CheckpointTokenizer
 from qkv.tasks.vocab import WordVocab
 
-__all__ = ["BertVocab", "bert_vocab", "BertPretrainTask", "BBCNewsTokens"]
+__all__ = ["BertVocab", "bert_vocab", "BertPretrainTask", "BBCNewsTokens", "mask_tokens"]
 
 IGNORE_INDEX = -100
+
+
+def mask_tokens(input_ids: Tensor, vocab_size: int, mask_id: int, special_ids: Sequence[int], prob: float = 0.15,
+                generator: Optional[torch.Generator] = None) -> Tuple[Tensor, Tensor]:
+    """BERT's masked-LM corruption (Devlin et al. 2019, §3.1).
+
+    Each non-special token is selected with probability ``prob``; a selected token becomes
+    ``[MASK]`` with probability 0.8, a random token (uniform over the non-special ids) with
+    probability 0.1, and stays unchanged with probability 0.1. Special tokens are never selected.
+
+    Args:
+        input_ids: ``(B, L)`` integer ids in ``[0, vocab_size)``.
+        mask_id: the ``[MASK]`` id (treated as special).
+        special_ids: ids never selected nor drawn as replacements (``[CLS]``, ``[SEP]``, ``[PAD]``...).
+    Returns:
+        ``(inputs, labels)``: the corrupted ids ``(B, L)``, and the original ids at the selected
+        positions with ``-100`` elsewhere ``(B, L)``.
+    """
+    _checks.token_ids("input_ids", input_ids, vocab_size)
+    _checks.positive_int("mask_id", mask_id, allow_zero=True)
+    if mask_id >= vocab_size:
+        raise ValueError(f"mask_id={mask_id} is outside the vocabulary of size {vocab_size}")
+    if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not 0 <= prob <= 1:
+        raise ValueError(f"prob must be in [0, 1], got {prob!r}")
+    special = torch.tensor(sorted({int(i) for i in special_ids} | {mask_id}), dtype=torch.long)
+    if (special < 0).any() or (special >= vocab_size).any():
+        raise ValueError(f"special_ids must lie in [0, {vocab_size}), got {sorted(int(i) for i in special_ids)}")
+    device = input_ids.device
+    allowed = torch.ones(vocab_size, dtype=torch.bool)
+    allowed[special] = False
+    replacements = allowed.nonzero().squeeze(1)  # the ids a random replacement draws from
+    if len(replacements) == 0:
+        raise ValueError("every id is special: there is nothing to mask")
+
+    def uniform(shape):  # U(0, 1) draws on the CPU generator, moved to the ids' device
+        return torch.rand(shape, generator=generator).to(device)
+
+    shape = input_ids.shape
+    selected = (uniform(shape) < prob) & ~torch.isin(input_ids, special.to(device))  # (B, L)
+    action = uniform(shape)  # < 0.8: [MASK]; [0.8, 0.9): random token; >= 0.9: unchanged
+    random_ids = replacements[torch.randint(len(replacements), shape, generator=generator)].to(device)
+    inputs = torch.where(selected & (action < 0.8), torch.full_like(input_ids, mask_id), input_ids)
+    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids.to(input_ids.dtype), inputs)
+    labels = input_ids.masked_fill(~selected, IGNORE_INDEX)
+    return inputs, labels
 
 
 class BertVocab(WordVocab):
@@ -187,8 +233,6 @@ class BertPretrainTask(Task):
             row = [v.cls_id] + a + [v.sep_id] + b + [v.sep_id]
             ids[n, : len(row)] = torch.tensor(row)
             types[n, len(a) + 2 : len(row)] = 1  # segment B: B [SEP]
-        from qkv.models.transformer.bert import mask_tokens
-
         inputs, labels = mask_tokens(ids, v.size, v.mask_id, v.special_ids, prob=self.mask_prob, generator=g)
         return {"input_ids": inputs, "token_type_ids": types, "attention_mask": ids != v.pad_id, "labels": labels,
                 "next_sentence_label": torch.tensor([nn for _, _, nn in pairs])}

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from qkv._plot import pyplot, save_figure
 from qkv.registry import register
 from qkv.tasks.base import (IGNORE_INDEX, Task, _check_batch_args, _check_positive_int, _check_split, _model_device,
                             split_of, stable_seed)
@@ -195,12 +196,10 @@ class DigitCaptionsTask(Task):
         otherwise the first ``n`` test strips. Each panel overlays ``alpha_t`` (upsampled from the
         ``Hg x Wg`` grid to the image) for the ``t``-th generated word. Returns the PNG path.
         """
-        from qkv import viz
-
         strips = [self.strip_of(text.strip())] if text else self.eval_strips("test", n)
         images, ids, w, (Hg, Wg) = self._caption(model, strips)
         cols = (max_words or self.max_digits + 1) + 1
-        plt = viz.pyplot()
+        plt = pyplot()
         fig, axes = plt.subplots(len(strips), cols, figsize=(2.6 * cols, 1.0 * len(strips) + 0.6), squeeze=False)
         for b in range(len(strips)):
             row = ids[b].tolist()
@@ -219,7 +218,7 @@ class DigitCaptionsTask(Task):
                 ax.axis("off")
         fig.suptitle(title or f"{type(model).__name__}: attention over the {Hg} x {Wg} feature grid for each generated word",
                      fontsize=9)
-        return viz.save_figure(fig, path, dpi=110)
+        return save_figure(fig, path, dpi=110)
 
     def examples(self, n: int = 5) -> List[Dict[str, str]]:
         _, labels, _ = self._data

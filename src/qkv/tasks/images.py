@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from qkv._plot import pyplot, save_figure
 from qkv.registry import register
 from qkv.tasks.base import SPLITS, _check_positive_int, _check_split, _model_device
 from qkv.tasks.classify import TensorTask, split_indices
@@ -94,8 +95,6 @@ class ImageGenerationTask(TensorTask):
         ``options``: ``class`` (one class for every sample; default: 0, 1, 2, ... for a
         class-conditional model), ``temperature`` (default 1).
         """
-        from qkv.viz import pyplot, save_figure
-
         options = dict(options or {})
         temperature = float(options.pop("temperature", 1.0))
         klass = options.pop("class", None)

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from qkv._plot import pyplot, save_figure
 from qkv.registry import register
 from qkv.tasks.base import IGNORE_INDEX, Task, _check_batch_args, _check_positive_int, _check_split, _model_device, stable_seed
 
@@ -266,11 +267,9 @@ class PointerTask(Task):
         Tasks with a geometric picture (the hull) add a panel with the points, the true outputs
         (dashed) and the predicted ones (solid). Returns the PNG path.
         """
-        from qkv import viz
-
         points, target, w, steps, predicted, x_labels, y_labels = self._pointed(model, text)
         n = points.shape[0]
-        plt = viz.pyplot()
+        plt = pyplot()
         fig, axes = plt.subplots(1, 2, figsize=(max(5.0, 0.45 * (n + 1) + 2.5) + 5.0, max(3.5, 0.35 * steps + 2.0)))
         ax = axes[0]
         im = ax.imshow(w[:steps].numpy(), cmap="viridis", aspect="auto", vmin=0.0, vmax=1.0, interpolation="nearest")
@@ -287,7 +286,7 @@ class PointerTask(Task):
                          f"predicted: {predicted}\ntarget:    {target}\n"
                          f"{'correct' if predicted == target else 'wrong'}", family="monospace", fontsize=8, va="center")
         fig.suptitle(f"{type(model).__name__} on {self.registry_name}", fontsize=9)
-        return viz.save_figure(fig, path, dpi=110)
+        return save_figure(fig, path, dpi=110)
 
     def solve(self, points: Tensor) -> List[int]:
         """The target output for ``points (n, d_input)``."""

@@ -8,39 +8,31 @@ number generators' states (``rng/<rank>/...``) and, as JSON in the safetensors h
 Python's and NumPy's scalar RNG state and caller-supplied ``extra`` data. One file means one
 atomic ``os.replace``: a reader sees the old checkpoint or the new one, never half of each.
 
-A *model directory* (``save_model`` / ``load_model_state``) is what ``save_pretrained`` /
-``from_pretrained`` use: ``config.json`` + ``model.safetensors``.
-
-Tied weights (one tensor reachable under two names, e.g. an embedding shared with the output
-layer) are stored once; the header lists the aliases and loading gives every name its tensor
-back, so ``model.load_state_dict(state)`` re-fills both names and the tie survives.
-
-Every file written here carries a SHA-256 of its tensors (names, dtypes, shapes and bytes) in its
-header (key ``"qkv_sha256"``); reading verifies it, so a flipped bit is a ``CheckpointError``, not
-silently wrong weights. ``CheckpointManager.latest_intact`` skips a corrupt newest checkpoint (with a
-warning) and gives the previous intact one.
+The file format (safetensors written atomically, tied tensors stored once, a SHA-256 of the
+tensors in the header, checked on every read) and the model directories of ``save_pretrained``
+are ``qkv._modelfile``'s; they are re-exported here. ``CheckpointManager.latest_intact`` skips a
+corrupt newest checkpoint (with a warning) and gives the previous intact one.
 
 Nothing here calls ``torch.load``: a checkpoint cannot execute code when it is read.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from .._io import atomic_path
+from .._io import atomic_write, atomic_write_text
+from .._modelfile import (CheckpointError, expand_aliases, load_model_state, load_model_tensors, read_model_config,
+                          read_header, read_tensors, save_model, write_tensors)
 
 __all__ = [
     "CheckpointError",
@@ -61,121 +53,8 @@ __all__ = [
 
 FORMAT = "qkv-train-checkpoint/1"
 _META_KEY = "qkv"
-_ALIASES_KEY = "qkv_aliases"
-_CHECKSUM_KEY = "qkv_sha256"
 #: header fields every training checkpoint has
 _REQUIRED = {"step": int, "extra": dict, "rng": list}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file is missing, truncated, corrupt, or does not match what loads it."""
-
-
-# ----------------------------------------------------------------------------------------------
-# Atomic writes
-# ----------------------------------------------------------------------------------------------
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
-    """Write ``path`` atomically: ``write(tmp_path)`` fills a temporary file in the same directory,
-    which is fsynced and renamed over ``path`` (``qkv._io.atomic_path``). If anything fails, or
-    the process dies, before the rename, ``path`` keeps its old content."""
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        write(str(tmp))
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a checkpoint is an ordinary file
-    return path
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write a UTF-8 text file atomically (see ``atomic_write``)."""
-    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
-# ----------------------------------------------------------------------------------------------
-# Tensor dicts with shared storage
-# ----------------------------------------------------------------------------------------------
-
-
-def _dedupe(tensors: Mapping[str, Tensor]) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
-    """Split ``tensors`` into unique CPU tensors and ``{alias: canonical name}`` for exact repeats.
-
-    safetensors refuses tensors that share memory; an identical view (same storage, offset, shape,
-    stride, dtype) is stored once, any other overlap is copied.
-    """
-    unique: Dict[str, Tensor] = {}
-    aliases: Dict[str, str] = {}
-    seen_view: Dict[tuple, str] = {}
-    seen_storage: set = set()
-    for name, t in tensors.items():
-        if not isinstance(t, Tensor):
-            raise TypeError(f"tensor {name!r} must be a torch.Tensor, got {type(t).__name__}")
-        t = t.detach()
-        if t.device.type == "meta":
-            raise ValueError(f"tensor {name!r} is on the meta device and has no data to save")
-        ptr = t.untyped_storage().data_ptr() if t.numel() > 0 else None
-        view = (t.device, ptr, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
-        if ptr is not None and view in seen_view:
-            aliases[name] = seen_view[view]
-            continue
-        shared = ptr is not None and (t.device, ptr) in seen_storage
-        t = t.to("cpu")
-        # Copy whatever still shares memory (a slice of another tensor, a non-contiguous view).
-        unique[name] = t.clone() if shared or not t.is_contiguous() else t
-        if ptr is not None:
-            seen_view[view] = name
-            seen_storage.add((view[0], ptr))
-    return unique, aliases
-
-
-def tensors_checksum(tensors: Mapping[str, Tensor]) -> str:
-    """SHA-256 over the tensors' names, dtypes, shapes and bytes, in name order."""
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        t = tensors[name].detach().to("cpu").contiguous()
-        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        if t.numel():
-            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _read(path: Path) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
-    """All tensors and the header metadata of a safetensors file, with clear errors; the tensors'
-    checksum is verified when the file has one."""
-    from safetensors import safe_open
-
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint file {str(path)!r} does not exist")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            metadata = dict(f.metadata() or {})
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {e}") from e
-    expected = metadata.get(_CHECKSUM_KEY)
-    if expected is not None and tensors_checksum(tensors) != expected:
-        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt: its tensors do not match the checksum in its header")
-    return tensors, metadata
-
-
-def _write(path: Path, tensors: Mapping[str, Tensor], metadata: Dict[str, str]) -> Path:
-    unique, aliases = _dedupe(tensors)
-    metadata = dict(metadata)
-    metadata[_ALIASES_KEY] = json.dumps(aliases)
-    metadata[_CHECKSUM_KEY] = tensors_checksum(unique)
-    return atomic_write(path, lambda tmp: save_file(unique, tmp, metadata=metadata))
-
-
-def _expand_aliases(tensors: Dict[str, Tensor], metadata: Mapping[str, str], path: Path) -> Dict[str, Tensor]:
-    try:
-        aliases = json.loads(metadata.get(_ALIASES_KEY, "{}"))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"checkpoint file {str(path)!r} has a corrupt alias table: {e}") from e
-    for alias, canonical in aliases.items():
-        if canonical not in tensors:
-            raise CheckpointError(f"checkpoint file {str(path)!r}: alias {alias!r} names missing tensor {canonical!r}")
-        tensors[alias] = tensors[canonical]
-    return tensors
 
 
 # ----------------------------------------------------------------------------------------------
@@ -322,28 +201,19 @@ def save_checkpoint(
         header = json.dumps(meta)
     except TypeError as e:
         raise TypeError(f"checkpoint metadata (scheduler state or extra) is not JSON-serialisable: {e}") from e
-    return _write(Path(path), tensors, {_META_KEY: header})
+    return write_tensors(Path(path), tensors, {_META_KEY: header})
 
 
 def read_checkpoint_meta(path: str | os.PathLike) -> Dict[str, Any]:
     """The JSON header of a training checkpoint (step, extra, ...), without loading tensors."""
-    from safetensors import safe_open
-
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint file {str(path)!r} does not exist")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            metadata = dict(f.metadata() or {})
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {e}") from e
-    return _parse_meta(metadata, path)
+    return _parse_meta(read_header(path), path)
 
 
 def read_carried_state(path: str | os.PathLike, rank: int = 0) -> Dict[str, Tensor]:
     """The carried-state tensors ``save_checkpoint(carried=...)`` stored for ``rank`` (``{}`` if none)."""
     path = Path(path)
-    tensors, _ = _read(path)
+    tensors, _ = read_tensors(path)
     prefix = f"carry/{rank}/"
     return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
 
@@ -386,9 +256,9 @@ def load_checkpoint(
     whose contents do not fit the model/optimizer.
     """
     path = Path(path)
-    tensors, metadata = _read(path)
+    tensors, metadata = read_tensors(path)
     meta = _parse_meta(metadata, path)
-    tensors = _expand_aliases(tensors, metadata, path)
+    tensors = expand_aliases(tensors, metadata, path)
     try:
         _load_into(path, tensors, meta, model, optimizer, scheduler, rank, strict)
     except (KeyError, TypeError, IndexError) as e:
@@ -460,7 +330,7 @@ class CheckpointManager:
         candidates = [p for p in reversed(self.checkpoints()) if p != newest]
         for path in ([newest] if newest is not None else []) + candidates:
             try:
-                _parse_meta(_read(path)[1], path)
+                _parse_meta(read_tensors(path)[1], path)
             except CheckpointError as e:
                 warnings.warn(f"{e}; trying the previous checkpoint", stacklevel=2)
                 continue
@@ -479,56 +349,3 @@ class CheckpointManager:
             for stale in self.directory.glob(pattern):
                 stale.unlink(missing_ok=True)
         return path
-
-
-# ----------------------------------------------------------------------------------------------
-# Model directories: config.json + model.safetensors
-# ----------------------------------------------------------------------------------------------
-
-
-def save_model(model: torch.nn.Module, config: Mapping[str, Any], directory: str | os.PathLike) -> Path:
-    """Write ``directory/config.json`` and ``directory/model.safetensors`` (each atomically).
-
-    ``config`` is a JSON-serialisable dict (e.g. ``dataclasses.asdict(model.config)``); tied
-    weights are stored once and re-tied by ``load_model_state`` + ``load_state_dict``.
-    """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(config, Mapping):
-        raise TypeError(f"config must be a dict, got {type(config).__name__}")
-    directory = Path(directory)
-    try:
-        text = json.dumps(dict(config), indent=2, sort_keys=True)
-    except TypeError as e:
-        raise TypeError(f"config is not JSON-serialisable: {e}") from e
-    _write(directory / "model.safetensors", model.state_dict(), {"format": "pt"})
-    atomic_write_text(directory / "config.json", text + "\n")
-    return directory
-
-
-def load_model_state(directory: str | os.PathLike) -> Tuple[Dict[str, Any], Dict[str, Tensor]]:
-    """Read a directory written by ``save_model``: ``(config dict, state_dict)``.
-
-    The state dict has every name the model had (tied names share one tensor), so
-    ``model.load_state_dict(state)`` works with ``strict=True``.
-    """
-    directory = Path(directory)
-    return read_model_config(directory), load_model_tensors(directory)
-
-
-def read_model_config(directory: str | os.PathLike) -> Any:
-    """The parsed ``config.json`` of a model directory (read before any weight is)."""
-    config_path = Path(directory) / "config.json"
-    if not config_path.is_file():
-        raise CheckpointError(f"model directory {str(directory)!r} has no config.json")
-    try:
-        return json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"config file {str(config_path)!r} is not valid JSON: {e}") from e
-
-
-def load_model_tensors(directory: str | os.PathLike) -> Dict[str, Tensor]:
-    """The state dict in a model directory's ``model.safetensors`` (tied names share one tensor)."""
-    weights = Path(directory) / "model.safetensors"
-    tensors, metadata = _read(weights)
-    return _expand_aliases(tensors, metadata, weights)

@@ -39,6 +39,8 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from ..models.base import QKVModel
+from ..tasks.base import Task
 from . import distributed, schedules
 from .checkpoint import CheckpointError, CheckpointManager, atomic_write_text, capture_rng_state, load_checkpoint, read_checkpoint_meta
 from .checkpoint import read_carried_state
@@ -143,12 +145,13 @@ class Trainer:
     ``checkpoints/latest``. Under ``torchrun`` only rank 0 writes, logs and evaluates.
     """
 
-    def __init__(self, model: torch.nn.Module, task: Any, config: TrainConfig) -> None:
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        for method in ("get_batch", "evaluate"):
-            if not callable(getattr(task, method, None)):
-                raise TypeError(f"task must have a {method}() method (docs/contracts.md), got {type(task).__name__}")
+    def __init__(self, model: QKVModel, task: Task, config: TrainConfig) -> None:
+        if not isinstance(model, QKVModel):
+            raise TypeError(f"model must be a qkv.models.QKVModel (the hooks the trainer calls are declared there; "
+                            f"subclass it to train a module of your own), got {type(model).__name__}")
+        if not isinstance(task, Task):
+            raise TypeError(f"task must be a qkv.tasks.Task (docs/contracts.md; subclass it for a task of your own), "
+                            f"got {type(task).__name__}")
         if not isinstance(config, TrainConfig):
             raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
         self.model = model
@@ -164,7 +167,7 @@ class Trainer:
     @property
     def carries_state(self) -> bool:
         """Whether the model's ``out.state`` is passed on between batches (a stream task and a model that carries)."""
-        return bool(getattr(self.task, "stream", False) and getattr(self.model, "carries_state", False))
+        return self.task.stream and self.model.carries_state
 
     # ------------------------------------------------------------------------------------------
     # Setup
@@ -247,7 +250,7 @@ class Trainer:
         self.model.eval()
         results: Dict[str, float] = {}
         try:
-            if cfg.eval_batches and callable(getattr(self.task, "eval_batches", None)):
+            if cfg.eval_batches:
                 total, n, state = 0.0, 0, None
                 for i, batch in enumerate(self.task.eval_batches("valid", cfg.batch_size)):
                     if i >= cfg.eval_batches:
@@ -375,9 +378,7 @@ class Trainer:
                 if ctx.is_main:
                     eval_metrics = self.evaluate(device)
                     self._log({"event": "eval", "step": done, **eval_metrics, "time": time.time()})
-                    on_evaluate = getattr(self.model, "on_evaluate", None)
-                    if callable(on_evaluate):
-                        on_evaluate(eval_metrics)  # e.g. a memory network's linear start ends
+                    self.model.on_evaluate(eval_metrics)  # e.g. a memory network's linear start ends
                     bar.set_postfix(_postfix(last, eval_metrics), refresh=False)
                 distributed.barrier(ctx)
             if (evaluated if save_every is None else (save_every and done % save_every == 0)) or done == cfg.steps:
@@ -412,9 +413,7 @@ class Trainer:
         device = ctx.device
         total = torch.zeros((), device=device)
         tokens = 0
-        set_step = getattr(self.model, "set_step", None)
-        if callable(set_step):
-            set_step(step, cfg.steps)  # losses scheduled over training (e.g. Al-Rfou's intermediate layers)
+        self.model.set_step(step, cfg.steps)  # losses scheduled over training (e.g. Al-Rfou's intermediate layers)
         for micro in range(cfg.grad_accum):
             batch = self.task.get_batch("train", cfg.batch_size, step * cfg.grad_accum + micro,
                                         seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size)

@@ -1,16 +1,16 @@
-"""BERT: the 80/10/10 masking rule, heads and losses, every kernel as an encoder, bad input."""
+"""BERT: heads and losses, every kernel as an encoder, bad input."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import qkv
-from qkv.models.transformer.bert import BERT, BERTConfig, mask_tokens
+from qkv.models.transformer.bert import BERT, BERTConfig
 from qkv.registry import lookup
+from qkv.tasks.bert_tasks import mask_tokens
 
 V, PAD, CLS, SEP, MASK = 50, 0, 1, 2, 3
 SPECIAL = (PAD, CLS, SEP)
@@ -21,47 +21,6 @@ def tiny(**overrides) -> BERTConfig:
                   attention_dropout=0.0)
     values.update(overrides)
     return BERTConfig(**values)
-
-
-def test_masking_follows_80_10_10_and_skips_specials():
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(4, V, (400, 500), generator=g)
-    ids[:, 0], ids[:, -1], ids[:, 250] = CLS, SEP, PAD  # specials in every row
-    inputs, labels = mask_tokens(ids, V, MASK, SPECIAL, prob=0.15, generator=g)
-    special = torch.isin(ids, torch.tensor(SPECIAL))
-    assert (labels[special] == -100).all() and torch.equal(inputs[special], ids[special])
-    selected = labels != -100
-    assert torch.equal(labels[selected], ids[selected]) and torch.equal(inputs[~selected], ids[~selected])
-
-    def within_5_sigma(count, n, p):  # binomial count: |count - n p| <= 5 sqrt(n p (1 - p))
-        return abs(count - n * p) <= 5 * math.sqrt(n * p * (1 - p))
-
-    n_candidates = int((~special).sum())
-    n = int(selected.sum())
-    assert within_5_sigma(n, n_candidates, 0.15)
-    replaced = inputs[selected]
-    originals = ids[selected]
-    n_mask = int((replaced == MASK).sum())
-    n_changed = int(((replaced != MASK) & (replaced != originals)).sum())
-    n_kept = int((replaced == originals).sum())
-    n_drawable = V - len(SPECIAL) - 1  # random replacements avoid the specials and [MASK]
-    assert within_5_sigma(n_mask, n, 0.8)
-    assert within_5_sigma(n_changed, n, 0.1 * (1 - 1 / n_drawable))  # a random draw may hit the original
-    assert within_5_sigma(n_kept, n, 0.1 + 0.1 / n_drawable)
-    assert not torch.isin(replaced, torch.tensor(SPECIAL)).any()
-
-
-def test_masking_is_seeded_and_validates():
-    ids = torch.randint(4, V, (4, 20))
-    a = mask_tokens(ids, V, MASK, SPECIAL, generator=torch.Generator().manual_seed(1))
-    b = mask_tokens(ids, V, MASK, SPECIAL, generator=torch.Generator().manual_seed(1))
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
-    with pytest.raises(ValueError, match="mask_id"):
-        mask_tokens(ids, V, V, SPECIAL)
-    with pytest.raises(ValueError, match="prob"):
-        mask_tokens(ids, V, MASK, SPECIAL, prob=1.5)
-    with pytest.raises(ValueError, match="input_ids"):
-        mask_tokens(ids + V, V, MASK, SPECIAL)
 
 
 def test_pretraining_heads_and_losses():

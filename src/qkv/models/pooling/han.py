@@ -79,6 +79,7 @@ class HierarchicalAttentionNetwork(QKVModel):
 
     config_class = HANConfig
     suggested_tasks = ('bbc-news',)  # `qkv list model`
+    input_key = "doc"  # documents as (sentences, words) ids
     #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
     train_defaults = {"steps": 200, "batch_size": 32, "lr": 2e-3, "warmup": 20, "weight_decay": 0.0}
 
@@ -132,6 +133,7 @@ class FlatGRU(QKVModel):
 
     config_class = FlatGRUConfig
     suggested_tasks = ('bbc-news',)  # `qkv list model`
+    input_key = "doc"  # documents as (sentences, words) ids
     #: the recipe of docs/reproductions/pooling-memory.md (benchmarks/repro_pooling_memory.py)
     train_defaults = {"steps": 200, "batch_size": 32, "lr": 2e-3, "warmup": 20, "weight_decay": 0.0}
 

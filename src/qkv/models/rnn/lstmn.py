@@ -41,6 +41,7 @@ from ... import _checks
 from ...attention.alignment import SoftAttention
 from ...registry import register
 from ..base import ModelOutput, QKVModel
+from ..sampling import sample_logits
 
 __all__ = ["LSTMN", "LSTMNConfig", "LSTMNEncoder", "LSTMNOutput"]
 
@@ -165,6 +166,7 @@ class LSTMN(QKVModel):
     """
 
     config_class = LSTMNConfig
+    input_key = "input_ids"  # token ids
     suggested_tasks = ('shakespeare-char', 'enwiki-bytes')  # `qkv list model`
 
     def __init__(self, config: LSTMNConfig) -> None:
@@ -180,9 +182,7 @@ class LSTMN(QKVModel):
 
     def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
                 need_weights: bool = False) -> ModelOutput:
-        from .seq2seq import check_ids
-
-        check_ids("input_ids", input_ids, self.config.vocab_size)
+        _checks.token_ids("input_ids", input_ids, self.config.vocab_size)
         enc = self.lstmn(self.drop(self.embed(input_ids)), attention_mask)
         if self.config.n_classes:
             logits = self.head(self.drop(enc.final[0]))  # (B, C)
@@ -206,8 +206,6 @@ class LSTMN(QKVModel):
         earlier hidden states anyway (``O(L)`` per token, ``O(L^2)`` per sequence, as the model).
         Returns ``(B, L + max_new_tokens)`` ids.
         """
-        from ..transformer.gpt import sample_logits
-
         if self.config.n_classes:
             raise ValueError(f"this LSTMN is a classifier (n_classes={self.config.n_classes}); only a language model generates")
         _checks.positive_int("max_new_tokens", max_new_tokens, allow_zero=True)

@@ -32,13 +32,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from ... import _checks
 from ...attention.alignment import LocalAttention, SoftAttention
 from ...registry import register
 from ..base import ModelOutput, QKVModel
 from ..beam import beam_search, expand_to_beams
 from .lstmn import LSTMNEncoder
 
-__all__ = ["Seq2Seq", "Seq2SeqConfig", "DecoderState", "ATTENTIONS", "check_ids", "check_prefix_mask"]
+__all__ = ["Seq2Seq", "Seq2SeqConfig", "DecoderState", "ATTENTIONS", "check_prefix_mask"]
 
 #: the ``attention`` values and what builds them
 ATTENTIONS = (None, "bahdanau", "luong-dot", "luong-general", "luong-concat", "luong-location", "local-m", "local-p")
@@ -82,19 +83,6 @@ class DecoderState(NamedTuple):
     c: Optional[Tensor]
     feed: Optional[Tensor]
     t: Tensor
-
-
-def check_ids(name: str, ids: Any, vocab_size: int) -> Tensor:
-    """``ids`` must be a 2-D integer tensor of ids in ``[0, vocab_size)``."""
-    if not isinstance(ids, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
-    if ids.dim() != 2:
-        raise ValueError(f"{name} must be 2-D (batch, length), got shape {tuple(ids.shape)}")
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise ValueError(f"{name} must hold ids in [0, {vocab_size}), got values in [{int(ids.min())}, {int(ids.max())}]")
-    return ids
 
 
 def check_prefix_mask(name: str, mask: Any, shape: Tuple[int, int]) -> Tensor:
@@ -255,7 +243,7 @@ class Seq2Seq(QKVModel):
             decoder's initial :class:`DecoderState`.
         """
         cfg = self.config
-        check_ids("src_ids", src_ids, cfg.src_vocab_size)
+        _checks.token_ids("src_ids", src_ids, cfg.src_vocab_size)
         B, S = src_ids.shape
         if S == 0:
             raise ValueError("src_ids must have at least one position (dim 1), got length 0")
@@ -352,8 +340,8 @@ class Seq2Seq(QKVModel):
     def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Optional[Tensor] = None,
                 labels: Optional[Tensor] = None, need_weights: bool = False) -> ModelOutput:
         """Teacher-forced decoding of ``tgt_ids`` (``bos`` + target); see the class docstring."""
-        check_ids("src_ids", src_ids, self.config.src_vocab_size)
-        check_ids("tgt_ids", tgt_ids, self.tgt_vocab)
+        _checks.token_ids("src_ids", src_ids, self.config.src_vocab_size)
+        _checks.token_ids("tgt_ids", tgt_ids, self.tgt_vocab)
         if tgt_ids.shape[0] != src_ids.shape[0]:
             raise ValueError(f"tgt_ids has batch size {tgt_ids.shape[0]}, src_ids {src_ids.shape[0]}: they must match")
         if labels is not None:

@@ -38,7 +38,6 @@ from ...attention.alignment import HardAttention, HardAttentionSample, SoftAtten
 from ...registry import register
 from ..base import ModelOutput, QKVModel
 from ..beam import beam_search, expand_to_beams
-from .seq2seq import check_ids
 
 __all__ = ["ShowAttendTell", "ShowAttendTellConfig"]
 
@@ -155,7 +154,7 @@ class ShowAttendTell(QKVModel):
     def forward(self, images: Tensor, tgt_ids: Tensor, labels: Optional[Tensor] = None,
                 need_weights: bool = False) -> ModelOutput:
         cfg = self.config
-        check_ids("tgt_ids", tgt_ids, cfg.vocab_size)
+        _checks.token_ids("tgt_ids", tgt_ids, cfg.vocab_size)
         a, grid = self.encode(images)
         if tgt_ids.shape[0] != a.shape[0]:
             raise ValueError(f"tgt_ids has batch size {tgt_ids.shape[0]}, images {a.shape[0]}: they must match")

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ... import _checks
+from ..._plot import pyplot, save_figure
 from ...attention.adaptive_span import AdaptiveSpanAttention
 from ...registry import register
 from ..base import ModelOutput
@@ -81,8 +82,6 @@ class AdaptiveSpanTransformerConfig(GPTConfig):
         self.attention_kwargs = {"max_span": self.max_span, "ramp": self.ramp, "init_span": self.init_span,
                                  "dynamic": self.dynamic, "position_embeddings": self.position_embeddings}
         super().__post_init__()
-        if self.aux_layer_losses or self.n_targets != 1:
-            raise ValueError("the Al-Rfou auxiliary losses (aux_layer_losses, n_targets) are GPT options, not this model's")
         AdaptiveSpanAttention(causal=True, n_heads=self.n_heads, d_head=self.d_model // self.n_heads,
                               **self.attention_kwargs)  # validates the span knobs, naming the bad one
 
@@ -177,8 +176,6 @@ class AdaptiveSpanTransformer(GPT):
     def visualize(self, path) -> Path:
         """``qkv viz``: the learned spans per layer (rows) and head (columns) as a heat map, to ``path``."""
         import numpy as np
-
-        from ...viz import pyplot, save_figure
 
         spans = self.spans().numpy()
         plt = pyplot()

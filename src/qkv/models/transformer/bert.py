@@ -7,13 +7,14 @@ Transformers for Language Understanding", arXiv:1810.04805), on the shared stack
     MLM: P(w | h_i) = softmax(LN(gelu(h_i W_t + b_t)) E^T + b)   (output tied to the token embeddings)
     pooled = tanh(h_[CLS] W_p + b_p); NSP: softmax(pooled W_nsp); classification: softmax(pooled W_c)
 
-``mask_tokens`` implements the 80/10/10 corruption of §3.1 (Task #1).
+The masked LM's 80/10/10 corruption of §3.1 (Task #1) is done to the data, by the task:
+``qkv.tasks.bert_tasks.mask_tokens``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -24,71 +25,11 @@ from ...blocks import ACTIVATIONS
 from ...registry import register
 from ..base import ModelOutput, QKVModel
 from ..losses import IGNORE_INDEX, check_labels, float32_at_least, lm_loss
-from .stack import init_normal, StackConfig, TransformerStack, check_ids, check_token_mask
+from .stack import init_normal, StackConfig, TransformerStack, check_token_mask
 
-__all__ = ["BERT", "BERTConfig", "mask_tokens"]
+__all__ = ["BERT", "BERTConfig"]
 
 HEADS = ("pretraining", "classification")
-
-
-def mask_tokens(input_ids: Tensor, vocab_size: int, mask_id: int, special_ids: Sequence[int], prob: float = 0.15,
-                generator: Optional[torch.Generator] = None) -> Tuple[Tensor, Tensor]:
-    """BERT's masked-LM corruption (Devlin et al. 2019, §3.1).
-
-    Each non-special token is selected with probability ``prob``; a selected token becomes
-    ``[MASK]`` with probability 0.8, a random token (uniform over the non-special ids) with
-    probability 0.1, and stays unchanged with probability 0.1. Special tokens are never selected.
-
-    Args:
-        input_ids: ``(B, L)`` integer ids in ``[0, vocab_size)``.
-        mask_id: the ``[MASK]`` id (treated as special).
-        special_ids: ids never selected nor drawn as replacements (``[CLS]``, ``[SEP]``, ``[PAD]``...).
-    Returns:
-        ``(inputs, labels)``: the corrupted ids ``(B, L)``, and the original ids at the selected
-        positions with ``-100`` elsewhere ``(B, L)``.
-    """
-    check_ids("input_ids", input_ids, vocab_size)
-    _checks.positive_int("mask_id", mask_id, allow_zero=True)
-    if mask_id >= vocab_size:
-        raise ValueError(f"mask_id={mask_id} is outside the vocabulary of size {vocab_size}")
-    if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not 0 <= prob <= 1:
-        raise ValueError(f"prob must be in [0, 1], got {prob!r}")
-    special = torch.tensor(sorted({int(i) for i in special_ids} | {mask_id}), dtype=torch.long)
-    if (special < 0).any() or (special >= vocab_size).any():
-        raise ValueError(f"special_ids must lie in [0, {vocab_size}), got {sorted(int(i) for i in special_ids)}")
-    device = input_ids.device
-    allowed = torch.ones(vocab_size, dtype=torch.bool)
-    allowed[special] = False
-    replacements = allowed.nonzero().squeeze(1)  # the ids a random replacement draws from
-    if len(replacements) == 0:
-        raise ValueError("every id is special: there is nothing to mask")
-
-    def uniform(shape):  # U(0, 1) draws on the CPU generator, moved to the ids' device
-        return torch.rand(shape, generator=generator).to(device)
-
-    shape = input_ids.shape
-    selected = (uniform(shape) < prob) & ~torch.isin(input_ids, special.to(device))  # (B, L)
-    action = uniform(shape)  # < 0.8: [MASK]; [0.8, 0.9): random token; >= 0.9: unchanged
-    random_ids = replacements[torch.randint(len(replacements), shape, generator=generator)].to(device)
-    inputs = torch.where(selected & (action < 0.8), torch.full_like(input_ids, mask_id), input_ids)
-    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids.to(input_ids.dtype), inputs)
-    labels = input_ids.masked_fill(~selected, IGNORE_INDEX)
-    return inputs, labels
-
-
-class Activation(nn.Module):
-    """The feed-forward activation ``config.activation`` as a module (the MLM transform's, as in
-    the original implementation, which uses ``hidden_act`` there too)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__()
-        self.name = name
-
-    def extra_repr(self) -> str:
-        return repr(self.name)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return ACTIVATIONS[self.name](x)
 
 
 @dataclass
@@ -139,6 +80,7 @@ class BERT(QKVModel):
     suggested_tasks = ("bert-pretrain", "bbc-news-tokens")  # `qkv list model`
     config_class = BERTConfig
     task_kinds = frozenset({"classification", "pretraining"})
+    input_key = "input_ids"  # token ids (bbc-news is given as bbc-news-tokens)
     init_task_fields = ("head", "num_labels")  # a fine-tuning task chooses the head (qkv train --init)
     init_fresh = ("classifier.",)  # ...which starts fresh; the encoder, pooler and MLM/NSP heads are copied
     # "paper": BERT-base (the config's defaults); "cpu": a small encoder that trains in minutes on 2 cores
@@ -165,7 +107,7 @@ class BERT(QKVModel):
                 next_sentence_label: Optional[Tensor] = None, need_weights: bool = False) -> ModelOutput:
         """``attention_mask (B, L)`` bool: True = real token (padding keys are masked out)."""
         c = self.config
-        check_ids("input_ids", input_ids, c.vocab_size)
+        _checks.token_ids("input_ids", input_ids, c.vocab_size)
         check_token_mask("attention_mask", attention_mask, input_ids)
         out = self.stack(input_ids, token_type_ids, mask=attention_mask, need_weights=need_weights)
         h = out.hidden  # (B, L, d_model)

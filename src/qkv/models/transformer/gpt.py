@@ -5,31 +5,26 @@ Understanding by Generative Pre-Training"; Radford et al. 2019, GPT-2), on the s
     h_l = block(h_{l-1})          l = 1 .. n   (causal self-attention, pre-LN as in GPT-2)
     P(u) = softmax(LN(h_n) W_e^T) (output tied to the input embedding)
 
-Options from Al-Rfou et al. 2018 (arXiv:1808.04444) for the loss (``qkv.models.losses``):
-intermediate-layer losses, layer ``l`` of ``n`` dropped after the fraction ``l / (2n)`` of
-training, and extra heads for the tokens 2 .. K steps ahead, each weighted 0.5 and applied at
-every layer that predicts; all summed (``aux_schedule="paper"``). ``aux_schedule="linear-decay"``
-is an earlier simplification kept as an option: the mean of the intermediate losses times
-``max(0, 1 - step / aux_layer_decay_steps)``, extra targets on the top layer only. The schedule
-depends on the training step: the trainer calls ``model.set_step(step, total_steps)`` before each
-update (step 0 and an unknown length when nobody does).
+Al-Rfou et al. 2018's auxiliary losses are their own model on this one: ``al_rfou.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Dict, Optional, Union
 
 import torch
 from torch import Tensor, nn
 
 from ... import _checks
-from ...registry import register
+from ...registry import lookup, register
 from ..base import ModelOutput, QKVModel
-from ..losses import check_labels, future_loss, layer_loss_active, layer_loss_weight, lm_loss
-from .stack import init_normal, StackConfig, StackState, TransformerStack, check_ids
+from ..losses import check_labels, lm_loss
+from ..sampling import sample_logits
+from .stack import init_normal, StackConfig, StackState, TransformerStack
 
-__all__ = ["GPT", "GPTConfig", "sample_logits"]
+__all__ = ["GPT", "GPTConfig", "AL_RFOU_FIELDS"]
 
 
 @dataclass
@@ -47,56 +42,18 @@ class GPTConfig(StackConfig):
     residual: str = "pre-ln"  # GPT-2 wiring: x + F(LN(x)), final LayerNorm
     positional: str = "learned"  # learned absolute positions
     tie_embeddings: bool = True  # output projection = token embedding matrix transposed
-    aux_layer_losses: bool = False  # Al-Rfou 2018: add the LM loss of every intermediate layer (shared head)
-    aux_schedule: str = "paper"  # "paper": layer l stops after l/(2n) of training, targets at every layer, summed; "linear-decay": the earlier variant
-    aux_total_steps: int = 0  # "paper": the training length the schedule spans; 0 takes the trainer's (set_step)
-    aux_layer_decay_steps: int = 0  # "linear-decay": weight max(0, 1 - step / decay_steps); 0 keeps the weight at 1
-    n_targets: int = 1  # Al-Rfou 2018: K > 1 adds heads predicting the tokens 2 .. K steps ahead
-    target_weight: float = 0.5  # weight of each extra target's loss (the paper: 0.5)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _checks.positive_int("vocab_size", self.vocab_size)
-        _checks.positive_int("aux_layer_decay_steps", self.aux_layer_decay_steps, allow_zero=True)
-        _checks.positive_int("aux_total_steps", self.aux_total_steps, allow_zero=True)
-        if self.aux_schedule not in ("paper", "linear-decay"):
-            raise ValueError(f"aux_schedule must be 'paper' or 'linear-decay', got {self.aux_schedule!r}")
-        _checks.positive_int("n_targets", self.n_targets)
-        for name in ("tie_embeddings", "aux_layer_losses"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if isinstance(self.target_weight, bool) or not isinstance(self.target_weight, (int, float)) or self.target_weight < 0:
-            raise ValueError(f"target_weight must be a float >= 0, got {self.target_weight!r}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise TypeError(f"tie_embeddings must be a bool, got {self.tie_embeddings!r}")
 
 
-def sample_logits(logits: Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
-                  top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> Tensor:
-    """Draw one token per row of ``logits (B, V)`` -> ``(B,)``.
-
-    ``temperature = 0`` is greedy (argmax). Otherwise sample from ``softmax(logits / temperature)``
-    restricted to the ``top_k`` largest logits and to the smallest set whose probability reaches
-    ``top_p`` (nucleus sampling, Holtzman et al. 2020).
-    """
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ValueError(f"temperature must be a float >= 0 (0 = greedy), got {temperature!r}")
-    if top_k is not None:
-        _checks.positive_int("top_k", top_k)
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    if temperature == 0:
-        return logits.argmax(-1)
-    logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
-        probs = sorted_logits.softmax(-1)
-        # drop a token when the tokens ranked above it already reach top_p (the first always stays)
-        drop_sorted = probs.cumsum(-1) - probs >= top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
-        logits = logits.masked_fill(drop, float("-inf"))
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+#: Al-Rfou et al.'s loss fields, which GPT configs held (at these values when unused) before the
+#: Al-Rfou model had its own class (``al_rfou.py``)
+AL_RFOU_FIELDS = {"aux_layer_losses": False, "aux_schedule": "paper", "aux_total_steps": 0, "aux_layer_decay_steps": 0,
+                  "n_targets": 1, "target_weight": 0.5}
 
 
 @register("model", "gpt")
@@ -110,6 +67,7 @@ class GPT(QKVModel):
     config_class = GPTConfig
     suggested_tasks = ('shakespeare-char', 'enwiki-bytes')  # `qkv list model`
     task_kinds = frozenset({"lm"})
+    input_key = "input_ids"  # token ids
     stack_class = TransformerStack  # the decoder stack (Universal Transformer: a shared-depth stack)
     # "paper": GPT-2 small (the config's defaults); "cpu": trains on shakespeare-char in minutes on 2 cores
     presets = {"paper": {},
@@ -122,52 +80,44 @@ class GPT(QKVModel):
         c = config
         self.stack = self.stack_class(c, vocab_size=c.vocab_size, causal=True, token_segments=True)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        # Al-Rfou 2018 multiple targets: head k - 2 predicts the token k steps ahead, k = 2 .. K
-        self.target_heads = nn.ModuleList(nn.Linear(c.d_model, c.vocab_size, bias=False) for _ in range(c.n_targets - 1))
         self.apply(init_normal)  # N(0, 0.02) weights, zero biases (GPT-2)
         if c.tie_embeddings:
             self.lm_head.weight = self.stack.embed.token.weight
-        self.step = 0  # current training step, for the intermediate-layer loss schedule (set_step)
-        self.total_steps = 0  # the run's length when the trainer tells it (set_step); 0: unknown
 
-    def set_step(self, step: int, total_steps: Optional[int] = None) -> None:
-        """Tell the model the current training step (and the run's length): the intermediate-layer
-        losses are scheduled over training."""
-        self.step = _checks.positive_int("step", step, allow_zero=True)
-        if total_steps is not None:
-            self.total_steps = _checks.positive_int("total_steps", total_steps, allow_zero=True)
+    @classmethod
+    def from_config(cls, config: Union[GPTConfig, Dict[str, Any]]) -> "GPT":
+        """``QKVModel.from_config``; a config dict written before Al-Rfou et al.'s losses had their
+        own model (``AL_RFOU_FIELDS``) still loads: unused, the fields are dropped; used, a ``gpt``
+        config builds the ``al-rfou`` model."""
+        if isinstance(config, dict):
+            fields = {f.name for f in dataclasses.fields(cls.config_class)}
+            legacy = {k: config[k] for k in AL_RFOU_FIELDS if k in config and k not in fields}
+            if legacy:
+                config = {k: v for k, v in config.items() if k not in legacy}
+                if any(legacy[k] != AL_RFOU_FIELDS[k] for k in legacy):
+                    if cls is not GPT:
+                        raise ValueError(f"the Al-Rfou auxiliary losses ({sorted(legacy)}) are the 'al-rfou' model's, not "
+                                         f"{cls.registry_name!r}'s")
+                    return lookup("model", "al-rfou").from_config({**config, **AL_RFOU_FIELDS, **legacy})
+        return super().from_config(config)
 
     def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, need_weights: bool = False,
                 state: Optional[StackState] = None, return_state: bool = False,
                 attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None) -> ModelOutput:
-        """Next-token logits for every position of ``input_ids (B, L)``.
+        """Next-token logits for every position of ``input_ids (B, L)``; ``labels (B, L)``: next-token
+        targets (``-100`` ignored), ``loss`` their cross-entropy. ``state``/``return_state``:
+        continue a sequence (KV caches of the kernels).
 
         ``attention_mask (B, L)`` bool, True = real token: padded keys are masked out (with
         ``state``, ``(B, positions so far + L)``); positions still count from 0 at the first
         column, as in transformers' GPT-2. ``token_type_ids (B, L)``: ids in the token vocabulary
         whose token embeddings are added (GPT-2's token types). ``hidden``: the final hidden states.
-
-        ``labels (B, L)``: next-token targets (``-100`` ignored). In training mode the loss adds
-        the Al-Rfou auxiliary terms the config enables; ``aux_schedule="paper"``::
-
-            loss = sum_{l active} (L_l + target_weight * sum_{k=2..K} L_{l,+k})
-
-        with layer ``l < N`` active while ``step / T < l / (2N)`` (``T`` = ``aux_total_steps`` or
-        the trainer's length) and ``N`` always; ``"linear-decay"``::
-
-            loss = L_N + w(step) * mean_{l < N} L_l + target_weight * sum_{k=2..K} L_{N,+k}
-
-        ``L_l`` is the LM loss read from layer ``l`` through the final LayerNorm and the shared head
-        (``L_{l,+k}``: through the shared head for ``k`` steps ahead); in eval mode ``loss = L_N``
-        (perplexity stays comparable). ``aux`` reports each term.
-        ``state``/``return_state``: continue a sequence (KV caches of the kernels).
         """
         c = self.config
         if labels is not None:
             check_labels("labels", labels, c.vocab_size, getattr(input_ids, "shape", ()))
-        layer_aux = labels is not None and self.training and c.aux_layer_losses and c.n_layers > 1
         if attention_mask is not None:
-            check_ids("input_ids", input_ids, c.vocab_size)
+            _checks.token_ids("input_ids", input_ids, c.vocab_size)
             seen = state.position if isinstance(state, StackState) else 0
             _checks.tensor("attention_mask", attention_mask, ndim=2)
             if attention_mask.dtype != torch.bool:
@@ -175,53 +125,13 @@ class GPT(QKVModel):
             _checks.same("attention_mask", tuple(attention_mask.shape), "(batch, positions so far + input length)",
                          (input_ids.shape[0], seen + input_ids.shape[1]), "the shape")
         out = self.stack(input_ids, token_type_ids, mask=attention_mask, state=state, need_weights=need_weights,
-                         return_state=return_state, return_hidden=layer_aux)
+                         return_state=return_state)
         logits = self.lm_head(out.hidden)  # (B, L, V)
         loss, aux = None, {}
-        if labels is not None and self.training and c.aux_schedule == "paper" and (layer_aux or c.n_targets > 1):
-            loss, aux = self._paper_loss(out, logits, labels)
-        elif labels is not None:
+        if labels is not None:
             loss = lm_loss(logits, labels)
             aux["lm_loss"] = loss.detach()
-            if self.training and c.n_targets > 1:
-                # Al-Rfou 2018, multiple targets: head for k = 2 .. K on the top layer
-                extra = [future_loss(head(out.hidden), labels, k) for k, head in enumerate(self.target_heads, start=2)]
-                target_loss = torch.stack(extra).sum()
-                loss = loss + c.target_weight * target_loss
-                aux["target_loss"] = target_loss.detach()
-            if layer_aux:
-                # Al-Rfou 2018, intermediate layers: the same LM loss from layers 1 .. N-1
-                w = layer_loss_weight(self.step, c.aux_layer_decay_steps)
-                if w > 0:
-                    per_layer = [lm_loss(self.lm_head(self.stack.final_norm(h)), labels) for h in out.hidden_states[:-1]]
-                    layer_loss = torch.stack(per_layer).mean()
-                    loss = loss + w * layer_loss
-                    aux["layer_loss"] = layer_loss.detach()
-                aux["layer_weight"] = w
         return ModelOutput(loss=loss, logits=logits, weights=out.weights, state=out.state, aux=aux, hidden=out.hidden)
-
-    def _paper_loss(self, out, logits: Tensor, labels: Tensor):
-        """Al-Rfou et al. 2018 §2.2: every active layer's next-token loss plus 0.5 (target_weight)
-        times its losses for the tokens 2 .. K ahead, summed over the active layers."""
-        c = self.config
-        total_steps = c.aux_total_steps or self.total_steps
-        n = c.n_layers
-        hidden = list(out.hidden_states[:-1]) if c.aux_layer_losses and n > 1 else []
-        layers = [(l, self.stack.final_norm(h)) for l, h in enumerate(hidden, start=1)
-                  if layer_loss_active(l, n, self.step, total_steps)]
-        layers.append((n, out.hidden))  # the top layer always predicts
-        loss = logits.new_zeros((), dtype=torch.float32)
-        aux: dict = {}
-        for l, h in layers:
-            next_logits = logits if l == n else self.lm_head(h)
-            layer_loss = lm_loss(next_logits, labels)
-            for k, head in enumerate(self.target_heads, start=2):
-                layer_loss = layer_loss + c.target_weight * future_loss(head(h), labels, k)
-            loss = loss + layer_loss
-            aux[f"loss_layer_{l}"] = layer_loss.detach()
-        aux["lm_loss"] = lm_loss(logits.detach(), labels)
-        aux["active_layers"] = len(layers)
-        return loss, aux
 
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
@@ -237,7 +147,7 @@ class GPT(QKVModel):
         mode: call ``model.eval()`` first to turn dropout off.
         """
         c = self.config
-        check_ids("input_ids", input_ids, c.vocab_size)
+        _checks.token_ids("input_ids", input_ids, c.vocab_size)
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids must hold at least one token (the prompt), got length 0")
         _checks.positive_int("max_new_tokens", max_new_tokens, allow_zero=True)

@@ -42,7 +42,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from ..._modelfile import CheckpointError
 from ...registry import lookup
+from ..base import CHECKPOINT_FORMATS, CheckpointFormat
+from .bert import BERT
+from .gpt import GPT
 
 __all__ = ["is_huggingface", "load", "save", "HF_ACTIVATIONS", "PICKLE_FILES"]
 
@@ -67,7 +71,6 @@ _FIXED = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "n_
 
 
 def _error(message: str) -> Exception:
-    from ...train.checkpoint import CheckpointError
 
     return CheckpointError(message)
 
@@ -340,8 +343,6 @@ def _names(names: Sequence[str], limit: int = 6) -> str:
 
 
 def _model_class(model_type: str, cls: Optional[type]) -> type:
-    from .bert import BERT
-    from .gpt import GPT
 
     wanted = {"bert": BERT, "gpt2": GPT}.get(model_type)
     if wanted is None:
@@ -476,8 +477,6 @@ def _tied_targets(model: Any) -> set:
 
 def _check_representable(model: Any) -> str:
     """The transformers model_type ``model`` saves as, or one line saying why it cannot."""
-    from .bert import BERT
-    from .gpt import GPT
 
     c = model.config
     if type(model) is BERT:
@@ -507,7 +506,7 @@ def save(model: Any, directory: PathLike) -> Path:
     ``BertForSequenceClassification``; ``GPT2LMHeadModel``). Each file is written atomically."""
     from safetensors.torch import save_file
 
-    from ...train.checkpoint import atomic_write, atomic_write_text
+    from ..._io import atomic_write, atomic_write_text
 
     kind = _check_representable(model)
     c = model.config
@@ -530,3 +529,19 @@ def save(model: Any, directory: PathLike) -> Path:
     atomic_write(directory / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     atomic_write_text(directory / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     return directory
+
+
+class _HuggingFace(CheckpointFormat):
+    """``from_pretrained`` / ``save_pretrained(format="huggingface")``: transformers' ``bert`` and ``gpt2``."""
+
+    def recognizes(self, directory: Path) -> bool:
+        return is_huggingface(directory)
+
+    def load(self, cls: Optional[type], directory: Path, map_location: str, **overrides: Any) -> Any:
+        return load(cls, directory, map_location, **overrides)
+
+    def save(self, model: Any, directory: PathLike) -> Path:
+        return save(model, directory)
+
+
+CHECKPOINT_FORMATS["huggingface"] = _HuggingFace()

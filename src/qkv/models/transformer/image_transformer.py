@@ -34,7 +34,7 @@ from ... import _checks, masks
 from ...positional import RowColumnEmbedding
 from ...registry import register
 from ..base import ModelOutput, QKVModel
-from .gpt import sample_logits
+from ..sampling import sample_logits
 from .stack import StackConfig, StackState, TransformerStack, init_normal
 
 __all__ = ["ImageTransformer", "ImageTransformerConfig"]

@@ -116,6 +116,7 @@ class LRAEncoder(QKVModel):
 
     config_class = LRAEncoderConfig
     task_kinds = frozenset({"classification"})
+    input_key = "input_ids"  # token ids (bytes, pixels, ListOps symbols)
     suggested_tasks = ("listops", "pathfinder", "bbc-bytes", "fashion-mnist-seq")
     train_defaults = {"lr": 1e-3, "steps": 500, "batch_size": 16, "warmup": 50}
     n_towers = 1  # the documents the classifier reads the pooled vectors of

@@ -26,11 +26,11 @@ import torch
 from torch import nn
 
 from ... import _checks
+from ..._seeding import stable_seed
 from ...attention.performer import PerformerAttention
 from ...registry import register
 from .bert import BERT, BERTConfig
 from .gpt import GPT, GPTConfig
-from ...tasks.base import stable_seed
 
 __all__ = ["Performer", "PerformerConfig", "PerformerEncoder", "PerformerEncoderConfig", "redraw_features"]
 
@@ -90,8 +90,8 @@ class Performer(GPT):
     train_defaults = {"steps": 500, "batch_size": 16, "lr": 1e-3, "warmup": 50}
 
     def set_step(self, step: int, total_steps: Optional[int] = None) -> None:
-        """The trainer's hook: the Al-Rfou loss weights (GPT) and the feature redraw schedule."""
-        super().set_step(step, total_steps)
+        """The trainer's hook: redraw the random features every ``redraw_every`` steps."""
+        _checks.positive_int("step", step, allow_zero=True)
         redraw_features(self, step, self.config.redraw_every, self.config.seed)
 
 

@@ -42,7 +42,7 @@ from ...registry import register
 from ..base import ModelOutput
 from ..losses import IGNORE_INDEX, check_labels, float32_at_least
 from .gpt import GPT, GPTConfig
-from .stack import (BlockState, StackOutput, StackState, TransformerBlock, TransformerStack, check_ids,
+from .stack import (BlockState, StackOutput, StackState, TransformerBlock, TransformerStack,
                     check_token_mask)
 
 __all__ = ["Reformer", "ReformerConfig", "ReformerStack"]
@@ -202,7 +202,7 @@ class Reformer(GPT):
                                    return_state=return_state)
         if state is not None or return_state:
             raise ValueError("state/return_state are for the causal LM form (head='lm')")
-        check_ids("input_ids", input_ids, c.vocab_size)
+        _checks.token_ids("input_ids", input_ids, c.vocab_size)
         check_token_mask("attention_mask", attention_mask, input_ids)
         out = self.stack(input_ids, mask=attention_mask, need_weights=need_weights)
         keep = (torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask)[..., None]

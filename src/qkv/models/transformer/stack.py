@@ -58,7 +58,7 @@ from ...registry import lookup, names, register
 
 __all__ = [
     "StackConfig", "TransformerStack", "TransformerBlock", "Embeddings", "BlockState", "StackState",
-    "BlockOutput", "StackOutput", "NoPositionalEncoding", "check_ids", "check_token_mask", "reorder_state", "copy_torch_layer",
+    "BlockOutput", "StackOutput", "NoPositionalEncoding", "check_token_mask", "reorder_state", "copy_torch_layer",
     "init_normal", "token_scale", "self_attention_settings",
 ]
 
@@ -198,16 +198,6 @@ def reorder_state(state: Any, index: Tensor) -> Any:
     return state
 
 
-def check_ids(name: str, ids: Any, vocab_size: int) -> Tensor:
-    """Check a ``(B, L)`` integer id tensor with values in ``[0, vocab_size)``."""
-    _checks.tensor(name, ids, ndim=2)
-    if ids.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name} must be an integer (torch.long) tensor, got dtype {ids.dtype}")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise ValueError(f"{name} must lie in [0, {vocab_size}), got min {int(ids.min())}, max {int(ids.max())}")
-    return ids
-
-
 def check_token_mask(name: str, mask: Any, ids: Tensor) -> Optional[Tensor]:
     """Check an optional ``(B, L)`` bool padding mask (True = real token) shaped like ``ids``."""
     if mask is None:
@@ -258,16 +248,16 @@ class Embeddings(nn.Module):
 
     def forward(self, ids: Tensor, token_type_ids: Optional[Tensor] = None, offset: int = 0) -> Tensor:
         """``ids (B, L)`` -> ``(B, L, d_model)``; positions start at ``offset``."""
-        check_ids("input_ids", ids, self.vocab_size)
+        _checks.token_ids("input_ids", ids, self.vocab_size)
         x = self.token(ids) * self.scale  # (B, L, d_model)
         if self.segment is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(ids)
-            check_ids("token_type_ids", token_type_ids, self.n_segments)
+            _checks.token_ids("token_type_ids", token_type_ids, self.n_segments)
             _checks.same("token_type_ids", tuple(token_type_ids.shape), "input_ids", tuple(ids.shape), "the shape")
             x = x + self.segment(token_type_ids)
         elif token_type_ids is not None and self.token_segments:
-            check_ids("token_type_ids", token_type_ids, self.vocab_size)
+            _checks.token_ids("token_type_ids", token_type_ids, self.vocab_size)
             _checks.same("token_type_ids", tuple(token_type_ids.shape), "input_ids", tuple(ids.shape), "the shape")
             x = x + self.token(token_type_ids)  # GPT-2: token types through the token table
         elif token_type_ids is not None:
@@ -428,7 +418,7 @@ class TransformerStack(nn.Module):
             if not isinstance(state, StackState):
                 raise TypeError(f"state must be the StackState a previous call returned, got {type(state).__name__}")
             offset = state.position
-        check_ids("input_ids", input_ids, self.embed.vocab_size)
+        _checks.token_ids("input_ids", input_ids, self.embed.vocab_size)
         max_len = self.config.max_len
         if self.config.positional == "learned" and offset + input_ids.shape[1] > max_len:
             raise ValueError(f"input_ids reach position {offset + input_ids.shape[1]}, beyond max_len={max_len} "

@@ -25,7 +25,7 @@ from ...registry import lookup, register
 from ..base import ModelOutput, QKVModel
 from ..losses import check_labels, lm_loss
 from ..beam import beam_search, expand_to_beams
-from .stack import StackConfig, StackState, TransformerStack, check_ids, reorder_state
+from .stack import StackConfig, StackState, TransformerStack, reorder_state
 
 __all__ = ["Transformer", "TransformerConfig"]
 
@@ -103,14 +103,14 @@ class Transformer(QKVModel):
 
     def encode(self, src_ids: Tensor, src_mask: Optional[Tensor] = None, need_weights: bool = False):
         """``src_ids (B, S)`` -> encoder output (``StackOutput``; ``.hidden (B, S, d_model)``)."""
-        check_ids("src_ids", src_ids, self.config.vocab_size)
+        _checks.token_ids("src_ids", src_ids, self.config.vocab_size)
         src_mask = self._check_mask(src_mask, src_ids)
         return self.encoder(src_ids, mask=src_mask, need_weights=need_weights)
 
     def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Optional[Tensor] = None,
                state: Optional[StackState] = None, need_weights: bool = False, return_state: bool = False):
         """Decoder output for ``tgt_ids (B, T)`` (continuing ``state``) attending to ``memory (B, S, d_model)``."""
-        check_ids("tgt_ids", tgt_ids, self.tgt_vocab_size)
+        _checks.token_ids("tgt_ids", tgt_ids, self.tgt_vocab_size)
         return self.decoder(tgt_ids, memory=memory, memory_mask=src_mask, state=state,
                             need_weights=need_weights, return_state=return_state)
 

@@ -36,8 +36,8 @@ from ...blocks import GatedResidual
 from ...registry import register
 from ..base import ModelOutput, QKVModel
 from ..losses import check_labels, lm_loss
-from .gpt import sample_logits
-from .stack import StackConfig, TransformerStack, check_ids, init_normal
+from ..sampling import sample_logits
+from .stack import StackConfig, TransformerStack, init_normal
 
 __all__ = ["XLMemory", "TransformerXL", "TransformerXLConfig", "GTrXL", "GTrXLConfig"]
 
@@ -103,6 +103,7 @@ class TransformerXL(QKVModel):
     config_class = TransformerXLConfig
     suggested_tasks = ("shakespeare-char", "enwiki-bytes")  # `qkv list model`
     task_kinds = frozenset({"lm"})
+    input_key = "input_ids"  # token ids
     #: the trainer passes ``state=`` / ``return_state=True`` and keeps ``out.state`` on stream tasks
     carries_state = True
     train_defaults = {"steps": 1000, "batch_size": 16, "lr": 1e-3, "warmup": 50, "weight_decay": 0.0}
@@ -152,7 +153,7 @@ class TransformerXL(QKVModel):
         ``mask``: self-attention mask over (memory + segment) keys, True = may attend,
         broadcastable to ``(B, H, L, m + L)``. Returns ``(hidden, weights, new_state)``.
         """
-        check_ids("input_ids", input_ids, self.config.vocab_size)
+        _checks.token_ids("input_ids", input_ids, self.config.vocab_size)
         state = self._check_state(state, input_ids)
         m = self.memory_length()
         x = self.stack.embed(input_ids)  # (B, L, d_model), no absolute positions
@@ -200,7 +201,7 @@ class TransformerXL(QKVModel):
                  top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> Tensor:
         """Extend ``input_ids (B, L)`` by ``max_new_tokens`` sampled tokens, one at a time after
         the memory of everything before (the last ``memory_length()`` positions per layer)."""
-        check_ids("input_ids", input_ids, self.config.vocab_size)
+        _checks.token_ids("input_ids", input_ids, self.config.vocab_size)
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids must hold at least one token (the prompt), got length 0")
         _checks.positive_int("max_new_tokens", max_new_tokens, allow_zero=True)

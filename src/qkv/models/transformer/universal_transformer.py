@@ -35,7 +35,7 @@ from ...registry import lookup, register
 from ..base import ModelOutput
 from ..losses import check_labels, lm_loss
 from .gpt import GPT, GPTConfig
-from .stack import StackOutput, StackState, TransformerStack, _drop_if_full, check_ids, token_scale
+from .stack import StackOutput, StackState, TransformerStack, _drop_if_full, token_scale
 from .transformer import Transformer, TransformerConfig
 
 __all__ = ["UniversalStack", "UniversalTransformer", "UniversalTransformerConfig", "UniversalTransformerLM",
@@ -201,8 +201,8 @@ class UniversalTransformer(Transformer):
     def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Optional[Tensor] = None,
                 labels: Optional[Tensor] = None, need_weights: bool = False, return_act: bool = False) -> ModelOutput:
         """Teacher-forced logits ``(B, T, V)``; with ``labels (B, T)``: cross-entropy + ``tau`` ponder cost."""
-        check_ids("src_ids", src_ids, self.config.vocab_size)
-        check_ids("tgt_ids", tgt_ids, self.tgt_vocab_size)
+        _checks.token_ids("src_ids", src_ids, self.config.vocab_size)
+        _checks.token_ids("tgt_ids", tgt_ids, self.tgt_vocab_size)
         src_mask = self._check_mask(src_mask, src_ids)
         enc, enc_act = self.encoder.embed_and_run(src_ids, mask=src_mask, need_weights=need_weights)
         dec, dec_act = self.decoder.embed_and_run(tgt_ids, memory=enc.hidden, memory_mask=src_mask,
@@ -251,8 +251,6 @@ class UniversalTransformerLMConfig(GPTConfig, UniversalOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_universal()
-        if self.aux_layer_losses or self.n_targets != 1:
-            raise ValueError("the Al-Rfou auxiliary losses (aux_layer_losses, n_targets) are GPT options, not the UT's")
 
 
 @register("model", "universal-transformer-lm", "ut-lm")
@@ -280,7 +278,7 @@ class UniversalTransformerLM(GPT):
         c = self.config
         if labels is not None:
             check_labels("labels", labels, c.vocab_size, getattr(input_ids, "shape", ()))
-        check_ids("input_ids", input_ids, c.vocab_size)
+        _checks.token_ids("input_ids", input_ids, c.vocab_size)
         out, act = self.stack.embed_and_run(input_ids, state=state, need_weights=need_weights, return_state=return_state)
         logits = self.lm_head(out.hidden)  # (B, L, V)
         aux: dict = {}

@@ -1,0 +1,34 @@
+"""matplotlib for qkv's pictures (attention maps, benchmark curves, a model's own figure): the
+Agg backend, so PNG files are written without a display. matplotlib is imported on first use."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Union
+
+__all__ = ["pyplot", "save_figure"]
+
+PathLike = Union[str, os.PathLike]
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (PNG files, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: PathLike, dpi: int = 120) -> Path:
+    """Lay out ``fig`` (unless it has its own layout engine, e.g. ``layout="constrained"``), write it
+    to ``path`` (folders created) and close it."""
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path

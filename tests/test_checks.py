@@ -1,0 +1,40 @@
+"""qkv._checks: the one token-id check every model uses (the RNN and the Transformer models once
+had two that disagreed on dtypes)."""
+
+import pytest
+import torch
+
+from qkv import _checks
+from qkv.models import GPT, GPTConfig, Seq2Seq, Seq2SeqConfig
+
+
+def test_token_ids_accepts_what_an_embedding_takes():
+    for dtype in (torch.long, torch.int32):
+        ids = torch.tensor([[0, 4]], dtype=dtype)
+        assert _checks.token_ids("ids", ids, 5) is ids
+    assert _checks.token_ids("ids", torch.zeros(2, 0, dtype=torch.long), 5).shape == (2, 0)  # empty: nothing to range-check
+
+
+@pytest.mark.parametrize("ids,error,match", [
+    (torch.tensor([[0, 1]], dtype=torch.int16), TypeError, "int16"),  # nn.Embedding refuses it
+    (torch.tensor([[0.0, 1.0]]), TypeError, "float"),
+    (torch.tensor([[True]]), TypeError, "bool"),
+    (torch.zeros(1, 2, 3, dtype=torch.long), ValueError, "2-D"),
+    (torch.tensor([[0, 5]]), ValueError, r"\[0, 5\)"),
+    (torch.tensor([[-1, 0]]), ValueError, "min -1"),
+    ([[0, 1]], TypeError, "torch.Tensor"),
+])
+def test_token_ids_names_the_argument_and_what_is_wrong(ids, error, match):
+    with pytest.raises(error, match=match) as raised:
+        _checks.token_ids("src_ids", ids, 5)
+    assert "src_ids" in str(raised.value)
+
+
+def test_rnn_and_transformer_models_agree_on_dtypes():
+    gpt = GPT(GPTConfig(vocab_size=7, max_len=8, n_layers=1, d_model=8, n_heads=2, d_ff=16))
+    rnn = Seq2Seq(Seq2SeqConfig(src_vocab_size=7, d_embed=4, d_hidden=8, attn_dim=8, d_readout=8))
+    short = torch.tensor([[1, 2]], dtype=torch.int16)
+    with pytest.raises(TypeError, match="input_ids"):
+        gpt(short)
+    with pytest.raises(TypeError, match="src_ids"):
+        rnn(short, torch.tensor([[1, 2]]))

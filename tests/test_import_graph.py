@@ -1,0 +1,142 @@
+"""qkv's modules import downwards only (docs/design.md §1): no import circle among them and no
+arrow back up a floor. Imports inside functions count: a lazy import is still an arrow.
+
+The floors, lowest first; a module may import its own group and any lower floor. Models and tasks
+share a floor but not an arrow: a task never imports a model, nor a model a task.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Set
+
+import qkv
+
+SRC = Path(qkv.__file__).resolve().parent
+
+FLOORS: List[Dict[str, List[str]]] = [
+    {"low": ["qkv._", "qkv.types", "qkv.registry"]},  # "qkv._": every qkv._name module
+    {"parts": ["qkv.functional", "qkv.masks", "qkv.scores", "qkv.positional", "qkv.blocks"]},
+    {"attention": ["qkv.attention"]},
+    {"pictures": ["qkv.viz", "qkv.viz_html"]},
+    {"models": ["qkv.models"], "tasks": ["qkv.tasks"]},
+    {"train": ["qkv.train"]},
+    {"faces": ["qkv", "qkv.__main__", "qkv.cli", "qkv.runs", "qkv.bench", "qkv.integrations"]},
+]
+
+
+def _modules() -> Dict[str, Path]:
+    found = {}
+    for path in SRC.rglob("*.py"):
+        parts = ["qkv", *path.relative_to(SRC).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> Set[str]:
+    """The qkv modules ``name`` imports anywhere in its file (package ``__init__`` files that a
+    dotted import runs on the way are not counted: only the module named)."""
+    is_package = path.name == "__init__.py"
+    found: Set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            targets = [f"{module}.{alias.name}" if f"{module}.{alias.name}" in MODULES else module for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            if target != "qkv" and not target.startswith("qkv."):
+                continue
+            while target not in MODULES:  # qkv.attention.build_attention -> qkv.attention
+                target = target.rsplit(".", 1)[0]
+            if target != name:
+                found.add(target)
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _place(name: str):
+    """``(floor index, group)`` of a module: the most specific pattern that names it."""
+    best = None
+    for index, groups in enumerate(FLOORS):
+        for group, patterns in groups.items():
+            for pattern in patterns:
+                hit = name.startswith(pattern) if pattern.endswith("_") else (
+                    name == pattern or (pattern != "qkv" and name.startswith(pattern + ".")))
+                if hit and (best is None or len(pattern) > best[0]):
+                    best = (len(pattern), index, group)
+    assert best is not None, f"{name} is on no floor: add it to FLOORS in {__file__} (and docs/design.md §1)"
+    return best[1], best[2]
+
+
+def test_every_module_is_on_a_floor():
+    for name in MODULES:
+        _place(name)
+
+
+def test_no_arrow_back_up_a_floor():
+    upward = []
+    for name, targets in GRAPH.items():
+        floor, group = _place(name)
+        for target in sorted(targets):
+            their_floor, their_group = _place(target)
+            if their_floor > floor or (their_floor == floor and their_group != group):
+                upward.append(f"{name} ({group}) imports {target} ({their_group})")
+    assert not upward, "imports that go up a floor or across to a sibling:\n" + "\n".join(upward)
+
+
+def test_the_low_floor_imports_only_the_low_floor():
+    for name, targets in GRAPH.items():
+        if _place(name)[1] == "low":
+            assert all(_place(t)[1] == "low" for t in targets), (name, targets)
+
+
+def test_tasks_and_attention_import_no_model():
+    for name, targets in GRAPH.items():
+        if name.startswith(("qkv.tasks", "qkv.attention")):
+            assert not [t for t in targets if t.startswith("qkv.models")], (name, targets)
+
+
+def test_no_import_circle():
+    """Depth-first search for a back edge; the circle found is named in full."""
+    state: Dict[str, int] = {}  # 1: on the current path, 2: done
+    path: List[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        path.append(name)
+        for target in sorted(GRAPH[name]):
+            if state.get(target) == 1:
+                circle = path[path.index(target):] + [target]
+                raise AssertionError("import circle: " + " -> ".join(circle))
+            if target not in state:
+                visit(target)
+        path.pop()
+        state[name] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name)
+
+
+def test_the_graph_sees_lazy_imports():
+    """The parser finds an import inside a function (the kind that once hid both circles)."""
+    assert "qkv.models.base" in GRAPH["qkv.models.transformer.gpt"]
+    lazy = [n for n in ast.walk(ast.parse(MODULES["qkv.cli"].read_text())) if isinstance(n, ast.ImportFrom)
+            and n.col_offset > 0 and (n.module or "").startswith("qkv")]
+    assert lazy and all(_place(t)[0] <= _place("qkv.cli")[0] for t in GRAPH["qkv.cli"])
