@@ -32,6 +32,21 @@ __all__ = ["BERT", "BERTConfig"]
 HEADS = ("pretraining", "classification")
 
 
+class Activation(nn.Module):
+    """The feed-forward activation ``config.activation`` as a module (the MLM transform's, as in
+    the original implementation, which uses ``hidden_act`` there too)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def extra_repr(self) -> str:
+        return repr(self.name)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ACTIVATIONS[self.name](x)
+
+
 @dataclass
 class BERTConfig(StackConfig):
     """BERT-base by default (Devlin et al. 2019, §3)."""
