@@ -117,6 +117,9 @@ class _TinyLM:
 
     kind = "lm"
 
+    def attention_view(self, model, text=None, max_len=48):
+        return None  # Task's default: qkv.viz labels the tokens
+
     def __init__(self):
         from qkv.tasks.base import LanguageModelTask
         from qkv.tasks.vocab import CharVocab

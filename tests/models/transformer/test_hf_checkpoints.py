@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 from qkv.models import BERT, GPT, Performer, QKVModel, load_pretrained  # noqa: E402
 from qkv.train.checkpoint import CheckpointError  # noqa: E402
+from qkv.models import AlRfouLM  # noqa: E402
 
 ATOL = 1e-5  # float32 rounding of the same computation in another order
 BERT_SIZES = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
@@ -206,7 +207,9 @@ def test_models_transformers_cannot_represent_are_refused(tmp_path):
             tmp_path, format="huggingface")
     with pytest.raises(ValueError, match="Performer has no transformers counterpart"):
         Performer.from_config(sizes).save_pretrained(tmp_path, format="huggingface")
-    with pytest.raises(ValueError, match="format must be 'qkv' or 'huggingface'"):
+    with pytest.raises(ValueError, match=r"AlRfouLM has no transformers counterpart"):
+        AlRfouLM.from_config({**sizes, "n_targets": 2}).save_pretrained(tmp_path, format="huggingface")
+    with pytest.raises(ValueError, match=r"format must be one of \['qkv', 'huggingface'\]"):
         GPT.from_config(sizes).save_pretrained(tmp_path, format="onnx")
     assert not (tmp_path / "config.json").exists()
 

@@ -481,10 +481,8 @@ def _check_representable(model: Any) -> str:
     c = model.config
     if type(model) is BERT:
         kind, residual = "bert", "post-ln"
-    elif type(model) is GPT:
+    elif type(model) is GPT:  # exactly GPT: Al-Rfou's LM (a subclass) adds heads GPT-2 has no place for
         kind, residual = "gpt2", "pre-ln"
-        if c.n_targets != 1:
-            raise ValueError(f"format='huggingface': n_targets={c.n_targets} adds heads GPT-2 has no place for; expected 1")
     else:
         raise ValueError(f"format='huggingface' writes BERT and GPT (transformers' bert and gpt2); "
                          f"{type(model).__name__} has no transformers counterpart")
