@@ -4,7 +4,7 @@
 Every entry is one claim of one paper, measured over at least ``MIN_SEEDS`` seeds:
 
     {"id", "model", "paper", "claim", "command", "better", "seeds", "ours", "baseline",
-     "verdict", "why", "budget"}
+     "margin", "verdict", "why", "budget"}
 
 ``ours`` holds one value per seed of the measurement the paper predicts to win, ``baseline``
 one value per seed (or a single value for a fixed baseline, such as an exact optimum). The
@@ -13,7 +13,14 @@ verdict is computed here and only here (``verdict``):
     d  = mean(ours) - mean(baseline)              (negated when ``better == "lower"``)
     se = sqrt(var(ours) / n_o + var(baseline) / n_b)     (Welch; sample variances, ddof 1;
                                                           a fixed baseline contributes 0)
-    "reproduced"  iff  d > 2 se,  otherwise "not reproduced"
+    "reproduced"  iff  d + margin > 2 se,  otherwise "not reproduced"
+
+``margin`` is 0 for a claim that ours *beats* the baseline. A claim of *comparable* quality
+("matches the Transformer", "on par with") cannot be won outright; it states its tolerance in
+the claim's own words and units (e.g. "within 0.02 of the Transformer's accuracy": margin 0.02),
+and is reproduced iff ours beats the baseline minus that tolerance by more than 2 se — a
+non-inferiority test. The margin is part of the claim, fixed before the run, and printed in
+the README.
 
 A reproduction script records its claims with ``record(...)`` after measuring them; ``why`` is
 the measured cause (the script composes it from its numbers). ``claims-pending.json`` lists the
@@ -40,8 +47,8 @@ README = ROOT / "docs" / "reproductions" / "README.md"
 MIN_SEEDS = 3
 BETTER = ("higher", "lower")
 VERDICTS = ("reproduced", "not reproduced")
-FIELDS = ("id", "model", "paper", "claim", "command", "better", "seeds", "ours", "baseline", "verdict", "why",
-          "budget")
+FIELDS = ("id", "model", "paper", "claim", "command", "better", "seeds", "ours", "baseline", "margin", "verdict",
+          "why", "budget")
 
 __all__ = ["CLAIMS", "PENDING", "README", "MIN_SEEDS", "mean", "standard_error", "verdict", "check_claim",
            "make_claim", "record", "load", "save", "render_readme", "write_readme", "check"]
@@ -69,11 +76,14 @@ def difference(ours: Sequence[float], baseline: Sequence[float], better: str) ->
     return (d if better == "higher" else -d), se
 
 
-def verdict(ours: Sequence[float], baseline: Sequence[float], better: str) -> str:
-    """``"reproduced"`` iff mean(ours) beats mean(baseline) in the ``better`` direction by more than
-    twice the standard error of the difference, else ``"not reproduced"``."""
+def verdict(ours: Sequence[float], baseline: Sequence[float], better: str, margin: float = 0.0) -> str:
+    """``"reproduced"`` iff mean(ours) beats mean(baseline) (less ``margin``, the tolerance of a
+    claim of comparable quality) in the ``better`` direction by more than twice the standard
+    error of the difference, else ``"not reproduced"``."""
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin >= 0:
+        raise ValueError(f"margin must be a number >= 0, got {margin!r}")
     d, se = difference(ours, baseline, better)
-    return VERDICTS[0] if d > 2 * se else VERDICTS[1]
+    return VERDICTS[0] if d + margin > 2 * se else VERDICTS[1]
 
 
 def _numbers(name: str, xs: Any) -> List[float]:
@@ -107,7 +117,7 @@ def check_claim(entry: Mapping[str, Any]) -> None:
         raise ValueError(f"claim {cid!r}: ours has {len(ours)} values for {seeds} seeds")
     if len(base) not in (1, seeds):
         raise ValueError(f"claim {cid!r}: baseline has {len(base)} values; expected 1 (fixed) or {seeds} (one per seed)")
-    expected = verdict(ours, base, entry["better"])
+    expected = verdict(ours, base, entry["better"], entry["margin"])
     if entry["verdict"] != expected:
         raise ValueError(f"claim {cid!r}: verdict {entry['verdict']!r} but the numbers give {expected!r}")
     if not isinstance(entry["why"], str) or not entry["why"].strip():
@@ -116,17 +126,18 @@ def check_claim(entry: Mapping[str, Any]) -> None:
 
 def make_claim(*, id: str, model: str, paper: str, claim: str, command: str, better: str,
                ours: Sequence[float], baseline: Union[float, Sequence[float]],
-               why: Union[str, Mapping[str, str]], budget: str) -> Dict[str, Any]:
+               why: Union[str, Mapping[str, str]], budget: str, margin: float = 0.0) -> Dict[str, Any]:
     """A checked claim entry with its verdict computed. ``why``: a string, or a mapping from the
     verdict (``"reproduced"`` / ``"not reproduced"``) to the sentence for that outcome."""
     ours, base = _numbers("ours", ours), _numbers("baseline", baseline)
-    v = verdict(ours, base, better)
+    v = verdict(ours, base, better, margin)
     if isinstance(why, Mapping):
         if v not in why:
             raise ValueError(f"why has no sentence for the verdict {v!r} (keys {sorted(why)})")
         why = why[v]
     entry = {"id": id, "model": model, "paper": paper, "claim": claim, "command": command, "better": better,
-             "seeds": len(ours), "ours": ours, "baseline": base, "verdict": v, "why": why, "budget": budget}
+             "seeds": len(ours), "ours": ours, "baseline": base, "margin": float(margin), "verdict": v, "why": why,
+             "budget": budget}
     check_claim(entry)
     return entry
 
@@ -192,19 +203,21 @@ def render_readme(entries: Sequence[Mapping[str, Any]], pending: Sequence[Mappin
         f"A claim is **reproduced** iff the mean of *ours* beats the mean of the baseline in the paper's "
         f"direction by more than twice the standard error of the difference (Welch: "
         f"`sqrt(var_o / n_o + var_b / n_b)`, a fixed baseline contributing 0); every claim has at least "
-        f"{MIN_SEEDS} seeds. Values are mean ± standard error over the seeds.",
+        f"{MIN_SEEDS} seeds. A claim of *comparable* quality states a tolerance (the margin column) and is "
+        f"reproduced iff ours beats the baseline less that tolerance by more than twice the standard error. "
+        f"Values are mean ± standard error over the seeds.",
         "",
         f"**{len(entries)} claims, {n_rep} reproduced, {len(entries) - n_rep} not reproduced**"
         + (f"; {len(pending)} more await a run with {MIN_SEEDS} seeds (below)." if pending else "."),
         "",
-        "| model | paper | claim | better | ours | baseline | verdict | why | budget | command |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | paper | claim | better | ours | baseline | margin | verdict | why | budget | command |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for e in entries:
         lines.append("| " + " | ".join(_cell(c) for c in (
             e["model"], e["paper"], e["claim"], e["better"], f"{fmt(e['ours'])} (n={e['seeds']})",
             fmt(e["baseline"]) + ("" if len(e["baseline"]) > 1 else " (fixed)"),
-            f"**{e['verdict']}**", e["why"], e["budget"], f"`{e['command']}`")) + " |")
+            f"{e['margin']:g}" if e["margin"] else "—", f"**{e['verdict']}**", e["why"], e["budget"], f"`{e['command']}`")) + " |")
     if pending:
         lines += ["", f"## Claims awaiting a run with {MIN_SEEDS} seeds", "",
                   "Their pages report one seed; these commands rerun them with "

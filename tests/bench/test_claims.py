@@ -43,6 +43,15 @@ def test_equal_measurements_do_not_reproduce():
     assert claims.verdict([1.0, 1.0, 1.0], [0.99, 0.99, 0.99], "higher") == "reproduced"
 
 
+def test_a_comparable_claim_is_a_non_inferiority_test():
+    ours, base = [0.90, 0.91, 0.92], [0.92, 0.93, 0.94]  # ours 0.02 behind, se of the difference 0.0082
+    assert claims.verdict(ours, base, "higher") == "not reproduced"
+    assert claims.verdict(ours, base, "higher", margin=0.01) == "not reproduced"  # -0.01 < 2 se
+    assert claims.verdict(ours, base, "higher", margin=0.04) == "reproduced"  # 0.02 > 2 se
+    with pytest.raises(ValueError, match="margin"):
+        claims.verdict(ours, base, "higher", margin=-0.1)
+
+
 def test_make_claim_computes_the_verdict_and_picks_why():
     e = entry(why={"reproduced": "won", "not reproduced": "lost"})
     assert e["verdict"] == "reproduced" and e["why"] == "won" and e["seeds"] == 3
@@ -93,5 +102,5 @@ def test_published_claims_are_valid_and_the_readme_is_in_sync():
     assert published, "docs/reproductions/claims.json is empty"
     for e in published:
         assert e["seeds"] >= claims.MIN_SEEDS and len(e["ours"]) == e["seeds"]
-        assert e["verdict"] == claims.verdict(e["ours"], e["baseline"], e["better"])
+        assert e["verdict"] == claims.verdict(e["ours"], e["baseline"], e["better"], e["margin"])
     assert claims.check() == []
