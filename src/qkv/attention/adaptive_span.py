@@ -20,10 +20,18 @@ of ``b + W - 1`` keys, as the ``window`` kernel does), so time and memory follow
 not ``S``. The mask is applied as the additive score bias ``log m_z(x)`` (``-inf`` where
 ``m = 0``), which is the renormalised product above and lets the fused SDPA kernel do the work.
 
+Relative positions (``relative=True``): the scores get the paper's learned relative position
+embeddings on the keys (the authors' ``key_pe``), ``s_tr = q_t . (k_r + p_{t-r}) / sqrt(d)`` with
+one ``p_x`` (``d``-vector) per distance ``x in [0, S)``, shared by the heads. Without them the
+soft mask's ramp is the only thing that tells near keys from far ones, so a longer span can only
+blur the order (a bag of the last ``z + R`` keys): the language model then pulls every span down
+to the ramp, and spans started at 0 never grow (measured on shakespeare-char, docs/reproductions).
+
 Deviations from the paper: the dynamic span reads the head's query ``q_t = x_t W^Q_h`` rather
 than ``x_t`` itself (``v^T q_t`` is a linear function of ``x_t``, restricted to ``W^Q_h``'s row
 space), because a kernel sees projected heads only. The non-causal form (not in the paper) uses
-``x = |t - r|``. The paper also keeps ``z`` in ``[0, S]`` by clamping the parameter after each
+``x = |t - r|`` (for the relative embeddings too). The authors share one ``p`` across layers;
+here each layer has its own. The paper also keeps ``z`` in ``[0, S]`` by clamping the parameter after each
 update: ``clamp_()`` does that (models call it from ``set_step``), and ``z`` is clamped again
 where it is used.
 """
@@ -84,6 +92,8 @@ class AdaptiveSpanAttention(AttentionKernel):
         dynamic: ``z_t = S sigmoid(v^T q_t + b)`` per query position and head (needs ``d_head``).
         d_head: head size (filled in by ``MultiHeadAttention``); needed when ``dynamic``.
         block: query block length (default ``W / 4`` clamped to ``[64, 256]``).
+        relative: add the learned relative position embeddings ``q_t . p_{t-r}`` to the scores (the
+            paper's ``key_pe``; needs ``d_head``), ``p ~ N(0, 1)`` as in the authors' code.
     Shapes: ``q (B, H, M, E)``, ``k, v (B, H, N, E)`` -> ``(B, H, M, E)``. Cost
     ``O(M (b + W) E)`` per head with ``W = min(S, ceil(max z + R))``. Incremental decoding keeps
     the last ``S - 1`` keys and values (a bounded ``KVCache``).
@@ -94,7 +104,8 @@ class AdaptiveSpanAttention(AttentionKernel):
 
     def __init__(self, *, max_span: int, ramp: float = 32, n_heads: Optional[int] = None,
                  init_span: Optional[float] = None, dynamic: bool = False, d_head: Optional[int] = None,
-                 block: Optional[int] = None, causal: bool = False, dropout: float = 0.0) -> None:
+                 block: Optional[int] = None, relative: bool = False, causal: bool = False,
+                 dropout: float = 0.0) -> None:
         super().__init__(causal=causal, dropout=dropout)
         self.max_span = _checks.positive_int("max_span", max_span)
         if isinstance(ramp, bool) or not isinstance(ramp, (int, float)) or not ramp > 0:
@@ -106,7 +117,15 @@ class AdaptiveSpanAttention(AttentionKernel):
             raise ValueError(f"init_span must be a number in [0, max_span={self.max_span}], got {init_span!r}")
         if not isinstance(dynamic, bool):
             raise TypeError(f"dynamic must be a bool, got {dynamic!r}")
+        if not isinstance(relative, bool):
+            raise TypeError(f"relative must be a bool, got {relative!r}")
         self.dynamic = dynamic
+        self.relative = relative
+        if relative:
+            if d_head is None:
+                raise ValueError("relative=True needs d_head (the head size; MultiHeadAttention fills it in)")
+            # p_x for the distances x = 0 .. S - 1, (d, S), shared by the heads (the authors' key_pe)
+            self.key_pe = nn.Parameter(torch.randn(_checks.positive_int("d_head", d_head), self.max_span))
         self.block = None if block is None else _checks.positive_int("block", block)
         heads = self.n_heads or 1
         frac = init / self.max_span
@@ -124,7 +143,7 @@ class AdaptiveSpanAttention(AttentionKernel):
 
     def extra_repr(self) -> str:
         return (f"max_span={self.max_span}, ramp={self.ramp}, n_heads={self.n_heads}, dynamic={self.dynamic}, "
-                f"{super().extra_repr()}")
+                f"relative={self.relative}, {super().extra_repr()}")
 
     # ------------------------------------------------------------------ spans
 
@@ -214,6 +233,10 @@ class AdaptiveSpanAttention(AttentionKernel):
         allowed = valid & (m > 0)
         # log m where m > 0 (m clamped first so that log's gradient stays finite where m = 0)
         bias = torch.where(allowed, m.clamp_min(torch.finfo(m.dtype).tiny).log(), float("-inf"))
+        if self.relative:
+            # + q_t . p_{t-r} / sqrt(E) (SDPA scales only q . k): the relative position embeddings
+            pe = self.key_pe.to(q.dtype)[:, distance.long().clamp(0, S - 1)]  # (E, b, W): p_x at each x
+            bias = bias + torch.einsum("bhnie,eiw->bhniw", q_blocks, pe) / math.sqrt(E)  # (B, H, nb, b, W)
         row_valid = allowed.any(-1)  # (..., nb, b)
         bias = bias.masked_fill(~row_valid.unsqueeze(-1), 0.0)  # no -inf-only rows (zeroed after)
 

@@ -14,11 +14,14 @@ trainer's ``carries_state`` hook; detached, no gradient flows into it, and saved
 so every position sees ``S`` back, as in the paper; on random windows a span can only use the
 ``block_size - 1`` positions of its window.
 
-Deviation: no position embeddings by default (``positional="none"``) instead of the paper's
-learned relative position embeddings on the keys; causal attention orders the positions itself, and
-the span mask is a function of distance. (``positional="sinusoidal"`` works too, offset by the
-state's position, but unit-amplitude sinusoids added to N(0, 0.02) token embeddings held this
-small model at the unigram loss in our runs.)
+Positions: the paper's learned relative position embeddings on the keys
+(``relative_positions=True``, the kernel's ``relative``: ``s_tr = q_t . (k_r + p_{t-r})``), no
+absolute positions (``positional="none"``). Without the relative embeddings
+(``relative_positions=False``) the soft mask's ramp is the only position signal, and the language
+model pulls every span down to it: spans started at 0 stayed at 0 (docs/reproductions/claims.json).
+(``positional="sinusoidal"`` works too, offset by the state's position, but unit-amplitude
+sinusoids added to N(0, 0.02) token embeddings held this small model at the unigram loss in our
+runs.)
 ``set_step`` (called by the trainer before every update) clamps each span into ``[0, S]``.
 """
 
@@ -68,6 +71,7 @@ class AdaptiveSpanTransformerConfig(GPTConfig):
     init_span: float = 0.0  # z at initialisation (the authors' code: 0, spans grow as needed)
     dynamic: bool = False  # z_t = S sigmoid(v^T q_t + b) per position instead of one z per head
     span_loss_coef: float = 2e-6  # lambda of the span penalty (the paper's character LMs: 2e-6)
+    relative_positions: bool = True  # the paper's learned relative position embeddings on the keys
 
     def __post_init__(self) -> None:
         if self.attention != "adaptive-span":
@@ -76,7 +80,7 @@ class AdaptiveSpanTransformerConfig(GPTConfig):
         if isinstance(self.span_loss_coef, bool) or not isinstance(self.span_loss_coef, (int, float)) or self.span_loss_coef < 0:
             raise ValueError(f"span_loss_coef must be a float >= 0, got {self.span_loss_coef!r}")
         self.attention_kwargs = {"max_span": self.max_span, "ramp": self.ramp, "init_span": self.init_span,
-                                 "dynamic": self.dynamic}
+                                 "dynamic": self.dynamic, "relative": self.relative_positions}
         super().__post_init__()
         if self.aux_layer_losses or self.n_targets != 1:
             raise ValueError("the Al-Rfou auxiliary losses (aux_layer_losses, n_targets) are GPT options, not this model's")
