@@ -23,7 +23,10 @@ non-inferiority test. The margin is part of the claim, fixed before the run, and
 the README.
 
 A reproduction script records its claims with ``record(...)`` after measuring them; ``why`` is
-the measured cause (the script composes it from its numbers). ``claims-pending.json`` lists the
+the measured cause (the script composes it from its numbers). A claim that does not reproduce
+may carry a budget curve (``curve``: the same measurement at larger budgets, each point with its
+per-seed values and its own computed verdict), so that "it would plausibly reproduce with more
+training" is a measurement. ``claims-pending.json`` lists the
 claims whose last run had fewer than ``MIN_SEEDS`` seeds, with the command that reruns them.
 
     python benchmarks/claims.py           # regenerate docs/reproductions/README.md
@@ -122,13 +125,25 @@ def check_claim(entry: Mapping[str, Any]) -> None:
         raise ValueError(f"claim {cid!r}: verdict {entry['verdict']!r} but the numbers give {expected!r}")
     if not isinstance(entry["why"], str) or not entry["why"].strip():
         raise ValueError(f"claim {cid!r}: why must say what was measured")
+    for point in entry.get("curve", []):
+        if not isinstance(point, Mapping) or not {"budget", "ours", "baseline", "verdict"} <= set(point):
+            raise ValueError(f"claim {cid!r}: a curve point needs budget, ours, baseline and verdict, got {point!r}")
+        p_ours, p_base = _numbers("curve ours", point["ours"]), _numbers("curve baseline", point["baseline"])
+        if len(p_base) not in (1, len(p_ours)) or len(p_ours) < MIN_SEEDS:
+            raise ValueError(f"claim {cid!r}: curve point {point['budget']!r} needs >= {MIN_SEEDS} seeds and a "
+                             f"baseline of 1 or {len(p_ours)} values")
+        if point["verdict"] != verdict(p_ours, p_base, entry["better"], entry["margin"]):
+            raise ValueError(f"claim {cid!r}: curve point {point['budget']!r} has a verdict its numbers do not give")
 
 
 def make_claim(*, id: str, model: str, paper: str, claim: str, command: str, better: str,
                ours: Sequence[float], baseline: Union[float, Sequence[float]],
-               why: Union[str, Mapping[str, str]], budget: str, margin: float = 0.0) -> Dict[str, Any]:
+               why: Union[str, Mapping[str, str]], budget: str, margin: float = 0.0,
+               curve: Sequence[Mapping[str, Any]] = ()) -> Dict[str, Any]:
     """A checked claim entry with its verdict computed. ``why``: a string, or a mapping from the
-    verdict (``"reproduced"`` / ``"not reproduced"``) to the sentence for that outcome."""
+    verdict (``"reproduced"`` / ``"not reproduced"``) to the sentence for that outcome. ``curve``:
+    ``[{"budget": "800 steps", "ours": [...], "baseline": [...]}, ...]``, larger budgets of the same
+    measurement; each point's verdict is computed too."""
     ours, base = _numbers("ours", ours), _numbers("baseline", baseline)
     v = verdict(ours, base, better, margin)
     if isinstance(why, Mapping):
@@ -138,6 +153,11 @@ def make_claim(*, id: str, model: str, paper: str, claim: str, command: str, bet
     entry = {"id": id, "model": model, "paper": paper, "claim": claim, "command": command, "better": better,
              "seeds": len(ours), "ours": ours, "baseline": base, "margin": float(margin), "verdict": v, "why": why,
              "budget": budget}
+    if curve:
+        entry["curve"] = [{"budget": str(p["budget"]), "ours": _numbers("curve ours", p["ours"]),
+                           "baseline": _numbers("curve baseline", p["baseline"]),
+                           "verdict": verdict(_numbers("curve ours", p["ours"]), _numbers("curve baseline", p["baseline"]),
+                                              better, margin)} for p in curve]
     check_claim(entry)
     return entry
 
@@ -191,6 +211,10 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _curve(points: Sequence[Mapping[str, Any]]) -> str:
+    return "; ".join(f"{p['budget']}: {fmt(p['ours'])} vs {fmt(p['baseline'])}, {p['verdict']}" for p in points) or "—"
+
+
 def render_readme(entries: Sequence[Mapping[str, Any]], pending: Sequence[Mapping[str, Any]] = ()) -> str:
     """The README text: one table row per claim, then the claims awaiting a multi-seed run."""
     n_rep = sum(e["verdict"] == "reproduced" for e in entries)
@@ -210,8 +234,8 @@ def render_readme(entries: Sequence[Mapping[str, Any]], pending: Sequence[Mappin
         f"**{len(entries)} claims, {n_rep} reproduced, {len(entries) - n_rep} not reproduced**"
         + (f"; {len(pending)} more await a run with {MIN_SEEDS} seeds (below)." if pending else "."),
         "",
-        "| model | paper | claim | better | ours | baseline | margin | verdict | why | budget | command |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | paper | claim | better | ours | baseline | margin | verdict | why | budget | larger budgets | command |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for e in entries:
         lines.append("| " + " | ".join(_cell(c) for c in (

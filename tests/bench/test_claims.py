@@ -71,6 +71,17 @@ def test_invalid_claims_are_refused(change, message):
         entry(**change)
 
 
+def test_a_budget_curve_gets_its_own_verdicts():
+    e = entry(ours=[0.5, 0.52, 0.51], curve=[{"budget": "800 steps", "ours": [0.9, 0.91, 0.92],
+                                             "baseline": [0.5, 0.52, 0.51]}])
+    assert e["verdict"] == "not reproduced" and e["curve"][0]["verdict"] == "reproduced"
+    e["curve"][0]["verdict"] = "not reproduced"
+    with pytest.raises(ValueError, match="curve point '800 steps'"):
+        claims.check_claim(e)
+    with pytest.raises(ValueError, match="seeds"):
+        entry(curve=[{"budget": "x", "ours": [0.9], "baseline": [0.5]}])
+
+
 def test_a_hand_written_verdict_is_refused():
     e = entry()
     e["verdict"] = "not reproduced"
