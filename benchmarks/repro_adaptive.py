@@ -38,6 +38,7 @@ from qkv.models.transformer.universal_transformer import UniversalTransformer, U
 from qkv.tasks.generated import AdditionTask  # noqa: E402
 from qkv.tasks.lm import ShakespeareChar  # noqa: E402
 from _repro import smoke_dir, train_fresh  # noqa: E402
+import claims  # noqa: E402  (benchmarks/claims.py: the claims table and its verdicts)
 
 ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "reproductions" / "img"
@@ -404,6 +405,57 @@ def write_doc(results: Dict, args) -> None:
     DOC.write_text("\n".join(lines) + "\n")
 
 
+SPAN_PAPER = "Sukhbaatar et al. 2019, Adaptive Attention Span in Transformers (arXiv:1905.07799)"
+UT_PAPER = "Dehghani et al. 2019, Universal Transformers (arXiv:1807.03819), with Graves 2016 ACT"
+SPAN_MARGIN = 0.02  # "the same bpc": within 0.02 bits per character of the full span
+
+
+def record_claims(results: Dict) -> None:
+    """This page's claims from per-seed results with >= 3 seeds, into claims.json. The UT's claim
+    is refused (left pending) while the variant has not learned the task."""
+    s, u = results.get("span", {}), results.get("ut", {})
+    a, f = s.get("adaptive", {}).get("per_seed"), s.get("full span", {}).get("per_seed")
+    budget = (f"{s.get('steps')} steps of 16 x {s.get('block')} characters, {s.get('layers')} layers d_model 64, "
+              f"S = {s.get('max_span')}; CPU, one thread")
+    command = f"{COMMAND} --part span --seeds 3 --init-span {s.get('init_span', 256):g} --span-coef {s.get('span_loss_coef'):g}"
+    if a and f and min(len(a["seed"]), len(f["seed"])) >= claims.MIN_SEEDS:
+        cost = claims.mean(a["computed"])
+        claims.record(
+            id="adaptive-span-cost", model="adaptive-span", paper=SPAN_PAPER, command=command, budget=budget,
+            claim="Learned spans keep the bits per character of full-span attention at a fraction of its attention "
+                  f"cost (here: test bpc within {SPAN_MARGIN} of the full span's).",
+            better="lower", margin=SPAN_MARGIN, ours=a["test_bpc"], baseline=f["test_bpc"],
+            why=f"test bpc {claims.fmt(a['test_bpc'])} with {100 * cost:.0f}% of the attention scores, full span "
+                f"{claims.fmt(f['test_bpc'])}")
+    if a and len(a["seed"]) >= claims.MIN_SEEDS:
+        claims.record(
+            id="adaptive-span-pattern", model="adaptive-span", paper=SPAN_PAPER, command=command, budget=budget,
+            claim="Lower layers learn short spans while some heads of the upper layers learn long ones (Figure 3).",
+            better="higher", ours=a["upper_span"], baseline=a["lower_span"],
+            why=f"mean learned span: upper half of the layers {claims.fmt(a['upper_span'])}, lower half "
+                f"{claims.fmt(a['lower_span'])} (from z = {s.get('init_span', 0):g})")
+    for name, r in u.items():
+        if not isinstance(r, dict) or "per_seed" not in r or r.get("overrides", {}).get("act") is False:
+            continue
+        p = r["per_seed"]
+        if len(p["seed"]) < claims.MIN_SEEDS:
+            continue
+        if min(p["exact_match"]) < LEARNED:
+            print(f"no verdict for {name}: exact match {p['exact_match']} < {LEARNED}, the UT has not learned "
+                  "addition; the ACT claim stays pending", flush=True)
+            continue
+        claims.record(
+            id="ut-act-carries", model="universal-transformer", paper=UT_PAPER,
+            command=f"{COMMAND} --part ut --variant '{name}' --seeds {len(p['seed'])} --ut-steps {u['steps']}",
+            budget=f"{u['steps']} steps of 32 sums of 1-{u['digits']} digits, d_model 64, M = {u['max_steps']}; CPU",
+            claim="ACT spends more computation where the input is harder (here: ponder steps of output digits with a "
+                  "carry coming in against those without).",
+            better="higher", ours=p["digit_steps_with_carry_in"], baseline=p["digit_steps_without_carry_in"],
+            why=f"{name}: decoder steps {claims.fmt(p['digit_steps_with_carry_in'])} with a carry in, "
+                f"{claims.fmt(p['digit_steps_without_carry_in'])} without; weight on step 1 "
+                f"{claims.fmt(p['step1_weight'])}; exact match {claims.fmt(p['exact_match'])}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -468,6 +520,8 @@ def main() -> None:
         (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         write_doc(results, args)
         print(f"wrote {DOC}", flush=True)
+        if not args.quick:
+            record_claims(results)
 
 
 if __name__ == "__main__":
