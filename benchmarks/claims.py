@@ -54,7 +54,7 @@ FIELDS = ("id", "model", "paper", "claim", "command", "better", "seeds", "ours",
           "why", "budget")
 
 __all__ = ["CLAIMS", "PENDING", "README", "MIN_SEEDS", "mean", "standard_error", "verdict", "check_claim",
-           "make_claim", "record", "load", "save", "render_readme", "write_readme", "check"]
+           "make_claim", "record", "add_point", "load", "save", "render_readme", "write_readme", "check"]
 
 
 def mean(xs: Sequence[float]) -> float:
@@ -198,6 +198,32 @@ def record(*, path: Path = CLAIMS, readme: Optional[Path] = README, pending: Pat
     return entry
 
 
+def add_point(claim_id: str, budget: str, ours: Sequence[float], baseline: Union[float, Sequence[float]], *,
+              path: Path = CLAIMS, readme: Optional[Path] = README, pending: Path = PENDING) -> Dict[str, Any]:
+    """Add (or replace, by ``budget``) one point of the budget curve of the recorded claim
+    ``claim_id``: the same measurement at a larger budget, with its own computed verdict."""
+    entries = load(path)
+    at = next((i for i, e in enumerate(entries) if e["id"] == claim_id), None)
+    if at is None:
+        raise ValueError(f"no claim {claim_id!r} in {path}: record it at its main budget first")
+    e = entries[at]
+    ours, base = _numbers("curve ours", ours), _numbers("curve baseline", baseline)
+    point = {"budget": str(budget), "ours": ours, "baseline": base,
+             "verdict": verdict(ours, base, e["better"], e["margin"])}
+    e["curve"] = sorted([p for p in e.get("curve", []) if p["budget"] != point["budget"]] + [point],
+                        key=lambda p: _budget_key(p["budget"]))
+    save(entries, path)
+    if readme is not None:
+        write_readme(path, pending, readme)
+    print(f"claim {claim_id} at {budget}: {point['verdict']} (ours {fmt(ours)}, baseline {fmt(base)})")
+    return point
+
+
+def _budget_key(budget: str):
+    head = budget.split()[0] if budget.split() else ""
+    return (0, float(head)) if head.replace(".", "", 1).isdigit() else (1, budget)
+
+
 # ------------------------------------------------------------------ README
 
 def fmt(xs: Sequence[float]) -> str:
@@ -241,7 +267,8 @@ def render_readme(entries: Sequence[Mapping[str, Any]], pending: Sequence[Mappin
         lines.append("| " + " | ".join(_cell(c) for c in (
             e["model"], e["paper"], e["claim"], e["better"], f"{fmt(e['ours'])} (n={e['seeds']})",
             fmt(e["baseline"]) + ("" if len(e["baseline"]) > 1 else " (fixed)"),
-            f"{e['margin']:g}" if e["margin"] else "—", f"**{e['verdict']}**", e["why"], e["budget"], f"`{e['command']}`")) + " |")
+            f"{e['margin']:g}" if e["margin"] else "—", f"**{e['verdict']}**", e["why"], e["budget"],
+            _curve(e.get("curve", [])), f"`{e['command']}`")) + " |")
     if pending:
         lines += ["", f"## Claims awaiting a run with {MIN_SEEDS} seeds", "",
                   "Their pages report one seed; these commands rerun them with "

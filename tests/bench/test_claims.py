@@ -104,6 +104,13 @@ def test_record_adds_then_replaces_and_regenerates_the_readme(tmp_path):
     assert claims.load(pending) == []  # a recorded claim leaves the pending list
     assert readme.read_text() == claims.render_readme(saved, [])
     assert claims.check(path, pending, readme) == []
+    claims.add_point("b", "800 steps", [0.9, 0.95, 0.92], [0.5, 0.5, 0.5], path=path, readme=readme, pending=pending)
+    claims.add_point("b", "400 steps", [0.5, 0.6, 0.4], [0.5, 0.5, 0.5], path=path, readme=readme, pending=pending)
+    curve = claims.load(path)[1]["curve"]
+    assert [(p["budget"], p["verdict"]) for p in curve] == [("400 steps", "not reproduced"), ("800 steps", "reproduced")]
+    assert "800 steps: 0.923 ± 0.015 vs 0.500 ± 0.000, reproduced" in readme.read_text()
+    with pytest.raises(ValueError, match="no claim 'zz'"):
+        claims.add_point("zz", "1", [1, 1, 1], [0], path=path, readme=readme, pending=pending)
     readme.write_text(readme.read_text() + "edited by hand\n")
     assert any("not the one generated" in p for p in claims.check(path, pending, readme))
 
