@@ -410,9 +410,20 @@ UT_PAPER = "Dehghani et al. 2019, Universal Transformers (arXiv:1807.03819), wit
 SPAN_MARGIN = 0.02  # "the same bpc": within 0.02 bits per character of the full span
 
 
-def record_claims(results: Dict) -> None:
-    """This page's claims from per-seed results with >= 3 seeds, into claims.json. The UT's claim
-    is refused (left pending) while the variant has not learned the task."""
+def record_claims(results: Dict, point: str = "") -> None:
+    """This page's claims from per-seed results with >= 3 seeds, into claims.json (``point``: a
+    larger budget, added to each claim's budget curve). The UT's claim is refused (left pending)
+    while the variant has not learned the task."""
+
+    def put(**claim):
+        if point:
+            try:
+                claims.add_point(claim["id"], point, claim["ours"], claim["baseline"])
+            except ValueError as err:  # no main-budget claim yet
+                print(err, flush=True)
+        else:
+            claims.record(**claim)
+
     s, u = results.get("span", {}), results.get("ut", {})
     a, f = s.get("adaptive", {}).get("per_seed"), s.get("full span", {}).get("per_seed")
     budget = (f"{s.get('steps')} steps of 16 x {s.get('block')} characters, {s.get('layers')} layers d_model 64, "
@@ -420,7 +431,7 @@ def record_claims(results: Dict) -> None:
     command = f"{COMMAND} --part span --seeds 3 --init-span {s.get('init_span', 256):g} --span-coef {s.get('span_loss_coef'):g}"
     if a and f and min(len(a["seed"]), len(f["seed"])) >= claims.MIN_SEEDS:
         cost = claims.mean(a["computed"])
-        claims.record(
+        put(
             id="adaptive-span-cost", model="adaptive-span", paper=SPAN_PAPER, command=command, budget=budget,
             claim="Learned spans keep the bits per character of full-span attention at a fraction of its attention "
                   f"cost (here: test bpc within {SPAN_MARGIN} of the full span's).",
@@ -428,7 +439,7 @@ def record_claims(results: Dict) -> None:
             why=f"test bpc {claims.fmt(a['test_bpc'])} with {100 * cost:.0f}% of the attention scores, full span "
                 f"{claims.fmt(f['test_bpc'])}")
     if a and len(a["seed"]) >= claims.MIN_SEEDS:
-        claims.record(
+        put(
             id="adaptive-span-pattern", model="adaptive-span", paper=SPAN_PAPER, command=command, budget=budget,
             claim="Lower layers learn short spans while some heads of the upper layers learn long ones (Figure 3).",
             better="higher", ours=a["upper_span"], baseline=a["lower_span"],
@@ -444,7 +455,7 @@ def record_claims(results: Dict) -> None:
             print(f"no verdict for {name}: exact match {p['exact_match']} < {LEARNED}, the UT has not learned "
                   "addition; the ACT claim stays pending", flush=True)
             continue
-        claims.record(
+        put(
             id="ut-act-carries", model="universal-transformer", paper=UT_PAPER,
             command=f"{COMMAND} --part ut --variant '{name}' --seeds {len(p['seed'])} --ut-steps {u['steps']}",
             budget=f"{u['steps']} steps of 32 sums of 1-{u['digits']} digits, d_model 64, M = {u['max_steps']}; CPU",
@@ -479,6 +490,9 @@ def main() -> None:
                         help="adaptive span without the paper's relative position embeddings (the model before they were added)")
     parser.add_argument("--seed", type=int, default=0, help="model initialisation and batch order (the first seed)")
     parser.add_argument("--seeds", type=int, default=1, help="seeds per variant (--seed, --seed + 1, ...); claims need 3")
+    parser.add_argument("--budgets", type=int, nargs="*", default=[],
+                        help="larger budgets (--lm-steps for span, --ut-steps for ut), each run with --seeds seeds and "
+                             "added to the budget curves of the claims recorded at the main budget")
     parser.add_argument("--tag", default="", help="write the results to runs/repro_adaptive/tagged/...-TAG.json, "
                                                   "outside the page's results (side measurements)")
     parser.add_argument("--part", choices=["all", "span", "ut", "doc"], default="all",
@@ -509,6 +523,22 @@ def main() -> None:
                 (OUT / "tagged" / f"results-{part}-{slug}-{args.tag}.json").write_text(json.dumps(result, indent=2) + "\n")
             else:
                 (OUT / f"results-{part}-{slug}.json").write_text(json.dumps(result, indent=2) + "\n")
+    for budget in args.budgets if not args.quick else []:
+        point: Dict = {}
+        for part, fn, variants in (("span", run_span, SPAN_VARIANTS), ("ut", run_ut, list(UT_VARIANTS))):
+            if args.part not in ("all", part):
+                continue
+            steps_arg = "lm_steps" if part == "span" else "ut_steps"
+            main_steps = getattr(args, steps_arg)
+            setattr(args, steps_arg, budget)
+            for name in variants:
+                if args.variant in (None, name):
+                    for key, values in fn(args, name).items():
+                        point.setdefault(key, {}).update(values)
+            setattr(args, steps_arg, main_steps)
+        (OUT / "tagged").mkdir(exist_ok=True)
+        (OUT / "tagged" / f"results-budget-{budget}.json").write_text(json.dumps(point, indent=2) + "\n")
+        record_claims(point, point=f"{budget} steps")
     if args.part in ("all", "doc"):
         results: Dict = {"command": COMMAND + (" --quick" if args.quick else "")}
         for path in sorted(OUT.glob("results-*-*.json")):

@@ -92,7 +92,9 @@ def run_dates(args, results: Dict) -> None:
     plt.close(fig)
 
 
-def run_stress(args, results: Dict, task_name: str) -> None:
+def run_stress(args, results: Dict, task_name: str, point: bool = False) -> None:
+    """The stress test; ``point``: a larger budget of the same claims (``--budgets``), added to
+    their budget curves in claims.json instead of replacing them."""
     cls = CopyTask if task_name == "copy" else ReverseTask
     task = cls(min_len=10, max_len=100)
     lengths = list(range(10, 101, 10))
@@ -125,9 +127,12 @@ def run_stress(args, results: Dict, task_name: str) -> None:
         curves[label] = {"token_accuracy": [sum(r["token_accuracy"][i] for r in per_seed) / n for i in range(len(lengths))],
                          "exact_match": [sum(r["exact_match"][i] for r in per_seed) / n for i in range(len(lengths))],
                          "train_seconds": per_seed[0]["train_seconds"], "per_seed": per_seed}
-    results[f"stress-{task_name}"] = {"lengths": lengths, "steps": args.stress_steps, "batch_size": 32, "curves": curves}
+    key = f"stress-{task_name}" + (f"-{args.stress_steps}" if point else "")
+    results[key] = {"lengths": lengths, "steps": args.stress_steps, "batch_size": 32, "curves": curves}
     if args.seeds >= claims.MIN_SEEDS and not args.quick:
-        record_stress_claims(task_name, lengths, curves, args)
+        record_stress_claims(task_name, lengths, curves, args, point)
+    if point:
+        return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for label, c in curves.items():
         axes[0].plot(lengths, c["token_accuracy"], marker="o", label=label)
@@ -161,14 +166,21 @@ def alignment_error(model, task, task_name: str) -> float:
     return round(float((centre - target).abs()[keep].mean()), 2)
 
 
-def record_stress_claims(task_name: str, lengths: List[int], curves: Dict, args) -> None:
-    """Token accuracy on the long sources (``LONG``), one value per seed, into claims.json."""
+def record_stress_claims(task_name: str, lengths: List[int], curves: Dict, args, point: bool = False) -> None:
+    """Token accuracy on the long sources (``LONG``), one value per seed, into claims.json (a
+    larger ``--budgets`` run: a point of each claim's budget curve)."""
     cols = [i for i, L in enumerate(lengths) if LONG[0] <= L <= LONG[1]]
 
     def long_acc(label):
         return [sum(r["token_accuracy"][i] for i in cols) / len(cols) for r in curves[label]["per_seed"]]
 
     none, bahdanau = long_acc("no attention"), long_acc("Bahdanau")
+    local, glob = long_acc("Luong local-p"), long_acc("Luong global (general)")
+    if point:
+        for cid, ours, base in ((f"bahdanau-length-{task_name}", bahdanau, none),
+                                (f"luong-local-p-{task_name}", local, glob)):
+            claims.add_point(cid, f"{args.stress_steps} steps", ours, base)
+        return
     command = (f"python benchmarks/repro_rnn_attention.py --parts {task_name} --seeds {args.seeds}"
                + (f" --stress-steps {args.stress_steps}" if args.stress_steps != 400 else ""))
     budget = f"{args.stress_steps} steps of batch 32, GRU 64; lengths 10-100; CPU, one thread"
@@ -179,8 +191,7 @@ def record_stress_claims(task_name: str, lengths: List[int], curves: Dict, args)
         better="higher", ours=bahdanau, baseline=none,
         why=f"token accuracy on {LONG[0]}-{LONG[1]} symbols: Bahdanau {claims.fmt(bahdanau)}, no attention "
             f"{claims.fmt(none)} (chance 0.1)")
-    local, glob, bi = long_acc("Luong local-p"), long_acc("Luong global (general)"), \
-        long_acc("Luong local-p, bidirectional encoder")
+    bi = long_acc("Luong local-p, bidirectional encoder")
     stuck = sum(max(r["token_accuracy"]) < 0.15 for r in curves["Luong local-p"]["per_seed"])
     misaligned = [r["alignment_error"] for r in curves["Luong local-p"]["per_seed"]]
     claims.record(
@@ -320,6 +331,9 @@ def main() -> None:
     p.add_argument("--tsp-steps", type=int, default=1500, help="training steps of the TSP pointer network")
     p.add_argument("--seeds", type=int, default=1, help="copy/reverse: seeds per variant (claims need 3)")
     p.add_argument("--stress-steps", type=int, default=400, help="training steps of each copy/reverse model")
+    p.add_argument("--budgets", type=int, nargs="*", default=[],
+                   help="copy/reverse: larger step budgets, each run with --seeds seeds and added to the budget curve "
+                        "of the claims recorded at --stress-steps")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small recurrent steps on a shared machine)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -349,6 +363,11 @@ def main() -> None:
             run_dates(args, results)
         elif part in ("copy", "reverse"):
             run_stress(args, results, part)
+            main_steps = args.stress_steps
+            for steps in args.budgets:
+                args.stress_steps = steps
+                run_stress(args, results, part, point=True)
+            args.stress_steps = main_steps
         elif part == "captions":
             run_captions(args, results)
         elif part == "bible":
