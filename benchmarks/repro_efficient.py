@@ -515,7 +515,7 @@ random.
 {table(["model", "parameters", "test accuracy", "test loss", "train seconds"], cls_rows)}
 
 ![bbc curves](img/efficient-bbc-curves.png)
-{("Larger budgets (`--budgets`), for the models whose claim does not reproduce at " + str(cls_steps) + " steps, and exact BERT:" + chr(10) + chr(10) + table(["budget"] + list(CLS_MODELS), budget_rows) + chr(10)) if budget_rows else ""}
+{(chr(10) + "Larger budgets (`--budgets`), for the models whose claim does not reproduce at " + str(cls_steps) + " steps, and exact BERT:" + chr(10) + chr(10) + table(["budget"] + list(CLS_MODELS), budget_rows) + chr(10)) if budget_rows else ""}
 
 ## 4. Quaternion vs real-valued Transformer (bbc-news)
 
