@@ -38,6 +38,7 @@ from qkv.models.transformer.universal_transformer import UniversalTransformer, U
 from qkv.tasks.generated import AdditionTask  # noqa: E402
 from qkv.tasks.lm import ShakespeareChar  # noqa: E402
 from _repro import smoke_dir, train_fresh  # noqa: E402
+import claims  # noqa: E402  (benchmarks/claims.py: the claims table and its verdicts)
 
 ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "reproductions" / "img"
@@ -46,18 +47,19 @@ DOC = ROOT / "docs" / "reproductions" / "adaptive.md"
 COMMAND = "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/repro_adaptive.py"
 
 
-def train(model, task, steps: int, batch_size: int, lr: float, name: str) -> float:
-    return train_fresh(model, task, OUT / name, steps, batch_size, lr, eval_max_examples=8, seed=0)
+def train(model, task, steps: int, batch_size: int, lr: float, name: str, seed: int = 0) -> float:
+    return train_fresh(model, task, OUT / name, steps, batch_size, lr, eval_max_examples=8, seed=seed)
 
 
 # ----------------------------------------------------------------------------- 1. adaptive span
 
 
-def span_model(task, args, init_span: float, coef: float) -> AdaptiveSpanTransformer:
-    torch.manual_seed(0)
+def span_model(task, args, init_span: float, coef: float, seed: int = 0) -> AdaptiveSpanTransformer:
+    torch.manual_seed(seed)
     return AdaptiveSpanTransformer(AdaptiveSpanTransformerConfig(
         vocab_size=task.vocab.size, n_layers=args.layers, d_model=64, n_heads=4, d_ff=256, dropout=0.0,
-        max_span=args.max_span, ramp=args.ramp, init_span=init_span, span_loss_coef=coef))
+        max_span=args.max_span, ramp=args.ramp, init_span=init_span, span_loss_coef=coef,
+        position_embeddings=args.relative))
 
 
 @torch.no_grad()
@@ -72,27 +74,53 @@ def forward_seconds(model: AdaptiveSpanTransformer, ids: torch.Tensor, repeats: 
 
 
 SPAN_VARIANTS = ("adaptive", "full span")
-UT_VARIANTS = {"b_h = -1 (default)": -1.0, "b_h = +1 (tensor2tensor)": 1.0}
+UT_VARIANTS = {  # config overrides of each UT variant (ponder weight: --ponder-weight unless given)
+    "fixed depth T = 6 (no ACT)": {"act": False},
+    # measured: at 3000 steps T = 6 reached exact match 0.075 (lr 2e-3) and 0.158 (5e-4), T = 2 reached 0.83, a
+    # 2-layer Transformer 0.52: the 6-step post-LN recurrence is what does not train at this budget
+    "fixed depth T = 2 (no ACT)": {"act": False, "max_steps": 2},
+    "b_h = -1 (default)": {"halting_bias_init": -1.0},
+    "b_h = +1 (tensor2tensor)": {"halting_bias_init": 1.0},
+    "b_h = -1, no ponder cost": {"halting_bias_init": -1.0, "ponder_weight": 0.0},
+}
+LEARNED = 0.9  # exact match at which a UT "has learned" addition: only then do its ponder steps mean anything
 
 
 def run_span(args, name: str) -> Dict:
+    """Train one variant on ``--seeds`` seeds: the details of the first, per-seed summaries under
+    ``per_seed`` (test bpc, the mean span of the lower and of the upper half of the layers)."""
+    runs = [run_span_seed(args, name, seed) for seed in range(args.seed, args.seed + args.seeds)]
+    half = args.layers // 2
+    result = {**runs[0], "per_seed": {
+        "seed": list(range(args.seed, args.seed + args.seeds)),
+        "test_bpc": [r["test_bpc"] for r in runs],
+        "lower_span": [float(np.mean(r["spans"][:half])) for r in runs],
+        "upper_span": [float(np.mean(r["spans"][half:])) for r in runs],
+        "computed": [r["attention_cost"]["computed"] for r in runs]}}
+    return {"span": {"max_span": args.max_span, "ramp": args.ramp, "span_loss_coef": args.span_coef,
+                     "init_span": args.init_span, "steps": args.lm_steps, "block": args.block, "layers": args.layers,
+                     "position_embeddings": args.relative, "seed": args.seed, name: result}}
+
+
+def run_span_seed(args, name: str, seed: int) -> Dict:
     """Train one variant: ``adaptive`` (spans learned from ``--init-span`` with the penalty) or
     ``full span`` (every span fixed at S)."""
     task = ShakespeareChar(block_size=args.block, stream=True)
     learn = name == "adaptive"
-    model = span_model(task, args, args.init_span if learn else float(args.max_span), args.span_coef if learn else 0.0)
+    model = span_model(task, args, args.init_span if learn else float(args.max_span), args.span_coef if learn else 0.0,
+                       seed)
     if not learn:
         for kernel in model.kernels():
             kernel.span.requires_grad_(False)  # spans stay at S: plain causal attention over the last S keys
-    seconds = train(model, task, args.lm_steps, 16, args.lm_lr, "span-" + name.replace(" ", "-"))
+    seconds = train(model, task, args.lm_steps, 16, args.lm_lr, "span-" + name.replace(" ", "-"), seed)
     metrics = task.evaluate(model, "test", max_examples=args.eval_segments)
     result = {"train_seconds": round(seconds, 1), "test_bpc": round(metrics["bpc"], 4),
               "spans": model.spans().round(decimals=1).tolist(), "attention_cost": model.attention_cost(),
               "widths": [k.current_span() for k in model.kernels()]}
     print(name, result, flush=True)
-    if learn:
+    if learn and seed == args.seed:
         # the same trained weights, with the learned spans and with every span set to S: one long forward pass
-        full = span_model(task, args, float(args.max_span), 0.0)
+        full = span_model(task, args, float(args.max_span), 0.0, seed)
         full.load_state_dict(model.state_dict())
         with torch.no_grad():
             for kernel in full.kernels():
@@ -104,9 +132,7 @@ def run_span(args, name: str) -> Dict:
             t_full.append(forward_seconds(full, ids, 2))
         result["forward_seconds"] = {"tokens": int(ids.shape[1]), "learned": round(min(t_learned), 3),
                                      "full": round(min(t_full), 3)}
-    return {"span": {"max_span": args.max_span, "ramp": args.ramp, "span_loss_coef": args.span_coef,
-                     "init_span": args.init_span, "steps": args.lm_steps, "block": args.block, "layers": args.layers,
-                     name: result}}
+    return result
 
 
 def plot_spans(spans: np.ndarray, S: int, widths: List[int]) -> None:
@@ -148,32 +174,47 @@ def carries(source: str) -> List[int]:
     return out
 
 
+def full_steps(ids: torch.Tensor, steps: float) -> torch.Tensor:
+    return torch.full(ids.shape, steps)
+
+
 def run_ut(args, name: str) -> Dict:
-    """Train one UT variant (its halting bias initialisation) and measure its ponder steps."""
-    bias = UT_VARIANTS[name]
+    """Train one UT variant (fixed depth, or ACT with its halting bias and ponder weight) on
+    ``--seeds`` seeds and measure its ponder steps; the detailed maps are seed 0's, the per-seed
+    summaries are under ``per_seed``."""
+    overrides = {"ponder_weight": args.ponder_weight, "max_steps": args.max_steps, **UT_VARIANTS[name]}
     task = AdditionTask(min_len=1, max_len=args.digits, eval_size=args.eval_examples)
     v = task.vocab
     pairs = task.eval_pairs("test")[: args.eval_examples]
     n_carries = np.array([sum(carries(s)) for s, _ in pairs])
-    out = {}
-    if True:
-        torch.manual_seed(0)
+    runs = []
+    for seed in range(args.seed, args.seed + args.seeds):
+        torch.manual_seed(seed)
         model = UniversalTransformer(UniversalTransformerConfig(
             vocab_size=v.size, pad_id=v.pad_id, bos_id=v.bos_id, eos_id=v.eos_id, d_model=64, n_heads=4, d_ff=256,
-            dropout=0.1, max_steps=args.max_steps, halting_bias_init=bias, ponder_weight=args.ponder_weight))
-        with torch.no_grad():
-            batch = task.collate(pairs)
-            model.eval()
-            init_steps = model(**batch, return_act=True).aux["decoder_act"].n_steps
-            init_mean = float(init_steps[batch["labels"] != -100].float().mean())
-        seconds = train(model, task, args.ut_steps, 32, args.ut_lr, "ut-" + ("default" if bias < 0 else "t2t"))
-        metrics = task.evaluate(model, "test", max_examples=args.eval_examples)
-        model.eval()
-        with torch.no_grad():
-            act = model(**batch, return_act=True).aux
+            dropout=0.1, **overrides))
+        batch = task.collate(pairs)
         keep = batch["labels"] != -100  # (B, T) output digits + EOS
-        dec = act["decoder_act"].n_steps.float().masked_fill(~keep, float("nan")).numpy()  # (B, T)
-        enc = act["encoder_act"].n_steps.float().masked_fill(~batch["src_mask"], float("nan")).numpy()
+        fixed = not model.config.act
+
+        def act_of(model):
+            model.eval()
+            with torch.no_grad():
+                aux = model(**batch, return_act=True).aux
+            if fixed:  # every position takes exactly max_steps steps; the output is the last step's
+                T = float(model.config.max_steps)
+                return full_steps(batch["labels"], T), full_steps(batch["src_ids"], T), torch.zeros(batch["labels"].shape)
+            dec, enc = aux["decoder_act"], aux["encoder_act"]
+            return dec.n_steps.float(), enc.n_steps.float(), dec.probabilities[..., 0]
+
+        init_steps = act_of(model)[0]
+        slug = name.split(" (")[0].replace(" ", "").replace("=", "").replace("+", "p").replace("-", "m").replace(",", "")
+        seconds = train(model, task, args.ut_steps, 32, args.ut_lr, f"ut-{slug}-s{seed}", seed)
+        metrics = task.evaluate(model, "test", max_examples=args.eval_examples)
+        dec_t, enc_t, first_t = act_of(model)
+        dec = dec_t.masked_fill(~keep, float("nan")).numpy()  # (B, T)
+        enc = enc_t.masked_fill(~batch["src_mask"], float("nan")).numpy()
+        first = first_t.masked_fill(~keep, float("nan")).numpy()  # p^1: the weight of step 1 in the output
         per_carries = {}
         for c in sorted(set(n_carries.tolist())):
             rows = n_carries == c
@@ -185,18 +226,23 @@ def run_ut(args, name: str) -> Dict:
             cin = carries(source)[: len(target)][::-1]  # carry into each output digit, in output order
             for t, c in enumerate(cin):
                 (with_carry if c else without).append(dec[b, t])
-        out[name] = {"halting_bias_init": bias, "train_seconds": round(seconds, 1),
+        runs.append({"seed": seed, "train_seconds": round(seconds, 1),
                      "exact_match": round(metrics.get("exact_match", float("nan")), 4),
-                     "decoder_steps_at_init": round(init_mean, 3),
+                     "decoder_steps_at_init": round(float(init_steps[keep].mean()), 3),
                      "decoder_steps": round(float(np.nanmean(dec)), 3), "encoder_steps": round(float(np.nanmean(enc)), 3),
+                     "step1_weight": None if fixed else round(float(np.nanmean(first)), 3),
                      "by_carries": per_carries,
                      "digit_steps_with_carry_in": round(float(np.mean(with_carry)), 3) if with_carry else None,
                      "digit_steps_without_carry_in": round(float(np.mean(without)), 3) if without else None,
-                     "dec": [[None if np.isnan(x) else float(x) for x in row] for row in dec]}
-        print(name, {k: x for k, x in out[name].items() if k != "dec"}, flush=True)
+                     "dec": [[None if np.isnan(x) else float(x) for x in row] for row in dec]})
+        print(name, {k: x for k, x in runs[-1].items() if k not in ("dec", "by_carries")}, flush=True)
+    summary = ("exact_match", "decoder_steps", "encoder_steps", "step1_weight", "digit_steps_with_carry_in",
+               "digit_steps_without_carry_in", "train_seconds")
+    result = {**runs[0], "overrides": overrides, "halting_bias_init": overrides.get("halting_bias_init"),
+              "per_seed": {k: [r[k] for r in runs] for k in summary + ("seed",)}}
     return {"ut": {"digits": args.digits, "max_steps": args.max_steps, "steps": args.ut_steps,
                    "ponder_weight": args.ponder_weight, "eval_examples": len(pairs), "pairs": pairs,
-                   "n_carries": n_carries.tolist(), name: out[name]}}
+                   "n_carries": n_carries.tolist(), name: result}}
 
 
 def plot_ponder(u: Dict) -> None:
@@ -251,29 +297,42 @@ def notes(results: Dict) -> List[str]:
                "converged (600 steps), and the spans were still moving when training stopped "
                f"(they start at {s['init_span']:g}).")
     names = [k for k in u if isinstance(u[k], dict) and "by_carries" in u[k]]
-    for name in names:
+    fixed = [n for n in names if u[n].get("overrides", {}).get("act") is False]
+    learned_fixed = [n for n in fixed if u[n]["exact_match"] >= LEARNED]
+    for name in fixed:
+        r = u[name]
+        out.append(f"- **Fixed-depth UT first** ({name}): exact match {r['exact_match']:.3f} "
+                   + (f"(>= {LEARNED}): this depth learns the task at this budget." if r["exact_match"] >= LEARNED else
+                      f"(< {LEARNED}): this depth has not learned addition at this budget."))
+    if fixed and not learned_fixed:
+        out.append("- No fixed-depth UT learned the task here, so no ponder setting can be judged; the next step is a "
+                   "larger budget (`--ut-steps`, `--budgets`), not ACT.")
+    acts = [n for n in names if n not in fixed]
+    for name in acts:
         r = u[name]
         cs = sorted(r["by_carries"], key=int)
         lo, hi = r["by_carries"][cs[0]]["decoder_steps"], r["by_carries"][cs[-1]]["decoder_steps"]
+        w1 = r.get("step1_weight")
         out.append(f"- **ACT, {name}.** Decoder ponder steps {r['decoder_steps_at_init']:.2f} at initialisation, "
-                   f"{r['decoder_steps']:.2f} after training (encoder {r['encoder_steps']:.2f}); {lo:.2f} for sums "
-                   f"without carries against {hi:.2f} with {cs[-1]} carries; output digits with a carry coming in "
-                   f"{r['digit_steps_with_carry_in']} against {r['digit_steps_without_carry_in']} without; exact match "
-                   f"{r['exact_match']:.3f}.")
-    exact = max(u[n]["exact_match"] for n in names)
-    if exact < 0.5:
-        out.append(f"- **The UT did not learn the task at this budget** (exact match at most {exact:.2f}), so its ponder "
-                   "steps are those of a half-trained model; the claim (more steps where the task is harder) is "
-                   "**not** reproduced here.")
-    collapsed = [n for n in names if u[n]["encoder_steps"] <= 2.2 and u[n]["decoder_steps"] <= 3.0]
-    out.append("- **The tensor2tensor #1723 failure.** With b_h = +1 the halting units start near h = sigmoid(1) = 0.73, "
-               "so positions halt after 2-3 steps. " + (
-                   f"After training, halting sat at ~2 steps in {len(collapsed)} of {len(names)} runs "
-                   f"({', '.join(collapsed)}): the encoder exactly at 2 everywhere, the decoder at 2.6-2.8 on average; "
-                   "the default b_h = -1 started deeper (6 decoder steps at initialisation) and still fell to the same "
-                   "place, pushed by the ponder cost (tau = 0.01) faster than the task rewarded depth. A negative bias "
-                   "delays the collapse; at this budget it does not prevent it." if collapsed else
-                   "In these runs halting did not collapse to 2 steps."))
+                   f"{r['decoder_steps']:.2f} after training (encoder {r['encoder_steps']:.2f})"
+                   + (f", weight on step 1 {w1:.2f} (the output is mostly the first step's state when it is near 1, "
+                      "whatever N says)" if w1 is not None else "")
+                   + f"; {lo:.2f} for sums without carries against {hi:.2f} with {cs[-1]} carries; output digits with "
+                   f"a carry coming in {r['digit_steps_with_carry_in']} against {r['digit_steps_without_carry_in']} "
+                   f"without; exact match {r['exact_match']:.3f}.")
+    if acts:
+        exact = max(u[n]["exact_match"] for n in acts)
+        if exact < LEARNED:
+            out.append(f"- **No ACT variant learned the task at this budget** (exact match at most {exact:.2f} < "
+                       f"{LEARNED}), so its ponder steps are those of a half-trained model: the claim (more steps where "
+                       "the task is harder) gets no verdict here (claims.json lists it as pending).")
+    collapsed = [n for n in acts if u[n]["encoder_steps"] <= 2.2 and u[n]["decoder_steps"] <= 3.0]
+    if acts:
+        out.append("- **The tensor2tensor #1723 failure.** With b_h = +1 the halting units start near h = sigmoid(1) = "
+                   "0.73, so positions halt after 2-3 steps. " + (
+                       f"After training, halting sat at ~2-3 steps in {len(collapsed)} of {len(acts)} ACT runs "
+                       f"({', '.join(collapsed)})." if collapsed else
+                       "In these runs halting did not collapse to 2 steps."))
     return out
 
 
@@ -327,26 +386,93 @@ def write_doc(results: Dict, args) -> None:
         f"`UniversalTransformer` (encoder–decoder, one shared block each, d_model 64, 4 heads, at most M = "
         f"{u['max_steps']} steps, ponder weight tau = {u['ponder_weight']}), trained {u['steps']} steps on `addition` "
         f"(batch 32) with operands of 1–{u['digits']} digits; {u['eval_examples']} test sums, difficulty = number of carries. "
-        "The two runs differ only in the halting bias initialisation.",
+        "The variants differ only in what the table names: fixed depth (every position takes all steps) or ACT with "
+        "its halting bias initialisation and ponder weight. Weight on step 1: the mean halting-distribution mass p^1 "
+        "on the first step (the output is sum_n p^n s^n).",
         "",
         "![ponder steps](img/ut-act-ponder.png)",
         "",
-        "| halting bias | exact match | decoder N at init | decoder N | encoder N | digit N, carry in | digit N, no carry in |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| variant | exact match | decoder N at init | decoder N | weight on step 1 | encoder N | digit N, carry in | "
+        "digit N, no carry in |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name in (k for k in u if isinstance(u[k], dict) and "by_carries" in u[k]):
         r = u[name]
+        w1 = r.get("step1_weight")
         lines.append(f"| {name} | {r['exact_match']:.3f} | {r['decoder_steps_at_init']:.2f} | {r['decoder_steps']:.2f} | "
-                     f"{r['encoder_steps']:.2f} | {r['digit_steps_with_carry_in']} | {r['digit_steps_without_carry_in']} |")
+                     f"{'—' if w1 is None else f'{w1:.2f}'} | {r['encoder_steps']:.2f} | {r['digit_steps_with_carry_in']} | "
+                     f"{r['digit_steps_without_carry_in']} |")
     lines += ["", "Mean decoder ponder steps by number of carries:", "",
               "| carries | " + " | ".join(k for k in u if isinstance(u[k], dict) and "by_carries" in u[k]) + " |",
-              "| --- | --- | --- |"]
+              "|" + " --- |" * (1 + len([k for k in u if isinstance(u[k], dict) and "by_carries" in u[k]]))]
     names = [k for k in u if isinstance(u[k], dict) and "by_carries" in u[k]]
     for c in sorted(u[names[0]]["by_carries"]):
         cells = [f"{u[n]['by_carries'][c]['decoder_steps']:.2f} (n={u[n]['by_carries'][c]['examples']})" for n in names]
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     lines += ["", "## What this shows", ""] + notes(results) + [""]
     DOC.write_text("\n".join(lines) + "\n")
+
+
+SPAN_PAPER = "Sukhbaatar et al. 2019, Adaptive Attention Span in Transformers (arXiv:1905.07799)"
+UT_PAPER = "Dehghani et al. 2019, Universal Transformers (arXiv:1807.03819), with Graves 2016 ACT"
+SPAN_MARGIN = 0.02  # "the same bpc": within 0.02 bits per character of the full span
+
+
+def record_claims(results: Dict, point: str = "") -> None:
+    """This page's claims from per-seed results with >= 3 seeds, into claims.json (``point``: a
+    larger budget, added to each claim's budget curve). The UT's claim is refused (left pending)
+    while the variant has not learned the task."""
+
+    def put(**claim):
+        if point:
+            try:
+                claims.add_point(claim["id"], point, claim["ours"], claim["baseline"])
+            except ValueError as err:  # no main-budget claim yet
+                print(err, flush=True)
+        else:
+            claims.record(**claim)
+
+    s, u = results.get("span", {}), results.get("ut", {})
+    a, f = s.get("adaptive", {}).get("per_seed"), s.get("full span", {}).get("per_seed")
+    budget = (f"{s.get('steps')} steps of 16 x {s.get('block')} characters, {s.get('layers')} layers d_model 64, "
+              f"S = {s.get('max_span')}; CPU, one thread")
+    command = f"{COMMAND} --part span --seeds 3 --init-span {s.get('init_span', 256):g} --span-coef {s.get('span_loss_coef'):g}"
+    if a and f and min(len(a["seed"]), len(f["seed"])) >= claims.MIN_SEEDS:
+        cost = claims.mean(a["computed"])
+        put(
+            id="adaptive-span-cost", model="adaptive-span", paper=SPAN_PAPER, command=command, budget=budget,
+            claim="Learned spans keep the bits per character of full-span attention at a fraction of its attention "
+                  f"cost (here: test bpc within {SPAN_MARGIN} of the full span's).",
+            better="lower", margin=SPAN_MARGIN, ours=a["test_bpc"], baseline=f["test_bpc"],
+            why=f"test bpc {claims.fmt(a['test_bpc'])} with {100 * cost:.0f}% of the attention scores, full span "
+                f"{claims.fmt(f['test_bpc'])}")
+    if a and len(a["seed"]) >= claims.MIN_SEEDS:
+        put(
+            id="adaptive-span-pattern", model="adaptive-span", paper=SPAN_PAPER, command=command, budget=budget,
+            claim="Lower layers learn short spans while some heads of the upper layers learn long ones (Figure 3).",
+            better="higher", ours=a["upper_span"], baseline=a["lower_span"],
+            why=f"mean learned span: upper half of the layers {claims.fmt(a['upper_span'])}, lower half "
+                f"{claims.fmt(a['lower_span'])} (from z = {s.get('init_span', 0):g})")
+    for name, r in u.items():
+        if not isinstance(r, dict) or "per_seed" not in r or r.get("overrides", {}).get("act") is False:
+            continue
+        p = r["per_seed"]
+        if len(p["seed"]) < claims.MIN_SEEDS:
+            continue
+        if min(p["exact_match"]) < LEARNED:
+            print(f"no verdict for {name}: exact match {p['exact_match']} < {LEARNED}, the UT has not learned "
+                  "addition; the ACT claim stays pending", flush=True)
+            continue
+        put(
+            id="ut-act-carries", model="universal-transformer", paper=UT_PAPER,
+            command=f"{COMMAND} --part ut --variant '{name}' --seeds {len(p['seed'])} --ut-steps {u['steps']}",
+            budget=f"{u['steps']} steps of 32 sums of 1-{u['digits']} digits, d_model 64, M = {u['max_steps']}; CPU",
+            claim="ACT spends more computation where the input is harder (here: ponder steps of output digits with a "
+                  "carry coming in against those without).",
+            better="higher", ours=p["digit_steps_with_carry_in"], baseline=p["digit_steps_without_carry_in"],
+            why=f"{name}: decoder steps {claims.fmt(p['digit_steps_with_carry_in'])} with a carry in, "
+                f"{claims.fmt(p['digit_steps_without_carry_in'])} without; weight on step 1 "
+                f"{claims.fmt(p['step1_weight'])}; exact match {claims.fmt(p['exact_match'])}")
 
 
 def main() -> None:
@@ -368,6 +494,15 @@ def main() -> None:
     parser.add_argument("--ponder-weight", type=float, default=0.01)
     parser.add_argument("--eval-examples", type=int, default=400)
     parser.add_argument("--init-span", type=float, default=256.0)
+    parser.add_argument("--no-relative", dest="relative", action="store_false",
+                        help="adaptive span without the paper's relative position embeddings (the model before they were added)")
+    parser.add_argument("--seed", type=int, default=0, help="model initialisation and batch order (the first seed)")
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per variant (--seed, --seed + 1, ...); claims need 3")
+    parser.add_argument("--budgets", type=int, nargs="*", default=[],
+                        help="larger budgets (--lm-steps for span, --ut-steps for ut), each run with --seeds seeds and "
+                             "added to the budget curves of the claims recorded at the main budget")
+    parser.add_argument("--tag", default="", help="write the results to runs/repro_adaptive/tagged/...-TAG.json, "
+                                                  "outside the page's results (side measurements)")
     parser.add_argument("--part", choices=["all", "span", "ut", "doc"], default="all",
                         help="all: every variant then the doc; span/ut: one part (with --variant: one variant), its "
                              "results to runs/repro_adaptive/results-*.json; doc: the doc from the saved results")
@@ -391,7 +526,27 @@ def main() -> None:
             result = fn(args, name)
             result[part][name]["seconds"] = round(time.time() - t0, 1)
             slug = name.split(" (")[0].replace(" ", "").replace("=", "").replace("+", "p").replace("-", "m")
-            (OUT / f"results-{part}-{slug}.json").write_text(json.dumps(result, indent=2) + "\n")
+            if args.tag:  # a side measurement: kept out of the page's results
+                (OUT / "tagged").mkdir(exist_ok=True)
+                (OUT / "tagged" / f"results-{part}-{slug}-{args.tag}.json").write_text(json.dumps(result, indent=2) + "\n")
+            else:
+                (OUT / f"results-{part}-{slug}.json").write_text(json.dumps(result, indent=2) + "\n")
+    for budget in args.budgets if not args.quick else []:
+        point: Dict = {}
+        for part, fn, variants in (("span", run_span, SPAN_VARIANTS), ("ut", run_ut, list(UT_VARIANTS))):
+            if args.part not in ("all", part):
+                continue
+            steps_arg = "lm_steps" if part == "span" else "ut_steps"
+            main_steps = getattr(args, steps_arg)
+            setattr(args, steps_arg, budget)
+            for name in variants:
+                if args.variant in (None, name):
+                    for key, values in fn(args, name).items():
+                        point.setdefault(key, {}).update(values)
+            setattr(args, steps_arg, main_steps)
+        (OUT / "tagged").mkdir(exist_ok=True)
+        (OUT / "tagged" / f"results-budget-{budget}.json").write_text(json.dumps(point, indent=2) + "\n")
+        record_claims(point, point=f"{budget} steps")
     if args.part in ("all", "doc"):
         results: Dict = {"command": COMMAND + (" --quick" if args.quick else "")}
         for path in sorted(OUT.glob("results-*-*.json")):
@@ -403,6 +558,8 @@ def main() -> None:
         (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         write_doc(results, args)
         print(f"wrote {DOC}", flush=True)
+        if not args.quick:
+            record_claims(results)
 
 
 if __name__ == "__main__":
