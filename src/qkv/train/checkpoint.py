@@ -396,9 +396,27 @@ def load_checkpoint(
     return meta
 
 
+def check_weights(path: str | os.PathLike, state: Mapping[str, Tensor], model: torch.nn.Module) -> None:
+    """Refuse weights that would load silently wrong: a tensor whose dtype is not the model's
+    (``load_state_dict`` would cast it) or one holding NaN or inf. A ``CheckpointError`` names the
+    file, the first such tensor and, for a dtype, the expected and the actual one."""
+    expected = model.state_dict()
+    for name, tensor in state.items():
+        want = expected.get(name)
+        if want is not None and tensor.dtype != want.dtype:
+            raise CheckpointError(f"{str(path)!r}: tensor {name!r} is {str(tensor.dtype).replace('torch.', '')}, "
+                                  f"the model expects {str(want.dtype).replace('torch.', '')}")
+    for name, tensor in state.items():
+        if (tensor.is_floating_point() or tensor.is_complex()) and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(f"{str(path)!r}: tensor {name!r} holds {bad} non-finite value(s) (NaN or inf) "
+                                  f"of {tensor.numel()}; these weights cannot be used")
+
+
 def _load_into(path: Path, tensors: Dict[str, Tensor], meta: Dict[str, Any], model: torch.nn.Module,
                optimizer: Optional[torch.optim.Optimizer], scheduler: Any, rank: Optional[int], strict: bool) -> None:
     model_state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
+    check_weights(path, model_state, model)
     try:
         model.load_state_dict(model_state, strict=strict)
     except RuntimeError as e:
