@@ -103,3 +103,13 @@ def test_generate_on_nan_weights_is_one_line(shakespeare_cache, train_argv, caps
     assert main(["generate", str(run), "--prompt", "To", "--max-new-tokens", "3"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "stack.layers.0.ff.w1.weight" in err and "non-finite" in err
+
+
+@pytest.mark.parametrize("knob", [{"n_rounds": 10**9}, {"n_buckets": 2**40}])
+def test_reformer_hashing_too_large_is_refused_at_the_config(knob):
+    from qkv.models.transformer.reformer import ReformerConfig
+
+    name, value = next(iter(knob.items()))
+    with pytest.raises(ValueError, match=rf"{name}={value}.*more than the .* of memory available"):
+        ReformerConfig(**knob)
+    ReformerConfig(n_rounds=8)  # the paper's largest
