@@ -116,7 +116,9 @@ def _gpt_argv(run, *extra):
 
 
 def _snapshot(directory):
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+    """The run's files; ``.lock`` names the latest writer to take the directory (train/lock.py), not the run."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
 
 
 def _losses(run):

@@ -32,6 +32,7 @@ from ._io import atomic_write, atomic_write_text
 
 __all__ = [
     "CheckpointError",
+    "check_weights",
     "tensors_checksum",
     "read_header",
     "read_tensors",
@@ -196,3 +197,20 @@ def load_model_tensors(directory: Union[str, os.PathLike]) -> Dict[str, Tensor]:
     weights = Path(directory) / "model.safetensors"
     tensors, metadata = read_tensors(weights)
     return expand_aliases(tensors, metadata, weights)
+
+
+def check_weights(path: Union[str, os.PathLike], state: Mapping[str, Tensor], model: "torch.nn.Module") -> None:
+    """Refuse weights that would load silently wrong: a tensor whose dtype is not the model's
+    (``load_state_dict`` would cast it) or one holding NaN or inf. A ``CheckpointError`` names the
+    file, the first such tensor and, for a dtype, the expected and the actual one."""
+    expected = model.state_dict()
+    for name, tensor in state.items():
+        want = expected.get(name)
+        if want is not None and tensor.dtype != want.dtype:
+            raise CheckpointError(f"{str(path)!r}: tensor {name!r} is {str(tensor.dtype).replace('torch.', '')}, "
+                                  f"the model expects {str(want.dtype).replace('torch.', '')}")
+    for name, tensor in state.items():
+        if (tensor.is_floating_point() or tensor.is_complex()) and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(f"{str(path)!r}: tensor {name!r} holds {bad} non-finite value(s) (NaN or inf) "
+                                  f"of {tensor.numel()}; these weights cannot be used")

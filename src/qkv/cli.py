@@ -408,6 +408,22 @@ def _announce(message: str) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    import contextlib
+
+    with contextlib.ExitStack() as held:  # the run directory's writer lock, once taken
+        return _train(args, held)
+
+
+def _lock_run(out: Path, held: Any) -> bool:
+    """Take ``out``'s writer lock for the rest of the command (rank 0 only: it alone writes)."""
+    from qkv.train.lock import RunLock
+
+    if int(os.environ.get("RANK", "0")) == 0:
+        held.enter_context(RunLock(out))
+    return True
+
+
+def _train(args: argparse.Namespace, held: Any) -> int:
     import random
 
     import numpy as np
@@ -416,7 +432,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     import qkv.tasks  # noqa: F401  (registers tasks)
     from qkv.registry import lookup
     from qkv.tasks import build_task
-    from qkv.train import CheckpointManager, TrainConfig, Trainer
+    from qkv.train import CheckpointManager, TrainConfig, Trainer, read_checkpoint_meta
 
     # ---- every check first: nothing in the run directory changes until all have passed
     model_cls = lookup("model", args.model)
@@ -424,6 +440,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     task_cls = lookup("task", args.task)
     out = Path(args.out or f"runs/{args.model}-{args.task}")
     _check_out(out)
+    # one writer per run directory: an existing one is locked before anything is read from it
+    locked = out.is_dir() and _lock_run(out, held)
     model_sets, task_sets, train_sets = _split_sets(args.set or [])
     fields = _fields(model_cls.config_class)
     train_fields = _fields(TrainConfig)
@@ -434,6 +452,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.init and args.resume:
         raise CLIError("--init starts a new run from another run's weights; it cannot be combined with --resume")
     previous = _load_run(str(out)) if args.resume and (out / RUN_FILE).is_file() else None
+    if args.resume and previous is None and not CheckpointManager(out / "checkpoints").checkpoints():
+        _announce(f"--resume: {out} holds no run yet; starting a new one")
     if previous is not None:
         if (previous["model"], previous["task"]) != (args.model, args.task):
             raise CLIError(f"{out} holds a {previous['model']} run on {previous['task']}, not {args.model} on {args.task}")
@@ -488,6 +508,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if manager.checkpoints() and intact is None:
             raise CLIError(f"--resume: every checkpoint in {out / 'checkpoints'} is corrupt (checksum or header); "
                            "nothing to resume from — remove them to start over")
+        done = read_checkpoint_meta(intact)["step"] if intact is not None else 0
+        if done >= config.steps and (out / "model" / "config.json").is_file():
+            _announce(f"--resume: the run in {out} is finished at step {done} (--steps {config.steps}); "
+                      f"nothing to do — extend it with --resume --steps N, N > {done}")
+            return 0
 
     if args.init:  # a Hugging Face checkpoint's tokenizer for the task
         from qkv.integrations import pretrained
@@ -519,6 +544,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     # ---- all checks passed: write
     out.mkdir(parents=True, exist_ok=True)
+    if not locked:  # a new directory: lock it now, and check again that no run got there meanwhile
+        locked = _lock_run(out, held)
+        if not args.resume and CheckpointManager(out / "checkpoints").checkpoints():
+            raise CLIError(f"{out} already holds a run with checkpoints; continue it with --resume or choose another --out")
     train_record = {k: v for k, v in dataclasses.asdict(config).items() if k != "out_dir"}
     info = {"model": args.model, "task": args.task, "preset": preset_name, "task_options": task_options,
             "model_config": dataclasses.asdict(model.config), "train": train_record}

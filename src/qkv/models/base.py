@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .._modelfile import CheckpointError, load_model_tensors, read_model_config, save_model
+from .._modelfile import CheckpointError, check_weights, load_model_tensors, read_model_config, save_model
 from ..registry import lookup
 
 __all__ = ["ModelOutput", "QKVModel", "config_from_dict", "load_pretrained", "available_memory", "MODEL_TYPE_KEY"]
@@ -205,12 +205,34 @@ class QKVModel(nn.Module):
     @classmethod
     def estimate_bytes(cls, config: Any) -> Optional[int]:
         """Bytes of parameters and buffers of ``cls(config)``, found by building it on the ``meta``
-        device (no memory is allocated); None when the model cannot be built there."""
+        device (no memory is allocated); None when the model cannot be built there.
+
+        The time this takes does not grow with the repeat counts (``n_layers``, ``n_decoder_layers``,
+        ``n_targets``, ...: :func:`_repeat_fields`): a count above ``_EXACT_REPEATS`` is estimated
+        from models built with 1 and 2 repeats, extrapolated linearly (each repeat adds the same
+        parameters), so ``n_layers=10**9`` is refused at once instead of building 10**9 modules."""
+        large = {k: v for k, v in _repeat_fields(config).items() if v > _EXACT_REPEATS}
+        if large and dataclasses.is_dataclass(config):
+            for low in (1, 2):  # a model may need more than one repeat
+                try:
+                    base = cls._meta_bytes(dataclasses.replace(config, **{k: low for k in large}))
+                    total = base
+                    for name, count in large.items():
+                        more = cls._meta_bytes(dataclasses.replace(config, **{**{k: low for k in large}, name: low + 1}))
+                        total += (more - base) * (count - low)
+                    return total
+                except Exception:  # noqa: BLE001 - that many repeats is not a valid model: try the next
+                    continue
         try:
-            with torch.device("meta"):
-                model = cls(config)
+            return cls._meta_bytes(config)
         except Exception:  # noqa: BLE001 - an __init__ that needs real data (e.g. .item()) on meta
             return None  # then the real construction is the check
+
+    @classmethod
+    def _meta_bytes(cls, config: Any) -> int:
+        """Bytes of parameters and buffers of ``cls(config)`` built on the meta device."""
+        with torch.device("meta"):
+            model = cls(config)
         tensors = list(model.parameters()) + list(model.buffers())
         seen, total = set(), 0
         for t in tensors:
@@ -248,8 +270,10 @@ class QKVModel(nn.Module):
         ``QKVModel``; this class otherwise), or a Hugging Face checkpoint of an architecture qkv
         represents (``bert``, ``gpt2``: ``models/transformer/hf_checkpoints.py``). ``overrides``:
         config fields that do not change the weights' shapes (e.g. ``attention="window",
-        attention_kwargs={"radius": 16}``, ``dropout``). A missing, corrupt or truncated file raises
-        ``CheckpointError`` (a ``ValueError``) naming it; nothing is unpickled."""
+        attention_kwargs={"radius": 16}``, ``dropout``). A model saved in one floating dtype (after
+        ``.double()``) loads in it; a missing, corrupt or truncated file, a tensor of another dtype
+        than the model's other weights or one holding NaN or inf raises ``CheckpointError`` (a
+        ``ValueError``) naming it; nothing is unpickled."""
         directory = Path(directory)
         if not directory.is_dir():
             raise FileNotFoundError(f"{directory} is not a model directory (config.json + model.safetensors, written by "
@@ -271,6 +295,11 @@ class QKVModel(nn.Module):
             raise ValueError(f"{directory} holds a {name!r} model, not {cls.registry_name!r}")
         model = (lookup("model", name) if cls is QKVModel else cls).from_config({**values, **overrides})
         state = load_model_tensors(directory)
+        stored = {t.dtype for t in state.values() if t.is_floating_point()}
+        built = {t.dtype for t in model.state_dict().values() if t.is_floating_point()}
+        if len(stored) == 1 and len(built) == 1 and stored != built:  # saved after .double() / .half(): load so
+            model = model.to(stored.pop())
+        check_weights(directory / "model.safetensors", state, model)  # no silent cast, no NaN or inf
         try:
             model.load_state_dict(state, strict=True)
         except RuntimeError as e:
@@ -290,6 +319,20 @@ def available_memory() -> Optional[int]:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+#: repeat counts up to this are built exactly on the meta device; larger ones are extrapolated
+_EXACT_REPEATS = 64
+
+
+def _repeat_fields(config: Any) -> Dict[str, int]:
+    """The config's integer fields that count repeated modules (layers, heads of their own, hops)."""
+    if not dataclasses.is_dataclass(config):
+        return {}
+    names = ("n_targets", "n_hops", "n_read_heads", "n_out_heads", "n_levels")
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if (f.name.endswith("layers") or f.name in names)
+            and isinstance(getattr(config, f.name), int) and not isinstance(getattr(config, f.name), bool)}
 
 
 def _human_bytes(n: float) -> str:

@@ -11,12 +11,15 @@ from .checkpoint import (
     save_checkpoint,
     save_model,
 )
+from .lock import RunLock, RunLockError
 from .trainer import TrainConfig, Trainer
 
 __all__ = [
     "Trainer",
     "TrainConfig",
     "CheckpointError",
+    "RunLock",
+    "RunLockError",
     "CheckpointManager",
     "save_checkpoint",
     "load_checkpoint",

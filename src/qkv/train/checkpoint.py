@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .._io import atomic_write, atomic_write_text
-from .._modelfile import (CheckpointError, expand_aliases, load_model_state, load_model_tensors, read_model_config,
+from .._modelfile import (CheckpointError, check_weights, expand_aliases, load_model_state, load_model_tensors, read_model_config,
                           read_header, read_tensors, save_model, write_tensors)
 
 __all__ = [
@@ -269,6 +269,7 @@ def load_checkpoint(
 def _load_into(path: Path, tensors: Dict[str, Tensor], meta: Dict[str, Any], model: torch.nn.Module,
                optimizer: Optional[torch.optim.Optimizer], scheduler: Any, rank: Optional[int], strict: bool) -> None:
     model_state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
+    check_weights(path, model_state, model)
     try:
         model.load_state_dict(model_state, strict=strict)
     except RuntimeError as e:

@@ -44,6 +44,7 @@ from ..tasks.base import Task
 from . import distributed, schedules
 from .checkpoint import CheckpointError, CheckpointManager, atomic_write_text, capture_rng_state, load_checkpoint, read_checkpoint_meta
 from .checkpoint import read_carried_state
+from .lock import RunLock
 
 __all__ = ["TrainConfig", "Trainer"]
 
@@ -142,7 +143,8 @@ class Trainer:
     Run directory: ``metrics.jsonl`` (one JSON object per event: ``{"event": "train", "step",
     "loss", "lr", "grad_norm", "tokens_per_s", "time"}`` or ``{"event": "eval", "step",
     "valid_loss", <task metrics>}`` or ``{"event": "resume", "step", "checkpoint"}``), ``train_config.json``, ``checkpoints/step-*.safetensors`` +
-    ``checkpoints/latest``. Under ``torchrun`` only rank 0 writes, logs and evaluates.
+    ``checkpoints/latest``, and ``.lock``: ``fit`` holds the directory's writer lock (``RunLock``), so
+    a second writer is refused. Under ``torchrun`` only rank 0 writes, logs and evaluates.
     """
 
     def __init__(self, model: QKVModel, task: Task, config: TrainConfig) -> None:
@@ -283,7 +285,8 @@ class Trainer:
         cfg = self.config
         ctx = distributed.setup(cfg.device)
         try:
-            return self._fit(ctx, resume)
+            with RunLock(self.out_dir) if ctx.is_main else nullcontext():  # one writer per run directory
+                return self._fit(ctx, resume)
         finally:
             if getattr(self, "_writer", None) is not None:
                 self._writer.close()

@@ -100,7 +100,28 @@ class ReformerConfig(GPTConfig):
                     raise ValueError(f"attention_kwargs.{knob}={given!r} conflicts with {name}={value!r}: the Reformer's "
                                      f"LSH knobs are its own fields — set {name} (--set {name}=...) instead")
             self.attention_kwargs = {**self.attention_kwargs, **own}
+            _check_hashing_size(self, n_buckets)
         super().__post_init__()
+
+
+def _check_hashing_size(config: "ReformerConfig", n_buckets: Any) -> None:
+    """Refuse ``n_rounds`` / ``n_buckets`` whose hashing would not fit in memory for one sequence
+    of ``max_len``, from the arithmetic alone: the rotations ``(d_model, n_rounds, sum(f) / 2)``,
+    the projections ``(H, L, n_rounds, sum(f) / 2)`` and the chunked scores ``(H, n_rounds, L, 2m)``
+    (float32; attention/lsh.py's cost), before any of it is drawn."""
+    from ..base import _human_bytes, available_memory
+
+    factors = tuple(n_buckets) if isinstance(n_buckets, (tuple, list)) else (n_buckets,)
+    if not all(isinstance(f, int) and f > 0 for f in factors):
+        return  # the kernel names the bad value
+    half = sum(factors) // 2
+    need = 4 * config.n_rounds * (config.d_model * half + config.n_heads * config.max_len * (half + 2 * config.bucket_size))
+    have = available_memory()
+    if have is not None and need > have:
+        raise ValueError(f"ReformerConfig: LSH hashing with n_rounds={config.n_rounds}, n_buckets={n_buckets} needs "
+                         f"{_human_bytes(need)} for one sequence of max_len={config.max_len}, more than the "
+                         f"{_human_bytes(have)} of memory available; the paper uses 1 to 8 rounds and 2 max_len / "
+                         f"bucket_size buckets")
 
 
 class _Halves:
