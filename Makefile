@@ -67,6 +67,7 @@ bench: setup
 	$(BIN)/qkv bench depth-memory --threads 1 --length 4096 --depths 1 2 4 8 12
 	$(BIN)/qkv bench generation --threads 1 --d-model 128 --layers 2 --contexts 256 1024 4096 16384
 	$(BIN)/qkv bench peers --threads 1
+	$(BIN)/qkv bench models --threads 1
 
 clean:
 	rm -rf $(VENV) bench-out runs
