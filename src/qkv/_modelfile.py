@@ -201,7 +201,7 @@ def load_model_tensors(directory: Union[str, os.PathLike]) -> Dict[str, Tensor]:
 
 def check_weights(path: Union[str, os.PathLike], state: Mapping[str, Tensor], model: "torch.nn.Module") -> None:
     """Refuse weights that would load silently wrong: a tensor whose dtype is not the model's
-    (``load_state_dict`` would cast it) or one holding NaN or inf. A ``CheckpointError`` names the
+    (``load_state_dict`` would cast it) or a parameter holding NaN or inf. A ``CheckpointError`` names the
     file, the first such tensor and, for a dtype, the expected and the actual one."""
     expected = model.state_dict()
     for name, tensor in state.items():
@@ -209,8 +209,9 @@ def check_weights(path: Union[str, os.PathLike], state: Mapping[str, Tensor], mo
         if want is not None and tensor.dtype != want.dtype:
             raise CheckpointError(f"{str(path)!r}: tensor {name!r} is {str(tensor.dtype).replace('torch.', '')}, "
                                   f"the model expects {str(want.dtype).replace('torch.', '')}")
-    for name, tensor in state.items():
-        if (tensor.is_floating_point() or tensor.is_complex()) and not bool(torch.isfinite(tensor).all()):
+    parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    for name, tensor in state.items():  # weights only: a buffer may hold inf on purpose (a best-so-far loss)
+        if name in parameters and (tensor.is_floating_point() or tensor.is_complex()) and not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
             raise CheckpointError(f"{str(path)!r}: tensor {name!r} holds {bad} non-finite value(s) (NaN or inf) "
                                   f"of {tensor.numel()}; these weights cannot be used")

@@ -321,5 +321,6 @@ def test_absurd_knobs_are_refused_before_any_work(knobs, message):
     from qkv.models.transformer.reformer import Reformer, ReformerConfig
 
     reformer_knobs = {"n_rounds": knobs["n_rounds"]} if "n_rounds" in knobs else {"n_buckets": knobs["n_buckets"]}
-    with pytest.raises(ValueError, match=message):
+    # the Reformer's config refuses first, from the memory the hashing would need, or the kernel does
+    with pytest.raises(ValueError, match=f"{message}|LSH hashing with .* needs .* more than the"):
         Reformer(ReformerConfig(vocab_size=7, max_len=16, n_layers=1, d_model=8, n_heads=2, d_ff=16, **reformer_knobs))

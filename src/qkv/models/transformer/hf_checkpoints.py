@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from ..._modelfile import CheckpointError
-from ...registry import lookup
+from ...registry import lookup, names
 from ..base import CHECKPOINT_FORMATS, CheckpointFormat
 from .bert import BERT
 from .gpt import GPT
@@ -204,8 +204,12 @@ def is_huggingface(directory: PathLike) -> bool:
         return False
     if not isinstance(config, dict) or "model_type" not in config:
         return False
-    return ("transformers_version" in config or "architectures" in config or config["model_type"] == "gpt2"
-            or ("d_model" not in config and any(k in config for k in ("hidden_size", "n_embd"))))
+    if "transformers_version" in config or "architectures" in config:
+        return True
+    model_type = config["model_type"]
+    if model_type != "bert" and model_type in names("model"):
+        return False  # a qkv model's own config (e.g. 'lstm-seq', which has a hidden_size of its own)
+    return model_type == "gpt2" or ("d_model" not in config and any(k in config for k in ("hidden_size", "n_embd")))
 
 
 def _get(config: Dict[str, Any], key: str, default: Any, kind: type = int) -> Any:
