@@ -6,7 +6,7 @@ to continue a sequence (style.md habit 4).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
 from torch import Tensor
@@ -35,6 +35,11 @@ class KVCache:
     key: Tensor
     value: Tensor
     offset: int = 0
+    #: spare room after ``key``/``value`` for appending in place while decoding (no autograd):
+    #: ``(key buffer, value buffer, [positions written])``; ``key``/``value`` are views of the
+    #: buffers' first ``length`` positions. Only the state that wrote last may append in place, so
+    #: a caller that continues an older state (a branch) gets a copy and every state stays true.
+    room: Any = field(default=None, repr=False, compare=False)
 
     @property
     def length(self) -> int:

@@ -305,3 +305,28 @@ def test_softmax_sdpa_path_equals_explicit_path_with_cache_offset():
     torch.testing.assert_close(fast, slow.output)
     allowed = masks.causal_mask(4, 9, offset=5)
     assert (slow.weights[..., ~allowed] == 0).all()
+
+
+def test_kv_cache_appends_in_place_while_decoding_and_branches_stay_true():
+    """Without autograd the softmax KV cache grows into buffers written in place (no re-copy of
+    the cached positions per step); continuing an older state (a branch) copies, so every state
+    keeps its own keys and stepwise still equals parallel."""
+    kernel = qkv.build_attention("softmax", causal=True)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 9, 4, generator=g) for _ in range(3))
+    full = kernel(q, k, v).output
+    with torch.no_grad():
+        first = kernel(q[:, :, :5], k[:, :, :5], v[:, :, :5], return_state=True)
+        a = kernel(q[:, :, 5:6], k[:, :, 5:6], v[:, :, 5:6], state=first.state, return_state=True)
+        b = kernel(q[:, :, 6:7], k[:, :, 6:7], v[:, :, 6:7], state=a.state, return_state=True)
+        assert b.state.room[0] is a.state.room[0] is first.state.room[0]  # one buffer, appended in place
+        # a branch from `first` with other keys: copied, and `a`/`b` keep theirs
+        other_k, other_v = torch.randn(2, 3, 1, 4, generator=g), torch.randn(2, 3, 1, 4, generator=g)
+        branch = kernel(q[:, :, 5:6], other_k, other_v, state=first.state, return_state=True)
+        assert branch.state.room[0] is not first.state.room[0]
+        torch.testing.assert_close(a.state.key[:, :, 5:6], k[:, :, 5:6])
+        torch.testing.assert_close(branch.state.key[:, :, 5:6], other_k)
+        rest = kernel(q[:, :, 7:], k[:, :, 7:], v[:, :, 7:], state=b.state, return_state=True)
+    stepwise = torch.cat([first.output, a.output, b.output, rest.output], dim=2)
+    torch.testing.assert_close(stepwise, full)
+    assert first.state.length == 5 and rest.state.length == 9

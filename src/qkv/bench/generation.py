@@ -52,11 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def state_bytes(state: Any) -> int:
-    """Bytes of every tensor inside a (nested) state: dataclasses, tuples, lists, dicts."""
+    """Bytes of every tensor inside a (nested) state: dataclasses, tuples, lists, dicts. The cached
+    content only: a KV cache that grows in place (``KVCache.room``) also holds spare room in its
+    buffers, at most as much again."""
     if isinstance(state, torch.Tensor):
         return state.numel() * state.element_size()
     if dataclasses.is_dataclass(state) and not isinstance(state, type):
-        return sum(state_bytes(getattr(state, f.name)) for f in dataclasses.fields(state))
+        return sum(state_bytes(getattr(state, f.name)) for f in dataclasses.fields(state) if f.name != "room")
     if isinstance(state, (tuple, list)):
         return sum(state_bytes(s) for s in state)
     if isinstance(state, dict):
