@@ -12,6 +12,7 @@ would not fit in the memory this machine has available (``estimate_bytes``).
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import os
 from dataclasses import dataclass, field
@@ -61,23 +62,23 @@ def config_from_dict(config_class: type, values: Dict[str, Any]) -> Any:
     return config_class(**{k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in values.items()})
 
 
-class CheckpointFormat:
+class CheckpointFormat(abc.ABC):
     """Another library's checkpoint layout that ``QKVModel.from_pretrained`` reads and
     ``save_pretrained(format=name)`` writes; registered in ``CHECKPOINT_FORMATS`` by the module that
     implements it (``models/transformer/hf_checkpoints.py``: ``"huggingface"``), so that this floor
     imports none of the models."""
 
-    def recognizes(self, directory: Path) -> bool:  # pragma: no cover - the protocol
+    @abc.abstractmethod
+    def recognizes(self, directory: Path) -> bool:
         """Whether ``directory`` holds a checkpoint of this format."""
-        raise NotImplementedError
 
-    def load(self, cls: Optional[type], directory: Path, map_location: str, **overrides: Any) -> "QKVModel":  # pragma: no cover
+    @abc.abstractmethod
+    def load(self, cls: Optional[type], directory: Path, map_location: str, **overrides: Any) -> "QKVModel":
         """The model in ``directory`` (as ``cls`` when given; else the architecture it holds)."""
-        raise NotImplementedError
 
-    def save(self, model: "QKVModel", directory: Union[str, os.PathLike]) -> Path:  # pragma: no cover
+    @abc.abstractmethod
+    def save(self, model: "QKVModel", directory: Union[str, os.PathLike]) -> Path:
         """Write ``model`` in this format into ``directory``."""
-        raise NotImplementedError
 
 
 #: format name -> reader/writer of another library's checkpoints (filled on ``import qkv``)
