@@ -1,5 +1,5 @@
-"""The shared stack: equal to ``torch.nn.Transformer`` given the same weights, its hooks, and
-its blocks (feed-forward, residual wirings)."""
+"""The shared stack: equal to ``torch.nn.Transformer`` given the same weights, and its hooks
+(the blocks themselves: tests/blocks/)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 import torch
 from torch import nn
 
-from qkv.blocks import FeedForward, PostLN, PreLN, build_residual
 from qkv.models.transformer.stack import (BlockState, StackConfig, StackState, TransformerStack, copy_torch_layer,
                               reorder_state)
 from qkv.types import KVCache
@@ -105,34 +104,7 @@ def test_full_padding_mask_is_dropped_for_fast_path():
     torch.testing.assert_close(stack(ids, mask=torch.ones(2, 5, dtype=torch.bool)).hidden, stack(ids).hidden)
 
 
-# ----------------------------------------------------------------------------- blocks
-
-
-def test_feed_forward_is_the_paper_equation():
-    torch.manual_seed(0)
-    ff = FeedForward(6, 10)
-    x = torch.randn(2, 5, 6)
-    # FFN(x) = max(0, x W1 + b1) W2 + b2
-    literal = torch.clamp(x @ ff.w1.weight.T + ff.w1.bias, min=0) @ ff.w2.weight.T + ff.w2.bias
-    torch.testing.assert_close(ff(x), literal)
-    chunked = FeedForward(6, 10, chunk_size=2)
-    chunked.load_state_dict(ff.state_dict())
-    torch.testing.assert_close(chunked(x), literal)
-    with pytest.raises(ValueError, match="activation"):
-        FeedForward(6, 10, "swish")
-
-
-def test_residual_wirings():
-    torch.manual_seed(0)
-    x, f = torch.randn(2, 3, 4), nn.Linear(4, 4)
-    post, pre = build_residual("post-ln", 4), build_residual("pre-ln", 4)
-    assert isinstance(post, PostLN) and isinstance(pre, PreLN)
-    ln = nn.functional.layer_norm
-    torch.testing.assert_close(post.exit(x, f(post.enter(x))), ln(x + f(x), (4,)))  # LN(x + F(x))
-    torch.testing.assert_close(pre.exit(x, f(pre.enter(x))), x + f(ln(x, (4,))))  # x + F(LN(x))
-    assert pre.final_norm and not post.final_norm
-    with pytest.raises(ValueError, match="sandwich"):
-        build_residual("sandwich", 4)
+# ----------------------------------------------------------------------------- inputs and plug-ins
 
 
 def test_stack_rejects_bad_inputs():

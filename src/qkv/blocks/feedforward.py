@@ -1,0 +1,59 @@
+"""The position-wise feed-forward network of the Transformer (Vaswani et al. 2017, "Attention Is
+All You Need", arXiv:1706.03762, §3.3, eq. 2) and its activations by name.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import _checks
+
+__all__ = ["FeedForward", "ACTIVATIONS"]
+
+#: activations of the feed-forward network, by name. "gelu" is exact (erf, BERT's); "gelu-tanh" is
+#: the tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) of GPT-2 ("gelu_new").
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu-tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network ``FFN(x) = max(0, x W1 + b1) W2 + b2`` (Vaswani et al. 2017, eq. 2).
+
+    Args:
+        d_model: input and output width.
+        d_ff: hidden width (the paper: ``4 d_model``).
+        activation: ``"relu"`` (the paper) or ``"gelu"`` (BERT, GPT).
+        chunk_size: compute over length chunks of this many positions (Kitaev et al. 2020, §3:
+            the network is position-wise, so chunks are independent); bounds the ``(B, L, d_ff)``
+            hidden activation to ``(B, chunk_size, d_ff)`` when nothing keeps it for backward
+            (inference, or inside gradient checkpointing). None: one chunk.
+        linear: the factory ``linear(in_features, out_features)`` of W1 and W2 (``nn.Linear``;
+            ``LINEAR_LAYERS`` names the others, e.g. ``QuaternionLinear``).
+    Shapes: ``x (B, L, d_model) -> (B, L, d_model)``.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", chunk_size: Optional[int] = None,
+                 linear: Callable[..., nn.Module] = nn.Linear) -> None:
+        super().__init__()
+        _checks.positive_int("d_model", d_model)
+        _checks.positive_int("d_ff", d_ff)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        self.chunk_size = None if chunk_size is None else _checks.positive_int("chunk_size", chunk_size)
+        self.activation = activation
+        self.w1 = linear(d_model, d_ff)  # x W1 + b1
+        self.w2 = linear(d_ff, d_model)  # (.) W2 + b2
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}, chunk_size={self.chunk_size}"
+
+    def _ffn(self, x: Tensor) -> Tensor:
+        return self.w2(ACTIVATIONS[self.activation](self.w1(x)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.chunk_size is None or x.shape[1] <= self.chunk_size:
+            return self._ffn(x)
+        return torch.cat([self._ffn(c) for c in x.split(self.chunk_size, dim=1)], dim=1)  # (B, L, d_model)
