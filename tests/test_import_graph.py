@@ -2,7 +2,8 @@
 arrow back up a floor. Imports inside functions count: a lazy import is still an arrow.
 
 The floors, lowest first; a module may import its own group and any lower floor. Models and tasks
-share a floor but not an arrow: a task never imports a model, nor a model a task.
+share a floor but not an arrow: a task never imports a model, nor a model a task. Inside
+``attention/``, kernels take their shared helpers from ``attention/_ops.py``, not from each other.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Set
 
 import qkv
+from qkv.registry import lookup, names
 
 SRC = Path(qkv.__file__).resolve().parent
 
@@ -39,6 +41,15 @@ def _modules() -> Dict[str, Path]:
 MODULES = _modules()
 
 
+def _from_module(name: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute module of ``from <module> import ...`` written in module ``name``."""
+    if not node.level:
+        return node.module or ""
+    base = name.split(".") if is_package else name.split(".")[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(name: str, path: Path) -> Set[str]:
     """The qkv modules ``name`` imports anywhere in its file (package ``__init__`` files that a
     dotted import runs on the way are not counted: only the module named)."""
@@ -48,12 +59,7 @@ def _imports(name: str, path: Path) -> Set[str]:
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = name.split(".") if is_package else name.split(".")[:-1]
-                base = base[: len(base) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
+            module = _from_module(name, is_package, node)
             targets = [f"{module}.{alias.name}" if f"{module}.{alias.name}" in MODULES else module for alias in node.names]
         else:
             continue
@@ -110,6 +116,44 @@ def test_tasks_and_attention_import_no_model():
     for name, targets in GRAPH.items():
         if name.startswith(("qkv.tasks", "qkv.attention")):
             assert not [t for t in targets if t.startswith("qkv.models")], (name, targets)
+
+
+KERNEL_MODULES = {lookup("attention", n).__module__ for n in names("attention")}
+
+
+def _helpers_from_siblings(name: str, source: str) -> List[str]:
+    """What kernel module ``name`` imports from another kernel's module other than a class it
+    subclasses: shared helpers belong in ``qkv.attention._ops``, below every kernel."""
+    tree = ast.parse(source)
+    bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for node in ast.walk(tree)
+             if isinstance(node, ast.ClassDef) for b in node.bases}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name in KERNEL_MODULES and a.name != name]
+        elif isinstance(node, ast.ImportFrom):
+            module = _from_module(name, False, node)
+            for alias in node.names:
+                if f"{module}.{alias.name}" in KERNEL_MODULES and f"{module}.{alias.name}" != name:
+                    found.append(f"{module}.{alias.name}")  # a sibling kernel's module itself
+                elif module in KERNEL_MODULES and module != name and alias.name not in bases:
+                    found.append(f"{module}.{alias.name}")
+    return found
+
+
+def test_kernels_take_shared_helpers_from_ops_not_from_each_other():
+    assert "qkv.attention.window" in KERNEL_MODULES and "qkv.attention._ops" not in KERNEL_MODULES
+    found = {name: _helpers_from_siblings(name, MODULES[name].read_text(encoding="utf-8"))
+             for name in sorted(KERNEL_MODULES)}
+    assert not {k: v for k, v in found.items() if v}, "move these helpers to qkv/attention/_ops.py"
+
+
+def test_the_sibling_check_finds_a_helper_and_allows_a_subclass():
+    source = ("from .window import WindowAttention, unfold_band\n"
+              "from . import softmax\n"
+              "class Banded(WindowAttention):\n    pass\n")
+    assert _helpers_from_siblings("qkv.attention.local", source) == ["qkv.attention.window.unfold_band",
+                                                                     "qkv.attention.softmax"]
 
 
 def test_no_import_circle():

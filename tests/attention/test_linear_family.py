@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import qkv
-from qkv.attention.linear import LinearState
+from qkv.attention import LinearState
 from qkv.attention.performer import draw_projection, favor_log_features
 
 

@@ -50,9 +50,8 @@ from .. import _checks, masks
 from ..functional import masked_softmax, scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache
+from ._ops import append_cache, band_blocks, scatter_band
 from .base import AttentionKernel, clamp_knob
-from .softmax import append_cache
-from .window import band_blocks, scatter_band
 
 __all__ = ["AdaptiveSpanAttention", "soft_span_mask"]
 

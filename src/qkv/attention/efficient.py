@@ -24,8 +24,8 @@ from torch import Tensor
 from ..functional import masked_softmax
 from ..registry import register
 from ..types import AttentionOutput
+from ._ops import accumulation_dtype
 from .base import AttentionKernel
-from .linear import accumulation_dtype
 
 __all__ = ["EfficientAttention"]
 

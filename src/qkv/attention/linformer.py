@@ -37,8 +37,8 @@ from torch import Tensor, nn
 from .. import _checks
 from ..registry import register
 from ..types import AttentionOutput
+from ._ops import accumulation_dtype
 from .base import AttentionKernel, clamp_knob
-from .linear import accumulation_dtype
 
 __all__ = ["LinformerAttention", "SHARING"]
 

@@ -37,122 +37,31 @@ Deviations and choices:
   so a token costs O(window) whatever its position; feeding a sequence in pieces gives the same
   outputs as one pass.
 
-This module also holds helpers shared with ``sparse.py`` (the band of keys a query block sees,
-``window.unfold_band``, is shared with all three) and ``to_frame``/``from_frame`` (queries aligned to the end of
-the keys, handled by padding into one self-attention frame).
+The helpers these kernels share with ``sparse.py`` (``unfold_band``: the band of keys a query block
+sees; ``to_frame``/``from_frame``: queries aligned to the end of the keys, padded into one
+self-attention frame; ``gathered_attend``: the decoding path) live in ``_ops.py``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Dict, NamedTuple, Optional, Tuple, Union
+from typing import Dict, NamedTuple, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _checks, masks
-from ..functional import masked_softmax, scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache
+from ._ops import (append_cache, blocked_attend, check_cache, empty_output, from_frame, gathered_attend,
+                   shift_queries, to_frame, unfold_band)
 from .base import AttentionKernel, clamp_knob
-from .softmax import append_cache
-from .window import unfold_band
 
-__all__ = ["Local1DAttention", "Local2DAttention", "to_frame", "from_frame", "shift_queries", "gathered_attend",
-           "check_cache"]
+__all__ = ["Local1DAttention", "Local2DAttention"]
 
 
 # ----------------------------------------------------------------------------- blocked helpers
-
-
-def to_frame(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], period: int):
-    """Put queries aligned to the end of the keys into one self-attention frame of length ``L``.
-
-    Query ``i`` of ``M`` sits at key position ``N - M + i``. The queries are padded at the front
-    to the frame length; when ``M > N`` the keys are padded at the front too, by a multiple of
-    ``period`` (the patterns here are invariant under such shifts), with invalid keys.
-
-    Returns ``(q, k, v, valid, shift)``: frame tensors ``(B, H, L, E)``, key validity
-    ``(B|1, H|1, L)`` bool (padding mask and frame padding) and the number of keys added in front.
-    """
-    M, N = q.shape[-2], k.shape[-2]
-    shift = 0 if M <= N else -(-(M - N) // period) * period
-    valid = mask[:, :, 0, :] if mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=k.device)
-    if shift:
-        k, v = F.pad(k, (0, 0, shift, 0)), F.pad(v, (0, 0, shift, 0))
-        valid = F.pad(valid, (shift, 0), value=False)
-    L = N + shift
-    q = F.pad(q, (0, 0, L - M, 0))  # (B, H, L, E)
-    return q, k, v, valid, shift
-
-
-def from_frame(out: Tensor, weights: Optional[Tensor], M: int, shift: int) -> Tuple[Tensor, Optional[Tensor]]:
-    """Undo ``to_frame``: the last ``M`` query rows, and the original key columns of the weights."""
-    L = out.shape[-2]
-    out = out[:, :, L - M:]
-    if weights is not None:
-        weights = weights[:, :, L - M:, shift:]
-    return out, weights
-
-
-def shift_queries(mod: masks.MaskMod, offset: int) -> masks.MaskMod:
-    """``mod`` with query ``q_idx`` read at key position ``q_idx + offset`` (queries aligned to the end)."""
-    if offset == 0:
-        return mod
-
-    def shifted(b, h, q_idx, kv_idx):
-        return mod(b, h, q_idx + offset, kv_idx)
-
-    return shifted
-
-
-def _empty(q: Tensor, v: Tensor, N: int, need_weights: bool) -> AttentionOutput:
-    B, H, M, _ = q.shape
-    out = q.new_zeros(B, H, M, v.shape[-1])
-    return AttentionOutput(out, q.new_zeros(B, H, M, N) if need_weights else None, None)
-
-
-def _blocked_attend(qb: Tensor, kb: Tensor, vb: Tensor, allowed: Tensor, dropout_p: float, need_weights: bool):
-    """Dense attention inside each block: ``qb (..., b, E)``, ``kb, vb (..., W, E)``, ``allowed``
-    bool broadcastable to ``(..., b, W)``. Returns ``(out (..., b, Ev), weights (..., b, W) or None)``."""
-    if not need_weights:
-        # Every block is a small dense problem: the fused kernel takes them all at once.
-        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=allowed, dropout_p=dropout_p)
-        # Rows with no allowed key: zeros on every backend (design.md §2).
-        return out.masked_fill(~allowed.any(-1, keepdim=True), 0.0), None
-    scores = scaled_scores(qb, kb, 1.0 / math.sqrt(qb.shape[-1]))  # (..., b, W), float32 for half types
-    weights = masked_softmax(scores, allowed).to(vb.dtype)
-    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    return dropped @ vb, weights
-
-
-def gathered_attend(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, ok: Tensor, valid: Tensor, dropout_p: float,
-                    need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
-    """Every query its own list of keys — the incremental-decoding path of the sparse kernels.
-
-    ``q (B, H, M, E)``, ``k (B, H, N, E)``, ``v (B, H, N, Ev)``; ``idx (M, W)`` key indices
-    (anything where ``ok`` is False), ``ok (M, W)`` bool; ``valid (B|1, H|1, N)`` key validity.
-    A key must appear at most once in a row among the ``ok`` entries. Cost O(M W E): the pattern's
-    size, not the sequence length. Returns ``(out (B, H, M, Ev), weights (B, H, M, N) or None)``.
-    """
-    B, H, M, _ = q.shape
-    N = k.shape[-2]
-    idx = idx.clamp(0, max(N - 1, 0))
-    allowed = ok & valid[:, :, idx]  # (B|1, H|1, M, W)
-    out, w = _blocked_attend(q.unsqueeze(-2), k[:, :, idx], v[:, :, idx], allowed.unsqueeze(-2),
-                             dropout_p, need_weights)  # (B, H, M, 1, Ev), (B, H, M, 1, W)
-    out = out.squeeze(-2)
-    if not need_weights:
-        return out, None
-    w = w.squeeze(-2)  # (B, H, M, W)
-    return out, w.new_zeros(B, H, M, N).scatter_add_(-1, idx.expand(B, H, M, idx.shape[-1]), w)
-
-
-def check_cache(name: str, state) -> None:
-    """A state passed to ``name`` must be the ``KVCache`` it returned."""
-    if not isinstance(state, KVCache):
-        raise TypeError(f"state must be the KVCache attention {name!r} returned, got {type(state).__name__}")
 
 
 # ----------------------------------------------------------------------------- 1D
@@ -210,7 +119,7 @@ class Local1DAttention(AttentionKernel):
             k, v, cache = append_cache(state, k, v, keep=total % b + m)
         N = k.shape[-2]
         if M == 0 or N == 0:
-            return _empty(q, v, N, need_weights)._replace(state=cache)
+            return empty_output(q, v, N, need_weights)._replace(state=cache)
         dropout_p = self.dropout if self.training else 0.0
         if state is not None:
             # Decoding: query i at position p = total - M + i sees positions floor(p / b) b - m .. p.
@@ -236,7 +145,7 @@ class Local1DAttention(AttentionKernel):
         key_ok = unfold_band(valid.unsqueeze(-1), -m, b, Wk, nb).squeeze(-1)  # (B|1, H|1, nb, Wk)
         allowed = band & key_ok.unsqueeze(-2)  # (B|1, H|1, nb, b, Wk)
 
-        out, weights = _blocked_attend(q_blocks, k_blocks, v_blocks, allowed, dropout_p, need_weights)
+        out, weights = blocked_attend(q_blocks, k_blocks, v_blocks, allowed, dropout_p, need_weights)
         out = out.reshape(B, H, nb * b, v.shape[-1])[:, :, :L]  # (B, H, L, Ev)
         dense = None
         if need_weights:
@@ -400,7 +309,7 @@ class Local2DAttention(AttentionKernel):
             k, v, cache = append_cache(state, k, v, keep=n_seen - int(t.first_needed[n_seen]))
         N = k.shape[-2]
         if M == 0 or N == 0:
-            return _empty(q, v, N, need_weights)._replace(state=cache)
+            return empty_output(q, v, N, need_weights)._replace(state=cache)
         dropout_p = self.dropout if self.training else 0.0
         valid = mask[:, :, 0, :] if mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=k.device)
         if state is not None:
@@ -420,7 +329,7 @@ class Local2DAttention(AttentionKernel):
         q_blocks, k_blocks, v_blocks = q[:, :, t.q_idx], k[:, :, t.k_idx], v[:, :, t.k_idx]  # (B, H, n_blk, Q|K, E)
         allowed = t.allowed & valid[:, :, t.k_idx].unsqueeze(-2)  # (B|1, H|1, n_blk, Q, K)
 
-        out, weights = _blocked_attend(q_blocks, k_blocks, v_blocks, allowed, dropout_p, need_weights)
+        out, weights = blocked_attend(q_blocks, k_blocks, v_blocks, allowed, dropout_p, need_weights)
         out = out.reshape(B, H, n_blk * Q, v.shape[-1])[:, :, t.slot[N - M:N]]  # (B, H, M, Ev)
         dense = None
         if need_weights:

@@ -38,8 +38,8 @@ from torch import Tensor
 from .. import _checks
 from ..registry import register
 from ..types import AttentionOutput
+from ._ops import LinearState, accumulation_dtype, linear_attention, split_key_mask
 from .base import AttentionKernel, clamp_knob
-from .linear import LinearState, accumulation_dtype, linear_attention, split_key_mask
 
 __all__ = ["PerformerAttention", "draw_projection", "favor_log_features"]
 

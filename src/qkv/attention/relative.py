@@ -35,9 +35,8 @@ from ..masks import causal_mask
 from ..positional import sinusoid_table
 from ..registry import register
 from ..types import AttentionOutput, KVCache
+from ._ops import accumulation_dtype, append_cache
 from .base import AttentionKernel
-from .linear import accumulation_dtype
-from .softmax import append_cache
 
 __all__ = ["RelativeAttention", "relative_shift", "relative_distances"]
 

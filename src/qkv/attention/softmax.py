@@ -12,69 +12,16 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-import torch
 import torch.nn.functional as F
-from torch import Tensor
 
 from ..functional import masked_softmax, scaled_scores
 from ..masks import causal_mask
 from ..registry import register
 from ..types import AttentionOutput, KVCache
+from ._ops import append_cache
 from .base import AttentionKernel
 
-__all__ = ["SoftmaxAttention", "append_cache"]
-
-
-def append_cache(state: Optional[KVCache], k: Tensor, v: Tensor, keep: Optional[int] = None) -> tuple[Tensor, Tensor, KVCache]:
-    """Concatenate cached keys/values with new ones ``(B, H, M, E)``.
-
-    Returns ``(k_all, v_all, new_cache)``; with ``keep`` the new cache holds only the last ``keep``
-    positions (a bounded cache for kernels that never look further back). Without autograd (a
-    decoding loop) an unbounded cache grows into buffers of doubling capacity, written in place:
-    O(M) per step instead of re-copying every cached position (``KVCache.room``).
-    """
-    if state is not None:
-        if not isinstance(state, KVCache):
-            raise TypeError(f"state must be a KVCache returned by this kernel, got {type(state).__name__}")
-        if state.key.shape[:2] != k.shape[:2] or state.key.shape[-1] != k.shape[-1]:
-            raise ValueError(f"state holds keys of shape {tuple(state.key.shape)}, incompatible with k {tuple(k.shape)}")
-    offset = state.offset if state is not None else 0
-    in_place = keep is None and not (torch.is_grad_enabled() and (k.requires_grad or v.requires_grad or (
-        state is not None and (state.key.requires_grad or state.value.requires_grad))))
-    if in_place:
-        return _append_in_place(state, k, v, offset)
-    if state is not None:
-        k = torch.cat([state.key, k], dim=-2)  # (B, H, S + M, E)
-        v = torch.cat([state.value, v], dim=-2)
-    if keep is not None and k.shape[-2] > keep:
-        trimmed = k.shape[-2] - keep
-        cache = KVCache(k[..., trimmed:, :], v[..., trimmed:, :], offset + trimmed)
-    else:
-        cache = KVCache(k, v, offset)
-    return k, v, cache
-
-
-def _append_in_place(state: Optional[KVCache], k: Tensor, v: Tensor, offset: int) -> tuple[Tensor, Tensor, KVCache]:
-    """``append_cache`` without autograd: write ``k``, ``v`` after the cached positions, into the
-    state's spare room when it is the state that wrote last, else into new buffers of twice the length."""
-    S = state.length if state is not None else 0
-    n = S + k.shape[-2]
-    room = state.room if state is not None else None
-    if (room is None or room[2][0] != S or n > room[0].shape[-2] or room[0].dtype != k.dtype
-            or room[0].device != k.device or room[1].dtype != v.dtype):
-        capacity = max(2 * n, 64)
-        key = k.new_empty(*k.shape[:-2], capacity, k.shape[-1])  # (B, H, capacity, E)
-        value = v.new_empty(*v.shape[:-2], capacity, v.shape[-1])
-        if S:
-            key[..., :S, :] = state.key
-            value[..., :S, :] = state.value
-        room = (key, value, [S])
-    key, value, written = room
-    key[..., S:n, :] = k
-    value[..., S:n, :] = v
-    written[0] = n
-    k_all, v_all = key[..., :n, :], value[..., :n, :]  # (B, H, S + M, E) views
-    return k_all, v_all, KVCache(k_all, v_all, offset, room=room)
+__all__ = ["SoftmaxAttention"]
 
 
 @register("attention", "softmax", "full", "scaled_dot_product")

@@ -15,7 +15,7 @@ attends to ``A_i = A1_i``, ``A2_i`` or their union (``subsets``), with exact sof
     out_i = sum_{j in A_i} softmax_j(q_i . k_j / sqrt(d)) v_j       (qkv.masks.strided / fixed)
 
 Computed structurally, never with an ``(n, n)`` mask. The scores of the two parts are computed
-separately — the band with ``Tensor.unfold`` over query blocks of ``l`` (``window.unfold_band``), the
+separately — the band with ``Tensor.unfold`` over query blocks of ``l`` (``_ops.unfold_band``), the
 strided columns as ``l`` independent ``(n/l, n/l)`` problems on the ``(n/l, l)`` grid, the fixed
 blocks as ``(l, l)`` blocks and the summaries as ``c n / l`` keys shared by every query — then
 concatenated and normalised by ONE softmax; a key in both parts is masked in the second one, so it
@@ -26,7 +26,7 @@ counts once. Cost per query: strided ``3l + n/l`` keys (causal ``2l + n/l``), fi
 Incremental decoding (causal) keeps only what later queries can still reach — strided: every key
 when A2 is used (each residue class stays reachable; ``KVCache``), the last ``l`` otherwise; fixed:
 the ``c`` summaries of every finished block plus the current block (``FixedState``) — and gathers a
-new query's ``|A_i|`` keys from it (``local.gathered_attend``): a token costs O((l + n / l) E)
+new query's ``|A_i|`` keys from it (``_ops.gathered_attend``): a token costs O((l + n / l) E)
 (fixed: O((l + c n / l) E)), not O(n E).
 
 On CUDA (no weights asked, no dropout) fused block-sparse FlexAttention kernels take over — the
@@ -54,11 +54,9 @@ from .. import _checks, masks
 from ..registry import register
 from ..types import AttentionOutput, KVCache
 from . import flex
+from ._ops import (accumulation_dtype, append_cache, check_cache, empty_output, from_frame, gathered_attend,
+                   shift_queries, to_frame, unfold_band)
 from .base import AttentionKernel, clamp_knob
-from .linear import accumulation_dtype
-from .local import _empty, check_cache, from_frame, gathered_attend, shift_queries, to_frame
-from .softmax import append_cache
-from .window import unfold_band
 
 __all__ = ["StridedAttention", "FixedAttention", "FixedState"]
 
@@ -144,7 +142,7 @@ class _Factorized(AttentionKernel):
         M, N = q.shape[-2], k.shape[-2]
         new_state = self._initial_state(k, v) if return_state else None
         if M == 0 or N == 0:
-            return _empty(q, v, N, need_weights)._replace(state=new_state)
+            return empty_output(q, v, N, need_weights)._replace(state=new_state)
         if flex.usable(q, v, need_weights, dropout_p):
             # CUDA: FlexAttention's fused block-sparse kernel, block masks built from the same predicates.
             valid = None if mask is None else mask[:, :, 0, :]
@@ -241,7 +239,7 @@ class StridedAttention(_Factorized):
         k, v, cache = append_cache(state, k, v, keep=self._keep())
         M, N = q.shape[-2], k.shape[-2]
         if M == 0:
-            return _empty(q, v, N, need_weights)._replace(state=cache)
+            return empty_output(q, v, N, need_weights)._replace(state=cache)
         l, dev, total = self.stride, q.device, first + N
         p = torch.arange(total - M, total, device=dev).view(M, 1)  # query positions
         parts = []
@@ -406,7 +404,7 @@ class FixedAttention(_Factorized):
         M, N = q.shape[-2], k.shape[-2]
         new_state = self._compact(k, v, n_sum, nb * l, total)
         if M == 0:
-            return _empty(q, v, N, need_weights)._replace(state=new_state)
+            return empty_output(q, v, N, need_weights)._replace(state=new_state)
         p = torch.arange(total - M, total, device=dev).view(M, 1)  # query positions
         bp = torch.div(p, l, rounding_mode="floor")  # their blocks
         slot, ok = [], []

@@ -13,73 +13,16 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-import torch
 import torch.nn.functional as F
-from torch import Tensor
 
 from .. import _checks, masks
 from ..functional import masked_softmax, scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache
+from ._ops import append_cache, band_blocks, scatter_band
 from .base import AttentionKernel, clamp_knob
-from .softmax import append_cache
 
-__all__ = ["WindowAttention", "unfold_band", "band_blocks", "scatter_band"]
-
-
-def unfold_band(x: Tensor, start: int, step: int, width: int, n: int) -> Tensor:
-    """Overlapping windows of ``x (..., L, E)`` along dim -2 (zeros / False outside ``[0, L)``).
-
-    Window ``t`` holds positions ``start + t * step + [0, width)``. Returns ``(..., n, width, E)``
-    — a strided view of one padded copy of ``x``, not ``n`` copies.
-    """
-    L = x.shape[-2]
-    if n == 0:
-        return x.new_zeros(*x.shape[:-2], 0, width, x.shape[-1])
-    lo = max(0, -start)
-    hi = max(0, start + (n - 1) * step + width - L)
-    x = F.pad(x, (0, 0, lo, hi), value=False if x.dtype == torch.bool else 0.0)
-    return x[..., start + lo:, :].unfold(-2, width, step)[..., :n, :, :].transpose(-1, -2)  # (..., n, width, E)
-
-
-def band_blocks(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], left: int, right: int, b: int):
-    """Query blocks and the key band each one sees, for kernels whose keys lie within a distance
-    band of the query (queries aligned to the end of the keys).
-
-    Query ``qi`` of block ``t`` sits at key position ``o + t b + qi`` (``o = N - M``) and sees the
-    ``W = b + left + right`` keys ``o + t b - left + [0, W)``. Returns ``(q_blocks (B, H, nb, b, E),
-    k_blocks (B, H, nb, W, E), v_blocks (B, H, nb, W, Ev), distance (b, W)`` (signed ``i - j``),
-    ``valid (.., nb, b, W)`` (in the band, inside ``[0, N)``, allowed by the key-padding ``mask``),
-    ``key_pos (nb, W))``.
-    """
-    B, H, M, E = q.shape
-    N = k.shape[-2]
-    o = N - M
-    nb = -(-M // b)  # number of query blocks
-    W = b + left + right  # keys seen by one query block
-    q_blocks = F.pad(q, (0, 0, 0, nb * b - M)).view(B, H, nb, b, E)  # (B, H, nb, b, E)
-    k_blocks = unfold_band(k, o - left, b, W, nb)  # (B, H, nb, W, E): keys o + t b - left + [0, W)
-    v_blocks = unfold_band(v, o - left, b, W, nb)  # (B, H, nb, W, Ev)
-    # query qi of block t is at o + t b + qi; key column kj at o + t b - left + kj: d = qi - kj + left
-    qi = torch.arange(b, device=q.device).view(b, 1)
-    kj = torch.arange(W, device=q.device).view(1, W)
-    distance = qi - kj + left  # (b, W)
-    band = (distance <= left) & (distance >= -right)  # (b, W), shared by all blocks
-    key_pos = torch.arange(nb, device=q.device).view(nb, 1) * b + kj + (o - left)  # (nb, W)
-    valid = band & ((key_pos >= 0) & (key_pos < N)).view(nb, 1, W)  # (nb, b, W)
-    if mask is not None:
-        kpm = unfold_band(mask[:, :, 0, :, None], o - left, b, W, nb)[..., 0]  # (B|1, H|1, nb, W)
-        valid = valid & kpm.unsqueeze(-2)  # (B|1, H|1, nb, b, W)
-    return q_blocks, k_blocks, v_blocks, distance, valid, key_pos
-
-
-def scatter_band(weights: Tensor, key_pos: Tensor, N: int) -> Tensor:
-    """Band weights ``(B, H, nb, b, W)`` back into ``(B, H, nb b, N)`` for inspection and plots
-    (O(M N): on request only); keys outside ``[0, N)`` carry weight 0, so clamping their column
-    changes nothing."""
-    B, H, nb, b, W = weights.shape
-    cols = key_pos.clamp(0, max(N - 1, 0)).view(1, 1, nb, 1, W).expand(B, H, nb, b, W)
-    return weights.new_zeros(B, H, nb, b, N).scatter_add_(-1, cols, weights).view(B, H, nb * b, N)
+__all__ = ["WindowAttention"]
 
 
 @register("attention", "window", "restricted", "sliding-window")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qkv.attention.linear import LinearState
+from qkv.attention import LinearState
 from qkv.blocks import QuaternionLinear
 from qkv.models import (BERT, BERTConfig, GPT, GPTConfig, LinearTransformer, Linformer, Performer, PerformerEncoder,
                         QuaternionEncoder, QuaternionTransformer, Transformer)
