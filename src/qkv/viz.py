@@ -295,26 +295,6 @@ def _seq2seq_view(task: Any, model: Any, text: Optional[str], max_len: int) -> A
 # ----------------------------------------------------------------------------- kernel patterns
 
 
-def _pattern_defaults(name: str, n: int) -> Dict[str, Any]:
-    """Knobs that make a kernel's pattern readable at length ``n`` (about sqrt(n) for the
-    factorised patterns, as the papers choose them)."""
-    side = max(1, round(math.sqrt(n)))
-    if name == "window":
-        return {"radius": max(1, n // 8)}
-    if name == "strided":
-        return {"stride": side}
-    if name == "fixed":
-        return {"stride": side, "c": max(1, side // 4)}
-    if name == "local-1d":
-        return {"block": side, "memory": side}
-    if name == "local-2d":
-        if side * side != n:
-            raise ValueError(f"local-2d: --length must be a square (an image H = W) unless image_size is given, got {n}")
-        return {"image_size": (side, side), "block": (max(1, side // 4), max(1, side // 2)),
-                "memory": (max(1, side // 4), max(1, side // 4), max(1, side // 4))}
-    return {}
-
-
 def kernel_pattern(name: str, length: int, causal: bool = False, overrides: Optional[Dict[str, Any]] = None,
                    seed: int = 0):
     """Which keys each query sees: ``(kernel, allowed (length, length) bool, how)``.
@@ -325,8 +305,7 @@ def kernel_pattern(name: str, length: int, causal: bool = False, overrides: Opti
     """
     cls = lookup("attention", name)
     overrides = dict(overrides or {})
-    defaults = {k: v for k, v in _pattern_defaults(cls.registry_name, length).items() if k not in overrides}
-    kwargs = {**cls.default_knobs(length, 1, 16), **defaults, **overrides}  # the kernel's own knobs for the length
+    kwargs = {**cls.default_knobs(length, 1, 16), **overrides}  # the kernel's own knobs for the length
     kernel = build_attention(name, causal=causal, **kwargs) if cls.supports_causal else build_attention(name, **kwargs)
     if causal and not kernel.causal:
         raise ValueError(f"attention {name!r} cannot be causal")

@@ -134,9 +134,9 @@ def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: 
             raise ValueError(f"attention {cls.registry_name!r} cannot serve a pretrained transformers model: {why}")
         check_kwargs(cls, {**knobs, "causal": False, "dropout": 0.0}, f"attention {cls.registry_name!r}")
         params = inspect.signature(cls.__init__).parameters
-        own = set(cls.default_knobs(512, 1, 64))  # what the kernel fills in for itself, at any length
+        own = set(cls.default_knobs(512, 1, 64))  # what the kernel fills in for itself (head arguments included)
         needed = [p for p, v in params.items() if v.default is inspect.Parameter.empty and v.kind is v.KEYWORD_ONLY
-                  and p not in knobs and p not in own and p not in ("n_heads", "d_head", "head_dim")]
+                  and p not in knobs and p not in own]
         if needed:
             raise TypeError(f"attention {cls.registry_name!r} needs {', '.join(needed)}: "
                             f"register({name!r}, {kernel!r}, {', '.join(f'{p}=...' for p in needed)})")
