@@ -5,8 +5,8 @@ included), dtypes, magnitudes up to 1e4 and each kernel's own knobs, a call eith
 ValueError/TypeError or returns outputs of the right shape and dtype — finite for finite input, zero
 on rows that have no allowed key, inside the values' range for exact kernels, the same with and
 without ``need_weights`` — and a causal kernel with a state continues a sequence fed in pieces
-(empty pieces included) as it computes it at once. Parametrised over the registry: KNOBS draws some
-kernels' knobs over ranges; the others (a new kernel) run with their own default_knobs.
+(empty pieces included) as it computes it at once. Parametrised over the registry: each kernel's
+knobs are drawn from its own ``knob_choices`` (else it runs with its ``default_knobs``): no table here.
 """
 
 import os
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from test_kernels import build as contract_build
 
 import qkv
-from qkv.registry import lookup
+from qkv.registry import check_kwargs, lookup
 
 NAMES = list(qkv.list_attention())
 # QKV_PROPERTY_EXAMPLES raises the count for a longer search (e.g. before a release).
@@ -29,46 +29,20 @@ HALF = (torch.bfloat16, torch.float16)
 MAGNITUDES = [0.0, 1e-3, 1.0, 30.0, 1e3, 1e4]
 
 
-@st.composite
-def _fixed_knobs(draw):
-    stride = draw(st.integers(1, 4))
-    return {"stride": stride, "c": draw(st.integers(1, stride)), "subsets": draw(st.sampled_from([(1,), (2,), (1, 2)]))}
-
-
-@st.composite
-def _adaptive_knobs(draw):
-    S = draw(st.integers(1, 5))
-    return {"max_span": S, "ramp": draw(st.sampled_from([1, 2, 3.5])), "block": draw(st.none() | st.integers(1, 3)),
-            "init_span": draw(st.sampled_from([0.0, 0.5, 1.0])) * S}
-
-
-# Each kernel's own knobs, drawn (head sizes are filled in by test_kernels.build / MultiHeadAttention).
-KNOBS = {
-    "softmax": st.fixed_dictionaries({"scale": st.none() | st.sampled_from([0.1, 1.0])}),
-    "window": st.fixed_dictionaries({"radius": st.integers(0, 4), "block": st.none() | st.integers(1, 4)}),
-    "local-1d": st.fixed_dictionaries({"block": st.integers(1, 4), "memory": st.integers(0, 3)}),
-    "local-2d": st.fixed_dictionaries({
-        "image_size": st.tuples(st.integers(1, 3), st.integers(1, 3)),
-        "block": st.tuples(st.integers(1, 3), st.integers(1, 3)),
-        "memory": st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(0, 2))}),
-    "strided": st.fixed_dictionaries({"stride": st.integers(1, 4), "subsets": st.sampled_from([(1,), (2,), (1, 2)])}),
-    "fixed": _fixed_knobs(),
-    "linear": st.fixed_dictionaries({"chunk_size": st.integers(1, 4), "eps": st.sampled_from([0.0, 1e-6])}),
-    "performer": st.fixed_dictionaries({"nb_features": st.integers(1, 6), "chunk_size": st.integers(1, 4),
-                                        "orthogonal": st.booleans(), "seed": st.integers(0, 3)}),
-    "efficient": st.just({}),
-    "relative": st.fixed_dictionaries({"mem_len": st.none() | st.integers(0, 4), "clamp_len": st.none() | st.integers(0, 3)}),
-    "adaptive-span": _adaptive_knobs(),
-    "lsh": st.fixed_dictionaries({"bucket_size": st.integers(1, 4), "n_rounds": st.integers(1, 2),
-                                  "n_buckets": st.sampled_from([None, 1, 2, 4, (2, 2)]), "shared_qk": st.booleans(),
-                                  "dedup": st.booleans(), "seed": st.integers(0, 3)}),
-    "linformer": st.fixed_dictionaries({"seq_len": st.integers(6, 8), "k": st.integers(1, 4),
-                                        "sharing": st.sampled_from(["headwise", "key-value"])}),
-}
-
-
 def knobs(name):
-    return KNOBS.get(name, st.just({}))  # else the kernel's own default_knobs (test_kernels.build)
+    """Each knob drawn from the kernel's own ``knob_choices`` (head sizes are filled in by
+    test_kernels.build / MultiHeadAttention); a kernel that names none runs with its ``default_knobs``."""
+    choices = lookup("attention", name).knob_choices()
+    return st.fixed_dictionaries({knob: st.sampled_from(list(values)) for knob, values in choices.items()})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_knob_choices_are_the_kernels_own_knobs(name):
+    """A knob the constructor does not take would make every drawn example a refusal (a subclass
+    inherits its parent's choices: it overrides them when its knobs differ)."""
+    cls = lookup("attention", name)
+    check_kwargs(cls, cls.knob_choices(), f"attention {name!r}")  # TypeError naming an unknown knob
+    assert all(len(values) > 0 for values in cls.knob_choices().values())
 
 
 def tensor(shape, dtype, magnitude, shift, seed):

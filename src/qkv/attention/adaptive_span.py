@@ -153,6 +153,11 @@ class AdaptiveSpanAttention(AttentionKernel):
         S = clamp_knob(max_len // 2, 1, 512)
         return {**super().default_knobs(max_len, n_heads, d_head), "max_span": S, "ramp": clamp_knob(S // 4, 1, 32)}
 
+    @classmethod
+    def knob_choices(cls) -> dict:
+        return {"max_span": (1, 2, 3, 4, 5), "ramp": (1, 2, 3.5), "block": (None, 1, 2, 3),
+                "init_span": (None, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 5.0)}
+
     def extra_repr(self) -> str:
         return (f"max_span={self.max_span}, ramp={self.ramp}, n_heads={self.n_heads}, dynamic={self.dynamic}, "
                 f"position_embeddings={self.key_pe is not None}, {super().extra_repr()}")

@@ -12,7 +12,7 @@ masked returns zeros.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Dict, Optional
+from typing import Any, ClassVar, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -116,6 +116,14 @@ class AttentionKernel(nn.Module):
         for name, value in (("max_len", max_len), ("n_heads", n_heads), ("d_head", d_head)):
             _checks.positive_int(name, value)
         return cls.head_kwargs(n_heads, d_head)
+
+    @classmethod
+    def knob_choices(cls) -> Dict[str, Tuple[Any, ...]]:
+        """Values worth trying for each knob on short sequences (up to 8 positions, heads of 1–4
+        features): the property tests (tests/attention/test_kernel_properties.py) draw each knob
+        from its values, independently — a combination the constructor refuses is skipped, by its
+        error. None by default: the kernel is searched with its ``default_knobs`` only."""
+        return {}
 
     def forward(
         self,

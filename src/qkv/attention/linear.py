@@ -151,6 +151,10 @@ class LinearAttention(AttentionKernel):
         """Causal chunks of ``max_len / 4`` in ``[1, 64]`` (a speed knob: the result is the same)."""
         return {**super().default_knobs(max_len, n_heads, d_head), "chunk_size": clamp_knob(max_len // 4, 1, 64)}
 
+    @classmethod
+    def knob_choices(cls) -> dict:
+        return {"chunk_size": (1, 2, 3, 4), "eps": (0.0, 1e-6)}
+
     def extra_repr(self) -> str:
         name = getattr(self.feature_map, "__name__", repr(self.feature_map))
         return f"feature_map={name}, eps={self.eps}, chunk_size={self.chunk_size}, {super().extra_repr()}"

@@ -90,6 +90,10 @@ class LinformerAttention(AttentionKernel):
         """``seq_len = max_len`` and a projected length ``k = max_len / 4`` in ``[1, 256]`` (the paper: 128-256)."""
         return {**super().default_knobs(max_len, n_heads, d_head), "seq_len": max_len, "k": clamp_knob(max_len // 4, 1, 256)}
 
+    @classmethod
+    def knob_choices(cls) -> dict:
+        return {"seq_len": (6, 7, 8), "k": (1, 2, 3, 4), "sharing": ("headwise", "key-value")}
+
     def extra_repr(self) -> str:
         return f"seq_len={self.seq_len}, k={self.k}, sharing={self.sharing!r}, {super().extra_repr()}"
 

@@ -100,6 +100,10 @@ class Local1DAttention(AttentionKernel):
         block = clamp_knob(max_len // 8, 1, 128)
         return {**super().default_knobs(max_len, n_heads, d_head), "block": block, "memory": block}
 
+    @classmethod
+    def knob_choices(cls) -> dict:
+        return {"block": (1, 2, 3, 4), "memory": (0, 1, 2, 3)}
+
     def extra_repr(self) -> str:
         return f"block={self.block}, memory={self.memory}, {super().extra_repr()}"
 
@@ -233,6 +237,12 @@ class Local2DAttention(AttentionKernel):
         rows, cols = max(1, H // 4), max(1, W // 4)
         return {**super().default_knobs(max_len, n_heads, d_head), "image_size": (H, W),
                 "block": (rows, max(1, W // 2)), "memory": (rows, cols, cols)}
+
+    @classmethod
+    def knob_choices(cls) -> dict:
+        return {"image_size": tuple((h, w) for h in range(1, 4) for w in range(1, 4)),
+                "block": tuple((h, w) for h in range(1, 4) for w in range(1, 4)),
+                "memory": tuple((t, l, r) for t in range(3) for l in range(3) for r in range(3))}
 
     def extra_repr(self) -> str:
         return f"image_size={self.image_size}, block={self.block}, memory={self.memory}, {super().extra_repr()}"

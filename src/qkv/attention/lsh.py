@@ -281,6 +281,11 @@ class LSHAttention(AttentionKernel):
         return {**super().default_knobs(max_len, n_heads, d_head), "bucket_size": bucket_size,
                 "n_buckets": derived_n_buckets(max_len, bucket_size)}
 
+    @classmethod
+    def knob_choices(cls) -> dict:
+        return {"bucket_size": (1, 2, 3, 4), "n_rounds": (1, 2), "n_buckets": (None, 1, 2, 4, (2, 2)),
+                "shared_qk": (False, True), "dedup": (False, True), "seed": (0, 1, 2, 3)}
+
     @staticmethod
     def _check_buckets(n_buckets) -> Tuple[int, ...]:
         factors = tuple(n_buckets) if isinstance(n_buckets, (tuple, list)) else (n_buckets,)

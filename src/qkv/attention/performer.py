@@ -138,6 +138,11 @@ class PerformerAttention(AttentionKernel):
         return {**super().default_knobs(max_len, n_heads, d_head), "nb_features": m,
                 "chunk_size": clamp_knob(max_len // 4, 1, 64)}
 
+    @classmethod
+    def knob_choices(cls) -> dict:
+        return {"nb_features": (1, 2, 3, 4, 5, 6), "chunk_size": (1, 2, 3, 4),
+                "orthogonal": (False, True), "seed": (0, 1, 2, 3)}
+
     def extra_repr(self) -> str:
         return (f"nb_features={self.nb_features}, orthogonal={self.orthogonal}, redraw={self.redraw}, "
                 f"seed={self.seed}, chunk_size={self.chunk_size}, {super().extra_repr()}")

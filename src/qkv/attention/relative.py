@@ -115,6 +115,10 @@ class RelativeAttention(AttentionKernel):
     def head_kwargs(cls, n_heads: int, d_head: int) -> dict:
         return {"n_heads": n_heads, "head_dim": d_head}
 
+    @classmethod
+    def knob_choices(cls) -> dict:
+        return {"mem_len": (None, 0, 1, 2, 3, 4), "clamp_len": (None, 0, 1, 2, 3)}
+
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, n_heads={self.n_heads}, head_dim={self.head_dim}, "
                 f"mem_len={self.mem_len}, clamp_len={self.clamp_len}")

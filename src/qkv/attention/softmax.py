@@ -42,6 +42,10 @@ class SoftmaxAttention(AttentionKernel):
             raise ValueError(f"scale must be a positive float or None (1/sqrt(head_dim)), got {scale!r}")
         self.scale = scale
 
+    @classmethod
+    def knob_choices(cls) -> dict:
+        return {"scale": (None, 0.1, 1.0)}
+
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         cache = None
         if state is not None or return_state:

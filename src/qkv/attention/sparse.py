@@ -220,6 +220,10 @@ class StridedAttention(_Factorized):
         """``stride = sqrt(max_len)`` (Child et al. 2019: l ~ sqrt(n), O(n sqrt n))."""
         return {**super().default_knobs(max_len, n_heads, d_head), "stride": max(1, math.isqrt(max_len))}
 
+    @classmethod
+    def knob_choices(cls) -> dict:
+        return {"stride": (1, 2, 3, 4), "subsets": ((1,), (2,), (1, 2))}
+
     def extra_repr(self) -> str:
         return f"stride={self.stride}, subsets={self.subsets}, {super().extra_repr()}"
 
@@ -369,6 +373,10 @@ class FixedAttention(_Factorized):
         (Child et al. 2019 use c in {8, 16, 32} with l = 128)."""
         stride = max(1, math.isqrt(max_len))
         return {**super().default_knobs(max_len, n_heads, d_head), "stride": stride, "c": clamp_knob(stride // 4, 1, 8)}
+
+    @classmethod
+    def knob_choices(cls) -> dict:
+        return {"stride": (1, 2, 3, 4), "c": (1, 2, 3, 4), "subsets": ((1,), (2,), (1, 2))}
 
     def extra_repr(self) -> str:
         return f"stride={self.stride}, c={self.c}, subsets={self.subsets}, {super().extra_repr()}"

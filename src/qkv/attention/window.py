@@ -50,6 +50,10 @@ class WindowAttention(AttentionKernel):
         """``radius = max_len / 8`` in ``[1, 64]``: a local window, constant (O(n)) for long sequences."""
         return {**super().default_knobs(max_len, n_heads, d_head), "radius": clamp_knob(max_len // 8, 1, 64)}
 
+    @classmethod
+    def knob_choices(cls) -> dict:
+        return {"radius": (0, 1, 2, 3, 4), "block": (None, 1, 2, 3, 4)}
+
     def extra_repr(self) -> str:
         return f"radius={self.radius}, {super().extra_repr()}"
 
