@@ -1,12 +1,13 @@
 """A new kernel needs no edit outside its own file (issue 24): registered here, a toy kernel with a
 knob that has no default and a head argument is benchmarked by ``qkv bench complexity``, built and
-run by the contract tests and pictured by ``qkv viz --pattern`` — each finds its knobs through the
-kernel's own ``default_knobs`` and ``head_kwargs``, no table elsewhere."""
+run by the contract and property tests and pictured by ``qkv viz --pattern`` — each finds its knobs
+through the kernel's own ``default_knobs``, ``head_kwargs`` and ``knob_choices``, no table elsewhere."""
 
 import json
 import math
 
 import pytest
+import test_kernel_properties
 import test_kernels
 
 from qkv import registry, viz
@@ -41,6 +42,10 @@ def tempered(monkeypatch):
         def default_knobs(cls, max_len, n_heads, d_head):
             return {**super().default_knobs(max_len, n_heads, d_head), "tau": max_len / 8}
 
+        @classmethod
+        def knob_choices(cls):
+            return {"tau": (0.5, 1.0, 4.0)}
+
     return TemperedAttention
 
 
@@ -66,6 +71,8 @@ def test_the_contract_tests_build_and_pass_it(tempered):
         test_kernels.test_exact_kernels_match_literal_reference(NAME, causal)  # through exact_kwargs
     test_kernels.test_stepwise_equals_parallel(NAME, [3, 1, 4, 2])
     test_kernels.test_gradients_flow_and_gradcheck(NAME)
+    test_kernel_properties.test_knob_choices_are_the_kernels_own_knobs(NAME)
+    test_kernel_properties.test_kernel_properties(NAME)  # knobs drawn from its knob_choices
 
 
 def test_viz_pictures_it(tempered, tmp_path):
