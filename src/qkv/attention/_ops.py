@@ -104,7 +104,7 @@ def check_cache(name: str, state) -> None:
         raise TypeError(f"state must be the KVCache attention {name!r} returned, got {type(state).__name__}")
 
 
-# ----------------------------------------------------------------------------- bands of keys (window, local, sparse, adaptive span)
+# ----------------------------------------------------------------------------- bands of keys
 
 
 def unfold_band(x: Tensor, start: int, step: int, width: int, n: int) -> Tensor:
@@ -162,7 +162,7 @@ def scatter_band(weights: Tensor, key_pos: Tensor, N: int) -> Tensor:
     return weights.new_zeros(B, H, nb, b, N).scatter_add_(-1, cols, weights).view(B, H, nb * b, N)
 
 
-# ----------------------------------------------------------------------------- frames, blocks and gathered keys (local, sparse)
+# ----------------------------------------------------------------------------- frames and gathered keys
 
 
 def to_frame(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], period: int):
@@ -249,7 +249,7 @@ def gathered_attend(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, ok: Tensor, va
     return out, w.new_zeros(B, H, M, N).scatter_add_(-1, idx.expand(B, H, M, idx.shape[-1]), w)
 
 
-# ----------------------------------------------------------------------------- the linear-attention core (linear, performer)
+# ----------------------------------------------------------------------------- the linear-attention core
 
 
 @dataclass(frozen=True)
