@@ -283,7 +283,9 @@ class LSHAttention(AttentionKernel):
 
     @classmethod
     def knob_choices(cls) -> dict:
-        return {"bucket_size": (1, 2, 3, 4), "n_rounds": (1, 2), "n_buckets": (None, 1, 2, 4, (2, 2)),
+        """A fixed bucket count only: ``n_buckets=None`` derives it from each call's length, so a
+        sequence fed in pieces hashes differently from one pass (the module docstring)."""
+        return {"bucket_size": (1, 2, 3, 4), "n_rounds": (1, 2), "n_buckets": (1, 2, 4, (2, 2)),
                 "shared_qk": (False, True), "dedup": (False, True), "seed": (0, 1, 2, 3)}
 
     @staticmethod
