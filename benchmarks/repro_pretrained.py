@@ -120,13 +120,25 @@ def part_finetune(args, task) -> Dict[str, Any]:
 
 
 @torch.no_grad()
-def pooled_features(model: BERT, task, split: str, max_examples: Optional[int], batch_size: int = 32):
-    """Mean of the last hidden states over the real tokens, ``(N, d_model)``, and the labels ``(N,)``."""
+def pooled_features(model: BERT, task, split: str, max_examples: Optional[int], batch_size: int = 32,
+                    embeddings_only: bool = False):
+    """Mean of the last hidden states over the real tokens, ``(N, d_model)``, and the labels ``(N,)``;
+    with ``embeddings_only`` the mean of the first layer's input (the embeddings: a bag of word
+    pieces and positions, what the probe sees without any attention layer)."""
     model.eval()
     feats, labels = [], []
     for batch in task.eval_batches(split, batch_size, max_examples):
         mask = batch["attention_mask"]
-        h = model(batch["input_ids"], attention_mask=mask).hidden  # (B, L, d)
+        if embeddings_only:
+            seen = []
+            hook = model.stack.layers[0].register_forward_pre_hook(lambda m, a: seen.append(a[0]))
+            try:
+                model(batch["input_ids"], attention_mask=mask)
+            finally:
+                hook.remove()
+            h = seen[0]
+        else:
+            h = model(batch["input_ids"], attention_mask=mask).hidden  # (B, L, d)
         keep = mask[..., None].to(h.dtype)
         feats.append((h * keep).sum(1) / keep.sum(1).clamp_min(1))
         labels.append(batch["labels"])
@@ -211,7 +223,20 @@ def part_swap(args, task) -> Dict[str, Any]:
         results[name] = {"knobs": knobs, "layer_error": per_layer, "probe": mean_std(rows["probe"]),
                          "finetuned": mean_std(rows["finetuned"]) if rows["finetuned"] else None,
                          "probe_finetuned": mean_std(rows["probe_finetuned"]) if rows["probe_finetuned"] else None}
-    return {"kernels": results,
+    # controls, so that a probe accuracy can be read: what the probe gets with no attention layer at
+    # all (MiniLM's embeddings, mean-pooled) and from the same architecture with random weights
+    controls = {"embeddings only": mean_std([linear_probe(
+        pooled_features(reference, task, "train", args.probe_examples, embeddings_only=True),
+        pooled_features(reference, task, "test", args.eval_examples, embeddings_only=True))])}
+    random_probe = []
+    for seed in args.seeds:
+        torch.manual_seed(seed)
+        random_model = BERT.from_config(reference.config)
+        random_probe.append(linear_probe(pooled_features(random_model, task, "train", args.probe_examples),
+                                         pooled_features(random_model, task, "test", args.eval_examples)))
+    controls["random weights"] = mean_std(random_probe)
+    print("swap controls: " + ", ".join(f"{k} {v['mean']:.4f}" for k, v in controls.items()), flush=True)
+    return {"kernels": results, "controls": controls,
             "settings": {"max_len": args.max_len, "seeds": args.seeds, "finetune_steps": args.finetune_steps,
                          "batch_size": args.batch_size, "lr": args.lr, "error_examples": args.error_examples,
                          "probe_examples": args.probe_examples, "eval_examples": args.eval_examples}}
@@ -363,7 +388,12 @@ def write_page(results: Dict[str, Any], path: Path, quick: bool) -> None:
             errors = " ".join(f"{e:.3f}" for e in r["layer_error"])
             lines.append(f"| {name} | {knobs} | {errors} | {_pm(r['probe'])} | {_pm(r['probe_finetuned'])} | "
                          f"{_pm(r['finetuned'])} |")
-        lines += ["", "Refused (they cannot take a pretrained model's weights): linformer (learned projections E, F), "
+        for name, r in b.get("controls", {}).items():
+            lines.append(f"| *control: {name}* | — | — | {_pm(r)} | — | — |")
+        lines += ["", "Controls: *embeddings only* is the probe on MiniLM's mean-pooled embeddings (no attention layer "
+                  "at all); *random weights* the probe on the same architecture with BERT's random initialisation. "
+                  "A kernel whose untouched probe is no better than these has lost what pre-trained attention added.",
+                  "", "Refused (they cannot take a pretrained model's weights): linformer (learned projections E, F), "
                   "adaptive-span and relative (learned spans and position terms), lsh with shared queries and keys "
                   "(a pretrained model has separate key weights; lsh runs here with `shared_qk=False`). "
                   "A value without ± is a single run (a deterministic kernel's untouched model). " + _ran(b), ""]

@@ -39,6 +39,9 @@ def test_quick_run_writes_every_part(wordpiece_dir, tmp_path):
     assert (published.read_text() if published.exists() else None) == before
     swap = results["swap"]["kernels"]
     assert max(swap["softmax"]["layer_error"]) < 1e-6 and min(swap["window"]["layer_error"]) > 0
+    controls = results["swap"]["controls"]
+    assert set(controls) == {"embeddings only", "random weights"} and len(controls["random weights"]["runs"]) == 2
+    assert all(0.0 <= r <= 1.0 for c in controls.values() for r in c["runs"]) and "control: embeddings only" in page
     assert len(results["finetune"]["accuracy"]["random"]["runs"]) == 2
     assert "qkv-bench-efficient" not in results["speed"]["seconds"]["gpt2"]  # not causal
     assert set(results["speed"]["seconds"]["bert"]["sdpa"]) == {"32", "64"}
