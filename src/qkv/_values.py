@@ -68,9 +68,11 @@ def parse_value(annotation: Any, text: str, name: str = "value") -> Any:
         items = _json_or_none(text)
         if not isinstance(items, list):
             items = [t for t in text.split(",") if t != ""]
-        if args and args[-1] is not Ellipsis and len(args) != len(items):
+        # List[X] and Tuple[X, ...] hold any number of X; Tuple[X, Y] exactly one X and one Y
+        homogeneous = origin is list or annotation is list or (args and args[-1] is Ellipsis)
+        if args and not homogeneous and len(args) != len(items):
             raise UserError(f"{name} needs {len(args)} comma-separated values, got {text!r}")
-        types = [args[0]] * len(items) if args and args[-1] is Ellipsis else list(args) or [str] * len(items)
+        types = [args[0]] * len(items) if args and homogeneous else list(args) or [str] * len(items)
         values = [v if not isinstance(v, str) else parse_value(t, v, name) for t, v in zip(types, items)]
         return tuple(values) if origin is tuple or annotation is tuple else values
     if origin is dict or annotation is dict:
