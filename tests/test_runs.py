@@ -144,3 +144,34 @@ def test_load_refuses_what_is_not_a_run(tmp_path):
     (tmp_path / runs.RUN_FILE).write_text("[]")
     with pytest.raises(UserError, match="corrupt: expected a JSON object"):
         runs.load(tmp_path)
+
+
+def test_the_reproductions_train_through_runs(shakespeare_cache):
+    """benchmarks/_repro.train_fresh: a model the script built, trained in a run directory that
+    qkv.runs created, locked and recorded; repro_bert's recorded commands are valid `qkv train` lines."""
+    from pathlib import Path
+
+    from qkv.cli import build_parser
+    from qkv.tasks import build_task
+
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, bench)
+    try:
+        import _repro
+        import repro_bert
+    finally:
+        sys.path.remove(bench)
+    task = build_task("shakespeare-char", block_size=16)
+    model = GPT(GPTConfig(vocab_size=task.vocab.size, n_layers=1, d_model=16, n_heads=2, d_ff=32, max_len=16))
+    out = shakespeare_cache / "repro"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "step-00000009.safetensors").write_bytes(b"stale")  # emptied first
+    assert _repro.train_fresh(model, task, out, steps=2, batch_size=2, lr=1e-3, eval_max_examples=4, log_every=1) > 0
+    info = json.loads((out / runs.RUN_FILE).read_text())
+    assert (info["model"], info["task"], info["model_config"]["d_model"], info["train"]["steps"]) == ("gpt", "shakespeare-char", 16, 2)
+    assert len(_losses(out)) == 2 and not (out / "model").exists()
+    line = repro_bert.shown("bert", "bbc-news", out, {"task.max_vocab": 50, "train.steps": 3, "train.progress": False},
+                            init=out / "pre")
+    args = build_parser().parse_args(line.split()[1:])
+    assert (args.model, args.task, args.init, args.steps, args.progress, args.set) == \
+        ("bert", "bbc-news", str(out / "pre"), 3, False, ["task.max_vocab=50"])

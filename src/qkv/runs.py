@@ -214,9 +214,11 @@ class Settings:
     model_config: Dict[str, Any]
     train: Dict[str, Any]
     init: Optional[str] = None
-    # built while resolving, handed to Run.create so that the data is read once
+    # built while resolving (or by the caller: Run.of), handed to Run.create so that the data is
+    # read once and a given model is used as it is
     _task: Any = dataclasses.field(default=None, repr=False, compare=False)
     _init_model: Any = dataclasses.field(default=None, repr=False, compare=False)
+    _model: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def record(self) -> Dict[str, Any]:
         """The settings as ``run.json`` holds them."""
@@ -464,7 +466,7 @@ class Run:
                 _refuse_fresh_over_checkpoints(out)
             config = _train_config(settings.train, out)
             if resume and _finished_or_corrupt(out, config, say):
-                run.finished, run.settings = True, settings
+                run.finished, run.settings, run.task, run.model = True, settings, settings._task, settings._model
                 return
             from .registry import lookup
             from .tasks import build_task
@@ -473,7 +475,9 @@ class Run:
             if task is None:
                 with user_input():
                     task = build_task(settings.task, **settings.task_options)
-            model = _build_model(lookup("model", settings.model), settings.model_config, config.seed)
+            model = settings._model
+            if model is None:
+                model = _build_model(lookup("model", settings.model), settings.model_config, config.seed)
             if settings._init_model is not None:
                 fresh = model.init_from(settings._init_model)
                 print(f"qkv: initialised from {settings.init}; fresh: {', '.join(fresh) or 'nothing'}")
@@ -488,6 +492,18 @@ class Run:
             run._write()
 
         return cls._guarded(out, build)
+
+    @classmethod
+    def of(cls, directory: str | os.PathLike, model: Any, task: Any, train: Mapping[str, Any], *,
+           task_options: Optional[Mapping[str, Any]] = None, resume: bool = False, say: Say = _stderr) -> "Run":
+        """A new run of a ``model`` and ``task`` the caller built (scripts that assemble them, e.g.
+        the reproductions and ``qkv bench lra``), with ``train`` (``TrainConfig`` fields but
+        ``out_dir``): checked, locked and recorded as by ``create``, but the model is used as it is
+        (not rebuilt, not re-seeded). ``run.json`` names the model's and the task's registry names,
+        the model's config and ``task_options`` (what the task was built with, when known)."""
+        settings = Settings(model.registry_name, task.registry_name, None, dict(task_options or {}),
+                            dataclasses.asdict(model.config), dict(train), _task=task, _model=model)
+        return cls.create(directory, settings, resume=resume, say=say)
 
     @classmethod
     def open(cls, directory: str | os.PathLike, *, overrides: Optional[Mapping[str, Any]] = None,
@@ -588,16 +604,16 @@ class Run:
 
     # -- using one
 
-    def train(self) -> Dict[str, float]:
+    def train(self, *, save: bool = True) -> Dict[str, float]:
         """Train (continuing the latest intact checkpoint when the run was opened or created to
-        resume), then save the final ``model/`` with the task's vocabulary; the trainer's last
-        metrics."""
+        resume), then (``save``) save the final ``model/`` with the task's vocabulary; the
+        trainer's last metrics."""
         from .train import Trainer
 
         if self.config is None:
             raise UserError(f"the run in {self.directory} was loaded to be used, not trained: use Run.open to resume it")
         metrics = Trainer(self.model, self.task, self.config).fit(resume=self.resume)
-        if _rank() == 0:  # under torchrun only rank 0 writes
+        if save and _rank() == 0:  # under torchrun only rank 0 writes
             self.model.save_pretrained(self.directory / "model")
             _save_vocab(self.task, self.directory / "model")
         return metrics
