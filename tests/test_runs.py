@@ -175,3 +175,13 @@ def test_the_reproductions_train_through_runs(shakespeare_cache):
     args = build_parser().parse_args(line.split()[1:])
     assert (args.model, args.task, args.init, args.steps, args.progress, args.set) == \
         ("bert", "bbc-news", str(out / "pre"), 3, False, ["task.max_vocab=50"])
+
+
+def test_runs_sits_below_the_command_line():
+    """qkv.runs is what the faces call: it imports neither the command line nor the benchmarks."""
+    import ast
+
+    tree = ast.parse(open(runs.__file__, encoding="utf-8").read())
+    imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not [m for m in imported if m.lstrip(".").startswith(("cli", "bench", "qkv.cli", "qkv.bench"))], imported

@@ -479,7 +479,8 @@ class Run:
             if model is None:
                 model = _build_model(lookup("model", settings.model), settings.model_config, config.seed)
             if settings._init_model is not None:
-                fresh = model.init_from(settings._init_model)
+                with user_input():  # e.g. a source whose shapes do not fit
+                    fresh = model.init_from(settings._init_model)
                 print(f"qkv: initialised from {settings.init}; fresh: {', '.join(fresh) or 'nothing'}")
             run.task, run.model, run.config, run.resume = task, model, config, resume
             run.settings = dataclasses.replace(settings, model_config=dataclasses.asdict(model.config),
