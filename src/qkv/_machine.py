@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-__all__ = ["physical_cores", "default_threads", "load_average", "set_threads"]
+__all__ = ["physical_cores", "default_threads", "load_average", "set_threads", "announce"]
 
 
 def physical_cores() -> int:
@@ -53,11 +53,12 @@ def load_average() -> float:
         return 0.0
 
 
-def _stderr(message: str) -> None:
+def announce(message: str) -> None:
+    """Tell the person at the terminal (stderr, ``qkv: message``), apart from a command's output."""
     print(f"qkv: {message}", file=sys.stderr)
 
 
-def set_threads(threads: Optional[int], warn_load: bool = False, say: Callable[[str], None] = _stderr) -> int:
+def set_threads(threads: Optional[int], warn_load: bool = False, say: Callable[[str], None] = announce) -> int:
     """Set torch's threads: ``threads`` when given, else ``default_threads`` of this machine
     (``warn_load``: ``say`` so when the load leaves fewer threads than cores)."""
     import torch

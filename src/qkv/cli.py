@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from qkv._errors import UserError, user_input
-from qkv._machine import default_threads, load_average, physical_cores, set_threads
+from qkv._machine import announce, default_threads, load_average, physical_cores, set_threads
 from qkv._values import parse_value
 from qkv.runs import RESUME_MAY_CHANGE, fields_of
 
@@ -69,10 +69,6 @@ def _add_threads(parser: argparse.ArgumentParser) -> None:
                              "at least 1)")
 
 
-def _announce(message: str) -> None:
-    print(f"qkv: {message}", file=sys.stderr)
-
-
 def parameter_count(n: int) -> str:
     """``n`` parameters as a reader takes them in: every digit below a million ("12,345
     parameters"), three significant digits above ("1.23 M parameters", "1.5 B parameters")."""
@@ -96,10 +92,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides["attention"] = args.attention
     overrides.update(_pairs(args.set))
     with runs.start(args.model, args.task, args.out, preset=args.preset, overrides=overrides, init=args.init,
-                    resume=args.resume, say=_announce) as run:
+                    resume=args.resume, say=announce) as run:
         if run.finished:
             return 0
-        threads = set_threads(args.threads, warn_load=True, say=_announce)
+        threads = set_threads(args.threads, warn_load=True, say=announce)
         n_params = sum(p.numel() for p in run.model.parameters())
         preset_note = f", preset {run.settings.preset}" if run.settings.preset else ""
         print(f"qkv: training {run.settings.model} ({parameter_count(n_params)}{preset_note}) on {run.settings.task} "
@@ -445,7 +441,7 @@ def _run_bench(argv: List[str]) -> int:
         threads = physical_cores()
         load = load_average()
         if load >= 0.5:
-            _announce(f"warning: the load average is {load:.1f}; other processes use the CPU, so timings run "
+            announce(f"warning: the load average is {load:.1f}; other processes use the CPU, so timings run "
                       "with --threads 1 (pass --threads N to choose)")
             threads = 1
         argv = [argv[0], "--threads", str(threads), *argv[1:]]

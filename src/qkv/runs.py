@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 from ._errors import UserError, user_input
+from ._machine import announce
 from ._values import guess_value, parse_value
 
 __all__ = ["Settings", "Run", "resolve", "start", "load", "split_overrides", "forward_progress",
@@ -62,10 +63,6 @@ RESUME_MAY_CHANGE = frozenset({"steps", "eval_every", "eval_batches", "eval_max_
 _RUN_KEYS = ("model", "task", "task_options", "model_config")
 
 Say = Callable[[str], None]
-
-
-def _stderr(message: str) -> None:
-    print(f"qkv: {message}", file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- typed overrides
@@ -265,7 +262,7 @@ def _check_task_kind(model_cls: type, model: str, task: Any, task_name: str) -> 
 
 
 def resolve(model: str, task: str, *, preset: Optional[str] = None, overrides: Optional[Mapping[str, Any]] = None,
-            init: Optional[str] = None, say: Say = _stderr) -> Settings:
+            init: Optional[str] = None, say: Say = announce) -> Settings:
     """The settings of a new run of ``model`` on ``task`` (registry names), from the layers the
     module docstring lists; builds the task (its data) to learn what it determines.
 
@@ -450,7 +447,7 @@ class Run:
     # -- making one
 
     @classmethod
-    def create(cls, directory: str | os.PathLike, settings: Settings, *, resume: bool = False, say: Say = _stderr) -> "Run":
+    def create(cls, directory: str | os.PathLike, settings: Settings, *, resume: bool = False, say: Say = announce) -> "Run":
         """A new run of ``settings`` (from ``resolve``) in ``directory``: checked (a directory that
         holds checkpoints is refused unless ``resume``, which then continues from them), locked,
         the model built (seeded with the training seed; ``settings.init``'s weights copied in) and
@@ -496,7 +493,7 @@ class Run:
 
     @classmethod
     def of(cls, directory: str | os.PathLike, model: Any, task: Any, train: Mapping[str, Any], *,
-           task_options: Optional[Mapping[str, Any]] = None, resume: bool = False, say: Say = _stderr) -> "Run":
+           task_options: Optional[Mapping[str, Any]] = None, resume: bool = False, say: Say = announce) -> "Run":
         """A new run of a ``model`` and ``task`` the caller built (scripts that assemble them, e.g.
         the reproductions and ``qkv bench lra``), with ``train`` (``TrainConfig`` fields but
         ``out_dir``): checked, locked and recorded as by ``create``, but the model is used as it is
@@ -509,7 +506,7 @@ class Run:
     @classmethod
     def open(cls, directory: str | os.PathLike, *, overrides: Optional[Mapping[str, Any]] = None,
              model: Optional[str] = None, task: Optional[str] = None, preset: Optional[str] = None,
-             say: Say = _stderr) -> "Run":
+             say: Say = announce) -> "Run":
         """Resume the run in ``directory`` with its own settings, locked. ``overrides`` (keys as in
         ``resolve``) may change only ``RESUME_MAY_CHANGE`` training settings (each change is
         ``say``-d) or repeat the run's values; ``model``/``task``/``preset``, when given, must be
@@ -679,7 +676,7 @@ def _finished_or_corrupt(out: Path, config: Any, say: Say) -> bool:
 
 def start(model: str, task: str, directory: Optional[str | os.PathLike] = None, *, preset: Optional[str] = None,
           overrides: Optional[Mapping[str, Any]] = None, init: Optional[str] = None, resume: bool = False,
-          say: Say = _stderr) -> Run:
+          say: Say = announce) -> Run:
     """What ``qkv train`` does: ``resume`` and a run in ``directory`` (default ``runs/MODEL-TASK``)
     → ``Run.open``; else ``resolve`` + ``Run.create`` (with ``resume``, a directory that holds
     checkpoints but no run.json continues from them)."""
