@@ -1,5 +1,5 @@
-"""What the reproduction scripts share: training a model with qkv's Trainer into a fresh run
-directory (imported as ``from _repro import train_fresh``: the scripts run as
+"""What the reproduction scripts share: training a model into a fresh run directory through
+``qkv.runs`` (imported as ``from _repro import train_fresh``: the scripts run as
 ``python benchmarks/repro_*.py``, so this folder is on ``sys.path``)."""
 
 from __future__ import annotations
@@ -10,20 +10,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qkv.train import TrainConfig, Trainer
+import qkv.runs
 
 
 def train_fresh(model, task, out: Path, steps: int, batch_size: int, lr: float, warmup: int = 50, **config: Any) -> float:
     """Train ``model`` on ``task`` for ``steps`` with no periodic evaluation, checkpoint or progress
-    bar into ``out`` (emptied first); returns the wall-clock seconds. ``config``: any other
+    bar into the run directory ``out`` (emptied first; ``qkv.runs.Run.of``: locked, ``run.json``
+    written; no final ``model/`` saved); returns the wall-clock seconds. ``config``: any other
     ``TrainConfig`` field (``weight_decay``, ``seed``, ``eval_max_examples``, ``grad_clip``, ...)."""
     shutil.rmtree(out, ignore_errors=True)
-    settings = dict(eval_every=0, eval_batches=0, save_every=0, keep_last=1, progress=False, tensorboard=False)
+    settings = dict(steps=steps, batch_size=batch_size, lr=lr, warmup=min(warmup, steps // 4), eval_every=0,
+                    eval_batches=0, save_every=0, keep_last=1, progress=False, tensorboard=False)
     settings.update(config)
-    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=min(warmup, steps // 4), out_dir=str(out),
-                      **settings)
     start = time.time()
-    Trainer(model, task, cfg).fit()
+    with qkv.runs.Run.of(out, model, task, settings) as run:
+        run.train(save=False)
     return time.time() - start
 
 

@@ -5,7 +5,8 @@ against the same model trained from scratch (Devlin et al. 2019, §3.1-3.2, §4)
     .venv/bin/python benchmarks/repro_bert.py            # ~10 min on one shared CPU core
     .venv/bin/python benchmarks/repro_bert.py --quick    # ~1 min smoke run (numbers meaningless)
 
-Every run goes through the command line, as a user would run it:
+Every run goes through ``qkv.runs``, what the command line calls, and is recorded as the command a
+user would type:
 
 1. ``qkv train bert --task bert-pretrain`` (MLM 15% 80/10/10 + NSP 50/50, ``[CLS] A [SEP] B [SEP]``);
 2. ``qkv train bert --task bbc-news --init runs/repro_bert/pretrain`` (encoder from step 1, new head);
@@ -18,14 +19,12 @@ then ``qkv eval`` on the test splits. Writes ``runs/repro_bert/results.json``,
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import math
 import shutil
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List, Optional
 
 import matplotlib
 
@@ -33,7 +32,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from qkv.cli import main as qkv  # noqa: E402
+import qkv.runs  # noqa: E402
 from qkv.tasks import build_task  # noqa: E402
 
 import claims  # noqa: E402  (benchmarks/claims.py: the claims table and its verdicts)
@@ -42,25 +41,25 @@ ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "reproductions" / "img"
 DOC = ROOT / "docs" / "reproductions" / "bert.md"
 OUT = ROOT / "runs" / "repro_bert"
-ARCH = ["--set", "n_layers=2", "--set", "d_model=64", "--set", "n_heads=4", "--set", "d_ff=256",
-        "--set", "attention_dropout=0.0"]
-COMMON = ["--progress", "false", "--tensorboard", "false", "--threads", "1"]
+ARCH = {"n_layers": 2, "d_model": 64, "n_heads": 4, "d_ff": 256, "attention_dropout": 0.0}
+COMMON = {"train.progress": False, "train.tensorboard": False}
 PAPER = "Devlin et al. 2019, BERT: Pre-training of Deep Bidirectional Transformers (arXiv:1810.04805)"
 # pre-training has learnt something only when the masked LM beats the unigram model (the target
 # words' own frequencies) and next-sentence prediction beats ln 2, each by at least this much (nats)
 LEARNT_MARGIN = 0.1
 
 
-def run(argv: List[str]) -> Dict[str, float]:
-    """``qkv ARGV`` in this process; its last stdout line (the metrics JSON)."""
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        code = qkv(argv)
-    text = buffer.getvalue()
-    print(text, end="", flush=True)
-    if code != 0:
-        raise SystemExit(f"qkv {' '.join(argv)} exited with {code}")
-    return json.loads(text.strip().splitlines()[-1])
+def train(model: str, task: str, out: Path, overrides: Dict[str, Any], init: Optional[Path] = None) -> None:
+    """``qkv train MODEL --task TASK --out OUT`` with ``overrides`` (``qkv.runs.start``)."""
+    with qkv.runs.start(model, task, out, overrides=overrides, init=None if init is None else str(init)) as run:
+        metrics = run.train()
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}), flush=True)
+
+
+def evaluate_test(run_dir: Path) -> Dict[str, float]:
+    """``qkv eval RUN``: the test split's metrics, rounded as the command prints them."""
+    metrics = qkv.runs.load(run_dir).evaluate("test")
+    return {k: round(float(v), 4) for k, v in metrics.items()}
 
 
 def evals(run_dir: Path) -> List[Dict[str, float]]:
@@ -68,8 +67,19 @@ def evals(run_dir: Path) -> List[Dict[str, float]]:
     return [r for r in records if r["event"] == "eval"]
 
 
-def shown(argv: List[str]) -> str:
-    return "qkv " + " ".join(a if " " not in a else repr(a) for a in argv)
+def shown(model: str, task: str, out: Path, overrides: Dict[str, Any], init: Optional[Path] = None) -> str:
+    """The ``qkv train`` command line that runs the same as ``train(...)``: ``train.X`` overrides as
+    ``--X`` flags, the others as ``--set key=value``."""
+    words = ["qkv", "train", model, "--task", task]
+    flags: List[str] = []
+    for key, value in overrides.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        if key.startswith("train."):
+            flags += ["--" + key[len("train."):].replace("_", "-"), text]
+        else:
+            words += ["--set", f"{key}={text}"]
+    words += [*(["--init", str(init)] if init is not None else []), "--out", str(out), *flags, "--threads", "1"]
+    return " ".join(w if " " not in w else repr(w) for w in words)
 
 
 def main() -> None:
@@ -103,7 +113,7 @@ def main() -> None:
     if OUT.exists():
         shutil.rmtree(OUT)
     chance = chance_levels(args.max_vocab)
-    arch = ARCH + ["--set", f"residual={args.residual}"]
+    arch = {**ARCH, "residual": args.residual}
     seeds_results = []
     for seed in range(args.seeds):
         seed_out = OUT if seed == 0 else OUT / f"seed{seed}"
@@ -132,32 +142,31 @@ def main() -> None:
         record_claim(results, args)
 
 
-def train_seed(args, seed: int, out: Path, arch: List[str], pre_steps: int, fine_steps: int) -> Dict:
-    """Pre-train, fine-tune and train from scratch with one seed (through the command line)."""
+def train_seed(args, seed: int, out: Path, arch: Dict[str, Any], pre_steps: int, fine_steps: int) -> Dict:
+    """Pre-train, fine-tune and train from scratch with one seed (through ``qkv.runs``)."""
     pre, fine, scratch = out / "pretrain", out / "finetune", out / "scratch"
     every = max(pre_steps // 6, 1)
-    vocab = ["--set", f"task.max_vocab={args.max_vocab}"]
-    common = COMMON + ["--seed", str(seed)]
-    commands = {
-        "pretrain": ["train", "bert", "--task", "bert-pretrain", *arch, *vocab, "--out", str(pre), "--steps", str(pre_steps),
-                     "--batch-size", "32", "--lr", str(args.pretrain_lr), "--warmup", str(args.pretrain_warmup),
-                     "--eval-every", str(every), "--eval-batches", "4", "--eval-max-examples", "512", *common],
-        "finetune": ["train", "bert", "--task", "bbc-news", *vocab, "--init", str(pre), "--out", str(fine), "--steps",
-                     str(fine_steps), "--batch-size", "32", "--lr", "5e-4", "--warmup", "30", "--eval-every",
-                     str(max(fine_steps // 6, 1)), "--eval-batches", "0", "--eval-max-examples", "256", *common],
-        "scratch": ["train", "bert", "--task", "bbc-news", *arch, *vocab, "--out", str(scratch), "--steps", str(fine_steps),
-                    "--batch-size", "32", "--lr", "5e-4", "--warmup", "30", "--eval-every", str(max(fine_steps // 6, 1)),
-                    "--eval-batches", "0", "--eval-max-examples", "256", *common],
+    vocab = {"task.max_vocab": args.max_vocab}
+    common = {**COMMON, "train.seed": seed}
+    fine_tune = {"train.steps": fine_steps, "train.batch_size": 32, "train.lr": 5e-4, "train.warmup": 30,
+                 "train.eval_every": max(fine_steps // 6, 1), "train.eval_batches": 0, "train.eval_max_examples": 256}
+    phases = {  # name: (model, task, out, overrides, init)
+        "pretrain": ("bert", "bert-pretrain", pre, {**arch, **vocab, "train.steps": pre_steps, "train.batch_size": 32,
+                                                    "train.lr": args.pretrain_lr, "train.warmup": args.pretrain_warmup,
+                                                    "train.eval_every": every, "train.eval_batches": 4,
+                                                    "train.eval_max_examples": 512, **common}, None),
+        "finetune": ("bert", "bbc-news", fine, {**vocab, **fine_tune, **common}, pre),
+        "scratch": ("bert", "bbc-news", scratch, {**arch, **vocab, **fine_tune, **common}, None),
     }
     if args.pretrain_only:
-        commands = {"pretrain": commands["pretrain"]}
+        phases = {"pretrain": phases["pretrain"]}
     results: Dict[str, Dict] = {}
-    for name, argv in commands.items():
+    for name, phase in phases.items():
         t0 = time.time()
-        run(argv)
+        train(*phase)
         seconds = time.time() - t0
-        test = run(["eval", str(out / name)])
-        results[name] = {"command": shown(argv), "train_seconds": round(seconds, 1), "test": test,
+        test = evaluate_test(out / name)
+        results[name] = {"command": shown(*phase), "train_seconds": round(seconds, 1), "test": test,
                          "valid_curve": evals(out / name)}
         print(name, f"seed {seed}", results[name]["test"], f"{seconds:.0f} s", flush=True)
     return results

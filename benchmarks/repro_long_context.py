@@ -38,7 +38,7 @@ from torch import nn  # noqa: E402
 
 from qkv.models import GPT, GPTConfig, GTrXL, GTrXLConfig, TransformerXL, TransformerXLConfig  # noqa: E402
 from qkv.tasks.lm import ShakespeareChar  # noqa: E402
-from qkv.train import TrainConfig, Trainer  # noqa: E402
+import qkv.runs  # noqa: E402
 
 import claims  # noqa: E402  (benchmarks/claims.py: the claims table and its verdicts)
 
@@ -82,7 +82,8 @@ def section_lm(quick: bool) -> Dict[str, Any]:
     for name, model, task in (("transformer-xl", xl, stream_task), ("gpt", gpt, window_task)):
         with tempfile.TemporaryDirectory() as out:
             start = time.time()
-            Trainer(model, task, TrainConfig(out_dir=out, **recipe)).fit()
+            with qkv.runs.Run.of(out, model, task, recipe) as run:
+                run.train(save=False)
             records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
         curves[name] = [(r["step"], r["loss"]) for r in records if r["event"] == "train"]
         result[f"{name}_train_s"] = round(time.time() - start, 1)

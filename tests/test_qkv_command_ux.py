@@ -83,24 +83,24 @@ def machine(monkeypatch):
 
     import torch
 
-    from qkv import cli
+    from qkv import _machine
 
     state = {"load": 0.0, "set": []}
     monkeypatch.setattr(os, "getloadavg", lambda: (state["load"],) * 3)
-    monkeypatch.setattr(cli, "physical_cores", lambda: 2)
+    monkeypatch.setattr(_machine, "physical_cores", lambda: 2)
     monkeypatch.setattr(torch, "set_num_threads", state["set"].append)
     return state
 
 
 def test_a_loaded_machine_trains_with_one_thread_and_says_why(machine, capsys):
-    from qkv.cli import _set_threads
+    from qkv._machine import set_threads
 
     machine["load"] = 7.0
-    assert _set_threads(None, warn_load=True) == 1 and machine["set"] == [1]
+    assert set_threads(None, warn_load=True) == 1 and machine["set"] == [1]
     assert "load average is 7.0 on 2 cores: training with 1 thread(s)" in capsys.readouterr().err
-    assert _set_threads(2, warn_load=True) == 2  # --threads wins, silently
+    assert set_threads(2, warn_load=True) == 2  # --threads wins, silently
     machine["load"] = 0.1
-    assert _set_threads(None, warn_load=True) == 2 and machine["set"] == [1, 2, 2]
+    assert set_threads(None, warn_load=True) == 2 and machine["set"] == [1, 2, 2]
     assert capsys.readouterr().err == ""
 
 

@@ -4,6 +4,7 @@ fast, and usable from the ``qkv`` command line."""
 from __future__ import annotations
 
 from . import functional, masks, models, positional, registry, scores
+from ._errors import UserError
 from .attention import (
     AttentionKernel,
     HardAttention,
@@ -20,5 +21,5 @@ __version__ = "0.1.0"
 __all__ = [
     "AttentionOutput", "KVCache", "AttentionKernel", "MultiHeadAttention", "build_attention",
     "list_attention", "functional", "masks", "positional", "registry", "scores", "SoftAttention",
-    "HardAttention", "LocalAttention",
+    "HardAttention", "LocalAttention", "UserError",
 ]

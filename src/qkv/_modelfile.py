@@ -28,6 +28,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from ._errors import UserError
 from ._io import atomic_write, atomic_write_text
 
 __all__ = [
@@ -48,8 +49,9 @@ _ALIASES_KEY = "qkv_aliases"
 _CHECKSUM_KEY = "qkv_sha256"
 
 
-class CheckpointError(ValueError):
-    """A checkpoint file is missing, truncated, corrupt, or does not match what loads it."""
+class CheckpointError(UserError):
+    """A checkpoint file is missing, truncated, corrupt, or does not match what loads it (a
+    ``qkv.UserError``: the file, not qkv, is at fault)."""
 
 
 # ----------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .._plot import pyplot, save_figure
+from .._values import guess_value
 
 __all__ = [
     "AllocationTracker", "Timing", "time_steps", "time_interleaved", "peak_memory", "describe_machine",
@@ -337,15 +338,6 @@ def plot_loglog(path: Path, series: Mapping[str, Mapping[str, Sequence[float]]],
 
 
 def parse_value(text: str) -> Any:
-    """A command-line value: int, float, bool, None, tuple/list literal, else the string itself."""
-    import ast
-
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered == "none":
-        return None
-    try:
-        return ast.literal_eval(text.strip())
-    except (ValueError, SyntaxError):
-        return text.strip()
+    """A command-line value of no declared type (``qkv._values.guess_value``, the untyped case of
+    the one parser): a bool, None, a Python or JSON literal, else the text itself."""
+    return guess_value(text)

@@ -240,7 +240,7 @@ def _test_set(task: Any, n: int) -> Dict[str, Any]:
 def _train_cell(task_name: str, task: Any, kernel: str, seed: int, plan: TaskPlan, run_dir: Path,
                 device: str, settings: Mapping[str, Any]) -> Dict[str, Any]:
     """Train one (task, kernel, seed) cell into ``run_dir`` (continuing its checkpoint) and test it."""
-    from ..train import TrainConfig, Trainer
+    from ..runs import Run
 
     marker = run_dir / "cell.json"
     if run_dir.exists() and (not marker.is_file() or json.loads(marker.read_text()) != settings):
@@ -249,12 +249,13 @@ def _train_cell(task_name: str, task: Any, kernel: str, seed: int, plan: TaskPla
     with atomic_path(marker) as tmp:
         tmp.write_text(json.dumps(settings, indent=1) + "\n")
     model = _model_for(task_name, task, kernel, seed)
-    config = TrainConfig(steps=plan.steps, batch_size=plan.batch_size, lr=plan.lr, warmup=min(plan.warmup, plan.steps // 4),
-                         schedule="cosine", eval_every=0, eval_batches=0, eval_max_examples=min(256, plan.eval_examples),
-                         save_every=max(50, plan.steps // 4), keep_last=1, seed=seed, device=device,
-                         log_every=max(1, min(10, plan.steps)), out_dir=str(run_dir), progress=True, tensorboard=False)
+    train = dict(steps=plan.steps, batch_size=plan.batch_size, lr=plan.lr, warmup=min(plan.warmup, plan.steps // 4),
+                 schedule="cosine", eval_every=0, eval_batches=0, eval_max_examples=min(256, plan.eval_examples),
+                 save_every=max(50, plan.steps // 4), keep_last=1, seed=seed, device=device,
+                 log_every=max(1, min(10, plan.steps)), progress=True, tensorboard=False)
     start = time.perf_counter()
-    valid = Trainer(model, task, config).fit(resume=True)
+    with Run.of(run_dir, model, task, train, resume=True) as run:  # continues the cell's checkpoint
+        valid = run.train(save=False)
     seconds = time.perf_counter() - start
     model.eval()
     test = task.evaluate(model, "test", max_examples=plan.eval_examples)

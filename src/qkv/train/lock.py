@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from .._errors import UserError
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -34,8 +36,9 @@ _HELD: Dict[str, list] = {}
 _GUARD = threading.Lock()
 
 
-class RunLockError(ValueError):
-    """Another process holds the run directory's lock."""
+class RunLockError(UserError):
+    """Another process holds the run directory's lock (a ``UserError``: the ``qkv`` command prints
+    it as one line)."""
 
 
 def _holder_text(path: Path) -> str:
@@ -53,7 +56,7 @@ def _holder_text(path: Path) -> str:
 class RunLock:
     """Hold ``directory``'s writer lock for a ``with`` block (creating the directory if needed).
 
-    Raises ``RunLockError`` (a ``ValueError``) at once, without waiting, when another process holds it.
+    Raises ``RunLockError`` (a ``qkv.UserError``, so a ``ValueError``) at once, without waiting, when another process holds it.
     """
 
     def __init__(self, directory: str | os.PathLike, command: Optional[str] = None) -> None:

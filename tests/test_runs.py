@@ -1,0 +1,187 @@
+"""qkv.runs: a run as a library object (issue 24) — settings resolved layer over layer, a run
+directory created, locked, trained, resumed and evaluated through the API, the same as through
+``qkv train`` / ``qkv eval``; and the command line's line between user errors and bugs."""
+
+import json
+import os
+import sys
+
+import pytest
+
+import qkv.runs as runs
+from qkv import UserError
+from qkv.cli import main
+from qkv.models.transformer.gpt import GPT, GPTConfig
+from qkv.train import TrainConfig
+
+TINY = {"n_layers": 1, "d_model": 32, "n_heads": 2, "d_ff": 64, "dropout": 0.0, "task.block_size": 16}
+QUIET = {"train.progress": False, "train.tensorboard": False, "train.eval_batches": 1, "train.eval_max_examples": 8,
+         "train.batch_size": 4, "train.warmup": 1, "train.log_every": 1, "train.save_every": 2, "train.seed": 5,
+         "train.lr": 0.01, "train.schedule": "constant"}
+CLI_TINY = ["--set", "n_layers=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64", "--set", "dropout=0.0",
+            "--set", "task.block_size=16", "--threads", "1", "--progress", "false", "--tensorboard", "false",
+            "--eval-batches", "1", "--eval-max-examples", "8", "--batch-size", "4", "--warmup", "1", "--log-every", "1",
+            "--save-every", "2", "--seed", "5", "--lr", "0.01", "--schedule", "constant"]
+
+
+def _losses(run):
+    return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["event"] == "train"]
+
+
+def test_resolve_takes_each_layer_over_the_one_below(shakespeare_cache, monkeypatch, tmp_path):
+    """config defaults < the model's train defaults < preset < task < overrides."""
+    monkeypatch.setattr(GPT, "train_defaults", {"lr": 0.1, "batch_size": 3, "warmup": 7})
+    layers = {"n_layers": 1, "d_model": 24, "n_heads": 2, "d_ff": 32, "vocab_size": 999, "max_len": 999,
+              "train": {"lr": 0.2, "batch_size": 5}, "task": {"block_size": 8}}
+    monkeypatch.setattr(GPT, "presets", {**GPT.presets, "layers": layers})
+    settings = runs.resolve("gpt", "shakespeare-char", preset="layers",
+                            overrides={"train.lr": 0.3, "d_model": 32, "max_len": 80, "task.block_size": 16})
+    vocab = settings._task.vocab.size
+    assert settings.preset == "layers" and settings.task_options["block_size"] == 16  # overrides > preset (task option)
+    assert settings.train["lr"] == 0.3  # overrides > preset > train defaults
+    assert settings.train["batch_size"] == 5  # preset > train defaults
+    assert settings.train["warmup"] == 7 != TrainConfig.warmup  # train defaults > config defaults
+    assert settings.model_config["vocab_size"] == vocab != 999  # task > preset
+    assert settings.model_config["max_len"] == 80  # overrides > task (max(block_size, 64))
+    assert (settings.model_config["d_model"], settings.model_config["n_heads"]) == (32, 2)  # overrides, preset
+    assert layers["train"] == {"lr": 0.2, "batch_size": 5}  # the preset itself is not changed
+    with runs.Run.create(tmp_path / "run", settings) as run:  # the config defaults fill the rest
+        assert run.model.config.dropout == GPTConfig.dropout and run.config.grad_clip == TrainConfig.grad_clip
+        assert run.settings.model_config["max_len"] == 80 and run.config.warmup == 7
+    # a str override is read as the command line reads it, against the field's type
+    again = runs.resolve("gpt", "shakespeare-char", preset="layers", overrides={"d_model": "40", "train.lr": "1e-3",
+                                                                              "attention_kwargs.radius": "3"})
+    assert (again.model_config["d_model"], again.train["lr"], again.model_config["attention_kwargs"]) == (40, 1e-3, {"radius": 3})
+    for bad, message in (({"d_model": "big"}, "d_model must be an int"), ({"train.stpes": 3}, "unknown train option 'stpes'"),
+                         ({"task.nope": 1}, "unknown task 'shakespeare-char' option 'nope'")):
+        with pytest.raises(UserError, match=message):
+            runs.resolve("gpt", "shakespeare-char", overrides=bad)
+    with pytest.raises(UserError, match="no preset 'huge'"):
+        runs.resolve("gpt", "shakespeare-char", preset="huge")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the run lock is flock, POSIX only")
+def test_create_locks_trains_and_records_the_run(shakespeare_cache):
+    import fcntl
+
+    out = shakespeare_cache / "run"
+    settings = runs.resolve("gpt", "shakespeare-char", overrides={**TINY, **QUIET, "train.steps": 3})
+    with runs.Run.create(out, settings) as run:
+        fd = os.open(out / ".lock", os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):  # another writer cannot take the directory
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+        assert json.loads((out / runs.RUN_FILE).read_text()) == json.loads(json.dumps(run.settings.record()))
+        metrics = run.train()
+    assert metrics["bpc"] > 0 and len(_losses(out)) == 3
+    assert (out / "model" / "config.json").is_file() and (out / "model" / runs.VOCAB_FILE).is_file()
+    fd = os.open(out / ".lock", os.O_RDWR)  # closed: released
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    # a fresh run over it is refused before anything is written; open continues it
+    with pytest.raises(UserError, match="already holds a run with checkpoints"):
+        runs.Run.create(out, settings)
+    with pytest.raises(UserError, match="contradicts the run"):
+        runs.Run.open(out, overrides={"train.lr": 0.5})
+    with runs.Run.open(out) as finished:
+        assert finished.finished  # already at its step count: nothing to train
+
+
+def test_resume_through_the_api_equals_the_cli(shakespeare_cache, capsys):
+    cli, api = shakespeare_cache / "cli", shakespeare_cache / "api"
+    argv = ["train", "gpt", "--task", "shakespeare-char", "--out", str(cli), *CLI_TINY]
+    assert main([*argv, "--steps", "2"]) == 0
+    assert main(["train", "gpt", "--task", "shakespeare-char", "--out", str(cli), "--resume", "--steps", "4"]) == 0
+    with runs.Run.create(api, runs.resolve("gpt", "shakespeare-char", overrides={**TINY, **QUIET, "train.steps": 2})) as run:
+        run.train()
+    messages = []
+    with runs.Run.open(api, overrides={"train.steps": 4}, say=messages.append) as run:
+        assert not run.finished and run.resume
+        run.train()
+    assert messages == ["resuming with steps=4 (the run had 2)"]
+    assert _losses(api) == _losses(cli) and len(_losses(api)) == 4
+    for name in ("run.json", "train_config.json"):
+        a, c = (json.loads((d / name).read_text()) for d in (api, cli))
+        a.pop("out_dir", None), c.pop("out_dir", None)
+        assert a == c, name
+    resumed = [json.loads(line) for line in (api / "metrics.jsonl").read_text().splitlines() if '"resume"' in line]
+    assert resumed and resumed[-1]["checkpoint"] == "step-00000002.safetensors"
+    # evaluate returns what `qkv eval` prints
+    capsys.readouterr()
+    assert main(["eval", str(api), "--max-examples", "4", "--threads", "1"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    metrics = runs.load(api).evaluate("test", max_examples=4)
+    assert "bpc" in metrics and {k: round(float(v), 4) for k, v in metrics.items()} == printed
+    with pytest.raises(UserError, match="takes no training options"):
+        runs.load(api).evaluate("test", overrides={"train.lr": 0.1})
+
+
+def test_a_bug_keeps_its_traceback_and_a_user_error_is_one_line(shakespeare_cache, monkeypatch, capsys):
+    """main() turns only qkv.UserError (and missing or unreadable files) into `qkv: error:`; a
+    ValueError from inside the library is a bug and propagates (Python prints its traceback)."""
+    from qkv.train import Trainer
+
+    def broken(self, resume=False):
+        raise ValueError("a bug inside the trainer")
+
+    monkeypatch.setattr(Trainer, "fit", broken)
+    argv = ["train", "gpt", "--task", "shakespeare-char", "--out", str(shakespeare_cache / "run"), *CLI_TINY, "--steps", "2"]
+    with pytest.raises(ValueError, match="a bug inside the trainer"):
+        main(argv)
+    capsys.readouterr()
+    assert main([*argv, "--set", "d_model=big"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("qkv: error:") == 1 and "d_model must be an int" in err and "Traceback" not in err
+
+
+def test_load_refuses_what_is_not_a_run(tmp_path):
+    with pytest.raises(UserError, match="not a qkv run directory"):
+        runs.load(tmp_path)
+    (tmp_path / runs.RUN_FILE).write_text("[]")
+    with pytest.raises(UserError, match="corrupt: expected a JSON object"):
+        runs.load(tmp_path)
+
+
+def test_the_reproductions_train_through_runs(shakespeare_cache):
+    """benchmarks/_repro.train_fresh: a model the script built, trained in a run directory that
+    qkv.runs created, locked and recorded; repro_bert's recorded commands are valid `qkv train` lines."""
+    from pathlib import Path
+
+    from qkv.cli import build_parser
+    from qkv.tasks import build_task
+
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, bench)
+    try:
+        import _repro
+        import repro_bert
+    finally:
+        sys.path.remove(bench)
+    task = build_task("shakespeare-char", block_size=16)
+    model = GPT(GPTConfig(vocab_size=task.vocab.size, n_layers=1, d_model=16, n_heads=2, d_ff=32, max_len=16))
+    out = shakespeare_cache / "repro"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "step-00000009.safetensors").write_bytes(b"stale")  # emptied first
+    assert _repro.train_fresh(model, task, out, steps=2, batch_size=2, lr=1e-3, eval_max_examples=4, log_every=1) > 0
+    info = json.loads((out / runs.RUN_FILE).read_text())
+    assert (info["model"], info["task"], info["model_config"]["d_model"], info["train"]["steps"]) == ("gpt", "shakespeare-char", 16, 2)
+    assert len(_losses(out)) == 2 and not (out / "model").exists()
+    line = repro_bert.shown("bert", "bbc-news", out, {"task.max_vocab": 50, "train.steps": 3, "train.progress": False},
+                            init=out / "pre")
+    args = build_parser().parse_args(line.split()[1:])
+    assert (args.model, args.task, args.init, args.steps, args.progress, args.set) == \
+        ("bert", "bbc-news", str(out / "pre"), 3, False, ["task.max_vocab=50"])
+
+
+def test_runs_sits_below_the_command_line():
+    """qkv.runs is what the faces call: it imports neither the command line nor the benchmarks."""
+    import ast
+
+    tree = ast.parse(open(runs.__file__, encoding="utf-8").read())
+    imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not [m for m in imported if m.lstrip(".").startswith(("cli", "bench", "qkv.cli", "qkv.bench"))], imported
