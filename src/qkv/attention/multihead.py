@@ -6,9 +6,10 @@ projection around any registered kernel.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import _checks
@@ -45,6 +46,15 @@ class MultiHeadAttention(nn.Module):
     Parameter mapping to ``torch.nn.MultiheadAttention``: ``in_proj_weight`` is
     ``cat([q_proj.weight, k_proj.weight, v_proj.weight])`` (and likewise ``in_proj_bias``);
     ``out_proj`` is ``out_proj``. ``MultiHeadAttention.from_torch(m)`` copies them.
+
+    Fused input projection: with dense (``nn.Linear``) projections of equal sizes, the three
+    weights (and biases) live side by side in one buffer, so that ``[Q K V] = x [W^Q W^K W^V]``
+    is one matrix product for self-attention (``[K V]`` for cross-attention) read straight from
+    that buffer — no copy, and the parameters and state-dict names stay ``q_proj.weight``, ... .
+    When gradients flow to the weights the product uses ``torch.cat`` of the three (a small copy
+    of the weights, whose backward splits the gradient); when the buffer was undone (a parameter
+    replaced, ``load_state_dict(assign=True)``) the same concatenation serves, and ``.to()``,
+    ``copy.deepcopy`` and pickling lay the weights out side by side again.
     """
 
     def __init__(
@@ -86,6 +96,55 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"attention must be a registry name or an AttentionKernel, got {type(attention).__name__}")
         if self.kernel.shared_qk:
             self.k_proj = None  # shared-QK kernels (Reformer) take the queries as keys: no key projection
+        self._pack_in_proj()
+
+    # ------------------------------------------------------------------ the fused input projection
+
+    def _fusable(self) -> bool:
+        """Dense q/k/v projections of one shape, dtype and device, with or without biases all three."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        if any(type(p) is not nn.Linear for p in projs):  # a subclass may compute something else
+            return False
+        w = [p.weight for p in projs]
+        b = [p.bias for p in projs]
+        return (all(x.shape == w[0].shape and x.dtype == w[0].dtype and x.device == w[0].device for x in w)
+                and (all(x is None for x in b) or all(x is not None for x in b)))
+
+    def _pack_in_proj(self) -> None:
+        """Lay ``q_proj``, ``k_proj`` and ``v_proj``'s weights (and biases) out side by side in one
+        buffer each (the parameters become views of it and keep their values and names), so that
+        ``_joined`` can read ``[W^Q; W^K; W^V]`` without a copy. Nothing when already packed."""
+        if not self._fusable():
+            return
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        for name in ("weight", "bias"):
+            params = [getattr(p, name) for p in projs]
+            if params[0] is None or _joined(params, need_grad=False, copy=False) is not None:
+                continue
+            with torch.no_grad():
+                buffer = torch.cat([p.detach() for p in params])  # (3 d_model, ...)
+            for p, part in zip(params, buffer.chunk(len(params))):
+                p.data = part  # the same Parameter object (optimizers keep it), its storage now the buffer's
+
+    def _apply(self, fn, *args, **kwargs):  # .to(), .double(), .cuda(): each parameter is converted alone
+        super()._apply(fn, *args, **kwargs)
+        self._pack_in_proj()
+        return self
+
+    def __setstate__(self, state: dict) -> None:  # copy.deepcopy and pickle copy each parameter alone
+        super().__setstate__(state)
+        self._pack_in_proj()
+
+    def _in_proj(self, x: Tensor, projs: Sequence[nn.Module]) -> tuple[Tensor, ...]:
+        """``x W_i^T + b_i`` for the consecutive projections ``projs`` (q, k, v or k, v): one matrix
+        product with the joined weights when they fuse, else one per projection."""
+        if len(projs) == 1 or not self._fusable():
+            return tuple(p(x) for p in projs)
+        need_grad = torch.is_grad_enabled() and any(t.requires_grad for p in projs for t in (p.weight, p.bias)
+                                                    if t is not None)
+        weight = _joined([p.weight for p in projs], need_grad)
+        bias = None if projs[0].bias is None else _joined([p.bias for p in projs], need_grad)
+        return F.linear(x, weight, bias).chunk(len(projs), dim=-1)  # (B, L, d_model) views each
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, **kwargs: Any) -> "MultiHeadAttention":
@@ -123,6 +182,9 @@ class MultiHeadAttention(nn.Module):
         _checks.same("key", key.shape[1], "value", value.shape[1], "the number of positions")
         _checks.same_dtype("key", key, "MultiHeadAttention.k_proj", self.k_proj.weight)
         _checks.same_dtype("value", value, "MultiHeadAttention.v_proj", self.v_proj.weight)
+        if value is key:  # [K V] = x [W^K W^V]: one product
+            k, v = self._in_proj(key, (self.k_proj, self.v_proj))
+            return self._split(k), self._split(v)  # (B, H, N, E) each
         return self._split(self.k_proj(key)), self._split(self.v_proj(value))  # (B, H, N, E) each
 
     def forward(
@@ -160,6 +222,12 @@ class MultiHeadAttention(nn.Module):
             if not (isinstance(kv, tuple) and len(kv) == 2):
                 raise TypeError(f"kv must be the (k, v) pair returned by project_kv, got {type(kv).__name__}")
             k, v = kv
+        elif (key is None or key is query) and (value is None or value is query) and self._fusable():
+            # self-attention: [Q K V] = x [W^Q W^K W^V], one product; q, k, v (B, H, L, E) each, freed
+            # before the output projection allocates its result
+            out = self.kernel(*(self._split(t) for t in self._in_proj(query, (self.q_proj, self.k_proj, self.v_proj))),
+                              mask=mask, state=state, need_weights=need_weights, return_state=return_state)
+            return self._merge(out)
         else:
             k, v = self.project_kv(query if key is None else key, value)  # (B, H, N, E) each
         _checks.same("query", query.shape[0], "key", k.shape[0], "the batch size")
@@ -172,3 +240,25 @@ class MultiHeadAttention(nn.Module):
         B, H, M, E = out.output.shape
         merged = out.output.transpose(1, 2).reshape(B, M, H * E)  # (B, M, d_model)
         return AttentionOutput(self.out_proj(merged), out.weights, out.state)
+
+
+def _joined(params: Sequence[Tensor], need_grad: bool, copy: bool = True) -> Optional[Tensor]:
+    """``cat(params)`` along dim 0 — a view when the tensors lie side by side in one storage and no
+    gradient is asked for (``_pack_in_proj``'s layout), else (``copy``) the concatenation, through
+    which gradients flow to each; None when not side by side and ``copy`` is False."""
+    first = params[0]
+    if not need_grad:
+        try:
+            storage = first.untyped_storage().data_ptr()
+            offset = first.storage_offset()
+            side_by_side = True
+            for t in params:
+                side_by_side = side_by_side and (t.is_contiguous() and t.untyped_storage().data_ptr() == storage
+                                                 and t.storage_offset() == offset)
+                offset += t.numel()
+        except (RuntimeError, NotImplementedError):  # no storage to look at (functorch wrappers)
+            side_by_side = False
+        if side_by_side:
+            rows = sum(t.shape[0] for t in params)
+            return first.detach().as_strided((rows, *first.shape[1:]), first.stride())  # no copy
+    return torch.cat(list(params)) if copy else None
