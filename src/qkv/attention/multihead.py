@@ -100,26 +100,31 @@ class MultiHeadAttention(nn.Module):
 
     # ------------------------------------------------------------------ the fused input projection
 
-    def _fusable(self) -> bool:
-        """Dense q/k/v projections of one shape, dtype and device, with or without biases all three."""
-        projs = (self.q_proj, self.k_proj, self.v_proj)
-        if any(type(p) is not nn.Linear for p in projs):  # a subclass may compute something else
-            return False
-        w = [p.weight for p in projs]
-        b = [p.bias for p in projs]
-        return (all(x.shape == w[0].shape and x.dtype == w[0].dtype and x.device == w[0].device for x in w)
-                and (all(x is None for x in b) or all(x is not None for x in b)))
+    def _in_proj_params(self, projs: Sequence[Optional[nn.Module]]) -> Optional[tuple[list, Optional[list]]]:
+        """The weights and biases (None: no biases) of ``projs`` when they fuse — dense
+        (``nn.Linear``: a subclass may compute something else), of one shape, dtype and device, with
+        biases on all or none — else None."""
+        weights, biases = [], []
+        for p in projs:
+            if type(p) is not nn.Linear:
+                return None
+            weights.append(p.weight)
+            biases.append(p.bias)
+        w = weights[0]
+        for t in weights[1:]:
+            if t.shape != w.shape or t.dtype != w.dtype or t.device != w.device:
+                return None
+        if biases[0] is None:
+            return (weights, None) if all(b is None for b in biases) else None
+        return (weights, biases) if all(b is not None for b in biases) else None
 
     def _pack_in_proj(self) -> None:
         """Lay ``q_proj``, ``k_proj`` and ``v_proj``'s weights (and biases) out side by side in one
         buffer each (the parameters become views of it and keep their values and names), so that
         ``_joined`` can read ``[W^Q; W^K; W^V]`` without a copy. Nothing when already packed."""
-        if not self._fusable():
-            return
-        projs = (self.q_proj, self.k_proj, self.v_proj)
-        for name in ("weight", "bias"):
-            params = [getattr(p, name) for p in projs]
-            if params[0] is None or _joined(params, need_grad=False, copy=False) is not None:
+        fused = self._in_proj_params((self.q_proj, self.k_proj, self.v_proj))
+        for params in fused or ():
+            if params is None or _joined(params, need_grad=False, copy=False) is not None:
                 continue
             with torch.no_grad():
                 buffer = torch.cat([p.detach() for p in params])  # (3 d_model, ...)
@@ -135,16 +140,19 @@ class MultiHeadAttention(nn.Module):
         super().__setstate__(state)
         self._pack_in_proj()
 
-    def _in_proj(self, x: Tensor, projs: Sequence[nn.Module]) -> tuple[Tensor, ...]:
-        """``x W_i^T + b_i`` for the consecutive projections ``projs`` (q, k, v or k, v): one matrix
-        product with the joined weights when they fuse, else one per projection."""
-        if len(projs) == 1 or not self._fusable():
-            return tuple(p(x) for p in projs)
-        need_grad = torch.is_grad_enabled() and any(t.requires_grad for p in projs for t in (p.weight, p.bias)
-                                                    if t is not None)
-        weight = _joined([p.weight for p in projs], need_grad)
-        bias = None if projs[0].bias is None else _joined([p.bias for p in projs], need_grad)
-        return F.linear(x, weight, bias).chunk(len(projs), dim=-1)  # (B, L, d_model) views each
+    def _in_proj(self, x: Tensor, projs: Sequence[Optional[nn.Module]]) -> Optional[tuple[Tensor, ...]]:
+        """``x W_i^T + b_i`` for the consecutive projections ``projs`` (q, k, v or k, v) as one matrix
+        product with the joined weights, split into ``(B, L, d_model)`` views; None when they do
+        not fuse (``_in_proj_params``)."""
+        fused = self._in_proj_params(projs)
+        if fused is None:
+            return None
+        weights, biases = fused
+        params = weights if biases is None else weights + biases
+        need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in params)
+        weight = _joined(weights, need_grad)  # (n d_model, d_in)
+        bias = None if biases is None else _joined(biases, need_grad)  # (n d_model,)
+        return F.linear(x, weight, bias).chunk(len(projs), dim=-1)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, **kwargs: Any) -> "MultiHeadAttention":
@@ -182,9 +190,9 @@ class MultiHeadAttention(nn.Module):
         _checks.same("key", key.shape[1], "value", value.shape[1], "the number of positions")
         _checks.same_dtype("key", key, "MultiHeadAttention.k_proj", self.k_proj.weight)
         _checks.same_dtype("value", value, "MultiHeadAttention.v_proj", self.v_proj.weight)
-        if value is key:  # [K V] = x [W^K W^V]: one product
-            k, v = self._in_proj(key, (self.k_proj, self.v_proj))
-            return self._split(k), self._split(v)  # (B, H, N, E) each
+        kv = self._in_proj(key, (self.k_proj, self.v_proj)) if value is key else None  # [K V] = x [W^K W^V]
+        if kv is not None:
+            return self._split(kv[0]), self._split(kv[1])  # (B, H, N, E) each
         return self._split(self.k_proj(key)), self._split(self.v_proj(value))  # (B, H, N, E) each
 
     def forward(
@@ -222,13 +230,15 @@ class MultiHeadAttention(nn.Module):
             if not (isinstance(kv, tuple) and len(kv) == 2):
                 raise TypeError(f"kv must be the (k, v) pair returned by project_kv, got {type(kv).__name__}")
             k, v = kv
-        elif (key is None or key is query) and (value is None or value is query) and self._fusable():
-            # self-attention: [Q K V] = x [W^Q W^K W^V], one product; q, k, v (B, H, L, E) each, freed
-            # before the output projection allocates its result
-            out = self.kernel(*(self._split(t) for t in self._in_proj(query, (self.q_proj, self.k_proj, self.v_proj))),
-                              mask=mask, state=state, need_weights=need_weights, return_state=return_state)
-            return self._merge(out)
         else:
+            qkv = None
+            if (key is None or key is query) and (value is None or value is query):
+                qkv = self._in_proj(query, (self.q_proj, self.k_proj, self.v_proj))  # [Q K V] = x [W^Q W^K W^V]
+            if qkv is not None:  # self-attention, one product; q, k, v: (B, H, L, E) each
+                out = self.kernel(*map(self._split, qkv), mask=mask, state=state, need_weights=need_weights,
+                                  return_state=return_state)
+                del qkv  # freed before the output projection allocates its result
+                return self._merge(out)
             k, v = self.project_kv(query if key is None else key, value)  # (B, H, N, E) each
         _checks.same("query", query.shape[0], "key", k.shape[0], "the batch size")
         q = self._split(self.q_proj(query))  # (B, H, M, E)
@@ -243,22 +253,20 @@ class MultiHeadAttention(nn.Module):
 
 
 def _joined(params: Sequence[Tensor], need_grad: bool, copy: bool = True) -> Optional[Tensor]:
-    """``cat(params)`` along dim 0 — a view when the tensors lie side by side in one storage and no
-    gradient is asked for (``_pack_in_proj``'s layout), else (``copy``) the concatenation, through
-    which gradients flow to each; None when not side by side and ``copy`` is False."""
+    """``cat(params)`` along dim 0 — read in place when the (contiguous, equal) tensors lie side by
+    side in memory, within the first one's storage, and no gradient is asked for
+    (``_pack_in_proj``'s layout); else (``copy``) the concatenation, through which gradients flow
+    to each; None when not side by side and ``copy`` is False."""
     first = params[0]
     if not need_grad:
         try:
-            storage = first.untyped_storage().data_ptr()
-            offset = first.storage_offset()
-            side_by_side = True
-            for t in params:
-                side_by_side = side_by_side and (t.is_contiguous() and t.untyped_storage().data_ptr() == storage
-                                                 and t.storage_offset() == offset)
-                offset += t.numel()
-        except (RuntimeError, NotImplementedError):  # no storage to look at (functorch wrappers)
+            size = first.numel() * first.element_size()
+            start = first.data_ptr()
+            storage = first.untyped_storage()
+            side_by_side = (storage.data_ptr() + storage.nbytes() >= start + len(params) * size
+                            and all(t.is_contiguous() and t.data_ptr() == start + i * size for i, t in enumerate(params)))
+        except (RuntimeError, NotImplementedError):  # no memory to look at (functorch wrappers)
             side_by_side = False
-        if side_by_side:
-            rows = sum(t.shape[0] for t in params)
-            return first.detach().as_strided((rows, *first.shape[1:]), first.stride())  # no copy
+        if side_by_side:  # no copy
+            return first.detach().as_strided((len(params) * first.shape[0], *first.shape[1:]), first.stride())
     return torch.cat(list(params)) if copy else None
