@@ -9,10 +9,9 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _checks
+from .. import _checks, _linear
 from ..registry import build as _build, check_kwargs, lookup
 from ..types import AttentionOutput
 from .base import AttentionKernel
@@ -102,11 +101,10 @@ class MultiHeadAttention(nn.Module):
 
     def _in_proj_params(self, projs: Sequence[Optional[nn.Module]]) -> Optional[tuple[list, Optional[list]]]:
         """The weights and biases (None: no biases) of ``projs`` when they fuse — dense
-        (``nn.Linear``: a subclass may compute something else), of one shape, dtype and device, with
-        biases on all or none — else None."""
+        (``_plain_dense``), of one shape, dtype and device, with biases on all or none — else None."""
         weights, biases = [], []
         for p in projs:
-            if type(p) is not nn.Linear:
+            if not _plain_dense(p):
                 return None
             weights.append(p.weight)
             biases.append(p.bias)
@@ -152,7 +150,11 @@ class MultiHeadAttention(nn.Module):
         need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in params)
         weight = _joined(weights, need_grad)  # (n d_model, d_in)
         bias = None if biases is None else _joined(biases, need_grad)  # (n d_model,)
-        return F.linear(x, weight, bias).chunk(len(projs), dim=-1)
+        return _linear.linear(x, weight, bias).chunk(len(projs), dim=-1)
+
+    def _project(self, proj: nn.Module, x: Tensor) -> Tensor:
+        """``proj(x)``; a plain dense layer through ``qkv._linear.linear`` (oneDNN in inference on the CPU)."""
+        return _linear.linear(x, proj.weight, proj.bias) if _plain_dense(proj) else proj(x)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, **kwargs: Any) -> "MultiHeadAttention":
@@ -193,7 +195,7 @@ class MultiHeadAttention(nn.Module):
         kv = self._in_proj(key, (self.k_proj, self.v_proj)) if value is key else None  # [K V] = x [W^K W^V]
         if kv is not None:
             return self._split(kv[0]), self._split(kv[1])  # (B, H, N, E) each
-        return self._split(self.k_proj(key)), self._split(self.v_proj(value))  # (B, H, N, E) each
+        return self._split(self._project(self.k_proj, key)), self._split(self._project(self.v_proj, value))
 
     def forward(
         self,
@@ -220,8 +222,8 @@ class MultiHeadAttention(nn.Module):
             if kv is not None or (key is not None and key is not query):
                 raise ValueError(f"attention {self.kernel.registry_name!r} shares queries and keys (shared_qk=True): "
                                  f"self-attention only, call it as mha(x)")
-            v = self._split(self.v_proj(query if value is None else value))  # (B, H, L, E)
-            q = self._split(self.q_proj(query))  # (B, H, L, E), also the keys
+            v = self._split(self._project(self.v_proj, query if value is None else value))  # (B, H, L, E)
+            q = self._split(self._project(self.q_proj, query))  # (B, H, L, E), also the keys
             out = self.kernel(q, q, v, mask=mask, state=state, need_weights=need_weights, return_state=return_state)
             return self._merge(out)
         if kv is not None:
@@ -241,7 +243,7 @@ class MultiHeadAttention(nn.Module):
                 return self._merge(out)
             k, v = self.project_kv(query if key is None else key, value)  # (B, H, N, E) each
         _checks.same("query", query.shape[0], "key", k.shape[0], "the batch size")
-        q = self._split(self.q_proj(query))  # (B, H, M, E)
+        q = self._split(self._project(self.q_proj, query))  # (B, H, M, E)
         out = self.kernel(q, k, v, mask=mask, state=state, need_weights=need_weights, return_state=return_state)
         return self._merge(out)
 
@@ -249,7 +251,14 @@ class MultiHeadAttention(nn.Module):
         """Merge the kernel's heads ``(B, H, M, E)`` and apply the output projection."""
         B, H, M, E = out.output.shape
         merged = out.output.transpose(1, 2).reshape(B, M, H * E)  # (B, M, d_model)
-        return AttentionOutput(self.out_proj(merged), out.weights, out.state)
+        return AttentionOutput(self._project(self.out_proj, merged), out.weights, out.state)
+
+
+def _plain_dense(module: Optional[nn.Module]) -> bool:
+    """An ``nn.Linear`` itself (a subclass may compute something else) with no forward hooks (which
+    calling its weights directly would skip)."""
+    return (type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
+            and not (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks))
 
 
 def _joined(params: Sequence[Tensor], need_grad: bool, copy: bool = True) -> Optional[Tensor]:
