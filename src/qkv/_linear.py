@@ -7,7 +7,8 @@ layers (``torch.ops.mkldnn._linear_pointwise``) — computes the same float32 pr
 accumulation; results differ by rounding only). That kernel has no backward, so it serves only
 when no gradient is recorded, and only from ``MIN_ROWS`` rows, below which its call costs more
 than MKL's (a decoding step's single row). ``torch.backends.mkldnn.flags(enabled=False)`` turns
-it off, as it does PyTorch's own oneDNN paths.
+it off, as it does PyTorch's own oneDNN paths. An activation after the product (a feed-forward
+network's first layer) can be fused into it (``activation=``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["linear", "MIN_ROWS"]
+__all__ = ["linear", "MIN_ROWS", "ACTIVATIONS"]
 
 #: fewest rows (product of the leading dimensions of ``x``) sent to oneDNN
 MIN_ROWS = 16
@@ -48,9 +49,24 @@ def _onednn_fits(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
             and torch.backends.mkldnn.enabled and _onednn_available())
 
 
-def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    """``F.linear(x, weight, bias)``: ``x (..., in) -> (..., out)``; through oneDNN for float32 CPU
-    inputs of at least ``MIN_ROWS`` rows when no gradient is recorded, else ``F.linear``."""
+#: activations oneDNN applies inside the product (its post-op), by ``qkv.blocks.ACTIVATIONS`` name:
+#: the op's (attribute, algorithm) and the same function unfused
+ACTIVATIONS = {
+    "relu": (("relu", ""), F.relu),
+    "gelu": (("gelu", "none"), F.gelu),  # exact (erf)
+    "gelu-tanh": (("gelu", "tanh"), lambda x: F.gelu(x, approximate="tanh")),
+}
+
+
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None) -> Tensor:
+    """``act(F.linear(x, weight, bias))``: ``x (..., in) -> (..., out)``; ``activation`` a name of
+    ``ACTIVATIONS`` or None. Through oneDNN — the activation fused into the product, no second
+    ``(..., out)`` tensor — for float32 CPU inputs of at least ``MIN_ROWS`` rows when no gradient
+    is recorded, else ``F.linear`` and the activation."""
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be None or one of {sorted(ACTIVATIONS)}, got {activation!r}")
     if _onednn_fits(x, weight, bias):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
+        attr, algorithm = ("none", "") if activation is None else ACTIVATIONS[activation][0]
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algorithm)
+    y = F.linear(x, weight, bias)
+    return y if activation is None else ACTIVATIONS[activation][1](y)
