@@ -1,8 +1,8 @@
 """``x W^T + b`` for inference on the CPU through oneDNN's matrix product.
 
 PyTorch's float32 ``F.linear`` on the CPU calls MKL's sgemm. Where MKL does not take its fast
-kernels (on the AMD EPYC of our benchmarks it runs (2048 x 256)(256 x 768) 2.2 times slower than
-oneDNN, one thread each), oneDNN's matmul — the kernel ``torch.compile`` puts behind CPU linear
+kernels (non-Intel CPUs such as the AMD EPYC of our benchmarks, where it is markedly slower than
+oneDNN on the same thread), oneDNN's matmul — the kernel ``torch.compile`` puts behind CPU linear
 layers (``torch.ops.mkldnn._linear_pointwise``) — computes the same float32 products (float32
 accumulation; results differ by rounding only). That kernel has no backward, so it serves only
 when no gradient is recorded, and only from ``MIN_ROWS`` rows, below which its call costs more
