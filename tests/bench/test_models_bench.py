@@ -44,3 +44,21 @@ def test_bad_sizes_are_refused(tmp_path):
         main(["models", "--quick", "--d-model", "30", "--heads", "4", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         main(["models", "--quick", "--lengths", "1", "--out", str(tmp_path)])
+
+
+def test_no_onednn_is_recorded_and_the_setting_restored(tmp_path, monkeypatch):
+    seen = []
+    original = models._bert_cases
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.mkldnn.enabled)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(models, "_bert_cases", spy)
+    before = torch.backends.mkldnn.enabled
+    out = tmp_path / "models"
+    assert main(["models", "--quick", "--pairs", "bert-forward", "--lengths", "16", "--no-onednn", "--out", str(out)]) == 0
+    assert seen == [False] and torch.backends.mkldnn.enabled == before
+    results = json.loads((out / "models.json").read_text())
+    assert results["config"]["onednn"] is False
+    assert "off (F.linear on both sides)" in (out / "models.md").read_text()

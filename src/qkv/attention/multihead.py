@@ -6,12 +6,12 @@ projection around any registered kernel.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
 
-from .. import _checks
+from .. import _checks, _linear
 from ..registry import build as _build, check_kwargs, lookup
 from ..types import AttentionOutput
 from .base import AttentionKernel
@@ -45,6 +45,15 @@ class MultiHeadAttention(nn.Module):
     Parameter mapping to ``torch.nn.MultiheadAttention``: ``in_proj_weight`` is
     ``cat([q_proj.weight, k_proj.weight, v_proj.weight])`` (and likewise ``in_proj_bias``);
     ``out_proj`` is ``out_proj``. ``MultiHeadAttention.from_torch(m)`` copies them.
+
+    Fused input projection: with dense (``nn.Linear``) projections of equal sizes, the three
+    weights (and biases) live side by side in one buffer, so that ``[Q K V] = x [W^Q W^K W^V]``
+    is one matrix product for self-attention (``[K V]`` for cross-attention) read straight from
+    that buffer — no copy, and the parameters and state-dict names stay ``q_proj.weight``, ... .
+    When gradients flow to the weights the product uses ``torch.cat`` of the three (a small copy
+    of the weights, whose backward splits the gradient); when the buffer was undone (a parameter
+    replaced, ``load_state_dict(assign=True)``) the same concatenation serves, and ``.to()``,
+    ``copy.deepcopy`` and pickling lay the weights out side by side again.
     """
 
     def __init__(
@@ -86,6 +95,66 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"attention must be a registry name or an AttentionKernel, got {type(attention).__name__}")
         if self.kernel.shared_qk:
             self.k_proj = None  # shared-QK kernels (Reformer) take the queries as keys: no key projection
+        self._pack_in_proj()
+
+    # ------------------------------------------------------------------ the fused input projection
+
+    def _in_proj_params(self, projs: Sequence[Optional[nn.Module]]) -> Optional[tuple[list, Optional[list]]]:
+        """The weights and biases (None: no biases) of ``projs`` when they fuse — dense
+        (``_plain_dense``), of one shape, dtype and device, with biases on all or none — else None."""
+        weights, biases = [], []
+        for p in projs:
+            if not _plain_dense(p):
+                return None
+            weights.append(p.weight)
+            biases.append(p.bias)
+        w = weights[0]
+        for t in weights[1:]:
+            if t.shape != w.shape or t.dtype != w.dtype or t.device != w.device:
+                return None
+        if biases[0] is None:
+            return (weights, None) if all(b is None for b in biases) else None
+        return (weights, biases) if all(b is not None for b in biases) else None
+
+    def _pack_in_proj(self) -> None:
+        """Lay ``q_proj``, ``k_proj`` and ``v_proj``'s weights (and biases) out side by side in one
+        buffer each (the parameters become views of it and keep their values and names), so that
+        ``_joined`` can read ``[W^Q; W^K; W^V]`` without a copy. Nothing when already packed."""
+        fused = self._in_proj_params((self.q_proj, self.k_proj, self.v_proj))
+        for params in fused or ():
+            if params is None or _joined(params, need_grad=False, copy=False) is not None:
+                continue
+            with torch.no_grad():
+                buffer = torch.cat([p.detach() for p in params])  # (3 d_model, ...)
+            for p, part in zip(params, buffer.chunk(len(params))):
+                p.data = part  # the same Parameter object (optimizers keep it), its storage now the buffer's
+
+    def _apply(self, fn, *args, **kwargs):  # .to(), .double(), .cuda(): each parameter is converted alone
+        super()._apply(fn, *args, **kwargs)
+        self._pack_in_proj()
+        return self
+
+    def __setstate__(self, state: dict) -> None:  # copy.deepcopy and pickle copy each parameter alone
+        super().__setstate__(state)
+        self._pack_in_proj()
+
+    def _in_proj(self, x: Tensor, projs: Sequence[Optional[nn.Module]]) -> Optional[tuple[Tensor, ...]]:
+        """``x W_i^T + b_i`` for the consecutive projections ``projs`` (q, k, v or k, v) as one matrix
+        product with the joined weights, split into ``(B, L, d_model)`` views; None when they do
+        not fuse (``_in_proj_params``)."""
+        fused = self._in_proj_params(projs)
+        if fused is None:
+            return None
+        weights, biases = fused
+        params = weights if biases is None else weights + biases
+        need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in params)
+        weight = _joined(weights, need_grad)  # (n d_model, d_in)
+        bias = None if biases is None else _joined(biases, need_grad)  # (n d_model,)
+        return _linear.linear(x, weight, bias).chunk(len(projs), dim=-1)
+
+    def _project(self, proj: nn.Module, x: Tensor) -> Tensor:
+        """``proj(x)``; a plain dense layer through ``qkv._linear.linear`` (oneDNN in inference on the CPU)."""
+        return _linear.linear(x, proj.weight, proj.bias) if _plain_dense(proj) else proj(x)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, **kwargs: Any) -> "MultiHeadAttention":
@@ -123,7 +192,10 @@ class MultiHeadAttention(nn.Module):
         _checks.same("key", key.shape[1], "value", value.shape[1], "the number of positions")
         _checks.same_dtype("key", key, "MultiHeadAttention.k_proj", self.k_proj.weight)
         _checks.same_dtype("value", value, "MultiHeadAttention.v_proj", self.v_proj.weight)
-        return self._split(self.k_proj(key)), self._split(self.v_proj(value))  # (B, H, N, E) each
+        kv = self._in_proj(key, (self.k_proj, self.v_proj)) if value is key else None  # [K V] = x [W^K W^V]
+        if kv is not None:
+            return self._split(kv[0]), self._split(kv[1])  # (B, H, N, E) each
+        return self._split(self._project(self.k_proj, key)), self._split(self._project(self.v_proj, value))
 
     def forward(
         self,
@@ -150,8 +222,8 @@ class MultiHeadAttention(nn.Module):
             if kv is not None or (key is not None and key is not query):
                 raise ValueError(f"attention {self.kernel.registry_name!r} shares queries and keys (shared_qk=True): "
                                  f"self-attention only, call it as mha(x)")
-            v = self._split(self.v_proj(query if value is None else value))  # (B, H, L, E)
-            q = self._split(self.q_proj(query))  # (B, H, L, E), also the keys
+            v = self._split(self._project(self.v_proj, query if value is None else value))  # (B, H, L, E)
+            q = self._split(self._project(self.q_proj, query))  # (B, H, L, E), also the keys
             out = self.kernel(q, q, v, mask=mask, state=state, need_weights=need_weights, return_state=return_state)
             return self._merge(out)
         if kv is not None:
@@ -161,9 +233,17 @@ class MultiHeadAttention(nn.Module):
                 raise TypeError(f"kv must be the (k, v) pair returned by project_kv, got {type(kv).__name__}")
             k, v = kv
         else:
+            qkv = None
+            if (key is None or key is query) and (value is None or value is query):
+                qkv = self._in_proj(query, (self.q_proj, self.k_proj, self.v_proj))  # [Q K V] = x [W^Q W^K W^V]
+            if qkv is not None:  # self-attention, one product; q, k, v: (B, H, L, E) each
+                out = self.kernel(*map(self._split, qkv), mask=mask, state=state, need_weights=need_weights,
+                                  return_state=return_state)
+                del qkv  # freed before the output projection allocates its result
+                return self._merge(out)
             k, v = self.project_kv(query if key is None else key, value)  # (B, H, N, E) each
         _checks.same("query", query.shape[0], "key", k.shape[0], "the batch size")
-        q = self._split(self.q_proj(query))  # (B, H, M, E)
+        q = self._split(self._project(self.q_proj, query))  # (B, H, M, E)
         out = self.kernel(q, k, v, mask=mask, state=state, need_weights=need_weights, return_state=return_state)
         return self._merge(out)
 
@@ -171,4 +251,31 @@ class MultiHeadAttention(nn.Module):
         """Merge the kernel's heads ``(B, H, M, E)`` and apply the output projection."""
         B, H, M, E = out.output.shape
         merged = out.output.transpose(1, 2).reshape(B, M, H * E)  # (B, M, d_model)
-        return AttentionOutput(self.out_proj(merged), out.weights, out.state)
+        return AttentionOutput(self._project(self.out_proj, merged), out.weights, out.state)
+
+
+def _plain_dense(module: Optional[nn.Module]) -> bool:
+    """An ``nn.Linear`` itself (a subclass may compute something else) with no forward hooks (which
+    calling its weights directly would skip)."""
+    return (type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
+            and not (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks))
+
+
+def _joined(params: Sequence[Tensor], need_grad: bool, copy: bool = True) -> Optional[Tensor]:
+    """``cat(params)`` along dim 0 — read in place when the (contiguous, equal) tensors lie side by
+    side in memory, within the first one's storage, and no gradient is asked for
+    (``_pack_in_proj``'s layout); else (``copy``) the concatenation, through which gradients flow
+    to each; None when not side by side and ``copy`` is False."""
+    first = params[0]
+    if not need_grad:
+        try:
+            size = first.numel() * first.element_size()
+            start = first.data_ptr()
+            storage = first.untyped_storage()
+            side_by_side = (storage.data_ptr() + storage.nbytes() >= start + len(params) * size
+                            and all(t.is_contiguous() and t.data_ptr() == start + i * size for i, t in enumerate(params)))
+        except (RuntimeError, NotImplementedError):  # no memory to look at (functorch wrappers)
+            side_by_side = False
+        if side_by_side:  # no copy
+            return first.detach().as_strided((len(params) * first.shape[0], *first.shape[1:]), first.stride())
+    return torch.cat(list(params)) if copy else None

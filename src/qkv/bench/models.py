@@ -19,6 +19,12 @@ refused, not timed. Then, for each length ``L`` (``--lengths``), timed interleav
 
 Reported: the median time of each side and the ratio ``qkv / transformers`` (below 1: qkv is
 faster). Writes ``models.json`` and ``models.md`` into ``--out``.
+
+qkv's dense layers in inference on the CPU go through oneDNN's matrix product (``qkv._linear``),
+transformers' through ``F.linear`` (MKL); ``--no-onednn`` turns oneDNN off for the run
+(``torch.backends.mkldnn.enabled = False``), so that both sides use the same matrix product and
+the rest of the difference shows. The idle-machine command of issue 25:
+``qkv bench models --threads 1 --pairs bert-forward --lengths 512 2048`` (and again with ``--no-onednn``).
 """
 
 from __future__ import annotations
@@ -180,6 +186,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             help=f"{name} (default {value}; --quick: {SIZES_QUICK[name]})")
     parser.add_argument("--target-seconds", type=float, default=6.0,
                         help="time spent per comparison, both sides together (default 6)")
+    parser.add_argument("--onednn", action=argparse.BooleanOptionalAction, default=True,
+                        help="qkv's CPU inference products through oneDNN (default); --no-onednn: F.linear (MKL) "
+                             "on both sides")
 
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
@@ -197,26 +206,34 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         if L < 2:
             raise ValueError(f"--lengths must be >= 2, got {L}")
     target = 0.2 if args.quick else args.target_seconds
+    onednn = getattr(args, "onednn", True)
     machine = common.describe_machine(device)
-    print(f"models on {common.machine_line(machine)}", flush=True)
+    print(f"models on {common.machine_line(machine)}; oneDNN products for qkv: {'on' if onednn else 'off'}", flush=True)
     rows: List[Dict[str, Any]] = []
-    for L in lengths:
-        if {"gpt-train", "gpt-generate"} & set(args.pairs):
-            rows += [r for r in _gpt_cases(sizes, L, args.seed, device, target) if r["pair"] in args.pairs]
-        if "bert-forward" in args.pairs:
-            rows += _bert_cases(sizes, L, args.seed, device, target)
-        for r in (r for r in rows if r["length"] == L):
-            print(f"{r['pair']:<13} L={L:<6} qkv {r['qkv_s'] * 1e3:9.2f} ms  transformers {r['peer_s'] * 1e3:9.2f} ms"
-                  f"  ratio {r['ratio']:.2f}", flush=True)
+    was = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = onednn
+    try:
+        for L in lengths:
+            if {"gpt-train", "gpt-generate"} & set(args.pairs):
+                rows += [r for r in _gpt_cases(sizes, L, args.seed, device, target) if r["pair"] in args.pairs]
+            if "bert-forward" in args.pairs:
+                rows += _bert_cases(sizes, L, args.seed, device, target)
+            for r in (r for r in rows if r["length"] == L):
+                print(f"{r['pair']:<13} L={L:<6} qkv {r['qkv_s'] * 1e3:9.2f} ms  transformers {r['peer_s'] * 1e3:9.2f} ms"
+                      f"  ratio {r['ratio']:.2f}", flush=True)
+    finally:
+        torch.backends.mkldnn.enabled = was
     results = {"benchmark": "models", "command": args.command_line, "date": common.now_iso(), "machine": machine,
-               "config": {**sizes, "lengths": lengths, "timing": "median of interleaved rounds"}, "rows": rows}
+               "config": {**sizes, "lengths": lengths, "timing": "median of interleaved rounds", "onednn": onednn},
+               "rows": rows}
     table = common.markdown_table(
         ["pair", "L", "what", "qkv ms", "transformers ms", "qkv / transformers", "max |diff|"],
         [[r["pair"], r["length"], r["what"], f"{r['qkv_s'] * 1e3:.2f}", f"{r['peer_s'] * 1e3:.2f}", f"{r['ratio']:.3f}",
           f"{r['max_abs_diff']:.1e}"] for r in rows])
     summary = (f"GPT-2 / BERT layout, {sizes['layers']} layers, width {sizes['d_model']}, {sizes['heads']} heads, "
                f"vocabulary {sizes['vocab']}, batch {sizes['batch']}; same weights (transformers' initialisation read "
-               f"by qkv's from_pretrained); ratio below 1: qkv is faster.")
+               f"by qkv's from_pretrained); ratio below 1: qkv is faster. qkv's CPU inference products through "
+               f"oneDNN: {'on' if onednn else 'off (F.linear on both sides)'}.")
     out = Path(args.out)
     common.write_json(out / "models.json", results)
     common.write_markdown(out / "models.md", "qkv bench models", machine, args.command_line, results["date"],

@@ -249,7 +249,9 @@ class Embeddings(nn.Module):
     def forward(self, ids: Tensor, token_type_ids: Optional[Tensor] = None, offset: int = 0) -> Tensor:
         """``ids (B, L)`` -> ``(B, L, d_model)``; positions start at ``offset``."""
         _checks.token_ids("input_ids", ids, self.vocab_size)
-        x = self.token(ids) * self.scale  # (B, L, d_model)
+        x = self.token(ids)  # (B, L, d_model)
+        if self.scale != 1.0:
+            x = x * self.scale
         if self.segment is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(ids)
@@ -347,9 +349,10 @@ class TransformerBlock(nn.Module):
             _checks.same("prefix", prefix.shape[0], "x", x.shape[0], "the batch size")
             _checks.same("prefix", prefix.shape[2], "x", x.shape[2], "the feature size (dim -1)")
             context = torch.cat([self.res_self.enter(prefix), h], dim=1)  # (B, P + L, d_model)
-        a = self.self_attn(h, context, context, mask=mask, state=state.self_attn,
-                           need_weights=need_weights, return_state=return_state)
-        x = self.res_self.exit(x, a.output)
+        y, self_weights, self_state = self.self_attn(h, context, context, mask=mask, state=state.self_attn,
+                                                     need_weights=need_weights, return_state=return_state)
+        x = self.res_self.exit(x, y)
+        del h, context, y  # freed before the feed-forward network allocates its (B, L, d_ff) hidden
         cross_weights, cross_kv = None, state.cross_kv
         if self.cross_attn is not None:
             if memory is None and cross_kv is None:
@@ -357,9 +360,10 @@ class TransformerBlock(nn.Module):
             y, cross_weights, cross_kv = self._cross_attend(self.res_cross.enter(x), memory, memory_mask,
                                                              cross_kv, need_weights)
             x = self.res_cross.exit(x, y)
+            del y
         x = self.res_ff.exit(x, self.ff(self.res_ff.enter(x)))
-        new_state = BlockState(a.state, cross_kv) if return_state else None
-        return BlockOutput(x, a.weights, cross_weights, new_state)
+        new_state = BlockState(self_state, cross_kv) if return_state else None
+        return BlockOutput(x, self_weights, cross_weights, new_state)
 
 
 # ----------------------------------------------------------------------------- the stack
@@ -456,7 +460,8 @@ class TransformerStack(nn.Module):
             weights.append(out.self_weights)
             cross_weights.append(out.cross_weights)
             new_states.append(out.state)
-            hidden_states.append(x)
+            if return_hidden:  # kept only when asked: each is (B, L, d_model)
+                hidden_states.append(x)
         new_state = None
         if return_state:
             position = (state.position if state is not None else 0) + x.shape[1]
