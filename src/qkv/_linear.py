@@ -17,9 +17,9 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["linear", "MIN_ROWS", "ACTIVATIONS"]
+__all__ = ["linear", "plain_dense", "MIN_ROWS", "ACTIVATIONS"]
 
 #: fewest rows (product of the leading dimensions of ``x``) sent to oneDNN
 MIN_ROWS = 16
@@ -70,3 +70,10 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, activation:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, attr, [], algorithm)
     y = F.linear(x, weight, bias)
     return y if activation is None else ACTIVATIONS[activation][1](y)
+
+
+def plain_dense(module: Optional[nn.Module]) -> bool:
+    """An ``nn.Linear`` itself (a subclass may compute something else) with no forward hooks (which
+    calling its weights directly would skip): its product may go through :func:`linear`."""
+    return (type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
+            and not (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks))

@@ -101,10 +101,10 @@ class MultiHeadAttention(nn.Module):
 
     def _in_proj_params(self, projs: Sequence[Optional[nn.Module]]) -> Optional[tuple[list, Optional[list]]]:
         """The weights and biases (None: no biases) of ``projs`` when they fuse — dense
-        (``_plain_dense``), of one shape, dtype and device, with biases on all or none — else None."""
+        (``_linear.plain_dense``), of one shape, dtype and device, with biases on all or none — else None."""
         weights, biases = [], []
         for p in projs:
-            if not _plain_dense(p):
+            if not _linear.plain_dense(p):
                 return None
             weights.append(p.weight)
             biases.append(p.bias)
@@ -154,7 +154,7 @@ class MultiHeadAttention(nn.Module):
 
     def _project(self, proj: nn.Module, x: Tensor) -> Tensor:
         """``proj(x)``; a plain dense layer through ``qkv._linear.linear`` (oneDNN in inference on the CPU)."""
-        return _linear.linear(x, proj.weight, proj.bias) if _plain_dense(proj) else proj(x)
+        return _linear.linear(x, proj.weight, proj.bias) if _linear.plain_dense(proj) else proj(x)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, **kwargs: Any) -> "MultiHeadAttention":
@@ -252,13 +252,6 @@ class MultiHeadAttention(nn.Module):
         B, H, M, E = out.output.shape
         merged = out.output.transpose(1, 2).reshape(B, M, H * E)  # (B, M, d_model)
         return AttentionOutput(self._project(self.out_proj, merged), out.weights, out.state)
-
-
-def _plain_dense(module: Optional[nn.Module]) -> bool:
-    """An ``nn.Linear`` itself (a subclass may compute something else) with no forward hooks (which
-    calling its weights directly would skip)."""
-    return (type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
-            and not (nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks))
 
 
 def _joined(params: Sequence[Tensor], need_grad: bool, copy: bool = True) -> Optional[Tensor]:

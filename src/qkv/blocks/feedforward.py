@@ -7,16 +7,16 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _checks
+from .. import _checks, _linear
 
 __all__ = ["FeedForward", "ACTIVATIONS"]
 
 #: activations of the feed-forward network, by name. "gelu" is exact (erf, BERT's); "gelu-tanh" is
 #: the tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) of GPT-2 ("gelu_new").
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu-tanh": lambda x: F.gelu(x, approximate="tanh")}
+#: (One table: ``qkv._linear.ACTIVATIONS``, which can also fuse them into the product.)
+ACTIVATIONS = {name: fn for name, (_, fn) in _linear.ACTIVATIONS.items()}
 
 
 class FeedForward(nn.Module):
@@ -51,6 +51,10 @@ class FeedForward(nn.Module):
         return f"activation={self.activation!r}, chunk_size={self.chunk_size}"
 
     def _ffn(self, x: Tensor) -> Tensor:
+        if _linear.plain_dense(self.w1) and _linear.plain_dense(self.w2):
+            # the activation fused into the first product where qkv._linear can (CPU inference)
+            h = _linear.linear(x, self.w1.weight, self.w1.bias, self.activation)
+            return _linear.linear(h, self.w2.weight, self.w2.bias)
         return self.w2(ACTIVATIONS[self.activation](self.w1(x)))
 
     def forward(self, x: Tensor) -> Tensor:
