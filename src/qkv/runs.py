@@ -42,6 +42,7 @@ import json
 import os
 import random
 import re
+import shutil
 import sys
 import typing
 import warnings
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 from ._errors import UserError, user_input
+from ._io import atomic_path
 from ._machine import announce
 from ._values import guess_value, parse_value
 
@@ -61,6 +63,32 @@ VOCAB_FILE = "vocab.json"
 RESUME_MAY_CHANGE = frozenset({"steps", "eval_every", "eval_batches", "eval_max_examples", "save_every", "keep_last",
                                "log_every", "device", "progress", "tensorboard"})
 _RUN_KEYS = ("model", "task", "task_options", "model_config")
+#: a checkpoint's tokenizer (task option ``tokenizer``), copied into the run directory
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def _keep_tokenizer(out: Path, options: Mapping[str, Any]) -> Dict[str, Any]:
+    """``options`` naming the run's own copy of the checkpoint tokenizer they name (relative to the
+    run), copied into ``out``: the run no longer depends on the checkpoint staying where it was."""
+    path = options.get("tokenizer")
+    if not isinstance(path, (str, os.PathLike)):  # none, or a tokenizer object given through the API
+        return dict(options)
+    source = Path(str(path)).expanduser()
+    source = source / TOKENIZER_FILE if source.is_dir() else source
+    copy = out / TOKENIZER_FILE
+    if source.resolve() != copy.resolve():
+        with atomic_path(copy) as tmp:
+            shutil.copyfile(source, tmp)
+    return {**options, "tokenizer": TOKENIZER_FILE}
+
+
+def _task_options_at(run: Path, options: Mapping[str, Any]) -> Dict[str, Any]:
+    """The task options of a run in ``run`` with its own tokenizer copy's path made whole."""
+    path = options.get("tokenizer")
+    if path is not None and not Path(str(path)).expanduser().is_absolute():
+        return {**options, "tokenizer": str(run / path)}
+    return dict(options)
+
 
 Say = Callable[[str], None]
 
@@ -487,6 +515,7 @@ class Run:
                 run._lock()
                 if not resume:
                     _refuse_fresh_over_checkpoints(out)
+            run.settings = dataclasses.replace(run.settings, task_options=_keep_tokenizer(out, run.settings.task_options))
             run._write()
 
         return cls._guarded(out, build)
@@ -556,7 +585,7 @@ class Run:
             from .tasks import build_task
 
             with user_input():
-                built = build_task(task_name, **task_options)
+                built = build_task(task_name, **_task_options_at(out, task_options))
             _check_task_kind(model_cls, previous["model"], built, task_name)
             built_model = _build_model(model_cls, config_values, config.seed)
             run.task, run.model, run.config, run.resume = built, built_model, config, True
@@ -579,7 +608,7 @@ class Run:
         run = Path(directory)
         info = _read_run(run)
         with user_input():
-            task = build_task(info["task"], **info["task_options"])
+            task = build_task(info["task"], **_task_options_at(run, info["task_options"]))
             final = run / "model"
             if (final / "config.json").is_file():
                 model = QKVModel.from_pretrained(final)
@@ -595,8 +624,6 @@ class Run:
         return cls(run, settings, task, model)
 
     def _write(self) -> None:
-        from ._io import atomic_path
-
         with atomic_path(self.directory / RUN_FILE) as tmp:
             tmp.write_text(json.dumps(self.settings.record(), indent=2, default=str) + "\n")
 
@@ -627,7 +654,8 @@ class Run:
         if train_sets:
             raise UserError(f"qkv eval takes no training options, got {sorted(train_sets)}")
         if task_sets:
-            options = {**self.settings.task_options, **typed(task_sets, init_params(type(task)), f"task {self.settings.task!r}")}
+            options = {**_task_options_at(self.directory, self.settings.task_options),
+                       **typed(task_sets, init_params(type(task)), f"task {self.settings.task!r}")}
             with user_input():
                 task = build_task(self.settings.task, **options)
         if model_sets:

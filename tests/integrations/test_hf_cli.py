@@ -33,7 +33,9 @@ def test_fine_tune_from_a_hugging_face_checkpoint(checkpoint, tmp_path, train_ar
     assert code == 0, err
     assert "has no classifier: it starts fresh" in err and "fresh: classifier.weight, classifier.bias" in out
     info = json.loads((run / "run.json").read_text())
-    assert info["task"] == "bbc-news-tokens" and info["task_options"]["tokenizer"] == str(checkpoint.resolve())
+    # the run keeps its own copy of the checkpoint's tokenizer (named relative to the run)
+    assert info["task"] == "bbc-news-tokens" and info["task_options"]["tokenizer"] == "tokenizer.json"
+    assert (run / "tokenizer.json").read_bytes() == (checkpoint / "tokenizer.json").read_bytes()
     c = info["model_config"]
     assert (c["n_layers"], c["d_model"], c["vocab_size"], c["head"], c["num_labels"]) == (2, 16, 24, "classification", 5)
     assert main(["eval", str(run), "--max-examples", "4", "--threads", "1"]) == 0, capsys.readouterr().err
@@ -73,3 +75,24 @@ def test_a_checkpoint_of_another_architecture_is_refused(wordpiece_dir, tmp_path
     err = capsys.readouterr().err
     assert code == 2 and "loads into qkv.models.GPT, not BERT" in err, err
     assert not (tmp_path / "run").exists()
+
+
+@needs_bbc
+def test_the_run_outlives_its_checkpoint(checkpoint, tmp_path, train_argv, capsys):
+    """The run reads its own tokenizer copy: after the checkpoint is gone, and with the run moved
+    elsewhere, eval and a resume still work."""
+    import shutil
+
+    run = tmp_path / "run"
+    assert main(train_argv("bert", "bbc-news", run, "--init", str(checkpoint), "--threads", "1",
+                           "--set", "task.max_len=16")) == 0, capsys.readouterr().err
+    shutil.rmtree(checkpoint)
+    moved = tmp_path / "elsewhere" / "run"
+    moved.parent.mkdir()
+    run.rename(moved)
+    capsys.readouterr()
+    assert main(["eval", str(moved), "--max-examples", "4", "--threads", "1"]) == 0, capsys.readouterr().err
+    argv = ["train", "bert", "--task", "bbc-news", "--out", str(moved), "--resume", "--steps", "3", "--threads", "1",
+            "--progress", "false", "--tensorboard", "false"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert json.loads((moved / "run.json").read_text())["task_options"]["tokenizer"] == "tokenizer.json"
