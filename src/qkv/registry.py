@@ -9,6 +9,8 @@ from typing import Any, Callable, Dict
 
 from torch import nn
 
+from ._errors import UserError
+
 __all__ = ["register", "lookup", "names", "describe", "build", "check_kwargs"]
 
 _REGISTRIES: Dict[str, Dict[str, type]] = {}
@@ -46,7 +48,7 @@ def lookup(kind: str, name: str) -> type:
     if name not in table:
         close = difflib.get_close_matches(name, list(table), n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"unknown {kind} {name!r}.{hint} Known: {', '.join(sorted(set(c.registry_name for c in table.values()))) or 'none yet'}")
+        raise UserError(f"unknown {kind} {name!r}.{hint} Known: {', '.join(sorted(set(c.registry_name for c in table.values()))) or 'none yet'}")
     return table[name]
 
 

@@ -39,6 +39,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from .._errors import UserError
 from . import common, complexity, depth_memory, generation, gpt, kernels, lra, models, peers, throughput
 
 __all__ = ["BENCHMARKS", "build_parser", "main", "common"]
@@ -94,10 +95,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if args.threads is not None:
             if args.threads < 1:
-                raise ValueError(f"--threads must be >= 1, got {args.threads}")
+                raise UserError(f"--threads must be >= 1, got {args.threads}")
             torch.set_num_threads(args.threads)
         BENCHMARKS[args.benchmark].run(args)
-    except (ValueError, TypeError) as err:
+    except UserError as err:  # a bad value of the user's: one line; anything else is a bug and keeps its traceback
         parser.exit(2, f"qkv bench {args.benchmark}: error: {err}\n")
     finally:
         torch.set_num_threads(threads_before)  # main() may be called in-process (tests, notebooks)

@@ -40,6 +40,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .._errors import UserError
 from .._plot import pyplot, save_figure
 from .._values import guess_value
 
@@ -59,11 +60,11 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"--device must be 'cpu' or 'cuda[:index]', got {name!r}") from None
+        raise UserError(f"--device must be 'cpu' or 'cuda[:index]', got {name!r}") from None
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device must be 'cpu' or 'cuda[:index]', got {name!r}")
+        raise UserError(f"--device must be 'cpu' or 'cuda[:index]', got {name!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was given but torch.cuda.is_available() is False on this machine")
+        raise UserError("--device cuda was given but torch.cuda.is_available() is False on this machine")
     return device
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 
+from .._errors import UserError
 from ..attention import build_attention, list_attention
 from ..registry import lookup
 from . import common
@@ -66,7 +67,7 @@ def parse_kernel_kwargs(specs: List[str]) -> Dict[str, Dict[str, Any]]:
     for spec in specs:
         name, sep, body = spec.partition(":")
         if not sep or not name.strip():
-            raise ValueError(f"--kernel-kwargs must look like 'name:key=value,...', got {spec!r}")
+            raise UserError(f"--kernel-kwargs must look like 'name:key=value,...', got {spec!r}")
         knobs = parsed.setdefault(name.strip(), {})
         # Split on commas outside brackets so that tuples like image_size=(32,32) survive.
         depth, item, items = 0, "", []
@@ -82,7 +83,7 @@ def parse_kernel_kwargs(specs: List[str]) -> Dict[str, Dict[str, Any]]:
         for part in filter(str.strip, items):
             key, eq, value = part.partition("=")
             if not eq or not key.strip():
-                raise ValueError(f"--kernel-kwargs item must be key=value, got {part!r} in {spec!r}")
+                raise UserError(f"--kernel-kwargs item must be key=value, got {part!r} in {spec!r}")
             knobs[key.strip()] = common.parse_value(value)
     return parsed
 
@@ -250,12 +251,12 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     device = common.resolve_device(args.device)
     for flag in ("batch", "heads", "head_dim"):
         if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+            raise UserError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.budget_seconds <= 0 or args.budget_memory_mb <= 0 or args.target_seconds < 0:
-        raise ValueError("--budget-seconds and --budget-memory-mb must be > 0 and --target-seconds >= 0")
+        raise UserError("--budget-seconds and --budget-memory-mb must be > 0 and --target-seconds >= 0")
     lengths = sorted(set(args.lengths or (QUICK_LENGTHS if args.quick else DEFAULT_LENGTHS)))
     if lengths[0] < 1:
-        raise ValueError(f"--lengths must be positive, got {args.lengths}")
+        raise UserError(f"--lengths must be positive, got {args.lengths}")
     registered = list_attention()
     names = args.attention or list(registered)
     for name in names:
@@ -263,7 +264,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     overrides = parse_kernel_kwargs(args.kernel_kwargs)
     for name in overrides:
         if name not in names:
-            raise ValueError(f"--kernel-kwargs names {name!r}, which is not among the measured kernels {names}")
+            raise UserError(f"--kernel-kwargs names {name!r}, which is not among the measured kernels {names}")
 
     machine = common.describe_machine(device)
     print(f"complexity on {common.machine_line(machine)}", flush=True)

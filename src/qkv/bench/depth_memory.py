@@ -21,6 +21,7 @@ from typing import Any, Dict
 
 import torch
 
+from .._errors import UserError
 from ..models.transformer.reformer import Reformer, ReformerConfig
 from . import common
 
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     depths = [1, 2] if args.quick else sorted(set(args.depths))
     length = min(args.length, 256) if args.quick else args.length
     if min(depths) < 1 or length < 1 or args.batch < 1 or args.repeats < 1:
-        raise ValueError("--depths, --length, --batch and --repeats must be >= 1")
+        raise UserError("--depths, --length, --batch and --repeats must be >= 1")
     machine = common.describe_machine(device)
     print(f"depth-memory on {common.machine_line(machine)}", flush=True)
     gen = torch.Generator().manual_seed(args.seed)

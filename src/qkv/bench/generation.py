@@ -24,6 +24,7 @@ from typing import Any, Dict, List
 
 import torch
 
+from .._errors import UserError
 from ..models.sampling import sample_logits
 from ..models.transformer.gpt import GPT, GPTConfig
 from ..models.transformer.linear_transformer import LinearTransformer, LinearTransformerConfig
@@ -107,10 +108,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     device = common.resolve_device(args.device)
     contexts = sorted(set(args.contexts or (QUICK_CONTEXTS if args.quick else DEFAULT_CONTEXTS)))
     if contexts[0] < 1:
-        raise ValueError(f"--contexts must be positive, got {args.contexts}")
+        raise UserError(f"--contexts must be positive, got {args.contexts}")
     for flag in ("d_model", "heads", "layers", "vocab", "batch"):
         if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+            raise UserError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     machine = common.describe_machine(device)
     print(f"generation on {common.machine_line(machine)}", flush=True)
     models = {name: m.to(device) for name, m in _models(args, max(contexts) + 1).items()}

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._errors import UserError
 from ..models.transformer.gpt import GPT, GPTConfig
 from ..models.transformer.stack import copy_torch_layer
 from . import common
@@ -87,9 +88,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     sizes = {k: getattr(args, k, None) or (SIZES_QUICK if args.quick else SIZES)[k] for k in SIZES}
     for k, v in sizes.items():
         if v < 1:
-            raise ValueError(f"--{k} must be >= 1, got {v}")
+            raise UserError(f"--{k} must be >= 1, got {v}")
     if sizes["d_model"] % sizes["heads"]:
-        raise ValueError(f"--d-model {sizes['d_model']} must be divisible by --heads {sizes['heads']}")
+        raise UserError(f"--d-model {sizes['d_model']} must be divisible by --heads {sizes['heads']}")
     machine = common.describe_machine(device)
     print(f"gpt on {common.machine_line(machine)}", flush=True)
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._errors import UserError
 from ..attention import MultiHeadAttention, build_attention
 from . import common
 
@@ -140,12 +141,12 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     device = common.resolve_device(args.device)
     dtype = getattr(torch, args.dtype)
     if args.target_seconds < 0:
-        raise ValueError(f"--target-seconds must be >= 0, got {args.target_seconds}")
+        raise UserError(f"--target-seconds must be >= 0, got {args.target_seconds}")
     kernel_sizes = args.kernel_sizes or (KERNEL_SIZES_QUICK if args.quick else KERNEL_SIZES)
     mha_sizes = args.mha_sizes or (MHA_SIZES_QUICK if args.quick else MHA_SIZES)
     for B, L, D, H in mha_sizes:
         if D % H:
-            raise ValueError(f"--mha-sizes {B}x{L}x{D}x{H}: d_model {D} must be divisible by heads {H}")
+            raise UserError(f"--mha-sizes {B}x{L}x{D}x{H}: d_model {D} must be divisible by heads {H}")
     machine = common.describe_machine(device)
     print(f"kernels on {common.machine_line(machine)}", flush=True)
 

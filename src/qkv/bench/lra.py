@@ -36,6 +36,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from .._errors import UserError
 from .. import _checks
 from .._io import atomic_path
 from ..registry import lookup
@@ -151,7 +152,7 @@ def _plan(args: argparse.Namespace) -> Dict[str, TaskPlan]:
         key, sep, value = item.partition("=")
         task, dot, option = key.partition(".")
         if not sep or not dot or task not in base:
-            raise ValueError(f"--set must be TASK.OPTION=VALUE with TASK one of {sorted(base)}, got {item!r}")
+            raise UserError(f"--set must be TASK.OPTION=VALUE with TASK one of {sorted(base)}, got {item!r}")
         overrides.setdefault(task, {})[option] = common.parse_value(value)
     plan = {}
     for task in tasks:
@@ -169,7 +170,7 @@ def _models(args: argparse.Namespace) -> List[str]:
     for name in models:
         lookup("attention", name)  # ValueError naming close matches
         if name not in MODELS:
-            raise ValueError(f"--models: {name!r} is not one of the encoder kernels {MODELS}")
+            raise UserError(f"--models: {name!r} is not one of the encoder kernels {MODELS}")
     return models
 
 
@@ -332,7 +333,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     models = _models(args)
     seeds = list(args.seeds if args.seeds is not None else [args.seed])
     if any(s < 0 for s in seeds):
-        raise ValueError(f"--seeds must be >= 0, got {seeds}")
+        raise UserError(f"--seeds must be >= 0, got {seeds}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS_FILE

@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 from torch import nn
 
+from .._errors import UserError
 from . import common
 
 __all__ = ["add_arguments", "run", "PAIRS"]
@@ -54,7 +55,7 @@ def _transformers():
     try:
         import transformers
     except ImportError as err:  # pragma: no cover - the hf extra is installed by make test
-        raise ValueError("qkv bench models needs transformers (pip install -e '.[hf]')") from err
+        raise UserError("qkv bench models needs transformers (pip install -e '.[hf]')") from err
     return transformers
 
 
@@ -198,13 +199,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     sizes = {k: getattr(args, k, None) or (SIZES_QUICK if args.quick else SIZES)[k] for k in SIZES}
     for k, v in sizes.items():
         if v < 1:
-            raise ValueError(f"--{k.replace('_', '-')} must be >= 1, got {v}")
+            raise UserError(f"--{k.replace('_', '-')} must be >= 1, got {v}")
     if sizes["d_model"] % sizes["heads"]:
-        raise ValueError(f"--d-model {sizes['d_model']} must be divisible by --heads {sizes['heads']}")
+        raise UserError(f"--d-model {sizes['d_model']} must be divisible by --heads {sizes['heads']}")
     lengths = args.lengths or (LENGTHS_QUICK if args.quick else LENGTHS)
     for L in lengths:
         if L < 2:
-            raise ValueError(f"--lengths must be >= 2, got {L}")
+            raise UserError(f"--lengths must be >= 2, got {L}")
     target = 0.2 if args.quick else args.target_seconds
     onednn = getattr(args, "onednn", True)
     machine = common.describe_machine(device)

@@ -47,6 +47,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from .._errors import UserError
 from ..attention import MultiHeadAttention, build_attention
 from ..registry import names
 from . import common
@@ -412,10 +413,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     dtype = getattr(torch, args.dtype)
     for name, value in (("--heads", args.heads), ("--head-dim", args.head_dim), ("--batch", args.batch)):
         if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+            raise UserError(f"{name} must be >= 1, got {value}")
     lengths = args.lengths or (LENGTHS_QUICK if args.quick else LENGTHS)
     if min(lengths) < 1:
-        raise ValueError(f"--lengths must be positive, got {lengths}")
+        raise UserError(f"--lengths must be positive, got {lengths}")
     selected = [PAIRS[p] for p in (args.pairs or list(PAIRS))]
     skipped = {p.name: reason for p in selected if (reason := available(p)) is not None}
     if args.list:

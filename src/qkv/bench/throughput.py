@@ -25,6 +25,7 @@ from typing import Any, Dict, List
 import torch
 import torch.nn.functional as F
 
+from .._errors import UserError
 from .. import masks
 from ..attention import build_attention, flex
 from . import common
@@ -67,7 +68,7 @@ def _parse_size(text: str):
     except ValueError:
         size = ()
     if len(size) != 4 or min(size) < 1:
-        raise ValueError(f"--sizes: a size is four positive integers joined by 'x' (e.g. 4x16x4096x64), got {text!r}")
+        raise UserError(f"--sizes: a size is four positive integers joined by 'x' (e.g. 4x16x4096x64), got {text!r}")
     return size
 
 
@@ -154,16 +155,16 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     args.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     dtype = getattr(torch, args.dtype)
     if args.target_seconds < 0:
-        raise ValueError(f"--target-seconds must be >= 0, got {args.target_seconds}")
+        raise UserError(f"--target-seconds must be >= 0, got {args.target_seconds}")
     args.matmul_size = args.matmul_size or (8192 if device.type == "cuda" else 2048)
     if args.matmul_size < 1:
-        raise ValueError(f"--matmul-size must be >= 1, got {args.matmul_size}")
+        raise UserError(f"--matmul-size must be >= 1, got {args.matmul_size}")
     cpu = device.type == "cpu"
     sizes = [_parse_size(s) for s in args.sizes] if args.sizes else (
         SIZES_QUICK if args.quick else SIZES_CPU if cpu else SIZES)
     lengths = args.pattern_lengths or (PATTERN_LENGTHS_QUICK if args.quick else PATTERN_LENGTHS_CPU if cpu else PATTERN_LENGTHS)
     if min(lengths) < 4:
-        raise ValueError(f"--pattern-lengths must be >= 4, got {lengths}")
+        raise UserError(f"--pattern-lengths must be >= 4, got {lengths}")
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 rows are float32, not TF32
     try:
