@@ -185,3 +185,18 @@ def test_runs_sits_below_the_command_line():
     imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not [m for m in imported if m.lstrip(".").startswith(("cli", "bench", "qkv.cli", "qkv.bench"))], imported
+
+
+def test_sequences_longer_than_learned_positions_are_refused_before_anything_is_written(shakespeare_cache, capsys):
+    """A task length beyond a learned positional table's max_len is the user's setting: one line
+    naming both, nothing written — at train time and at evaluation time (``--set task.X``)."""
+    out = shakespeare_cache / "too-long"
+    settings = runs.resolve("gpt", "shakespeare-char", overrides={**TINY, **QUIET, "max_len": 8, "train.steps": 1})
+    with pytest.raises(UserError, match=r"input_ids of 16 positions, beyond the model's max_len=8"):
+        runs.Run.create(out, settings)
+    assert not out.exists()
+    ok = shakespeare_cache / "ok"
+    with runs.Run.create(ok, runs.resolve("gpt", "shakespeare-char", overrides={**TINY, **QUIET, "train.steps": 1})) as run:
+        run.train()
+    code = main(["eval", str(ok), "--set", "task.block_size=100", "--max-examples", "2", "--threads", "1"])
+    assert code == 2 and "beyond the model's max_len" in capsys.readouterr().err

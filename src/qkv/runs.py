@@ -272,6 +272,23 @@ def _model_hints(task: Any, fields: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in hints.items() if k in fields}
 
 
+def _check_fits(model: Any, task: Any, task_name: str) -> None:
+    """A model with learned positions (``config.positional == "learned"``) cannot read sequences
+    longer than its ``max_len``: refused here, naming both settings, rather than by the model's
+    first forward deep inside training or evaluation."""
+    config = getattr(model, "config", None)
+    max_len = getattr(config, "max_len", None)
+    if not max_len or getattr(config, "positional", None) != "learned":
+        return
+    batch = task.get_batch("train", 1, 0)
+    for key in ("input_ids", "src_ids", "tgt_ids"):
+        value = batch.get(key) if isinstance(batch, dict) else None
+        if value is not None and value.dim() >= 2 and value.shape[-1] > max_len:
+            raise UserError(f"task {task_name!r} gives {key} of {value.shape[-1]} positions, beyond the model's "
+                            f"max_len={max_len} (learned positions): give the task a shorter length or the model "
+                            f"--set max_len={value.shape[-1]}")
+
+
 def _classes(model: str, task: str) -> Tuple[type, str, type]:
     """The model class, the form of ``task`` it reads (``task_for_model``) and that task's class."""
     import qkv.tasks
@@ -507,6 +524,7 @@ class Run:
                 with user_input():  # e.g. a source whose shapes do not fit
                     fresh = model.init_from(settings._init_model)
                 print(f"qkv: initialised from {settings.init}; fresh: {', '.join(fresh) or 'nothing'}")
+            _check_fits(model, task, settings.task)
             run.task, run.model, run.config, run.resume = task, model, config, resume
             run.settings = dataclasses.replace(settings, model_config=dataclasses.asdict(model.config),
                                                train={k: v for k, v in dataclasses.asdict(config).items() if k != "out_dir"})
@@ -588,6 +606,7 @@ class Run:
                 built = build_task(task_name, **_task_options_at(out, task_options))
             _check_task_kind(model_cls, previous["model"], built, task_name)
             built_model = _build_model(model_cls, config_values, config.seed)
+            _check_fits(built_model, built, task_name)
             run.task, run.model, run.config, run.resume = built, built_model, config, True
             run.settings = Settings(previous["model"], task_name, preset_name, task_options,
                                     dataclasses.asdict(built_model.config),
@@ -658,6 +677,7 @@ class Run:
                        **typed(task_sets, init_params(type(task)), f"task {self.settings.task!r}")}
             with user_input():
                 task = build_task(self.settings.task, **options)
+            _check_fits(model, task, self.settings.task)
         if model_sets:
             values = {**dataclasses.asdict(model.config),
                       **typed(model_sets, fields_of(type(model.config)), f"model {self.settings.model!r}")}
