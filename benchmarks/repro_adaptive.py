@@ -516,6 +516,7 @@ def main() -> None:
     torch.set_num_threads(1)
     OUT.mkdir(parents=True, exist_ok=True)
     IMG.mkdir(parents=True, exist_ok=True)
+    measured: Dict = {}  # this run's results, by part
     for part, fn, variants in (("span", run_span, SPAN_VARIANTS), ("ut", run_ut, list(UT_VARIANTS))):
         if args.part not in ("all", part):
             continue
@@ -524,6 +525,7 @@ def main() -> None:
                 continue
             t0 = time.time()
             result = fn(args, name)
+            measured.setdefault(part, {}).update(result[part])
             result[part][name]["seconds"] = round(time.time() - t0, 1)
             slug = name.split(" (")[0].replace(" ", "").replace("=", "").replace("+", "p").replace("-", "m")
             if args.tag:  # a side measurement: kept out of the page's results
@@ -531,6 +533,8 @@ def main() -> None:
                 (OUT / "tagged" / f"results-{part}-{slug}-{args.tag}.json").write_text(json.dumps(result, indent=2) + "\n")
             else:
                 (OUT / f"results-{part}-{slug}.json").write_text(json.dumps(result, indent=2) + "\n")
+    if args.part == "span" and not args.quick and not args.tag:
+        record_claims(measured)  # both span variants' seeds just measured (a claim needs >= 3 of each)
     for budget in args.budgets if not args.quick else []:
         point: Dict = {}
         for part, fn, variants in (("span", run_span, SPAN_VARIANTS), ("ut", run_ut, list(UT_VARIANTS))):
