@@ -200,6 +200,9 @@ def write(results: Dict[str, Any]) -> None:
              f"Command: `{COMMAND}` ({results['minutes']:.1f} min wall-clock; {common.machine_line(m)}; "
              f"{results['date']}). The load average is other jobs sharing the 2 cores: the run itself is a few "
              f"minutes of one core, and its times below are stretched by that load.", ""]
+    for name, r in results.get("reruns", {}).items():
+        lines += [f"Section `{name}` rerun since: `{r['command']}` ({r['minutes']:.1f} min wall-clock; "
+                  f"{common.machine_line(r['machine'])}; {r['date']}).", ""]
     d = results["dup"]
     lines += ["## Duplication task (paper §5, Table 2)", "",
               f"Sequences `0 w 0 w`, `|w| = {d['n']}` symbols out of {d['vocab'] - 1} (length {d['length']}); loss and "
@@ -326,12 +329,22 @@ def main() -> None:
     IMG.mkdir(parents=True, exist_ok=True)
     start = time.time()
     old = json.loads(RESULTS.read_text()) if RESULTS.exists() and not args.quick else {}
-    results: Dict[str, Any] = {**old, "date": common.now_iso(), "machine": common.describe_machine(torch.device("cpu"))}
+    partial = set(args.only) != set(SECTIONS) and all(k in old for k in SECTIONS)
+    run = {"date": common.now_iso(), "machine": common.describe_machine(torch.device("cpu"))}
+    results: Dict[str, Any] = {**old, **({} if partial else run)}
     for i, (name, section) in enumerate((("dup", duplication), ("lm", language_model), ("memory", memory)), 1):
         if name in args.only:
             print(f"{i}. {name}", flush=True)
+            t0 = time.time()
             results[name] = run_seeds(section, args) if args.seeds > 1 else section(args)
-    results["minutes"] = (time.time() - start) / 60
+            if partial:  # a section rerun alone: its own command, time and machine under "reruns"
+                results.setdefault("reruns", {})[name] = {
+                    **run, "minutes": (time.time() - t0) / 60,
+                    "command": f"{COMMAND} --only {name}" + (f" --seeds {args.seeds}" if args.seeds > 1 else "")}
+            else:
+                results.get("reruns", {}).pop(name, None)
+    if not partial:
+        results["minutes"] = (time.time() - start) / 60
     results["reading"] = reading(results)
     if not args.quick:
         RESULTS.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
