@@ -201,13 +201,23 @@ def mnist_seeds(args):
                  "not reproduced": f"test bits/dim local-2d {claims.fmt(bpd['local-2d'])}, local-1d "
                                    f"{claims.fmt(bpd['local-1d'])} at equal steps (per seed "
                                    f"{[round(x, 3) for x in bpd['local-2d']]} vs {[round(x, 3) for x in bpd['local-1d']]})"})
+    points = {}  # larger budgets (--budgets): the same seeds at more steps, into the claim's budget curve
+    main_steps = args.image_steps
+    for steps in args.budgets:
+        args.image_steps = steps
+        more = [mnist_comparison(args, seed, ("local-1d", "local-2d"), samples=False)[0] for seed in seeds]
+        points[str(steps)] = {a: [r[a]["bits_per_dim"] for r in more] for a in ("local-1d", "local-2d")}
+        if not args.quick and args.seeds >= claims.MIN_SEEDS:
+            claims.add_point("image-transformer-2d", f"{steps} steps", points[str(steps)]["local-2d"],
+                             points[str(steps)]["local-1d"])
+    args.image_steps = main_steps
+    rows = [[a, main_steps, ", ".join(f"{x:.3f}" for x in bpd[a]), claims.fmt(bpd[a]), claims.fmt(sps[a])] for a in bpd]
+    rows += [[a, steps, ", ".join(f"{x:.3f}" for x in p[a]), claims.fmt(p[a]), ""] for steps, p in points.items() for a in p]
     section = "\n".join([
-        SEEDED_START, "", f"### Seeds ({command})", "",
+        SEEDED_START, "", f"### Seeds ({command}" + (f" --budgets {' '.join(points)}" if points else "") + ")", "",
         f"local-2d against local-1d with seeds {seeds} (initialisation and batch order; otherwise as above), "
-        "mean ± standard error; the verdict is in [claims.json](claims.json):", "",
-        common.markdown_table(["attention", "test bits/dim per seed", "mean", "s/step"],
-                              [[a, ", ".join(f"{x:.3f}" for x in bpd[a]), claims.fmt(bpd[a]), claims.fmt(sps[a])]
-                               for a in bpd]), "", SEEDED_END])
+        "mean ± standard error; the verdicts are in [claims.json](claims.json):", "",
+        common.markdown_table(["attention", "steps", "test bits/dim per seed", "mean", "s/step"], rows), "", SEEDED_END])
     if not args.quick:
         text = DOC.read_text()
         if SEEDED_START in text:
@@ -217,7 +227,8 @@ def mnist_seeds(args):
         DOC.write_text(text)
         path = DOC.parent / "sparse-image.json"
         saved = json.loads(path.read_text())
-        saved["mnist_seeds"] = {"seeds": seeds, "bits_per_dim": bpd, "seconds_per_step": sps, "budget": budget}
+        saved["mnist_seeds"] = {"seeds": seeds, "bits_per_dim": bpd, "seconds_per_step": sps, "budget": budget,
+                                "budgets": points}
         path.write_text(json.dumps(saved, indent=1, default=str))
     print(section)
 
@@ -366,6 +377,8 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="a smoke run (seconds, not minutes)")
     p.add_argument("--only", choices=["mnist"], help="run part 4 alone, --seeds times, into claims.json and its section")
     p.add_argument("--seeds", type=int, default=3, help="--only mnist: seeds per model (claims need 3)")
+    p.add_argument("--budgets", type=int, nargs="*", default=[],
+                   help="--only mnist: larger step budgets, each with --seeds seeds, into the claim's budget curve")
     args = p.parse_args(argv)
     full = not args.quick
     if args.quick:  # a smoke run never overwrites the published reproduction
