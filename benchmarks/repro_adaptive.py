@@ -291,7 +291,8 @@ def span_notes(s: Dict) -> List[str]:
            f"{spans.shape[0] - half}; the longest head is layer {top[0]}, head {top[1]} (z = {spans.max():.0f} of "
            f"S = {s['max_span']}). " + (
                f"Over seeds {pa['seed']}: upper layers {claims.fmt(pa['upper_span'])}, lower {claims.fmt(pa['lower_span'])}; "
-               f"the paper's pattern (upper spans longer) is **{claims.verdict(pa['upper_span'], pa['lower_span'], 'higher')}**."
+               f"the paper's pattern (upper spans longer) is **{claims.verdict(pa['upper_span'], pa['lower_span'], 'higher')}**"
+               f"{gap_why(pa['upper_span'], pa['lower_span'], 'higher', 0.0, 'positions')}."
                if seeded else "The paper's pattern (low layers short, a few high heads long) "
                + ("holds in this seed." if high > low and spans.max() > 2 * np.median(spans) else "does not hold in this seed."))]
     diff = s["adaptive"]["test_bpc"] - s["full span"]["test_bpc"]
@@ -300,7 +301,8 @@ def span_notes(s: Dict) -> List[str]:
                f"({'worse' if diff > 0 else 'better or equal'}) after the same {s['steps']} steps. " + (
                    f"Over seeds: adaptive {claims.fmt(pa['test_bpc'])} at {100 * claims.mean(pa['computed']):.0f}% of the "
                    f"scores, full span {claims.fmt(pf['test_bpc'])}; within {SPAN_MARGIN} bpc of the full span: "
-                   f"**{claims.verdict(pa['test_bpc'], pf['test_bpc'], 'lower', SPAN_MARGIN)}**. " if seeded else "")
+                   f"**{claims.verdict(pa['test_bpc'], pf['test_bpc'], 'lower', SPAN_MARGIN)}**"
+                   f"{gap_why(pa['test_bpc'], pf['test_bpc'], 'lower', SPAN_MARGIN, 'bpc')}. " if seeded else "")
                + "The paper reports equal bpc at a fraction of the cost after much longer training.")
     return out
 
@@ -474,6 +476,18 @@ UT_PAPER = "Dehghani et al. 2019, Universal Transformers (arXiv:1807.03819), wit
 SPAN_MARGIN = 0.02  # "the same bpc": within 0.02 bits per character of the full span
 
 
+def gap_why(ours: List[float], base: List[float], better: str, margin: float, unit: str) -> str:
+    """What decides a verdict, measured: ``""`` when it reproduces, else the difference (in the
+    claim's direction), the margin, twice its standard error and the seeds that went each way."""
+    if claims.verdict(ours, base, better, margin) == "reproduced":
+        return ""
+    d, se = claims.difference(ours, base, better)
+    wins = sum((o < b) if better == "lower" else (o > b) for o, b in zip(ours, base))
+    return (f": difference {d:+.3f} {unit} in the claim's direction" + (f" plus the margin {margin:g}" if margin else "")
+            + f" against twice its standard error {2 * se:.3f}; ours ahead in {wins} of {len(ours)} seeds"
+            + (" (the seeds' spread, not the gap, decides)" if d > 0 and wins == len(ours) else ""))
+
+
 def record_claims(results: Dict, point: str = "") -> None:
     """This page's claims from per-seed results with >= 3 seeds, into claims.json (``point``: a
     larger budget, added to each claim's budget curve). The UT's claim is refused (left pending)
@@ -501,14 +515,15 @@ def record_claims(results: Dict, point: str = "") -> None:
                   f"cost (here: test bpc within {SPAN_MARGIN} of the full span's).",
             better="lower", margin=SPAN_MARGIN, ours=a["test_bpc"], baseline=f["test_bpc"],
             why=f"test bpc {claims.fmt(a['test_bpc'])} with {100 * cost:.0f}% of the attention scores, full span "
-                f"{claims.fmt(f['test_bpc'])}")
+                f"{claims.fmt(f['test_bpc'])}" + gap_why(a["test_bpc"], f["test_bpc"], "lower", SPAN_MARGIN, "bpc"))
     if a and len(a["seed"]) >= claims.MIN_SEEDS:
         put(
             id="adaptive-span-pattern", model="adaptive-span", paper=SPAN_PAPER, command=command, budget=budget,
             claim="Lower layers learn short spans while some heads of the upper layers learn long ones (Figure 3).",
             better="higher", ours=a["upper_span"], baseline=a["lower_span"],
             why=f"mean learned span: upper half of the layers {claims.fmt(a['upper_span'])}, lower half "
-                f"{claims.fmt(a['lower_span'])} (from z = {s.get('init_span', 0):g})")
+                f"{claims.fmt(a['lower_span'])} (from z = {s.get('init_span', 0):g})"
+                + gap_why(a["upper_span"], a["lower_span"], "higher", 0.0, "positions"))
     for name, r in u.items():
         if not isinstance(r, dict) or "per_seed" not in r or r.get("overrides", {}).get("act") is False:
             continue
