@@ -342,21 +342,27 @@ def record_claims(err, lm, cls, budgets, args, lm_budgets=None):
                 why={"reproduced": f"test bpc {claims.fmt(ours)} against GPT's {claims.fmt(exact)}",
                      "not reproduced": f"test bpc {claims.fmt(ours)} against GPT's {claims.fmt(exact)} "
                                        f"({claims.mean(ours) - claims.mean(exact):+.3f}, tolerance {LM_MARGIN})"
-                                       + lm_lag_why(label, ours, lm)})
+                                       + lm_lag_why(label, ours, lm, lm_budgets)})
 
 
 NO_POSITIONS_LM = "gpt (exact softmax, no positions)"
 
 
-def lm_lag_why(label, ours, lm):
+def lm_lag_why(label, ours, lm, lm_budgets=None):
     """The measured part of an LM's gap that is GPT's position table: the control GPT without
     positions, which the linear-time LMs lack too."""
     if "per_seed" not in lm.get(NO_POSITIONS_LM, {}) or lm[label]["params"] != lm[NO_POSITIONS_LM]["params"]:
         return ""  # no control, or the model has a position table of its own
     bare = lm[NO_POSITIONS_LM]["per_seed"]["test_bpc"]
     exact = lm[EXACT_LM]["per_seed"]["test_bpc"]
-    return (f"; GPT without positions (as this model) {claims.fmt(bare)}, so {claims.mean(bare) - claims.mean(exact):+.3f} "
-            f"of it is the position table and {claims.mean(ours) - claims.mean(bare):+.3f} the attention")
+    out = (f"; GPT without positions (as this model) {claims.fmt(bare)}, so {claims.mean(bare) - claims.mean(exact):+.3f} "
+           f"of it is the position table and {claims.mean(ours) - claims.mean(bare):+.3f} the attention")
+    top = max(lm_budgets or {}, key=int, default=None)
+    if top and label in lm_budgets[top] and NO_POSITIONS_LM in lm_budgets[top]:
+        at = {k: lm_budgets[top][k]["per_seed"]["test_bpc"] for k in (label, NO_POSITIONS_LM, EXACT_LM)}
+        out += (f"; at {top} steps: {claims.fmt(at[label])}, GPT {claims.fmt(at[EXACT_LM])}, GPT without positions "
+                f"{claims.fmt(at[NO_POSITIONS_LM])}")
+    return out
 
 
 POOLED = "linformer (k=32, E = F = mean pooling at init)"
@@ -479,6 +485,7 @@ def main():
     if run and set(run) != set(SECTIONS) and "minutes" in saved and not q:
         flags = f"--only {' '.join(run)} --seeds {args.seeds}" + "".join(f" {k} {' '.join(map(str, v))}" for k, v in (
             ("--lm-budgets", args.lm_budgets), ("--budgets", args.budgets)) if v)
+        reruns = {k: v for k, v in reruns.items() if not k.startswith(f"--only {' '.join(run)} ")}  # superseded
         reruns[flags], minutes = minutes, saved["minutes"]
     elif run and set(run) == set(SECTIONS):
         reruns = {}
@@ -655,6 +662,8 @@ def reading(err, raw, lm, cls, budgets, lm_budgets=None):
                 f"{label} {claims.mean(seeds_of(r, 'test_bpc')) - claims.mean(seeds_of(lm_budgets[b][EXACT_LM], 'test_bpc')):+.3f} "
                 f"({judged(seeds_of(r, 'test_bpc'), seeds_of(lm_budgets[b][EXACT_LM], 'test_bpc'), 'lower', LM_MARGIN)})"
                 for label, r in lm_budgets[b].items() if label in LM_CLAIMS)
+            + (f", GPT without positions (the control) {claims.mean(seeds_of(lm_budgets[b][NO_POSITIONS_LM], 'test_bpc')) - claims.mean(seeds_of(lm_budgets[b][EXACT_LM], 'test_bpc')):+.3f}"
+               if NO_POSITIONS_LM in lm_budgets[b] else "")
             for b in sorted(lm_budgets, key=int)) + "." if lm_budgets else ""),
         f"- **Classification** (test accuracy minus exact BERT's {exact_cls['test_accuracy']:.3f}; tolerance "
         f"{CLS_MARGIN}): {cls_gaps}."
