@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Dict, List
@@ -277,25 +278,39 @@ def plot_ponder(u: Dict) -> None:
 # ----------------------------------------------------------------------------- report
 
 
-def notes(results: Dict) -> List[str]:
-    """The reading of the numbers, derived from them (so that a rerun cannot contradict its text)."""
-    s, u = results["span"], results["ut"]
+def span_notes(s: Dict) -> List[str]:
+    """The reading of the span numbers, derived from them: seed ``s["seed"]``'s, then the verdicts of
+    every seed's numbers where there are several (the ones claims.json records)."""
     spans = np.array(s["adaptive"]["spans"])
     half = spans.shape[0] // 2
     low, high = spans[:half].mean(), spans[half:].mean()
     top = np.unravel_index(spans.argmax(), spans.shape)
+    pa, pf = s["adaptive"].get("per_seed"), s["full span"].get("per_seed")
+    seeded = bool(pa and pf and len(pa["seed"]) >= claims.MIN_SEEDS)
     out = [f"- **Spans by depth.** Mean learned span {low:.0f} in the lower {half} layers, {high:.0f} in the upper "
            f"{spans.shape[0] - half}; the longest head is layer {top[0]}, head {top[1]} (z = {spans.max():.0f} of "
-           f"S = {s['max_span']}). The paper's pattern (low layers short, a few high heads long) "
-           + ("**is reproduced** at this scale." if high > low and spans.max() > 2 * np.median(spans)
-              else "is **not** reproduced at this scale.")]
+           f"S = {s['max_span']}). " + (
+               f"Over seeds {pa['seed']}: upper layers {claims.fmt(pa['upper_span'])}, lower {claims.fmt(pa['lower_span'])}; "
+               f"the paper's pattern (upper spans longer) is **{claims.verdict(pa['upper_span'], pa['lower_span'], 'higher')}**"
+               f"{gap_why(pa['upper_span'], pa['lower_span'], 'higher', 0.0, 'positions')}."
+               if seeded else "The paper's pattern (low layers short, a few high heads long) "
+               + ("holds in this seed." if high > low and spans.max() > 2 * np.median(spans) else "does not hold in this seed."))]
     diff = s["adaptive"]["test_bpc"] - s["full span"]["test_bpc"]
     out.append(f"- **Cost against quality.** The learned spans leave {100 * s['adaptive']['attention_cost']['computed']:.0f}% "
                f"of the full span's attention scores; test bpc differs by {diff:+.3f} from the full-span model "
-               f"({'worse' if diff > 0 else 'better or equal'}) after the same {s['steps']} steps. The paper reports "
-               "equal bpc at a fraction of the cost after much longer training; both models here are far from "
-               "converged (600 steps), and the spans were still moving when training stopped "
-               f"(they start at {s['init_span']:g}).")
+               f"({'worse' if diff > 0 else 'better or equal'}) after the same {s['steps']} steps. " + (
+                   f"Over seeds: adaptive {claims.fmt(pa['test_bpc'])} at {100 * claims.mean(pa['computed']):.0f}% of the "
+                   f"scores, full span {claims.fmt(pf['test_bpc'])}; within {SPAN_MARGIN} bpc of the full span: "
+                   f"**{claims.verdict(pa['test_bpc'], pf['test_bpc'], 'lower', SPAN_MARGIN)}**"
+                   f"{gap_why(pa['test_bpc'], pf['test_bpc'], 'lower', SPAN_MARGIN, 'bpc')}. " if seeded else "")
+               + "The paper reports equal bpc at a fraction of the cost after much longer training.")
+    return out
+
+
+def notes(results: Dict) -> List[str]:
+    """The reading of the numbers, derived from them (so that a rerun cannot contradict its text)."""
+    u = results["ut"]
+    out: List[str] = []
     names = [k for k in u if isinstance(u[k], dict) and "by_carries" in u[k]]
     fixed = [n for n in names if u[n].get("overrides", {}).get("act") is False]
     learned_fixed = [n for n in fixed if u[n]["exact_match"] >= LEARNED]
@@ -336,28 +351,27 @@ def notes(results: Dict) -> List[str]:
     return out
 
 
-def write_doc(results: Dict, args) -> None:
-    s, u = results["span"], results["ut"]
+SPAN_START = "## 1. Adaptive attention span (Sukhbaatar et al. 2019) on shakespeare-char"
+SPAN_END = "## 2. Universal Transformer with ACT on addition"
+
+
+def span_section(s: Dict) -> List[str]:
+    """Section 1 of the page from the span results ``s`` (``run_span``'s ``"span"``, both variants):
+    the first seed's spans and costs, every seed's bpc when there are several, and the reading."""
     a, f = s["adaptive"], s["full span"]
     spans = np.array(a["spans"])
-    ut_minutes = " and ".join(f"{u[n]['seconds'] / 60:.0f}" for n in UT_VARIANTS if n in u)
     lines = [
-        "# Adaptive attention span and Universal Transformer with ACT",
+        SPAN_START,
         "",
-        f"Made by `{COMMAND}{' --quick' if args.quick else ''}` (seed 0, one thread per process). Here the four "
-        f"trainings ran side by side as `--part span|ut --variant NAME`, then `--part doc`, on the shared 2-core CPU at "
-        f"load average ~15-20 from other jobs (wall times: span {a['seconds'] / 60:.0f} and {f['seconds'] / 60:.0f} min, "
-        f"UT {ut_minutes} min). Numbers below are what "
-        f"that run produced (`runs/repro_adaptive/results.json`).",
-        "",
-        "## 1. Adaptive attention span (Sukhbaatar et al. 2019) on shakespeare-char",
-        "",
+    ] + ([f"Rerun alone by `{s['rerun']['command']}` ({s['rerun']['minutes']:.0f} min wall-clock, {s['rerun']['date']}): "
+          "the numbers of this section are that run's.", ""] if s.get("rerun") else []) + [
         f"`AdaptiveSpanTransformer`: {s['layers']} layers, d_model 64, 4 heads, S = {s['max_span']}, ramp R = "
         f"{s['ramp']:g}, trained {s['steps']} steps on 16 contiguous streams of {s['block']}-character segments "
-        f"(`task.stream=true`: the span cache of the last S - 1 keys is carried across segments), spans "
+        f"(`task.stream=true`: the span cache of the last S - 1 keys is carried across segments), "
+        f"{'relative' if s.get('position_embeddings', True) else 'no'} position embeddings, spans "
         f"initialised at {s['init_span']:g}, span penalty coefficient {s['span_loss_coef']:g} (on the mean span of each layer). "
         f"The baseline is the same model with every span fixed at S (exact causal attention over the last S "
-        f"characters), same steps and seed.",
+        f"characters), same steps and seed. Spans and costs below are seed {s.get('seed', 0)}'s.",
         "",
         "![learned spans](img/adaptive-span-spans.png)",
         "",
@@ -380,7 +394,36 @@ def write_doc(results: Dict, args) -> None:
         f"so feed-forward layers dilute the attention saving).",
         f"- Test bits per character (test split as 16 streams, span cache carried): adaptive **{a['test_bpc']:.3f}**, "
         f"full span {f['test_bpc']:.3f}.",
+    ]
+    pa, pf = a.get("per_seed"), f.get("per_seed")
+    if pa and pf and len(pa["seed"]) > 1:
+        lines += ["", f"Every seed ({pa['seed']}; mean ± standard error in the last row; verdicts in "
+                      "[claims.json](claims.json)):", "",
+                  "| seed | adaptive bpc | full span bpc | scores computed | mean span, lower layers | upper layers |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for i, seed in enumerate(pa["seed"]):
+            lines.append(f"| {seed} | {pa['test_bpc'][i]:.3f} | {pf['test_bpc'][i]:.3f} | {100 * pa['computed'][i]:.0f}% | "
+                         f"{pa['lower_span'][i]:.0f} | {pa['upper_span'][i]:.0f} |")
+        lines.append(f"| mean | {claims.fmt(pa['test_bpc'])} | {claims.fmt(pf['test_bpc'])} | "
+                     f"{100 * claims.mean(pa['computed']):.0f}% | {claims.fmt(pa['lower_span'])} | {claims.fmt(pa['upper_span'])} |")
+    return lines + [""] + span_notes(s) + [""]
+
+
+def write_doc(results: Dict, args) -> None:
+    s, u = results["span"], results["ut"]
+    a, f = s["adaptive"], s["full span"]
+    ut_minutes = " and ".join(f"{u[n]['seconds'] / 60:.0f}" for n in UT_VARIANTS if n in u)
+    lines = [
+        "# Adaptive attention span and Universal Transformer with ACT",
         "",
+        f"Made by `{COMMAND}{' --quick' if args.quick else ''}` (seed 0, one thread per process). Here the four "
+        f"trainings ran side by side as `--part span|ut --variant NAME`, then `--part doc`, on the shared 2-core CPU at "
+        f"load average ~15-20 from other jobs (wall times: span {a['seconds'] / 60:.0f} and {f['seconds'] / 60:.0f} min, "
+        f"UT {ut_minutes} min). Numbers below are what "
+        f"that run produced (`runs/repro_adaptive/results.json`).",
+        "",
+    ]
+    lines += span_section(s) + [
         "## 2. Universal Transformer with ACT on addition",
         "",
         f"`UniversalTransformer` (encoder–decoder, one shared block each, d_model 64, 4 heads, at most M = "
@@ -413,9 +456,36 @@ def write_doc(results: Dict, args) -> None:
     DOC.write_text("\n".join(lines) + "\n")
 
 
+def rewrite_span_section(span: Dict, args, seconds: float) -> None:
+    """Section 1 of the page (and its picture) from a span run made alone (``--part span``), the
+    rest of the page left as it is; section 1's reading moves with it."""
+    command = "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/repro_adaptive.py " + " ".join(sys.argv[1:])
+    span = {**span, "rerun": {"command": command, "minutes": seconds / 60,
+                              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}
+    plot_spans(np.array(span["adaptive"]["spans"]), span["max_span"], span["adaptive"]["widths"])
+    text = DOC.read_text()
+    i, j = text.index(SPAN_START), text.index(SPAN_END)
+    rest = [line for line in text[j:].split("\n")
+            if not line.startswith(("- **Spans by depth.**", "- **Cost against quality.**"))]
+    DOC.write_text(text[:i] + "\n".join(span_section(span)) + "\n" + "\n".join(rest))
+    print(f"rewrote section 1 of {DOC}", flush=True)
+
+
 SPAN_PAPER = "Sukhbaatar et al. 2019, Adaptive Attention Span in Transformers (arXiv:1905.07799)"
 UT_PAPER = "Dehghani et al. 2019, Universal Transformers (arXiv:1807.03819), with Graves 2016 ACT"
 SPAN_MARGIN = 0.02  # "the same bpc": within 0.02 bits per character of the full span
+
+
+def gap_why(ours: List[float], base: List[float], better: str, margin: float, unit: str) -> str:
+    """What decides a verdict, measured: ``""`` when it reproduces, else the difference (in the
+    claim's direction), the margin, twice its standard error and the seeds that went each way."""
+    if claims.verdict(ours, base, better, margin) == "reproduced":
+        return ""
+    d, se = claims.difference(ours, base, better)
+    wins = sum((o < b) if better == "lower" else (o > b) for o, b in zip(ours, base))
+    return (f": difference {d:+.3f} {unit} in the claim's direction" + (f" plus the margin {margin:g}" if margin else "")
+            + f" against twice its standard error {2 * se:.3f}; ours ahead in {wins} of {len(ours)} seeds"
+            + (" (the seeds' spread, not the gap, decides)" if d > 0 and wins == len(ours) else ""))
 
 
 def record_claims(results: Dict, point: str = "") -> None:
@@ -445,14 +515,15 @@ def record_claims(results: Dict, point: str = "") -> None:
                   f"cost (here: test bpc within {SPAN_MARGIN} of the full span's).",
             better="lower", margin=SPAN_MARGIN, ours=a["test_bpc"], baseline=f["test_bpc"],
             why=f"test bpc {claims.fmt(a['test_bpc'])} with {100 * cost:.0f}% of the attention scores, full span "
-                f"{claims.fmt(f['test_bpc'])}")
+                f"{claims.fmt(f['test_bpc'])}" + gap_why(a["test_bpc"], f["test_bpc"], "lower", SPAN_MARGIN, "bpc"))
     if a and len(a["seed"]) >= claims.MIN_SEEDS:
         put(
             id="adaptive-span-pattern", model="adaptive-span", paper=SPAN_PAPER, command=command, budget=budget,
             claim="Lower layers learn short spans while some heads of the upper layers learn long ones (Figure 3).",
             better="higher", ours=a["upper_span"], baseline=a["lower_span"],
             why=f"mean learned span: upper half of the layers {claims.fmt(a['upper_span'])}, lower half "
-                f"{claims.fmt(a['lower_span'])} (from z = {s.get('init_span', 0):g})")
+                f"{claims.fmt(a['lower_span'])} (from z = {s.get('init_span', 0):g})"
+                + gap_why(a["upper_span"], a["lower_span"], "higher", 0.0, "positions"))
     for name, r in u.items():
         if not isinstance(r, dict) or "per_seed" not in r or r.get("overrides", {}).get("act") is False:
             continue
@@ -516,6 +587,8 @@ def main() -> None:
     torch.set_num_threads(1)
     OUT.mkdir(parents=True, exist_ok=True)
     IMG.mkdir(parents=True, exist_ok=True)
+    measured: Dict = {}  # this run's results, by part
+    started = time.time()
     for part, fn, variants in (("span", run_span, SPAN_VARIANTS), ("ut", run_ut, list(UT_VARIANTS))):
         if args.part not in ("all", part):
             continue
@@ -524,6 +597,7 @@ def main() -> None:
                 continue
             t0 = time.time()
             result = fn(args, name)
+            measured.setdefault(part, {}).update(result[part])
             result[part][name]["seconds"] = round(time.time() - t0, 1)
             slug = name.split(" (")[0].replace(" ", "").replace("=", "").replace("+", "p").replace("-", "m")
             if args.tag:  # a side measurement: kept out of the page's results
@@ -531,6 +605,10 @@ def main() -> None:
                 (OUT / "tagged" / f"results-{part}-{slug}-{args.tag}.json").write_text(json.dumps(result, indent=2) + "\n")
             else:
                 (OUT / f"results-{part}-{slug}.json").write_text(json.dumps(result, indent=2) + "\n")
+    if args.part == "span" and not args.quick and not args.tag:
+        record_claims(measured)  # both span variants' seeds just measured (a claim needs >= 3 of each)
+        if set(SPAN_VARIANTS) <= set(measured.get("span", {})) and DOC.exists():
+            rewrite_span_section(measured["span"], args, time.time() - started)
     for budget in args.budgets if not args.quick else []:
         point: Dict = {}
         for part, fn, variants in (("span", run_span, SPAN_VARIANTS), ("ut", run_ut, list(UT_VARIANTS))):

@@ -127,7 +127,9 @@ def n_params(model):
     return sum(p.numel() for p in model.parameters())
 
 
-def lm_runs(args):
+def lm_runs(args, only=None, steps=None):
+    """Every LM (``only``: those labels) for ``steps`` (default ``--lm-steps``) on ``--seeds`` seeds."""
+    steps = steps or args.lm_steps
     task = build("task", "shakespeare-char", block_size=args.lm_len)
     sizes = dict(vocab_size=task.vocab.size, max_len=args.lm_len, n_layers=2, d_model=args.d_model, n_heads=4,
                  d_ff=4 * args.d_model, dropout=0.0)
@@ -139,11 +141,13 @@ def lm_runs(args):
     }
     results = {}
     for label, (name, extra) in models.items():
+        if only is not None and label not in only:
+            continue
         runs = []
         for seed in range(args.seeds):
             torch.manual_seed(seed)
             model = qkv.registry.lookup("model", name).from_config({**sizes, **extra})
-            curve, seconds = train(model, task, args.lm_steps, 16, 2e-3, max(1, args.lm_steps // 20), seed)
+            curve, seconds = train(model, task, steps, 16, 2e-3, max(1, steps // 20), seed)
             metrics = task.evaluate(model, "test", max_examples=args.eval_examples)
             runs.append({"curve": curve, "seconds": seconds, "test_bpc": metrics["bpc"], "test_loss": metrics["loss"]})
             print(f"  LM {label:>24} seed {seed}: {n_params(model):,} params, test {metrics['bpc']:.3f} bpc, "
@@ -262,7 +266,14 @@ def cls_verdicts(cls):
             for label in CLS_CLAIMS if label in cls and "per_seed" in cls[label]}
 
 
-def record_claims(err, lm, cls, budgets, args):
+def lm_behind(lm):
+    """The LMs whose comparable-quality claim does not reproduce at the main budget."""
+    exact = lm[EXACT_LM]["per_seed"]["test_bpc"]
+    return [label for label in LM_CLAIMS if "per_seed" in lm.get(label, {}) and
+            claims.verdict(lm[label]["per_seed"]["test_bpc"], exact, "lower", LM_MARGIN) != "reproduced"]
+
+
+def record_claims(err, lm, cls, budgets, args, lm_budgets=None):
     """Every claim of this page with its per-seed numbers, into docs/reproductions/claims.json."""
     machine = "CPU, one thread"
     steps = args.cls_steps
@@ -318,12 +329,40 @@ def record_claims(err, lm, cls, budgets, args):
             if "per_seed" not in lm.get(label, {}):
                 continue
             ours = lm[label]["per_seed"]["test_bpc"]
+            lm_curve = [{"budget": f"{b} steps", "ours": (lm_budgets or {})[b][label]["per_seed"]["test_bpc"],
+                         "baseline": (lm_budgets or {})[b][EXACT_LM]["per_seed"]["test_bpc"]}
+                        for b in sorted(lm_budgets or {}, key=int) if label in lm_budgets[b]]
             claims.record(
-                id=cid, model=label.split(" ")[0], paper=paper, claim=text,
-                command=f"{COMMAND} --only lm --seeds {len(ours)}", better="lower", margin=LM_MARGIN,
+                id=cid, model=label.split(" ")[0], paper=paper, claim=text, curve=lm_curve,
+                command=f"{COMMAND} --only lm --seeds {len(ours)}"
+                        + (f" --lm-budgets {' '.join(sorted(lm_budgets, key=int))}" if lm_curve else ""),
+                better="lower", margin=LM_MARGIN,
                 ours=ours, baseline=exact, budget=f"{args.lm_steps} steps of batch 16, 2 layers d_model {args.d_model}, "
                                                  f"context {args.lm_len}; {machine}",
-                why=f"test bpc {claims.fmt(ours)} against GPT's {claims.fmt(exact)}")
+                why={"reproduced": f"test bpc {claims.fmt(ours)} against GPT's {claims.fmt(exact)}",
+                     "not reproduced": f"test bpc {claims.fmt(ours)} against GPT's {claims.fmt(exact)} "
+                                       f"({claims.mean(ours) - claims.mean(exact):+.3f}, tolerance {LM_MARGIN})"
+                                       + lm_lag_why(label, ours, lm, lm_budgets)})
+
+
+NO_POSITIONS_LM = "gpt (exact softmax, no positions)"
+
+
+def lm_lag_why(label, ours, lm, lm_budgets=None):
+    """The measured part of an LM's gap that is GPT's position table: the control GPT without
+    positions, which the linear-time LMs lack too."""
+    if "per_seed" not in lm.get(NO_POSITIONS_LM, {}) or lm[label]["params"] != lm[NO_POSITIONS_LM]["params"]:
+        return ""  # no control, or the model has a position table of its own
+    bare = lm[NO_POSITIONS_LM]["per_seed"]["test_bpc"]
+    exact = lm[EXACT_LM]["per_seed"]["test_bpc"]
+    out = (f"; GPT without positions (as this model) {claims.fmt(bare)}, so {claims.mean(bare) - claims.mean(exact):+.3f} "
+           f"of it is the position table and {claims.mean(ours) - claims.mean(bare):+.3f} the attention")
+    top = max(lm_budgets or {}, key=int, default=None)
+    if top and label in lm_budgets[top] and NO_POSITIONS_LM in lm_budgets[top]:
+        at = {k: lm_budgets[top][k]["per_seed"]["test_bpc"] for k in (label, NO_POSITIONS_LM, EXACT_LM)}
+        out += (f"; at {top} steps: {claims.fmt(at[label])}, GPT {claims.fmt(at[EXACT_LM])}, GPT without positions "
+                f"{claims.fmt(at[NO_POSITIONS_LM])}")
+    return out
 
 
 POOLED = "linformer (k=32, E = F = mean pooling at init)"
@@ -383,6 +422,9 @@ def main():
     parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run these sections; the others keep their saved results")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per measurement (each claim needs >= 3)")
     parser.add_argument("--cls-steps", type=int, default=200, help="training steps of each bbc-news model")
+    parser.add_argument("--lm-budgets", type=int, nargs="*", default=[],
+                        help="larger shakespeare-char budgets (steps) for the LMs whose comparable-quality claim does "
+                             "not reproduce at --lm-steps; each reruns that LM and the GPTs at every seed")
     parser.add_argument("--budgets", type=int, nargs="*", default=[],
                         help="larger bbc-news budgets (steps) for the models whose comparable-accuracy claim does not "
                              "reproduce at --cls-steps; each reruns that model and exact BERT at every seed")
@@ -420,6 +462,14 @@ def main():
     if "lm" in run:
         print("shakespeare-char LM runs ...", flush=True)
         lm = lm_runs(args)
+    lm_budgets = saved.get("lm_budgets", {})
+    if args.lm_budgets and not args.from_json:
+        if lm is None:
+            raise SystemExit("--lm-budgets needs the LM section: run it with --only lm")
+        behind = lm_behind(lm)
+        print(f"LM budget curve for {behind} at {args.lm_budgets} steps ...", flush=True)
+        for steps in args.lm_budgets:
+            lm_budgets[str(steps)] = lm_runs(args, [EXACT_LM, NO_POSITIONS_LM] + behind, steps)
     if "cls" in run:
         print("bbc-news classification runs ...", flush=True)
         cls = classification_runs(args, CLS_MODELS, args.cls_steps)
@@ -431,6 +481,14 @@ def main():
             picked = {label: CLS_MODELS[label] for label in [EXACT_CLS] + behind}
             budgets[str(steps)] = {**budgets.get(str(steps), {}), **classification_runs(args, picked, steps)}
     minutes = saved.get("minutes", 0.0) if not run and not args.budgets else (time.perf_counter() - t0) / 60
+    reruns = dict(saved.get("reruns", {}))  # sections rerun alone since the whole run: {"--only ...": minutes}
+    if run and set(run) != set(SECTIONS) and "minutes" in saved and not q:
+        flags = f"--only {' '.join(run)} --seeds {args.seeds}" + "".join(f" {k} {' '.join(map(str, v))}" for k, v in (
+            ("--lm-budgets", args.lm_budgets), ("--budgets", args.budgets)) if v)
+        reruns = {k: v for k, v in reruns.items() if not k.startswith(f"--only {' '.join(run)} ")}  # superseded
+        reruns[flags], minutes = minutes, saved["minutes"]
+    elif run and set(run) == set(SECTIONS):
+        reruns = {}
     if err is None or lm is None or cls is None:
         raise SystemExit(f"{json_path} lacks a section: run the missing ones ({', '.join(SECTIONS)}) with --only")
 
@@ -444,9 +502,11 @@ def main():
     if not args.from_json:
         json_path.write_text(json.dumps({"errors": raw_err, "lm": lm, "classification": cls,
                                          "classification_steps": saved.get("classification_steps", args.cls_steps),
-                                         "classification_budgets": budgets, "minutes": minutes}, indent=1))
+                                         "classification_budgets": budgets, "minutes": minutes, "reruns": reruns,
+                                         "lm_budgets": lm_budgets},
+                                        indent=1))
         if not q:
-            record_claims(raw_err, lm, cls, budgets, args)
+            record_claims(raw_err, lm, cls, budgets, args, lm_budgets)
 
     perf_rows = [[label] + [f"{e:.3f}" for e in ys] for label, ys in err["performer"].items()]
     lsh_part = ("LSH attention is not registered on this checkout: no rounds table." if err["lsh"] is None else
@@ -461,13 +521,17 @@ def main():
     budget_rows = [[f"{b} steps"] + [seeded(budgets[b][label], "test_accuracy") if label in budgets[b] else "—"
                                      for label in CLS_MODELS] for b in sorted(budgets, key=int)]
     real, quat = cls["bert (exact softmax)"], cls["quaternion-encoder"]
+    positionless = ", ".join(label for label, r in lm.items() if not label.startswith("gpt")
+                             and r["params"] == lm.get(NO_POSITIONS_LM, {}).get("params")) or "no other model here"
+    rerun_text = "".join(f"\nRerun alone since: `benchmarks/repro_efficient.py {flags}` ({m:.1f} min); those "
+                         "sections' numbers are that run's.\n" for flags, m in reruns.items())
     text = f"""# Efficient attention: approximation error, short training runs, Quaternion Transformer
 
 Produced by one command (seeded, single-threaded; {minutes:.1f} min on this machine — 2 shared
 CPU cores, other jobs running):
 
     PYTHONPATH=src .venv/bin/python benchmarks/repro_efficient.py{' --quick' if q else ''}
-
+{rerun_text}
 Raw numbers: [`efficient-attention.json`](efficient-attention.json).
 
 ## 1. Error against exact attention as the knob grows
@@ -495,9 +559,9 @@ full shared-QK attention without self):
 ## 2. Short LM run: shakespeare-char
 
 2 layers, d_model {args.d_model}, 4 heads, d_ff {4 * args.d_model}, context {args.lm_len}, pre-LN; GPT with its learned
-positions and, as a control, with none (the linear-time LMs' default), batch 16, {args.lm_steps} steps of AdamW (lr 2e-3, 10 % warm-up), {lm_seeds} seed(s) (mean ± standard error; the curve is seed 0's); test bits per character over
+positions and, as a control, with none (as {positionless}), batch 16, {args.lm_steps} steps of AdamW (lr 2e-3, 10 % warm-up), {lm_seeds} seed(s) (mean ± standard error; the curve is seed 0's); test bits per character over
 {args.eval_examples} held-out windows. Same sizes, so the same parameter count (the kernels add none; GPT's learned
-position table adds {args.lm_len} x {args.d_model}).
+position table adds {args.lm_len} x {args.d_model}, and so does every model with GPT's parameter count).
 
 {table(["model", "parameters", "final train loss (nats)", "test bpc", "train seconds"], lm_rows)}
 
@@ -524,7 +588,7 @@ parameters against {real['params']:,} ({100 * (1 - quat['params'] / real['params
 layers themselves have exactly a quarter of the weights — the embeddings and heads stay real),
 test accuracy {quat['test_accuracy']:.3f} against {real['test_accuracy']:.3f}.
 """
-    out.write_text(text + reading(err, raw_err, lm, cls, budgets))
+    out.write_text(text + reading(err, raw_err, lm, cls, budgets, lm_budgets))
     print(f"written {out} ({minutes:.1f} min)")
 
 
@@ -545,7 +609,7 @@ def judged(ours, baseline, better, margin=0.0):
     return claims.verdict(ours, baseline, better, margin)
 
 
-def reading(err, raw, lm, cls, budgets):
+def reading(err, raw, lm, cls, budgets, lm_budgets=None):
     """What the numbers say, each statement computed from them; verdicts as claims.json computes them."""
     perf = err["performer"]
     orth_better = sum(o < i for o, i in zip(perf["orthogonal"], perf["iid"]))
@@ -592,7 +656,15 @@ def reading(err, raw, lm, cls, budgets):
                      + (judged(raw["lsh"][-1], raw["lsh"][0], "lower") if isinstance(raw["lsh"][0], list)
                         else "seed means only, no verdict") + ".")
     lines += [
-        f"- **LM** (test bpc minus exact GPT's {exact_lm['test_bpc']:.3f}; tolerance {LM_MARGIN}): {lm_gaps}.",
+        f"- **LM** (test bpc minus exact GPT's {exact_lm['test_bpc']:.3f}; tolerance {LM_MARGIN}): {lm_gaps}."
+        + (" Larger budgets: " + "; ".join(
+            f"{b} steps: " + ", ".join(
+                f"{label} {claims.mean(seeds_of(r, 'test_bpc')) - claims.mean(seeds_of(lm_budgets[b][EXACT_LM], 'test_bpc')):+.3f} "
+                f"({judged(seeds_of(r, 'test_bpc'), seeds_of(lm_budgets[b][EXACT_LM], 'test_bpc'), 'lower', LM_MARGIN)})"
+                for label, r in lm_budgets[b].items() if label in LM_CLAIMS)
+            + (f", GPT without positions (the control) {claims.mean(seeds_of(lm_budgets[b][NO_POSITIONS_LM], 'test_bpc')) - claims.mean(seeds_of(lm_budgets[b][EXACT_LM], 'test_bpc')):+.3f}"
+               if NO_POSITIONS_LM in lm_budgets[b] else "")
+            for b in sorted(lm_budgets, key=int)) + "." if lm_budgets else ""),
         f"- **Classification** (test accuracy minus exact BERT's {exact_cls['test_accuracy']:.3f}; tolerance "
         f"{CLS_MARGIN}): {cls_gaps}."
         + (" Larger budgets: " + "; ".join(

@@ -14,6 +14,8 @@ Transformer (Parmar et al. 2018); writes ``docs/reproductions/sparse-image.md`` 
 Usage (one command, seeded, single-threaded; about 15 minutes on one core)::
 
     PYTHONPATH=src python benchmarks/repro_sparse_image.py [--quick]
+    PYTHONPATH=src python benchmarks/repro_sparse_image.py --only mnist --seeds 3   # part 4 alone, local-1d
+        # against local-2d with 3 seeds each: recorded in claims.json, a section of the page rewritten
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from qkv.bench import common
 from qkv.models import GPT, GPTConfig, ImageTransformer, ImageTransformerConfig, SparseTransformer, SparseTransformerConfig
 from qkv.tasks import build_task
 from qkv.viz import pyplot, save_figure
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import claims  # noqa: E402  (benchmarks/claims.py: the claims table and its verdicts)
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reproductions" / "sparse-image.md"
@@ -156,13 +161,13 @@ def image_config(attention: str, **kw) -> ImageTransformerConfig:
                                   dropout=0.0, attention=attention, **kw)
 
 
-def mnist_comparison(args):
+def mnist_comparison(args, seed: int = 0, attentions=("local-1d", "local-2d", "softmax"), samples: bool = True):
     task = build_task("mnist", levels=8)
     results, models = {}, {}
-    for attention in ("local-1d", "local-2d", "softmax"):
-        torch.manual_seed(0)
+    for attention in attentions:
+        torch.manual_seed(seed)
         model = ImageTransformer(image_config(attention))
-        run = train_for(model, lambda s: task.get_batch("train", args.image_batch, s, seed=0), 1e9, lr=2e-3,
+        run = train_for(model, lambda s: task.get_batch("train", args.image_batch, s, seed=seed), 1e9, lr=2e-3,
                         warmup=20, max_steps=args.image_steps)
         run.update(task.evaluate(model, "test", max_examples=args.image_eval))
         run["seconds_per_step"] = run["seconds"] / max(run["steps"], 1)
@@ -170,8 +175,62 @@ def mnist_comparison(args):
         print(f"[mnist] {attention}: {run['bits_per_dim']:.3f} bits/dim after {run['steps']} steps "
               f"({run['seconds_per_step']:.2f} s/step)", flush=True)
     best = min(results, key=lambda a: results[a]["bits_per_dim"])
-    grid = task.write_samples(models[best], IMG / "sparse-image-mnist-samples.png", n=20, seed=0)
+    grid = task.write_samples(models[best], IMG / "sparse-image-mnist-samples.png", n=20, seed=0) if samples else None
     return results, best, grid
+
+
+SEEDED_START, SEEDED_END = "<!-- mnist seeds: begin -->", "<!-- mnist seeds: end -->"
+
+
+def mnist_seeds(args):
+    """Part 4's claim, local-2d against local-1d, once per seed (initialisation and batch order):
+    into claims.json, ``sparse-image.json`` (``mnist_seeds``) and a section of the page."""
+    seeds = list(range(args.seeds))
+    runs = [mnist_comparison(args, seed, ("local-1d", "local-2d"), samples=False)[0] for seed in seeds]
+    bpd = {a: [r[a]["bits_per_dim"] for r in runs] for a in ("local-1d", "local-2d")}
+    sps = {a: [r[a]["seconds_per_step"] for r in runs] for a in ("local-1d", "local-2d")}
+    budget = (f"MNIST at 8 levels, class-conditional, 3 blocks of d_model 64, {args.image_steps} updates of "
+              f"{args.image_batch}; test bits/dim on {args.image_eval} digits; CPU, one thread")
+    command = f"python benchmarks/repro_sparse_image.py --only mnist --seeds {args.seeds}"
+    if not args.quick and args.seeds >= claims.MIN_SEEDS:
+        claims.record(
+            id="image-transformer-2d", model="image-transformer", paper="Parmar et al. 2018, Image Transformer "
+            "(arXiv:1802.05751)", claim="2D local attention models images better than 1D local attention (lower bits/dim).",
+            command=command, better="lower", ours=bpd["local-2d"], baseline=bpd["local-1d"], budget=budget,
+            why={"reproduced": f"test bits/dim local-2d {claims.fmt(bpd['local-2d'])}, local-1d {claims.fmt(bpd['local-1d'])}",
+                 "not reproduced": f"test bits/dim local-2d {claims.fmt(bpd['local-2d'])}, local-1d "
+                                   f"{claims.fmt(bpd['local-1d'])} at equal steps (per seed "
+                                   f"{[round(x, 3) for x in bpd['local-2d']]} vs {[round(x, 3) for x in bpd['local-1d']]})"})
+    points = {}  # larger budgets (--budgets): the same seeds at more steps, into the claim's budget curve
+    main_steps = args.image_steps
+    for steps in args.budgets:
+        args.image_steps = steps
+        more = [mnist_comparison(args, seed, ("local-1d", "local-2d"), samples=False)[0] for seed in seeds]
+        points[str(steps)] = {a: [r[a]["bits_per_dim"] for r in more] for a in ("local-1d", "local-2d")}
+        if not args.quick and args.seeds >= claims.MIN_SEEDS:
+            claims.add_point("image-transformer-2d", f"{steps} steps", points[str(steps)]["local-2d"],
+                             points[str(steps)]["local-1d"])
+    args.image_steps = main_steps
+    rows = [[a, main_steps, ", ".join(f"{x:.3f}" for x in bpd[a]), claims.fmt(bpd[a]), claims.fmt(sps[a])] for a in bpd]
+    rows += [[a, steps, ", ".join(f"{x:.3f}" for x in p[a]), claims.fmt(p[a]), ""] for steps, p in points.items() for a in p]
+    section = "\n".join([
+        SEEDED_START, "", f"### Seeds ({command}" + (f" --budgets {' '.join(points)}" if points else "") + ")", "",
+        f"local-2d against local-1d with seeds {seeds} (initialisation and batch order; otherwise as above), "
+        "mean ± standard error; the verdicts are in [claims.json](claims.json):", "",
+        common.markdown_table(["attention", "steps", "test bits/dim per seed", "mean", "s/step"], rows), "", SEEDED_END])
+    if not args.quick:
+        text = DOC.read_text()
+        if SEEDED_START in text:
+            text = text[:text.index(SEEDED_START)] + section + text[text.index(SEEDED_END) + len(SEEDED_END):]
+        else:
+            text = text.replace("\nClass-conditional samples from", "\n" + section + "\n\nClass-conditional samples from", 1)
+        DOC.write_text(text)
+        path = DOC.parent / "sparse-image.json"
+        saved = json.loads(path.read_text())
+        saved["mnist_seeds"] = {"seeds": seeds, "bits_per_dim": bpd, "seconds_per_step": sps, "budget": budget,
+                                "budgets": points}
+        path.write_text(json.dumps(saved, indent=1, default=str))
+    print(section)
 
 
 def plots(lm, memory, gen, mnist):
@@ -316,6 +375,10 @@ few hundred steps, so the ranking above is what this run measured, not a confirm
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a smoke run (seconds, not minutes)")
+    p.add_argument("--only", choices=["mnist"], help="run part 4 alone, --seeds times, into claims.json and its section")
+    p.add_argument("--seeds", type=int, default=3, help="--only mnist: seeds per model (claims need 3)")
+    p.add_argument("--budgets", type=int, nargs="*", default=[],
+                   help="--only mnist: larger step budgets, each with --seeds seeds, into the claim's budget curve")
     args = p.parse_args(argv)
     full = not args.quick
     if args.quick:  # a smoke run never overwrites the published reproduction
@@ -339,6 +402,8 @@ def main(argv=None):
     torch.manual_seed(0)
     machine = common.describe_machine(torch.device("cpu"))
     t0 = time.perf_counter()
+    if args.only == "mnist":
+        return mnist_seeds(args)
     lm = lm_comparison(args)
     memory = memory_ladder(args)
     gen = generation_timing(args)

@@ -54,6 +54,24 @@ def test_gat_layer_matches_loop_over_edges(concat):
     assert torch.allclose(out, ref + layer.bias, atol=1e-10)
 
 
+def test_mean_aggregation_is_the_average_of_the_neighbours():
+    # the GCN-style baseline: a_ij = 1 / |N(i)|, h'_i = mean over j in N(i) of W h_j
+    layer = GraphAttentionLayer(3, 4, n_heads=2, aggregation="mean").double()
+    x = torch.randn(N, 3, dtype=torch.float64)
+    edges = add_self_loops(EDGES, N)
+    out, alpha, _ = layer(x, edges)
+    Wh = (x @ layer.W.weight.t()).view(N, 2, 4)
+    for i in range(N):
+        sources = [int(edges[0, e]) for e in range(edges.shape[1]) if edges[1, e] == i]
+        assert torch.allclose(out[i], Wh[sources].mean(0).reshape(8) + layer.bias, atol=1e-10)
+    deg = torch.zeros(N, dtype=torch.float64).index_add_(0, edges[1], torch.ones(edges.shape[1], dtype=torch.float64))
+    assert torch.allclose(alpha, (1 / deg[edges[1]]).unsqueeze(1).expand(-1, 2))
+    with pytest.raises(ValueError, match="aggregation"):
+        GraphAttentionLayer(3, 4, aggregation="sum")
+    model = GraphAttention(GATConfig(in_dim=3, hidden_dim=4, n_heads=2, n_classes=2, aggregation="mean"))
+    assert model(x=torch.randn(N, 3), edge_index=EDGES).logits.shape == (N, 2)
+
+
 def test_gat_no_attention_across_non_edges():
     model = GraphAttention(GATConfig(in_dim=3, hidden_dim=4, n_heads=2, n_layers=1, n_classes=2, dropout=0.0)).double().eval()
     x = torch.randn(N, 3, dtype=torch.float64)

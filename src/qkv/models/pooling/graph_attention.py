@@ -15,6 +15,10 @@ node's half is computed once.
 
 Deviations: self-loops are added to the edge list (the paper's ``N(i)`` includes ``i``); edges
 ``(2, E)`` are directed ``src -> dst`` (an undirected graph lists both directions).
+
+Baseline: ``aggregation="mean"`` replaces ``a_ij`` by the constant ``1 / |N(i)|`` (mean
+aggregation over the neighbours, the GCN-style propagation the paper compares against; its
+"Const-GAT" of §3.3), with everything else unchanged.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from ... import _checks
 from ...registry import register
 from ...types import AttentionOutput
 from ..base import ModelOutput, QKVModel
+
+AGGREGATIONS = ("attention", "mean")
 
 __all__ = ["segment_softmax", "add_self_loops", "GraphAttentionLayer", "GATConfig", "GraphAttention"]
 
@@ -70,17 +76,20 @@ class GraphAttentionLayer(nn.Module):
     Args:
         in_dim: ``F``; out_dim: ``F'`` per head; n_heads: ``K``; concat: concatenate the heads
         (``K F'`` outputs) or average them (``F'``); negative_slope: of the LeakyReLU (paper: 0.2);
-        dropout: on the attention coefficients (paper: 0.6).
+        dropout: on the attention coefficients (paper: 0.6); aggregation: ``"attention"`` (the
+        paper's ``a_ij``) or ``"mean"`` (``a_ij = 1 / |N(i)|``, the mean-aggregation baseline).
     Call ``layer(x (N, F), edge_index (2, E))`` (edges ``src -> dst``, self-loops included by the
     caller) -> ``AttentionOutput(h' (N, K F') or (N, F'), a (E, K), None)``. Cost ``O(E K F' + N K F F')``.
     """
 
     def __init__(self, in_dim: int, out_dim: int, n_heads: int = 1, concat: bool = True, negative_slope: float = 0.2,
-                 dropout: float = 0.0) -> None:
+                 dropout: float = 0.0, aggregation: str = "attention") -> None:
         super().__init__()
         for name, v in (("in_dim", in_dim), ("out_dim", out_dim), ("n_heads", n_heads)):
             _checks.positive_int(name, v)
-        self.n_heads, self.out_dim, self.concat = n_heads, out_dim, concat
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+        self.n_heads, self.out_dim, self.concat, self.aggregation = n_heads, out_dim, concat, aggregation
         self.negative_slope, self.dropout = negative_slope, dropout
         self.W = nn.Linear(in_dim, n_heads * out_dim, bias=False)
         # a = [a_dst; a_src], one per head
@@ -98,8 +107,10 @@ class GraphAttentionLayer(nn.Module):
         Wh = self.W(x).view(N, K, Fo)  # (N, K, F')
         # e_ij = LeakyReLU(a^T [W h_i || W h_j]) = LeakyReLU(a_dst . W h_i + a_src . W h_j), edge j -> i
         e = F.leaky_relu((Wh * self.a_dst).sum(-1)[dst] + (Wh * self.a_src).sum(-1)[src], self.negative_slope)  # (E, K)
-        # a_ij = softmax over the incoming edges of i
-        a = segment_softmax(e, dst, N)  # (E, K)
+        if self.aggregation == "mean":  # a_ij = 1 / |N(i)|: the mean-aggregation baseline
+            a = segment_softmax(torch.zeros_like(e), dst, N)  # (E, K)
+        else:  # a_ij = softmax over the incoming edges of i
+            a = segment_softmax(e, dst, N)  # (E, K)
         a_drop = F.dropout(a, self.dropout, self.training)
         # h'_i = sum_j a_ij W h_j
         out = Wh.new_zeros(N, K, Fo).index_add_(0, dst, a_drop.unsqueeze(-1) * Wh[src])  # (N, K, F')
@@ -117,6 +128,7 @@ class GATConfig:
     n_classes: int = 2  # node classes
     dropout: float = 0.6  # dropout on inputs and attention coefficients (paper: 0.6)
     negative_slope: float = 0.2  # LeakyReLU slope in e_ij (paper: 0.2)
+    aggregation: str = "attention"  # or "mean": a_ij = 1 / |N(i)| (the GCN-style baseline)
 
 
 @register("model", "gat")
@@ -140,9 +152,11 @@ class GraphAttention(QKVModel):
         layers = []
         d = config.in_dim
         for _ in range(config.n_layers - 1):
-            layers.append(GraphAttentionLayer(d, config.hidden_dim, config.n_heads, True, config.negative_slope, config.dropout))
+            layers.append(GraphAttentionLayer(d, config.hidden_dim, config.n_heads, True, config.negative_slope, config.dropout,
+                                              config.aggregation))
             d = config.hidden_dim * config.n_heads
-        layers.append(GraphAttentionLayer(d, config.n_classes, config.n_out_heads, False, config.negative_slope, config.dropout))
+        layers.append(GraphAttentionLayer(d, config.n_classes, config.n_out_heads, False, config.negative_slope, config.dropout,
+                                          config.aggregation))
         self.layers = nn.ModuleList(layers)
 
     def forward(self, x: Tensor, edge_index: Tensor, labels: Optional[Tensor] = None, need_weights: bool = False) -> ModelOutput:
