@@ -45,6 +45,10 @@ def test_quick_writes_results_page_and_plot_then_resumes(tmp_path):
     assert {k: c["date"] for k, c in again.items() if k != "listops|linear|0"} == \
         {k: c["date"] for k, c in cells.items() if k != "listops|linear|0"}
     assert again["listops|linear|0"]["test_accuracy"] == dropped["test_accuracy"]  # the same cell, deterministic
+    # each invocation is recorded with the cells it trained, and the page lists them
+    invocations = json.loads((out / "lra-results.json").read_text())["invocations"]
+    assert [i["cells_run"] for i in invocations] == [5, 1]
+    assert "cells trained" in (out / "lra.md").read_text()
 
     # a changed setting runs the cells it touches again
     assert main(FAST + ["--out", str(out), "--set", "listops.max_len=48"]) == 0

@@ -349,6 +349,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     bar = tqdm(total=len(cells), desc="lra cells", dynamic_ncols=True, position=0)
     tasks: Dict[str, Any] = {}
     missing: Dict[str, str] = {}
+    ran = 0
     for task_name, kernel, seed in cells:
         p = plan[task_name]
         key = f"{task_name}|{kernel}|{seed}"
@@ -376,6 +377,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         cell = _train_cell(task_name, tasks[task_name], kernel, seed, p,
                            out / "runs" / task_name / kernel / f"seed{seed}", args.device, settings)
         results["cells"][key] = cell
+        ran += 1
         save()
         bar.update(1)
         tqdm.write(f"lra: {task_name:18s} {kernel:14s} seed {seed}: test accuracy {100 * cell['test_accuracy']:.2f}% "
@@ -387,6 +389,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         _measure_speed(models, lengths, _checks.positive_int("--speed-batch", batch), device, results, save)
     results["missing"] = missing
     results["last_run_seconds"] = time.perf_counter() - started
+    results.setdefault("invocations", []).append(
+        {"command": args.command_line, "seconds": results["last_run_seconds"], "date": common.now_iso(),
+         "cells_run": ran, "machine": common.machine_line(results["machine"])})
     results["date"] = common.now_iso()
     save()
     report = Path(args.report) if args.report else (out / "lra.md" if args.quick else Path("docs/reproductions/lra.md"))
@@ -594,6 +599,12 @@ def write_report(results: Mapping[str, Any], path: Path, plan: Mapping[str, Task
                     f"(the last invocation: {results.get('last_run_seconds', 0) / 60:.1f} min). Results: "
                     f"`{RESULTS_FILE}` in the run's `--out` folder; every cell's training curve is in "
                     "`runs/TASK/KERNEL/seedS/metrics.jsonl` there.")
+    invocations = results.get("invocations", [])
+    if len(invocations) > 1:  # a run continued, or cells from several invocations merged into one results file
+        sections.append("The results come from these invocations (each skips the cells already done):\n\n" +
+                        common.markdown_table(["command", "cells trained", "minutes", "machine", "date"],
+                                              [[f"`{i['command']}`", i.get("cells_run", "–"), f"{i['seconds'] / 60:.1f}",
+                                                i.get("machine", ""), i.get("date", "")] for i in invocations]))
     common.write_markdown(path, "Long Range Arena at small scale", results["machine"], results["command"],
                           results.get("date", common.now_iso()), sections)
     return path
