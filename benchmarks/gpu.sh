@@ -21,6 +21,8 @@ for pair in mha window window-causal performer performer-causal linformer lsh ls
   timeout 120 $QKV bench peers --device cuda --dtype bfloat16 --pairs $pair --lengths 4096 16384 --modes fwd+bwd \
     --target-seconds 0.3 --out "$OUT/peers-$pair"
 done
+# Whole models against transformers' GPT-2 and BERT with the same weights (float32; transformers' sdpa on both sides)
+timeout 600 $QKV bench models --device cuda --lengths 512 2048 8192 --target-seconds 2 --out "$OUT/models"
 # Long Range Arena at LRA's own lengths (ListOps 500-2,000, Text 4,096 bytes, Retrieval 2 x 4,000, Image 1,024,
 # Pathfinder 32x32 hard), every encoder kernel, one seed; the page goes to $OUT/lra/lra.md (docs/reproductions/lra.md
 # holds the CPU run).
