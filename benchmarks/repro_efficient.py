@@ -621,6 +621,25 @@ def reading(err, raw, lm, cls, budgets, lm_budgets=None):
     def seeds_of(run, key):
         return run.get("per_seed", {}).get(key, [run[key]])
 
+    def larger_budgets(table, labels, exact, key, better, margin, control=None):
+        """The sentence on the larger budgets: each model's gap to the exact model and its verdict, per budget."""
+        if not table:
+            return ""
+
+        def gap(run, base):
+            return claims.mean(seeds_of(run, key)) - claims.mean(seeds_of(base, key))
+
+        parts = []
+        for b in sorted(table, key=int):
+            base = table[b][exact]
+            text = f"{b} steps: " + ", ".join(
+                f"{label} {gap(r, base):+.3f} ({judged(seeds_of(r, key), seeds_of(base, key), better, margin)})"
+                for label, r in table[b].items() if label in labels)
+            if control is not None and control in table[b]:
+                text += f", GPT without positions (the control) {gap(table[b][control], base):+.3f}"
+            parts.append(text)
+        return " Larger budgets: " + "; ".join(parts) + "."
+
     lm_gaps = "; ".join(f"{label} {r['test_bpc'] - exact_lm['test_bpc']:+.3f} "
                         f"({judged(seeds_of(r, 'test_bpc'), seeds_of(exact_lm, 'test_bpc'), 'lower', LM_MARGIN)})"
                         for label, r in lm.items() if label in LM_CLAIMS)
@@ -657,22 +676,10 @@ def reading(err, raw, lm, cls, budgets, lm_budgets=None):
                         else "seed means only, no verdict") + ".")
     lines += [
         f"- **LM** (test bpc minus exact GPT's {exact_lm['test_bpc']:.3f}; tolerance {LM_MARGIN}): {lm_gaps}."
-        + (" Larger budgets: " + "; ".join(
-            f"{b} steps: " + ", ".join(
-                f"{label} {claims.mean(seeds_of(r, 'test_bpc')) - claims.mean(seeds_of(lm_budgets[b][EXACT_LM], 'test_bpc')):+.3f} "
-                f"({judged(seeds_of(r, 'test_bpc'), seeds_of(lm_budgets[b][EXACT_LM], 'test_bpc'), 'lower', LM_MARGIN)})"
-                for label, r in lm_budgets[b].items() if label in LM_CLAIMS)
-            + (f", GPT without positions (the control) {claims.mean(seeds_of(lm_budgets[b][NO_POSITIONS_LM], 'test_bpc')) - claims.mean(seeds_of(lm_budgets[b][EXACT_LM], 'test_bpc')):+.3f}"
-               if NO_POSITIONS_LM in lm_budgets[b] else "")
-            for b in sorted(lm_budgets, key=int)) + "." if lm_budgets else ""),
+        + larger_budgets(lm_budgets, LM_CLAIMS, EXACT_LM, "test_bpc", "lower", LM_MARGIN, control=NO_POSITIONS_LM),
         f"- **Classification** (test accuracy minus exact BERT's {exact_cls['test_accuracy']:.3f}; tolerance "
         f"{CLS_MARGIN}): {cls_gaps}."
-        + (" Larger budgets: " + "; ".join(
-            f"{b} steps: " + ", ".join(
-                f"{label} {claims.mean(seeds_of(r, 'test_accuracy')) - claims.mean(seeds_of(budgets[b][EXACT_CLS], 'test_accuracy')):+.3f} "
-                f"({judged(seeds_of(r, 'test_accuracy'), seeds_of(budgets[b][EXACT_CLS], 'test_accuracy'), 'higher', CLS_MARGIN)})"
-                for label, r in budgets[b].items() if label in CLS_CLAIMS)
-            for b in sorted(budgets, key=int)) + "." if budgets else ""),
+        + larger_budgets(budgets, CLS_CLAIMS, EXACT_CLS, "test_accuracy", "higher", CLS_MARGIN),
         f"- **Quaternion**: {quat['params']:,} parameters against {exact_cls['params']:,} "
         f"({100 * (1 - quat['params'] / exact_cls['params']):.0f} % fewer overall; exactly 75 % fewer in the projections "
         f"and feed-forward layers, the embeddings dominate at this size), accuracy {seeded(quat, 'test_accuracy')} "
