@@ -57,6 +57,18 @@ def test_quick_writes_results_page_and_plot_then_resumes(tmp_path):
     assert changed["pathfinder|softmax|0"]["date"] == cells["pathfinder|softmax|0"]["date"]
 
 
+def test_jobs_train_cells_in_worker_processes_with_the_same_results(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(FAST + ["--out", str(one)]) == 0
+    assert main(FAST + ["--out", str(two), "--jobs", "2"]) == 0
+    a, b = _cells(one), _cells(two)
+    assert sorted(a) == sorted(b)
+    for key in a:  # the same cell, trained in another process: the same numbers
+        assert b[key]["test_accuracy"] == a[key]["test_accuracy"] and b[key]["train_loss_curve"] == a[key]["train_loss_curve"]
+    assert json.loads((two / "lra-results.json").read_text())["invocations"][0]["cells_run"] == 5
+    assert "Table 1" in (two / "lra.md").read_text()
+
+
 def test_bad_arguments_say_what_is_wrong(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["lra", "--quick", "--models", "relative", "--out", str(tmp_path)])
@@ -64,6 +76,10 @@ def test_bad_arguments_say_what_is_wrong(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["lra", "--quick", "--set", "listops=3", "--out", str(tmp_path)])
     assert "TASK.OPTION=VALUE" in capsys.readouterr().err
+    for flag in ("--jobs", "--steps", "--batch-size", "--eval-examples", "--speed-batch"):  # one line, no traceback
+        with pytest.raises(SystemExit):
+            main(["lra", "--quick", flag, "0", "--out", str(tmp_path)])
+        assert f"{flag} must be > 0, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not (is_bbc_cached() and is_cached("fashion-mnist")),

@@ -15,10 +15,12 @@ Resuming: every finished (task, kernel, seed) cell and speed point is stored in 
 same settings is skipped, an interrupted cell continues from its last checkpoint. Run the same
 command again to continue; change a setting and the cells it touches run again.
 
-The default plan (``PLAN``) is sized for about two hours on two idle CPU cores, three at most with
-one thread (estimated from step times taken on a shared machine; the page records the time the
-run took); ``--quick`` is a smoke run of seconds that writes its page into ``--out``, never over
-docs/reproductions.
+The default plan (``PLAN``) is sized for two CPU cores: measured on 2026-11-24 (AMD EPYC), its 57
+cells took 199 min of one-thread training and testing: **1 h 45 min two cells at a time** (measured
+with two one-thread processes that split the kernels between them, which ``--jobs 2 --threads 1``
+does by itself, handing the next cell to whichever process is free), about 3 h 20 min in one
+process with one thread; the speed table adds minutes. The page records the time each invocation took. ``--quick``
+is a smoke run of seconds that writes its page into ``--out``, never over docs/reproductions.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .._errors import UserError
+from .._errors import UserError, user_input
 from .. import _checks
 from .._io import atomic_path
 from ..registry import lookup
@@ -93,9 +95,10 @@ class TaskPlan:
     warmup: int = 30  # warm-up updates
 
 
-#: The default plan, sized for about 2 h (3 h at most) on 2 idle cores for all 57 cells (5 tasks x 11
-#: kernels + local-2d on the 2 image tasks) and one seed: sequences 1/8 (ListOps) to 1/4 of LRA's,
-#: a 2-layer width-64 encoder; ListOps, the cheapest per update, gets the most updates.
+#: The default plan, sized for 2 cores: 57 cells (5 tasks x 11 kernels + local-2d on the 2 image
+#: tasks), one seed, 199 min of one-thread cell time (1 h 45 min two cells at a time, measured):
+#: sequences 1/8 (ListOps) to 1/4 of LRA's, a 2-layer width-64 encoder; ListOps, the cheapest per
+#: update, gets the most updates.
 PLAN: Dict[str, TaskPlan] = {
     "listops": TaskPlan({"min_len": 64, "max_len": 256, "eval_size": 1000}, steps=1000, batch_size=32, eval_examples=1000),
     "bbc-bytes": TaskPlan({"max_len": 1024}, steps=250, batch_size=32, eval_examples=1000),
@@ -136,6 +139,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speed-batch", type=int, default=None,
                         help="sequences per timed step (default 32 on CUDA as LRA, 2 on the CPU)")
     parser.add_argument("--no-speed", action="store_true", help="skip the speed and memory table")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="cells trained at once, each in its own process with --threads torch threads (default "
+                             "1 thread there); CPU only. --jobs 2 --threads 1 uses two cores best (default: 1 job)")
     parser.add_argument("--report", default=None,
                         help="the page to write (default docs/reproductions/lra.md; --quick: OUT/lra.md)")
 
@@ -231,6 +237,16 @@ def _jsonable(value: Any) -> Any:
 # ============================================================================================ one cell
 
 
+def _worker_pool(jobs: int):
+    """``jobs`` fresh worker processes (spawned: no state inherited from this one), or None for one job."""
+    if jobs == 1:
+        return None
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+
+
 def _test_set(task: Any, n: int) -> Dict[str, Any]:
     """What the test set scored by the cells is: its size and the share of its commonest label."""
     labels = torch.cat([b["labels"] for b in task.eval_batches("test", 256, n)])
@@ -239,7 +255,7 @@ def _test_set(task: Any, n: int) -> Dict[str, Any]:
 
 
 def _train_cell(task_name: str, task: Any, kernel: str, seed: int, plan: TaskPlan, run_dir: Path,
-                device: str, settings: Mapping[str, Any]) -> Dict[str, Any]:
+                device: str, settings: Mapping[str, Any], progress: bool = True) -> Dict[str, Any]:
     """Train one (task, kernel, seed) cell into ``run_dir`` (continuing its checkpoint) and test it."""
     from ..runs import Run
 
@@ -253,7 +269,7 @@ def _train_cell(task_name: str, task: Any, kernel: str, seed: int, plan: TaskPla
     train = dict(steps=plan.steps, batch_size=plan.batch_size, lr=plan.lr, warmup=min(plan.warmup, plan.steps // 4),
                  schedule="cosine", eval_every=0, eval_batches=0, eval_max_examples=min(256, plan.eval_examples),
                  save_every=max(50, plan.steps // 4), keep_last=1, seed=seed, device=device,
-                 log_every=max(1, min(10, plan.steps)), progress=True, tensorboard=False)
+                 log_every=max(1, min(10, plan.steps)), progress=progress, tensorboard=False)
     start = time.perf_counter()
     with Run.of(run_dir, model, task, train, resume=True) as run:  # continues the cell's checkpoint
         valid = run.train(save=False)
@@ -270,6 +286,21 @@ def _train_cell(task_name: str, task: Any, kernel: str, seed: int, plan: TaskPla
         "seconds": seconds, "parameters": sum(p.numel() for p in model.parameters()),
         "attention_kwargs": _jsonable(model.config.attention_kwargs), "date": common.now_iso(),
     }
+
+
+_WORKER_TASKS: Dict[str, Any] = {}  # a --jobs worker's task, built once per task
+
+
+def _cell_job(task_name: str, plan: TaskPlan, kernel: str, seed: int, run_dir: Path, device: str,
+              settings: Mapping[str, Any], threads: int) -> Dict[str, Any]:
+    """One cell in a ``--jobs`` worker process: its own copy of the task (built as the parent's,
+    deterministically), ``threads`` torch threads, no inner progress bar."""
+    torch.set_num_threads(threads)
+    key = json.dumps([task_name, _jsonable(dict(plan.options))])
+    if key not in _WORKER_TASKS:
+        _WORKER_TASKS.clear()  # one task's data in memory at a time
+        _WORKER_TASKS[key] = _build_task(task_name, plan.options)
+    return _train_cell(task_name, _WORKER_TASKS[key], kernel, seed, plan, run_dir, device, settings, progress=False)
 
 
 # ============================================================================================ speed
@@ -329,7 +360,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     from tqdm.auto import tqdm
 
     device = common.resolve_device(args.device)
-    plan = _plan(args)
+    with user_input():  # the command line's values: a bad one is one line, not a traceback
+        plan = _plan(args)
+        if args.speed_batch is not None:
+            _checks.positive_int("--speed-batch", args.speed_batch)
+        jobs = _checks.positive_int("--jobs", args.jobs)
+    if jobs > 1 and device.type != "cpu":
+        raise UserError(f"--jobs {jobs}: several cells at once run on the CPU only; on {device.type} use --jobs 1")
     models = _models(args)
     seeds = list(args.seeds if args.seeds is not None else [args.seed])
     if any(s < 0 for s in seeds):
@@ -344,12 +381,25 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
     cells = [(t, k, s) for t in plan for s in seeds for k in models if k != "local-2d" or t in ("fashion-mnist-seq", "pathfinder")]
     print(f"lra: {len(cells)} cells ({len(plan)} tasks x {len(models)} kernels x {len(seeds)} seed(s)) on "
-          f"{common.machine_line(results['machine'])}; results in {path}", flush=True)
+          f"{common.machine_line(results['machine'])}" + (f", {jobs} at once" if jobs > 1 else "") +
+          f"; results in {path}", flush=True)
     started = time.perf_counter()
     bar = tqdm(total=len(cells), desc="lra cells", dynamic_ncols=True, position=0)
     tasks: Dict[str, Any] = {}
     missing: Dict[str, str] = {}
     ran = 0
+    pool = _worker_pool(jobs)
+    pending = {}  # future -> key (--jobs)
+
+    def finish(key: str, cell: Dict[str, Any]) -> None:
+        nonlocal ran
+        results["cells"][key] = cell
+        ran += 1
+        save()
+        bar.update(1)
+        tqdm.write(f"lra: {cell['task']:18s} {cell['model']:14s} seed {cell['seed']}: test accuracy "
+                   f"{100 * cell['test_accuracy']:.2f}% ({cell['seconds']:.0f} s)")
+
     for task_name, kernel, seed in cells:
         p = plan[task_name]
         key = f"{task_name}|{kernel}|{seed}"
@@ -373,15 +423,20 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 bar.update(1)
                 continue
             results.setdefault("tasks", {})[task_name] = _test_set(tasks[task_name], p.eval_examples)
-        bar.set_postfix_str(f"{task_name} x {kernel} (seed {seed})")
-        cell = _train_cell(task_name, tasks[task_name], kernel, seed, p,
-                           out / "runs" / task_name / kernel / f"seed{seed}", args.device, settings)
-        results["cells"][key] = cell
-        ran += 1
-        save()
-        bar.update(1)
-        tqdm.write(f"lra: {task_name:18s} {kernel:14s} seed {seed}: test accuracy {100 * cell['test_accuracy']:.2f}% "
-                   f"({cell['seconds']:.0f} s)")
+        run_dir = out / "runs" / task_name / kernel / f"seed{seed}"
+        if pool is None:
+            bar.set_postfix_str(f"{task_name} x {kernel} (seed {seed})")
+            finish(key, _train_cell(task_name, tasks[task_name], kernel, seed, p, run_dir, args.device, settings))
+        else:
+            pending[pool.submit(_cell_job, task_name, p, kernel, seed, run_dir, args.device, settings,
+                                args.threads or 1)] = key
+    if pool is not None:
+        from concurrent.futures import as_completed
+
+        with pool:
+            bar.set_postfix_str(f"{jobs} cells at once")
+            for future in as_completed(pending):
+                finish(pending[future], future.result())
     bar.close()
     if not args.no_speed:
         lengths = list(args.speed_lengths or (QUICK_SPEED_LENGTHS if args.quick else SPEED_LENGTHS))
