@@ -126,3 +126,13 @@ def test_tasks_without_their_data_are_skipped_and_named(tmp_path, monkeypatch):
                  "bbc-bytes", "--out", str(out)]) == 0
     assert list(_cells(out)) == ["listops|softmax|0"]
     assert "**Not run: `bbc-bytes`** — its data is not cached: run `qkv data fetch bbc`" in (out / "lra.md").read_text()
+
+
+def test_speed_reading_is_computed_from_the_points():
+    base = {4096: {"model": "softmax", "length": 4096, "steps_per_s": 1.0, "peak_memory_bytes": 100}}
+    speed = [base[4096], {"model": "linear", "length": 4096, "steps_per_s": 4.0, "peak_memory_bytes": 150},
+             {"model": "lsh", "length": 4096, "steps_per_s": 0.5, "peak_memory_bytes": 90}]
+    text = bench_lra._speed_reading(speed, base, 4096)
+    assert "1 of 2 kernels train faster" in text and "`linear` 4.00x" in text and "slowest `lsh` 0.50x" in text
+    assert "1 of 2 need more peak memory" in text and "`linear` 1.50x" in text
+    assert bench_lra._speed_reading(speed, {}, 4096) == ""
