@@ -446,9 +446,28 @@ def write_page(results: Dict[str, Any], path: Path, quick: bool) -> None:
                       "|---|" + "---|" * len(lengths)]
             for impl, row in rows.items():
                 lines.append(f"| {impl} | " + " | ".join(f"{row[L]:.3f}" if L in row else "" for L in lengths) + " |")
-            lines.append("")
+            lines += ["", _speed_ratios(rows, lengths), ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines).rstrip() + "\n")
+
+
+def _speed_ratios(rows: Dict[str, Dict[str, float]], lengths) -> str:
+    """One sentence from a model's speed rows: each kernel's time over sdpa's at the longest length
+    both reached (below 1: faster than sdpa)."""
+    sdpa = rows.get("sdpa", {})
+    parts = []
+    for impl, row in rows.items():
+        if impl == "sdpa":
+            continue
+        common_lengths = [L for L in lengths if L in row and L in sdpa]
+        if common_lengths:
+            L = common_lengths[-1]
+            parts.append((row[L] / sdpa[L], f"`{impl}` {row[L] / sdpa[L]:.2f} at {L}"))
+    if not parts:
+        return "No kernel reached a length that sdpa also reached."
+    faster = sum(r < 1 for r, _ in parts)
+    return (f"Time relative to sdpa at the longest length both measured (below 1: faster): "
+            + ", ".join(t for _, t in sorted(parts)) + f" — {faster} of {len(parts)} faster than sdpa.")
 
 
 def record_claims(results: Dict[str, Any]) -> None:

@@ -45,3 +45,13 @@ def test_quick_run_writes_every_part(wordpiece_dir, tmp_path):
     assert len(results["finetune"]["accuracy"]["random"]["runs"]) == 2
     assert "qkv-bench-efficient" not in results["speed"]["seconds"]["gpt2"]  # not causal
     assert set(results["speed"]["seconds"]["bert"]["sdpa"]) == {"32", "64"}
+
+
+def test_speed_ratios_are_read_from_the_rows():
+    ratios = _script()._speed_ratios
+    rows = {"sdpa": {"1024": 1.0, "4096": 4.0}, "qkv-softmax": {"1024": 1.1, "4096": 4.4},
+            "qkv-bench-window": {"1024": 0.5, "4096": 1.0, "16384": 2.0}, "qkv-bench-lsh": {}}
+    text = ratios(rows, ["1024", "4096", "16384"])
+    # the longest length both reached (window's 16384 has no sdpa time), sorted fastest first
+    assert "`qkv-bench-window` 0.25 at 4096, `qkv-softmax` 1.10 at 4096" in text and "1 of 2 faster" in text
+    assert ratios({"sdpa": {}}, ["1024"]).startswith("No kernel")
