@@ -63,8 +63,9 @@ _SCRIPT_UNSAFE = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u
 
 def script_json(value: Any) -> str:
     """``value`` as JSON safe to place verbatim inside ``<script>...</script>``: ``<``, ``>``, ``&``,
-    U+2028 and U+2029 written as ``\\uXXXX`` escapes (they can only occur inside JSON strings, where
-    the escape means the same character), so no string in it can close the element."""
+    U+2028 and U+2029 written as JSON's ``\\u`` escapes, e.g. ``\\u003c`` for ``<`` (they can only occur
+    inside JSON strings, where the escape means the same character), so no string in it can close the
+    element."""
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     return "".join(_SCRIPT_UNSAFE.get(c, c) for c in text)
 

@@ -36,7 +36,7 @@ def test_a_bare_model_has_every_hook_as_a_no_op(tmp_path):
     assert m.eval_report() == {}
     assert m.visualize(tmp_path / "own.png") is None and not (tmp_path / "own.png").exists()
     assert not Bare.can_generate()
-    with pytest.raises(NotImplementedError, match="Bare"):
+    with pytest.raises(TypeError, match="Bare"):
         m.generate(torch.zeros(1, 1, dtype=torch.long), 3)
     assert Bare.train_defaults == {} and Bare.carries_state is False and Bare.input_key is None
     assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())

@@ -161,8 +161,10 @@ class QKVModel(nn.Module):
     def generate(self, *args: Any, **kwargs: Any) -> Tensor:
         """Generate from the model (docs/contracts.md: language models ``generate(input_ids,
         max_new_tokens, ...)``, sequence-to-sequence ``generate(src_ids, src_mask=, ...)``).
-        Default: this model does not generate (``can_generate()`` is False)."""
-        raise NotImplementedError(f"a {self.registry_name or type(self).__name__} model does not generate")
+        Default: this kind of model does not generate (``can_generate()`` is False): a TypeError,
+        as transformers raises for a model that is not generative."""
+        raise TypeError(f"a {self.registry_name or type(self).__name__} model does not generate "
+                        "(can_generate() is False); the language and sequence-to-sequence models do")
 
     @classmethod
     def can_generate(cls) -> bool:
