@@ -184,3 +184,22 @@ def test_the_graph_sees_lazy_imports():
     lazy = [n for n in ast.walk(ast.parse(MODULES["qkv.cli"].read_text())) if isinstance(n, ast.ImportFrom)
             and n.col_offset > 0 and (n.module or "").startswith("qkv")]
     assert lazy and all(_place(t)[0] <= _place("qkv.cli")[0] for t in GRAPH["qkv.cli"])
+
+
+def test_import_qkv_fills_every_registry():
+    """`import qkv` alone makes every registered name buildable (a fresh interpreter: this test
+    session has imported the subpackages already)."""
+    import subprocess
+    import sys
+
+    code = ("import qkv\n"
+            "from qkv.registry import build, names\n"
+            "assert {'shakespeare-char', 'bbc-news-tokens', 'listops'} <= set(names('task')), names('task')\n"
+            "assert {'gpt', 'bert', 'reformer'} <= set(names('model')), names('model')\n"
+            "assert {'softmax', 'performer', 'lsh'} <= set(names('attention')), names('attention')\n"
+            "from qkv.registry import lookup\n"
+            "print(type(lookup('model', 'gpt').from_config({'vocab_size': 11, 'n_layers': 1, 'd_model': 8, 'n_heads': 2})).__name__)\n"
+            "print(build('task', 'copy').__class__.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == "GPT" and out.stdout.split()[1]

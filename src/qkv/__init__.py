@@ -3,7 +3,8 @@ fast, and usable from the ``qkv`` command line."""
 
 from __future__ import annotations
 
-from . import functional, masks, models, positional, registry, scores
+# every registry filled on `import qkv`: models, tasks and the parts they name are buildable by name at once
+from . import functional, masks, models, positional, registry, scores, tasks
 from ._errors import UserError
 from .attention import (
     AttentionKernel,
@@ -20,6 +21,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionOutput", "KVCache", "AttentionKernel", "MultiHeadAttention", "build_attention",
-    "list_attention", "functional", "masks", "positional", "registry", "scores", "SoftAttention",
+    "list_attention", "functional", "masks", "positional", "registry", "scores", "tasks", "SoftAttention",
     "HardAttention", "LocalAttention", "UserError",
 ]
