@@ -310,7 +310,8 @@ def record_claims(err, lm, cls, budgets, args, lm_budgets=None):
             ours = cls[label]["per_seed"]["test_accuracy"]
             curve = [{"budget": f"{b} steps", "ours": budgets[b][label]["per_seed"]["test_accuracy"],
                       "baseline": budgets[b][EXACT_CLS]["per_seed"]["test_accuracy"]}
-                     for b in sorted(budgets, key=int) if label in budgets[b] and EXACT_CLS in budgets[b]]
+                     for b in sorted(budgets, key=int)
+                     if int(b) > steps and label in budgets[b] and EXACT_CLS in budgets[b]]
             gap = claims.mean(ours) - claims.mean(exact)
             claims.record(
                 id=cid, model=cls_model_name(label), paper=paper, claim=text,
@@ -474,6 +475,7 @@ def main():
         print("bbc-news classification runs ...", flush=True)
         cls = classification_runs(args, CLS_MODELS, args.cls_steps)
         saved["classification_steps"] = args.cls_steps
+        budgets = {}  # the saved budget curve belonged to the previous main run (its seeds and steps)
     if args.budgets and not args.from_json:
         behind = [label for label, verdict in cls_verdicts(cls).items() if verdict != "reproduced"]
         print(f"budget curve for {behind} at {args.budgets} steps ...", flush=True)
