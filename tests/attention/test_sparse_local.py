@@ -405,6 +405,29 @@ def test_chunked_recomputation_equals_whole_frame(name, kw, causal):
         torch.testing.assert_close(x, y)
 
 
+@pytest.mark.parametrize("name,kw", [("strided", {"stride": 3}), ("strided", {"stride": 4, "subsets": (2,)}),
+                                     ("fixed", {"stride": 3, "c": 2}), ("fixed", {"stride": 4, "c": 1, "subsets": (2,)}),
+                                     ("fixed", {"stride": 4, "c": 3, "subsets": (1,)})])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("budget", [1, 40, 200])
+def test_inference_chunks_equal_whole_frame_and_reference(name, kw, causal, budget, monkeypatch):
+    """Without gradients the query blocks go in chunks of about CHUNK_SCORES scores (here forced
+    small: one block, a few, or most per chunk; causal fixed then reads only the summaries up to
+    the chunk's last block): the output equals the whole frame's and the dense reference's."""
+    from qkv.attention import sparse
+
+    monkeypatch.setattr(sparse, "CHUNK_SCORES", budget)
+    q, k, v = heads(2, 2, 25, 29, dtype=torch.float64)
+    pad = torch.rand(2, 29, generator=torch.Generator().manual_seed(5)) > 0.2
+    kernel = qkv.build_attention(name, causal=causal, **kw)
+    with torch.no_grad():
+        chunked = kernel(q, k, v, mask=pad).output
+        whole = kernel(q, k, v, mask=pad, need_weights=True).output  # the unchunked frame
+    ref, _, _ = dense_reference(q, k, v, kernel.pattern(25, 29), pad)
+    torch.testing.assert_close(chunked, whole)
+    torch.testing.assert_close(chunked, ref)
+
+
 @pytest.mark.parametrize("name,kw", [("strided", {"stride": 2}), ("fixed", {"stride": 2, "c": 1})])
 def test_chunked_recomputation_gradcheck(name, kw):
     kernel = qkv.build_attention(name, causal=True, recompute=2, **kw)

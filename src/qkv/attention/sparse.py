@@ -72,10 +72,17 @@ def _check_subsets(subsets: Sequence[int]) -> Tuple[int, ...]:
     return tuple(sorted(s))
 
 
+# Scores per inference chunk (``_Factorized._attend``): 2^21 float32 = 8 MiB, with their mask and
+# weights about the size of a core's share of the last-level cache.
+CHUNK_SCORES = 1 << 21
+
+
 def _grid(x: Tensor, n_rows: int, l: int) -> Tensor:
-    """``x (..., L, E)`` padded to ``n_rows * l`` and viewed as the grid ``(..., n_rows, l, E)``."""
-    return F.pad(x, (0, 0, 0, n_rows * l - x.shape[-2]), value=False if x.dtype == torch.bool else 0.0).view(
-        *x.shape[:-2], n_rows, l, x.shape[-1])
+    """``x (..., L, E)`` padded to ``n_rows * l`` and viewed as the grid ``(..., n_rows, l, E)`` (a
+    view, no copy, when ``x`` is contiguous and already that long)."""
+    if n_rows * l != x.shape[-2]:
+        x = F.pad(x, (0, 0, 0, n_rows * l - x.shape[-2]), value=False if x.dtype == torch.bool else 0.0)
+    return x.reshape(*x.shape[:-2], n_rows, l, x.shape[-1])
 
 
 def _softmax_over_parts(parts: list, dropout_p: float, need_weights: bool):
@@ -157,12 +164,29 @@ class _Factorized(AttentionKernel):
         q, k, v, valid, shift = to_frame(q.to(acc), k.to(acc), v.to(acc), mask, period=self.stride)
         rows = -(-q.shape[-2] // self.stride)  # query blocks of the frame
         grads = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-        if grads and not need_weights and self.recompute > 1 and rows >= 2 * self.recompute:
+        chunk_train = grads and not need_weights and self.recompute > 1 and rows >= 2 * self.recompute
+        chunk_infer = not grads and not need_weights and rows > 1 and self.chunk_inference
+        if chunk_train or chunk_infer:
+            # Chunks below read the keys as a grid of blocks: pad them once (invalid keys) to whole
+            # blocks, contiguous, so that each chunk's grid is a view and not a copy of all keys.
+            extra = rows * self.stride - k.shape[-2]
+            k, v = F.pad(k, (0, 0, 0, extra)).contiguous(), F.pad(v, (0, 0, 0, extra)).contiguous()
+            valid = F.pad(valid, (0, extra), value=False)
+        if chunk_train:
             # Training: query blocks in `recompute` chunks, each recomputed in backward, so that only
             # one chunk's scores and weights are alive at a time (peak memory ~ 1 / recompute of them).
             step = -(-rows // self.recompute) * self.stride
             out = torch.cat([checkpoint(self._chunk_out, q[:, :, a:a + step], k, v, valid, dropout_p, a // self.stride,
                                         use_reentrant=False) for a in range(0, q.shape[-2], step)], dim=2)
+            weights = None
+        elif chunk_infer:
+            # Inference: query blocks in chunks of about CHUNK_SCORES scores, so that a chunk's scores,
+            # mask and weights stay in cache instead of streaming (B, H, L, W) tensors through memory.
+            width = self._keys_per_query(k.shape[-2])
+            per_row = q.shape[0] * q.shape[1] * self.stride * width
+            step = max(1, min(rows, CHUNK_SCORES // max(1, per_row))) * self.stride
+            out = torch.cat([self._chunk_out(q[:, :, a:a + step], k, v, valid, dropout_p, a // self.stride)
+                             for a in range(0, q.shape[-2], step)], dim=2)
             weights = None
         else:
             out, weights = self._frame_attend(q, k, v, valid, dropout_p, need_weights)
@@ -180,6 +204,14 @@ class _Factorized(AttentionKernel):
     def _flex_parts(self, q, k, v, valid):
         """Self-attention (``M = N``) on CUDA: the disjoint parts of the pattern as FlexAttention
         calls, ``[(out, lse), ...]`` for ``flex.merge``; ``valid (B|1, H|1, N)`` bool or None."""
+        raise NotImplementedError  # abstract: each pattern implements it
+
+    # Inference in chunks of query blocks: worth it where a chunk reads the keys as views (fixed);
+    # strided's column part transposes all keys per chunk, so it attends in one piece.
+    chunk_inference = False
+
+    def _keys_per_query(self, n_keys: int) -> int:
+        """Scores one query computes in ``_frame_attend`` against ``n_keys`` frame keys."""
         raise NotImplementedError  # abstract: each pattern implements it
 
     def _chunk_out(self, q, k, v, valid, dropout_p, row0):
@@ -286,6 +318,11 @@ class StridedAttention(_Factorized):
             parts.append((out, lse))
         return parts
 
+    def _keys_per_query(self, n_keys: int) -> int:
+        l = self.stride
+        return ((2 * l + (0 if self.causal else l)) if 1 in self.subsets else 0) + (
+            -(-n_keys // l) if 2 in self.subsets else 0)
+
     def _frame_attend(self, q, k, v, valid, dropout_p, need_weights, row0=0):
         B, H, Lq, E = q.shape
         L = k.shape[-2]
@@ -359,6 +396,7 @@ class FixedAttention(_Factorized):
     """
 
     state_type = FixedState
+    chunk_inference = True
 
     def __init__(self, *, stride: int, c: int, subsets: Sequence[int] = (1, 2), causal: bool = False,
                  dropout: float = 0.0, recompute: int = 8) -> None:
@@ -455,6 +493,10 @@ class FixedAttention(_Factorized):
                                            key=("summaries", l, c, L, own, causal)))
         return parts
 
+    def _keys_per_query(self, n_keys: int) -> int:
+        l = self.stride
+        return (l if 1 in self.subsets else 0) + (-(-n_keys // l) * self.c if 2 in self.subsets else 0)
+
     def _frame_attend(self, q, k, v, valid, dropout_p, need_weights, row0=0):
         B, H, Lq, E = q.shape
         L = k.shape[-2]
@@ -476,23 +518,30 @@ class FixedAttention(_Factorized):
             parts.append((s1, within & key_ok[..., own, :].unsqueeze(-2)))  # allowed (B|1, H|1, nq, l, l)
             values.append(v_grid[:, :, own])
         if 2 in self.subsets:
-            # A2, the summaries: the last c positions of every block, nr c keys shared by all queries.
-            k_sum = k_grid[:, :, :, l - c:].reshape(B, H, nr * c, E)  # (B, H, nr c, E)
-            v_sum = v_grid[:, :, :, l - c:].reshape(B, H, nr * c, v.shape[-1])  # (B, H, nr c, Ev)
-            s2 = q_grid @ k_sum.unsqueeze(2).transpose(-1, -2)  # (B, H, nq, l, nr c)
-            k_pos = pos[:, l - c:].reshape(1, 1, nr * c)
+            # A2, the summaries: the last c positions of every block, ns c keys shared by all queries
+            # (causal: only the blocks up to the chunk's last query block, ns of them; else all nr).
+            ns = min(nr, row0 + nq) if self.causal else nr
+            k_sum = k_grid[:, :, :ns, l - c:].reshape(B, H, ns * c, E)  # (B, H, ns c, E)
+            v_sum = v_grid[:, :, :ns, l - c:].reshape(B, H, ns * c, v.shape[-1])  # (B, H, ns c, Ev)
+            s2 = (q_grid.reshape(B, H, nq * l, E) @ k_sum.transpose(-1, -2)).view(B, H, nq, l, ns * c)
+            k_pos = pos[:ns, l - c:].reshape(1, 1, ns * c)
             q_pos = pos[own].view(nq, l, 1)
-            ok = torch.ones(nq, l, nr * c, dtype=torch.bool, device=dev)
+            ok = torch.ones(nq, l, ns * c, dtype=torch.bool, device=dev)
             if 1 in self.subsets:  # summaries of the query's own block lie in A1 — counted once, there.
                 ok = ok & (torch.div(k_pos, l, rounding_mode="floor") != torch.arange(row0, row0 + nq, device=dev).view(nq, 1, 1))
             if self.causal:
                 ok = ok & (k_pos <= q_pos)
-            sum_ok = key_ok[..., l - c:].reshape(*key_ok.shape[:-2], 1, 1, nr * c)  # (B|1, H|1, 1, 1, nr c)
-            parts.append((s2, ok & sum_ok))  # allowed (B|1, H|1, nq, l, nr c)
-            values.append(v_sum.unsqueeze(2))  # (B, H, 1, nr c, Ev)
+            sum_ok = key_ok[..., :ns, l - c:].reshape(*key_ok.shape[:-2], 1, 1, ns * c)  # (B|1, H|1, 1, 1, ns c)
+            parts.append((s2, ok & sum_ok))  # allowed (B|1, H|1, nq, l, ns c)
+            values.append(v_sum)  # (B, H, ns c, Ev), shared by every query block
 
         dropped, weights, row_ok = _softmax_over_parts(parts, dropout_p, need_weights)
-        out = sum(w @ val for w, val in zip(dropped, values))  # (B, H, nq, l, Ev)
+        out = 0
+        if 1 in self.subsets:
+            out = dropped[0] @ values[0]  # (B, H, nq, l, Ev)
+        if 2 in self.subsets:  # one (nq l, ns c) @ (ns c, Ev) product, no copy of v_sum per block
+            w2 = dropped[-1].reshape(B, H, nq * l, ns * c)
+            out = out + (w2 @ values[-1]).view(B, H, nq, l, v.shape[-1])
         out = out.masked_fill(~row_ok, 0.0).reshape(B, H, nq * l, v.shape[-1])[:, :, :Lq]  # (B, H, Lq, Ev)
         if not need_weights:
             return out, None
@@ -503,6 +552,6 @@ class FixedAttention(_Factorized):
             cols = pos.view(nr, 1, l).expand(B, H, nr, l, l)
             dense.scatter_add_(-1, cols, weights[0])
         if 2 in self.subsets:
-            cols = pos[:, l - c:].reshape(1, 1, 1, 1, nr * c).expand(B, H, nr, l, nr * c)
+            cols = pos[:ns, l - c:].reshape(1, 1, 1, 1, ns * c).expand(B, H, nr, l, ns * c)
             dense.scatter_add_(-1, cols, weights[-1])
         return out, dense.view(B, H, nr * l, nr * l)[:, :, :L, :L]
