@@ -135,6 +135,17 @@ def test_bad_inputs_and_settings_are_refused():
         AlRfouLM(AlRfouConfig(**SIZE, head="classification"))
 
 
+def test_save_load_and_no_gpt2_checkpoint(tmp_path):
+    """The classifier saves and loads with the model; transformers' GPT2LMHeadModel has no place for it."""
+    m = classifier()
+    m.save_pretrained(tmp_path / "qkv")
+    again = GPT.from_pretrained(tmp_path / "qkv").eval()
+    ids, mask, _ = batch()
+    torch.testing.assert_close(again(ids, attention_mask=mask).logits, m(ids, attention_mask=mask).logits)
+    with pytest.raises(ValueError, match="head='classification' has no place"):
+        m.save_pretrained(tmp_path / "hf", format="huggingface")
+
+
 def test_lm_head_unchanged():
     """head="lm" (the default) builds no classifier: an LM's parameters and draws are as before."""
     torch.manual_seed(0)
