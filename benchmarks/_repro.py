@@ -1,14 +1,16 @@
 """What the reproduction scripts share: training a model into a fresh run directory through
 ``qkv.runs`` (imported as ``from _repro import train_fresh``: the scripts run as
-``python benchmarks/repro_*.py``, so this folder is on ``sys.path``)."""
+``python benchmarks/repro_*.py``, so this folder is on ``sys.path``), and running ``qkv train``
+as the command line would (``train``, ``shown``, ``evaluate_test``, ``evals``)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, List, Optional
 
 import qkv.runs
 
@@ -36,3 +38,37 @@ def smoke_dir(name: str) -> Path:
     (path / "img").mkdir(parents=True, exist_ok=True)
     print(f"--quick: writing to {path}, not docs/reproductions")
     return path
+
+
+def train(model: str, task: str, out: Path, overrides: Dict[str, Any], init: Optional[Path] = None) -> None:
+    """``qkv train MODEL --task TASK --out OUT`` with ``overrides`` (``qkv.runs.start``)."""
+    with qkv.runs.start(model, task, out, overrides=overrides, init=None if init is None else str(init)) as run:
+        metrics = run.train()
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}), flush=True)
+
+
+def evaluate_test(run_dir: Path) -> Dict[str, float]:
+    """``qkv eval RUN``: the test split's metrics, rounded as the command prints them."""
+    metrics = qkv.runs.load(run_dir).evaluate("test")
+    return {k: round(float(v), 4) for k, v in metrics.items()}
+
+
+def evals(run_dir: Path) -> List[Dict[str, float]]:
+    """The run's periodic evaluations (``metrics.jsonl`` records of event ``eval``)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["event"] == "eval"]
+
+
+def shown(model: str, task: str, out: Path, overrides: Dict[str, Any], init: Optional[Path] = None) -> str:
+    """The ``qkv train`` command line that runs the same as ``train(...)``: ``train.X`` overrides as
+    ``--X`` flags, the others as ``--set key=value``."""
+    words = ["qkv", "train", model, "--task", task]
+    flags: List[str] = []
+    for key, value in overrides.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        if key.startswith("train."):
+            flags += ["--" + key[len("train."):].replace("_", "-"), text]
+        else:
+            words += ["--set", f"{key}={text}"]
+    words += [*(["--init", str(init)] if init is not None else []), "--out", str(out), *flags, "--threads", "1"]
+    return " ".join(w if " " not in w else repr(w) for w in words)

@@ -24,7 +24,7 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import matplotlib
 
@@ -32,10 +32,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-import qkv.runs  # noqa: E402
 from qkv.tasks import build_task  # noqa: E402
 
 import claims  # noqa: E402  (benchmarks/claims.py: the claims table and its verdicts)
+from _repro import evals, evaluate_test, shown, train  # noqa: E402,F401  (shown: tests/test_runs.py reads it here)
 
 ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "reproductions" / "img"
@@ -47,39 +47,6 @@ PAPER = "Devlin et al. 2019, BERT: Pre-training of Deep Bidirectional Transforme
 # pre-training has learnt something only when the masked LM beats the unigram model (the target
 # words' own frequencies) and next-sentence prediction beats ln 2, each by at least this much (nats)
 LEARNT_MARGIN = 0.1
-
-
-def train(model: str, task: str, out: Path, overrides: Dict[str, Any], init: Optional[Path] = None) -> None:
-    """``qkv train MODEL --task TASK --out OUT`` with ``overrides`` (``qkv.runs.start``)."""
-    with qkv.runs.start(model, task, out, overrides=overrides, init=None if init is None else str(init)) as run:
-        metrics = run.train()
-    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}), flush=True)
-
-
-def evaluate_test(run_dir: Path) -> Dict[str, float]:
-    """``qkv eval RUN``: the test split's metrics, rounded as the command prints them."""
-    metrics = qkv.runs.load(run_dir).evaluate("test")
-    return {k: round(float(v), 4) for k, v in metrics.items()}
-
-
-def evals(run_dir: Path) -> List[Dict[str, float]]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if r["event"] == "eval"]
-
-
-def shown(model: str, task: str, out: Path, overrides: Dict[str, Any], init: Optional[Path] = None) -> str:
-    """The ``qkv train`` command line that runs the same as ``train(...)``: ``train.X`` overrides as
-    ``--X`` flags, the others as ``--set key=value``."""
-    words = ["qkv", "train", model, "--task", task]
-    flags: List[str] = []
-    for key, value in overrides.items():
-        text = str(value).lower() if isinstance(value, bool) else str(value)
-        if key.startswith("train."):
-            flags += ["--" + key[len("train."):].replace("_", "-"), text]
-        else:
-            words += ["--set", f"{key}={text}"]
-    words += [*(["--init", str(init)] if init is not None else []), "--out", str(out), *flags, "--threads", "1"]
-    return " ".join(w if " " not in w else repr(w) for w in words)
 
 
 def main() -> None:

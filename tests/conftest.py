@@ -1,6 +1,8 @@
 """Suite-wide settings: one intra-op thread per test process. The suite runs under pytest-xdist
 with one worker per core; more threads per worker only contend (tiny ops slow down 100x)."""
 
+import bz2
+
 import pytest
 import torch
 
@@ -30,3 +32,25 @@ def train_argv():
                 "--progress", "false", "--tensorboard", "false", *extra]
 
     return build
+
+
+@pytest.fixture
+def byte_data(tmp_path, monkeypatch):
+    """A temporary ``QKV_DATA`` holding a small fake Wikipedia dump, 2,225 fake BBC articles and a
+    one-play Shakespeare."""
+    root = tmp_path / "data"
+    (root / "enwiki").mkdir(parents=True)
+    text = b"".join(b"<page><title>Article %d</title><text>Some words of article %d.</text></page>\n" % (i, i)
+                    for i in range(400))
+    from qkv.tasks.data import _ENWIKI_FILE
+
+    (root / "enwiki" / _ENWIKI_FILE).write_bytes(bz2.compress(text))
+    for i in range(2225):
+        folder = root / "bbc" / ("business", "entertainment", "politics", "sport", "tech")[i % 5]
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i:03d}.txt").write_text(f"Headline {i}\n\n" + "news " * (5 + i % 7) + folder.name)
+    texts = root / "shakespeare" / "texts"
+    texts.mkdir(parents=True)
+    (texts / "hamlet_gut.txt").write_text("HAMLET\n\nTo be, or not to be, that is the question:\n" * 60)
+    monkeypatch.setenv("QKV_DATA", str(root))
+    return tmp_path

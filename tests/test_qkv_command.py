@@ -39,7 +39,7 @@ def test_list(capsys):
 @pytest.mark.parametrize("argv,message", [
     (["train", "gtp", "--task", "reverse"], "unknown model 'gtp'.*Did you mean 'gpt'"),
     (["train", "gpt", "--task", "shakspeare-char"], "unknown task"),
-    (["train", "gpt", "--task", "reverse"], "trains on \\['lm'\\] tasks"),
+    (["train", "gpt", "--task", "reverse"], "trains on \\['classification', 'lm'\\] tasks"),
     (["train", "transformer", "--task", "reverse", "--set", "d_modle=8"], "unknown model 'transformer' option 'd_modle'.*did you mean d_model"),
     (["train", "transformer", "--task", "reverse", "--set", "d_model=big"], "d_model must be an int"),
     (["train", "transformer", "--task", "reverse", "--set", "task.max_len=x"], "max_len must be an int"),

@@ -266,6 +266,11 @@ def _model_hints(task: Any, fields: Dict[str, Any]) -> Dict[str, Any]:
             hints[key] = getattr(task, key)
     if getattr(task, "kind", None) == "lm" and hasattr(task, "block_size"):
         hints["max_len"] = max(task.block_size, 64)
+    if getattr(task, "kind", None) in ("lm", "classification"):
+        # a model with several heads (GPT, Reformer, BERT) takes the one the task's kind reads, and its classes
+        hints["head"] = task.kind
+        if task.kind == "classification" and hasattr(task, "n_classes") and "num_labels" not in hints:
+            hints["num_labels"] = task.n_classes
     extra = getattr(task, "model_hints", None)
     if callable(extra):
         hints.update(extra())
@@ -351,15 +356,19 @@ def resolve(model: str, task: str, *, preset: Optional[str] = None, overrides: O
     config_values.update(typed(model_sets, fields, f"model {model!r}", base=config_values))
     init_model = None
     if init:
-        config_values, init_model = _init_config(init, model, model_cls, config_values, typed(model_sets, fields, "model"), say)
+        config_values, init_model = _init_config(init, model, model_cls, config_values, typed(model_sets, fields, "model"),
+                                                 built, task, say)
     return Settings(model, task, preset_name, task_options, config_values, train_values, init,
                     _task=built, _init_model=init_model)
 
 
-def _init_config(init: str, model: str, model_cls: Any, values: Dict[str, Any], user: Dict[str, Any], say: Say):
+def _init_config(init: str, model: str, model_cls: Any, values: Dict[str, Any], user: Dict[str, Any], task: Any,
+                 task_name: str, say: Say):
     """``init``'s architecture, the new task's head fields (``init_task_fields``), then the user's
-    overrides; and ``init``'s model, whose weights the new one starts from."""
+    overrides; and ``init``'s model, whose weights the new one starts from. A run whose vocabulary
+    is not the new task's is refused: its token embeddings would mean other tokens."""
     from .integrations import pretrained
+    from .tasks.vocab import vocab_to_dict
 
     head = {k: v for k, v in values.items() if k in model_cls.init_task_fields}
     if pretrained.is_checkpoint_dir(init):  # a Hugging Face checkpoint or a save_pretrained directory
@@ -368,6 +377,11 @@ def _init_config(init: str, model: str, model_cls: Any, values: Dict[str, Any], 
     source = load(init)
     if source.settings.model != model:
         raise UserError(f"--init {init} holds a {source.settings.model!r} model, not {model!r}")
+    theirs, ours = getattr(source.task, "vocab", None), getattr(task, "vocab", None)
+    sizes = getattr(theirs, "size", None), getattr(ours, "size", None)
+    if theirs is not None and ours is not None and (sizes[0] != sizes[1] or vocab_to_dict(theirs) != vocab_to_dict(ours)):
+        raise UserError(f"--init {init}: its vocabulary ({source.settings.task}, {sizes[0]} tokens) is not task "
+                        f"{task_name!r}'s ({sizes[1]} tokens); fine-tune on a task with the pre-training vocabulary")
     return {**source.settings.model_config, **head, **user}, source.model
 
 

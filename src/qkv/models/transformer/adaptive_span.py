@@ -96,6 +96,7 @@ class AdaptiveSpanTransformer(GPT):
     """
 
     config_class = AdaptiveSpanTransformerConfig
+    task_kinds = frozenset({"lm"})  # its forward has no classification head
     carries_state = True  # on stream tasks the trainer passes the span cache from one batch to the next
     train_defaults = {"lr": 1e-3, "steps": 1500, "batch_size": 16, "warmup": 100}
 

@@ -80,6 +80,7 @@ class AlRfouLM(GPT):
     """
 
     config_class = AlRfouConfig
+    task_kinds = frozenset({"lm"})  # its forward has no classification head
     # "paper": T64 (§3: 64 layers of width 512, 8 heads, feed-forward 2048, 512 characters of context);
     # "cpu": GPT's, trains on shakespeare-char in minutes on 2 cores
     presets = {"paper": {"n_layers": 64, "d_model": 512, "n_heads": 8, "d_ff": 2048, "max_len": 512},

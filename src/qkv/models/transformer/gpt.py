@@ -5,6 +5,11 @@ Understanding by Generative Pre-Training"; Radford et al. 2019, GPT-2), on the s
     h_l = block(h_{l-1})          l = 1 .. n   (causal self-attention, pre-LN as in GPT-2)
     P(u) = softmax(LN(h_n) W_e^T) (output tied to the input embedding)
 
+Fine-tuning on classification (2018, §3.2; ``head="classification"``): the final hidden state of
+the last real token ``h^m`` goes through a new linear layer, ``P(y | x^1..x^m) = softmax(h^m W_y)``;
+``L_3 = L_2 + λ L_1`` adds the LM loss on the same text (``lm_aux_weight`` = λ; the paper: 0.5).
+A fine-tuning run starts from a pre-trained LM run with ``qkv train gpt --task bbc-bytes --init RUN``.
+
 Al-Rfou et al. 2018's auxiliary losses are their own model on this one: ``al_rfou.py``.
 """
 
@@ -15,16 +20,19 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ... import _checks
 from ...registry import lookup, register
 from ..base import ModelOutput, QKVModel
-from ..losses import check_labels, lm_loss
+from ..losses import IGNORE_INDEX, check_labels, float32_at_least, lm_loss
 from ..sampling import sample_logits
 from .stack import init_normal, StackConfig, StackState, TransformerStack
 
-__all__ = ["GPT", "GPTConfig", "AL_RFOU_FIELDS"]
+__all__ = ["GPT", "GPTConfig", "AL_RFOU_FIELDS", "HEADS"]
+
+HEADS = ("lm", "classification")
 
 
 @dataclass
@@ -42,12 +50,25 @@ class GPTConfig(StackConfig):
     residual: str = "pre-ln"  # GPT-2 wiring: x + F(LN(x)), final LayerNorm
     positional: str = "learned"  # learned absolute positions
     tie_embeddings: bool = True  # output projection = token embedding matrix transposed
+    head: str = "lm"  # "lm": next-token logits (B, L, V) | "classification": logits (B, num_labels) from the last real token
+    num_labels: int = 2  # classes of the classification head
+    lm_aux_weight: float = 0.0  # λ of the auxiliary LM loss while fine-tuning a classifier (the paper: 0.5); 0: none
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _checks.positive_int("vocab_size", self.vocab_size)
         if not isinstance(self.tie_embeddings, bool):
             raise TypeError(f"tie_embeddings must be a bool, got {self.tie_embeddings!r}")
+        if self.head not in HEADS:
+            raise ValueError(f"head must be one of {HEADS}, got {self.head!r}")
+        if isinstance(self.num_labels, bool) or not isinstance(self.num_labels, int) or self.num_labels < 2:
+            raise ValueError(f"num_labels must be an int >= 2 (the classes of the classification head), got {self.num_labels!r}")
+        weight = self.lm_aux_weight
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight < float("inf"):
+            raise ValueError(f"lm_aux_weight must be a finite number >= 0, got {weight!r}")
+        if weight and self.head != "classification":
+            raise ValueError(f"lm_aux_weight is the auxiliary LM loss of head='classification'; head={self.head!r} "
+                             "trains the LM loss alone (set lm_aux_weight=0)")
 
 
 #: Al-Rfou et al.'s loss fields, which GPT configs held (at these values when unused) before the
@@ -60,13 +81,17 @@ AL_RFOU_FIELDS = {"aux_layer_losses": False, "aux_schedule": "paper", "aux_total
 class GPT(QKVModel):
     """GPT decoder-only language model (Radford et al. 2018/2019) on the shared Transformer stack.
 
-    ``forward(input_ids (B, L), labels=None (B, L), need_weights=False, state=None, return_state=False)``
-    -> ``ModelOutput(loss, logits (B, L, V), weights [per layer (B, H, L, N)], state)``.
+    ``head="lm"``: ``forward(input_ids (B, L), labels=None (B, L), need_weights=False, state=None,
+    return_state=False)`` -> ``ModelOutput(loss, logits (B, L, V), weights [per layer (B, H, L, N)], state)``.
+    ``head="classification"``: ``forward(input_ids (B, L), attention_mask=None (B, L) bool, labels=None (B,))``
+    -> ``logits (B, num_labels)`` from the last real token's final hidden state (2018, §3.2).
     """
 
     config_class = GPTConfig
     suggested_tasks = ('shakespeare-char', 'enwiki-bytes')  # `qkv list model`
-    task_kinds = frozenset({"lm"})
+    task_kinds = frozenset({"lm", "classification"})  # a subclass whose forward is its own names its kinds
+    init_task_fields = ("head", "num_labels")  # a fine-tuning task chooses the head (qkv train --init)
+    init_fresh = ("classifier.",)  # ...which starts fresh; the stack and the LM head are copied
     input_key = "input_ids"  # token ids
     stack_class = TransformerStack  # the decoder stack (Universal Transformer: a shared-depth stack)
     # "paper": GPT-2 small (the config's defaults); "cpu": trains on shakespeare-char in minutes on 2 cores
@@ -78,11 +103,17 @@ class GPT(QKVModel):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
         c = config
+        if c.head == "classification" and "classification" not in self.task_kinds:
+            raise ValueError(f"head='classification': {type(self).__name__} is a language model only (head='lm')")
         self.stack = self.stack_class(c, vocab_size=c.vocab_size, causal=True, token_segments=True)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(init_normal)  # N(0, 0.02) weights, zero biases (GPT-2)
         if c.tie_embeddings:
             self.lm_head.weight = self.stack.embed.token.weight
+        if c.head == "classification":  # built after the stack's initialisation: the LM's draws are unchanged
+            self.classifier_dropout = nn.Dropout(c.dropout)  # the paper's dropout on the classifier (§4.1)
+            self.classifier = nn.Linear(c.d_model, c.num_labels)  # W_y, new at fine-tuning
+            init_normal(self.classifier)
 
     @classmethod
     def from_config(cls, config: Union[GPTConfig, Dict[str, Any]]) -> "GPT":
@@ -112,9 +143,18 @@ class GPT(QKVModel):
         ``state``, ``(B, positions so far + L)``); positions still count from 0 at the first
         column, as in transformers' GPT-2. ``token_type_ids (B, L)``: ids in the token vocabulary
         whose token embeddings are added (GPT-2's token types). ``hidden``: the final hidden states.
+
+        ``head="classification"``: ``labels (B,)`` class ids (``-100`` ignored), ``logits (B, num_labels)``
+        from the last position whose ``attention_mask`` is True (the last column without a mask),
+        left or right padding alike; ``loss`` their cross-entropy (``+ lm_aux_weight`` x the LM
+        loss on the real tokens, ``aux["lm_loss"]``).
         """
         c = self.config
-        if labels is not None:
+        classify = c.head == "classification"
+        if classify and (state is not None or return_state):
+            raise ValueError("state/return_state continue a sequence with head='lm'; head='classification' reads "
+                             "whole sequences")
+        if labels is not None and not classify:
             check_labels("labels", labels, c.vocab_size, getattr(input_ids, "shape", ()))
         if attention_mask is not None:
             _checks.token_ids("input_ids", input_ids, c.vocab_size)
@@ -124,14 +164,44 @@ class GPT(QKVModel):
                 raise TypeError(f"attention_mask must be a bool tensor (True = real token), got dtype {attention_mask.dtype}")
             _checks.same("attention_mask", tuple(attention_mask.shape), "(batch, positions so far + input length)",
                          (input_ids.shape[0], seen + input_ids.shape[1]), "the shape")
+        last = None
+        if classify:
+            _checks.tensor("input_ids", input_ids, ndim=2)
+            last = last_real_position(attention_mask, input_ids)
+            if labels is not None:
+                check_labels("labels", labels, c.num_labels, (input_ids.shape[0],))
         out = self.stack(input_ids, token_type_ids, mask=attention_mask, state=state, need_weights=need_weights,
                          return_state=return_state)
+        if classify:
+            return self._classify(out, input_ids, attention_mask, last, labels)
         logits = self.lm_head(out.hidden)  # (B, L, V)
         loss, aux = None, {}
         if labels is not None:
             loss = lm_loss(logits, labels)
             aux["lm_loss"] = loss.detach()
         return ModelOutput(loss=loss, logits=logits, weights=out.weights, state=out.state, aux=aux, hidden=out.hidden)
+
+    def _classify(self, out: Any, input_ids: Tensor, attention_mask: Optional[Tensor], last: Tensor,
+                  labels: Optional[Tensor]) -> ModelOutput:
+        """The classification head on the stack's output (2018, §3.2, eq. 3-5)."""
+        c = self.config
+        h = out.hidden  # (B, L, d_model)
+        h_m = h[torch.arange(h.shape[0], device=h.device), last]  # (B, d_model): the last real token's h_l^m
+        # P(y | x^1..x^m) = softmax(h_l^m W_y)
+        logits = self.classifier(self.classifier_dropout(h_m))  # (B, num_labels)
+        loss, aux = None, {}
+        if labels is not None:
+            # L_2 = -log P(y | x^1..x^m), averaged over the batch
+            loss = F.cross_entropy(float32_at_least(logits), labels, ignore_index=IGNORE_INDEX)
+            aux["classification_loss"] = loss.detach()
+            if c.lm_aux_weight:
+                # L_3 = L_2 + λ L_1: the LM loss on the same text, each real token predicting the next real one
+                real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask
+                targets = input_ids[:, 1:].masked_fill(~(real[:, 1:] & real[:, :-1]), IGNORE_INDEX)  # (B, L - 1)
+                l_1 = lm_loss(self.lm_head(h[:, :-1]), targets)
+                loss = loss + c.lm_aux_weight * l_1
+                aux["lm_loss"] = l_1.detach()
+        return ModelOutput(loss=loss, logits=logits, weights=out.weights, aux=aux, hidden=h)
 
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
@@ -168,3 +238,20 @@ class GPT(QKVModel):
                 out = self(seq)
             ids[:, n] = sample_logits(out.logits[:, -1], temperature, top_k, top_p, generator).to(ids.dtype)  # (B,)
         return ids
+
+
+def last_real_position(attention_mask: Optional[Tensor], input_ids: Tensor) -> Tensor:
+    """``(B,)`` the index of the last position whose ``attention_mask (B, L)`` is True (the last
+    column without a mask): the token whose hidden state GPT classifies, under left or right
+    padding alike. A row with no real token, or no position at all, is refused."""
+    B, L = input_ids.shape
+    if L == 0:
+        raise ValueError("input_ids must hold at least one token to classify, got length 0")
+    positions = torch.arange(L, device=input_ids.device).expand(B, L)  # (B, L)
+    if attention_mask is None:
+        return positions[:, -1]
+    last = positions.masked_fill(~attention_mask, -1).amax(1)  # (B,)
+    empty = last < 0
+    if bool(empty.any()):
+        raise ValueError(f"attention_mask row {int(empty.nonzero()[0])} has no real token (all False): nothing to classify")
+    return last

@@ -487,6 +487,8 @@ def _check_representable(model: Any) -> str:
         kind, residual = "bert", "post-ln"
     elif type(model) is GPT:  # exactly GPT: Al-Rfou's LM (a subclass) adds heads GPT-2 has no place for
         kind, residual = "gpt2", "pre-ln"
+        if c.head != "lm":
+            raise ValueError(f"format='huggingface' writes GPT as GPT2LMHeadModel; head={c.head!r} has no place in it")
     else:
         raise ValueError(f"format='huggingface' writes BERT and GPT (transformers' bert and gpt2); "
                          f"{type(model).__name__} has no transformers counterpart")

@@ -50,4 +50,5 @@ class LinearTransformer(GPT):
     """
 
     config_class = LinearTransformerConfig
+    task_kinds = frozenset({"lm"})  # GPT's classification head is untried with linear attention
     train_defaults = {"steps": 500, "batch_size": 16, "lr": 1e-3, "warmup": 50}

@@ -87,6 +87,7 @@ class Performer(GPT):
     """
 
     config_class = PerformerConfig
+    task_kinds = frozenset({"lm"})  # GPT's classification head is untried with FAVOR+
     train_defaults = {"steps": 500, "batch_size": 16, "lr": 1e-3, "warmup": 50}
 
     def set_step(self, step: int, total_steps: Optional[int] = None) -> None:

@@ -33,7 +33,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from ... import _checks
 from ...attention.lsh import derived_n_buckets
@@ -203,13 +203,6 @@ class Reformer(GPT):
     task_kinds = frozenset({"lm", "classification"})
     stack_class = ReformerStack
     train_defaults = {"lr": 1e-3, "steps": 500, "batch_size": 8, "warmup": 50, "eval_max_examples": 64}
-
-    def __init__(self, config: ReformerConfig) -> None:
-        super().__init__(config)
-        if config.head == "classification":
-            self.classifier = nn.Linear(config.d_model, config.num_labels)
-            nn.init.normal_(self.classifier.weight, std=0.02)
-            nn.init.zeros_(self.classifier.bias)
 
     def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
                 need_weights: bool = False, state: Optional[StackState] = None,

@@ -263,6 +263,7 @@ class UniversalTransformerLM(GPT):
     """
 
     config_class = UniversalTransformerLMConfig
+    task_kinds = frozenset({"lm"})  # its forward has no classification head
     # the parent's presets without its depth: a Universal Transformer has one shared block (n_layers=1)
     presets = {name: {k: v for k, v in p.items() if k != "n_layers"} for name, p in GPT.presets.items()}
     stack_class = UniversalStack
