@@ -506,7 +506,8 @@ def record_claims(results: Dict, point: str = "") -> None:
     a, f = s.get("adaptive", {}).get("per_seed"), s.get("full span", {}).get("per_seed")
     budget = (f"{s.get('steps')} steps of 16 x {s.get('block')} characters, {s.get('layers')} layers d_model 64, "
               f"S = {s.get('max_span')}; CPU, one thread")
-    command = f"{COMMAND} --part span --seeds 3 --init-span {s.get('init_span', 256):g} --span-coef {s.get('span_loss_coef'):g}"
+    n_seeds = len(a["seed"]) if a else 3
+    command = f"{COMMAND} --part span --seeds {n_seeds} --init-span {s.get('init_span', 256):g} --span-coef {s.get('span_loss_coef'):g}"
     if a and f and min(len(a["seed"]), len(f["seed"])) >= claims.MIN_SEEDS:
         cost = claims.mean(a["computed"])
         put(
