@@ -234,17 +234,17 @@ def record_stress_claims(task_name: str, lengths: List[int], curves: Dict, args,
         why=f"token accuracy on {LONG[0]}-{LONG[1]} symbols: Bahdanau {claims.fmt(bahdanau)}, no attention "
             f"{claims.fmt(none)} (chance 0.1)")
     bi = long_acc("Luong local-p, bidirectional encoder")
-    stuck = sum(max(r["token_accuracy"]) < 0.15 for r in curves["Luong local-p"]["per_seed"])
     misaligned = [r["alignment_error"] for r in curves["Luong local-p"]["per_seed"]]
+    stuck = sum(e > 5 for e in misaligned)  # the window centre more than 5 positions from the aligned one
     claims.record(
         id=f"luong-local-p-{task_name}", model="seq2seq (local-p)", paper=LUONG, command=command, budget=budget,
         claim=f"Predictive local attention (local-p) aligns at least as well as global attention (Table 1; here: "
               f"{task_name}, token accuracy on sources of {LONG[0]}-{LONG[1]} symbols).",
         better="higher", ours=local, baseline=glob,
         why={"reproduced": f"token accuracy local-p {claims.fmt(local)}, global {claims.fmt(glob)}",
-             "not reproduced": f"token accuracy local-p {claims.fmt(local)}, global {claims.fmt(glob)}; local-p stayed "
-                               f"at chance in {stuck} of {len(local)} seeds (window centre {misaligned} positions "
-                               f"from the aligned source position): with the unidirectional encoder "
+             "not reproduced": f"token accuracy local-p {claims.fmt(local)}, global {claims.fmt(glob)}; local-p's "
+                               f"window stayed away from the aligned source position in {stuck} of {len(local)} "
+                               f"seeds (its centre {misaligned} positions from it): with the unidirectional encoder "
                                f"(Luong's) the decoder's first state knows the end of the source, and p_t = S "
                                f"sigmoid(.) settles there, saturated, for every t; with a bidirectional encoder "
                                f"local-p reaches {claims.fmt(bi)}"})
