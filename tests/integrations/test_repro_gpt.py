@@ -33,3 +33,9 @@ def test_quick_run_writes_its_page_elsewhere(byte_data):
     assert f"{seed['pretrain']['valid']['bpc']:.3f}" in page and "no verdict" in page
     assert 0 < results["levels"]["unigram_bpc"] < 8 and 0 < results["levels"]["majority"] <= 1
     assert [p.read_text() if p.exists() else None for p in published] == before
+    # a larger fine-tuning budget reuses the pre-trained runs: two new runs per seed, a row on the page
+    more = _script().main(["--quick", "--out", str(out), "--budgets", "12"])
+    assert set(more["budgets"]["12"]) == {"finetune", "scratch"} and len(more["budgets"]["12"]["finetune"]) == 1
+    assert (out / "runs" / "seed0" / "finetune-12" / "run.json").is_file()
+    assert "| 12 |" in (out / "gpt.md").read_text()
+    assert [p.read_text() if p.exists() else None for p in published] == before
