@@ -189,18 +189,8 @@ def lm_seeds(args):
         common.markdown_table(["model", "valid bits/byte per seed", "mean", "updates", "tokens/s"], rows), "",
         LM_SEEDS_END])
     if not args.quick:
-        text = DOC.read_text()
-        if LM_SEEDS_START in text:
-            text = text[:text.index(LM_SEEDS_START)] + section + text[text.index(LM_SEEDS_END) + len(LM_SEEDS_END):]
-        else:
-            text = text.replace("\n![training curves, memory, generation]", "\n" + section +
-                                "\n\n![training curves, memory, generation]", 1)
-        DOC.write_text(text)
-        path = DOC.parent / "sparse-image.json"
-        saved = json.loads(path.read_text())
-        saved["lm_seeds"] = {"seeds": seeds, "bits_per_byte": bpb, "steps": steps, "tokens_per_s": tps,
-                             "budget": budget}
-        path.write_text(json.dumps(saved, indent=1, default=str))
+        publish_section(section, (LM_SEEDS_START, LM_SEEDS_END), "\n![training curves, memory, generation]", "lm_seeds",
+                        {"seeds": seeds, "bits_per_byte": bpb, "steps": steps, "tokens_per_s": tps, "budget": budget})
     print(section)
 
 
@@ -337,18 +327,26 @@ def mnist_seeds(args):
         "mean ± standard error; the verdicts are in [claims.json](claims.json):", "",
         common.markdown_table(["attention", "steps", "test bits/dim per seed", "mean", "s/step"], rows), "", SEEDED_END])
     if not args.quick:
-        text = DOC.read_text()
-        if SEEDED_START in text:
-            text = text[:text.index(SEEDED_START)] + section + text[text.index(SEEDED_END) + len(SEEDED_END):]
-        else:
-            text = text.replace("\nClass-conditional samples from", "\n" + section + "\n\nClass-conditional samples from", 1)
-        DOC.write_text(text)
-        path = DOC.parent / "sparse-image.json"
-        saved = json.loads(path.read_text())
-        saved["mnist_seeds"] = {"seeds": seeds, "bits_per_dim": bpd, "seconds_per_step": sps, "budget": budget,
-                                "budgets": points}
-        path.write_text(json.dumps(saved, indent=1, default=str))
+        publish_section(section, (SEEDED_START, SEEDED_END), "\nClass-conditional samples from", "mnist_seeds",
+                        {"seeds": seeds, "bits_per_dim": bpd, "seconds_per_step": sps, "budget": budget,
+                         "budgets": points})
     print(section)
+
+
+def publish_section(section: str, marks, before: str, key: str, value) -> None:
+    """Put ``section`` (which starts and ends with ``marks``) on the page — in place of the marked
+    one, or first before the text ``before`` — and ``value`` under ``key`` in sparse-image.json."""
+    start, end = marks
+    text = DOC.read_text()
+    if start in text:
+        text = text[:text.index(start)] + section + text[text.index(end) + len(end):]
+    else:
+        text = text.replace(before, "\n" + section + "\n" + before, 1)
+    DOC.write_text(text)
+    path = DOC.parent / "sparse-image.json"
+    saved = json.loads(path.read_text())
+    saved[key] = value
+    path.write_text(json.dumps(saved, indent=1, default=str))
 
 
 def plots(lm, memory, gen, mnist):

@@ -2,6 +2,8 @@
 with one worker per core; more threads per worker only contend (tiny ops slow down 100x)."""
 
 import bz2
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,3 +56,18 @@ def byte_data(tmp_path, monkeypatch):
     (texts / "hamlet_gut.txt").write_text("HAMLET\n\nTo be, or not to be, that is the question:\n" * 60)
     monkeypatch.setenv("QKV_DATA", str(root))
     return tmp_path
+
+
+@pytest.fixture
+def benchmark_script():
+    """``load(NAME)``: ``benchmarks/NAME.py`` as a fresh module (each call a new one, so the
+    globals a ``--quick`` run redirects start clean)."""
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, root / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -3,7 +3,6 @@ written to the smoke folder, never to docs/ nor claims.json; bad numbers are ref
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -11,16 +10,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("repro_al_rfou", ROOT / "benchmarks" / "repro_al_rfou.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_quick_run_writes_the_smoke_page_only(monkeypatch):
+def test_quick_run_writes_the_smoke_page_only(benchmark_script, monkeypatch):
     claims_before = (ROOT / "docs" / "reproductions" / "claims.json").read_text()
-    script = _script()
+    script = benchmark_script("repro_al_rfou")
     script.main(["--quick", "--budgets", "700"])
     page = script.DOC.read_text()
     assert script.DOC.parent != ROOT / "docs" / "reproductions"
@@ -31,7 +23,7 @@ def test_quick_run_writes_the_smoke_page_only(monkeypatch):
 
 @pytest.mark.parametrize("argv,match", [(["--seeds", "0"], "--seeds must be a positive integer"),
                                         (["--steps", "100", "--budgets", "50"], "--budgets must be larger")])
-def test_bad_numbers_are_refused(argv, match, capsys):
+def test_bad_numbers_are_refused(benchmark_script, argv, match, capsys):
     with pytest.raises(SystemExit):
-        _script().main(argv)
+        benchmark_script("repro_al_rfou").main(argv)
     assert match in capsys.readouterr().err

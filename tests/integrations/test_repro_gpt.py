@@ -3,25 +3,17 @@ pre-training, the fine-tuning from it and the from-scratch run go through ``qkv.
 plot and results go to the folder given, never to docs/reproductions nor claims.json; the page
 shows the results' numbers."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("repro_gpt", ROOT / "benchmarks" / "repro_gpt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_quick_run_writes_its_page_elsewhere(byte_data):
+def test_quick_run_writes_its_page_elsewhere(benchmark_script, byte_data):
     published = [ROOT / "docs" / "reproductions" / name for name in ("gpt.md", "claims.json")]
     before = [p.read_text() if p.exists() else None for p in published]
     out = byte_data / "out"
-    results = _script().main(["--quick", "--out", str(out)])
+    results = benchmark_script("repro_gpt").main(["--quick", "--out", str(out)])
     assert json.loads((out / "gpt.json").read_text()) == json.loads(json.dumps(results))
     assert (out / "img" / "gpt_pretrain_finetune.png").stat().st_size > 0
     seed = results["per_seed"][0]
@@ -34,7 +26,7 @@ def test_quick_run_writes_its_page_elsewhere(byte_data):
     assert 0 < results["levels"]["unigram_bpc"] < 8 and 0 < results["levels"]["majority"] <= 1
     assert [p.read_text() if p.exists() else None for p in published] == before
     # a larger fine-tuning budget reuses the pre-trained runs: two new runs per seed, a row on the page
-    more = _script().main(["--quick", "--out", str(out), "--budgets", "12"])
+    more = benchmark_script("repro_gpt").main(["--quick", "--out", str(out), "--budgets", "12"])
     assert set(more["budgets"]["12"]) == {"finetune", "scratch"} and len(more["budgets"]["12"]["finetune"]) == 1
     assert (out / "runs" / "seed0" / "finetune-12" / "run.json").is_file()
     assert "| 12 |" in (out / "gpt.md").read_text()

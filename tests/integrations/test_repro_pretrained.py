@@ -2,7 +2,6 @@
 JSON and page to the folder given (never docs/reproductions), and the numbers it writes hold what
 they claim where that can be checked (softmax against itself has no error)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,23 +14,16 @@ transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("repro_pretrained", ROOT / "benchmarks" / "repro_pretrained.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not is_bbc_cached(), reason="BBC News is not cached (qkv data fetch bbc)")
-def test_quick_run_writes_every_part(wordpiece_dir, tmp_path):
+def test_quick_run_writes_every_part(benchmark_script, wordpiece_dir, tmp_path):
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=24, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                                      intermediate_size=24, max_position_embeddings=32)
     transformers.BertModel(config).save_pretrained(wordpiece_dir)
     published = (ROOT / "docs" / "reproductions" / "pretrained.md")
     before = published.read_text() if published.exists() else None
-    results = _script().main(["--quick", "--checkpoint", str(wordpiece_dir), "--out", str(tmp_path)])
+    results = benchmark_script("repro_pretrained").main(["--quick", "--checkpoint", str(wordpiece_dir), "--out", str(tmp_path)])
     assert set(results) == {"finetune", "swap", "speed"}
     assert json.loads((tmp_path / "pretrained.json").read_text()) == json.loads(json.dumps(results))
     page = (tmp_path / "pretrained.md").read_text()
@@ -47,8 +39,8 @@ def test_quick_run_writes_every_part(wordpiece_dir, tmp_path):
     assert set(results["speed"]["seconds"]["bert"]["sdpa"]) == {"32", "64"}
 
 
-def test_speed_ratios_are_read_from_the_rows():
-    ratios = _script()._speed_ratios
+def test_speed_ratios_are_read_from_the_rows(benchmark_script):
+    ratios = benchmark_script("repro_pretrained")._speed_ratios
     rows = {"sdpa": {"1024": 1.0, "4096": 4.0}, "qkv-softmax": {"1024": 1.1, "4096": 4.4},
             "qkv-bench-window": {"1024": 0.5, "4096": 1.0, "16384": 2.0}, "qkv-bench-lsh": {}}
     text = ratios(rows, ["1024", "4096", "16384"])
