@@ -192,7 +192,7 @@ def test_sequences_longer_than_learned_positions_are_refused_before_anything_is_
     naming both, nothing written — at train time and at evaluation time (``--set task.X``)."""
     out = shakespeare_cache / "too-long"
     settings = runs.resolve("gpt", "shakespeare-char", overrides={**TINY, **QUIET, "max_len": 8, "train.steps": 1})
-    with pytest.raises(UserError, match=r"input_ids of 16 positions, beyond the model's max_len=8"):
+    with pytest.raises(UserError, match=r"input_ids of 16 positions, beyond the model.s max_len=8 .learned positions.: give the task --set task.block_size=8"):
         runs.Run.create(out, settings)
     assert not out.exists()
     ok = shakespeare_cache / "ok"

@@ -289,9 +289,11 @@ def _check_fits(model: Any, task: Any, task_name: str) -> None:
     for key in ("input_ids", "src_ids", "tgt_ids"):
         value = batch.get(key) if isinstance(batch, dict) else None
         if value is not None and value.dim() >= 2 and value.shape[-1] > max_len:
+            option = next((k for k in ("max_len", "block_size", "seq_len") if hasattr(task, k)), None)
+            shorter = f"--set task.{option}={max_len}" if option else "a shorter length for the task"
             raise UserError(f"task {task_name!r} gives {key} of {value.shape[-1]} positions, beyond the model's "
-                            f"max_len={max_len} (learned positions): give the task a shorter length or the model "
-                            f"--set max_len={value.shape[-1]}")
+                            f"max_len={max_len} (learned positions): give the task {shorter} (the only way when "
+                            f"--init fixes the positions), or a new model --set max_len={value.shape[-1]}")
 
 
 def _classes(model: str, task: str) -> Tuple[type, str, type]:
