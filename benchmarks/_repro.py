@@ -10,7 +10,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import qkv.runs
 
@@ -28,6 +28,21 @@ def train_fresh(model, task, out: Path, steps: int, batch_size: int, lr: float, 
     with qkv.runs.Run.of(out, model, task, settings) as run:
         run.train(save=False)
     return time.time() - start
+
+
+def replace_section(doc: Path, section: str, marks: Tuple[str, str], before: str) -> None:
+    """Put ``section`` (which starts with ``marks[0]`` and ends with ``marks[1]``) on the page
+    ``doc`` in place of the marked one, or, the first time, before the text ``before`` (at the end
+    when ``before`` is not on the page)."""
+    start, end = marks
+    text = doc.read_text()
+    if start in text:
+        text = text[:text.index(start)] + section + text[text.index(end) + len(end):]
+    elif before in text:
+        text = text.replace(before, "\n" + section + "\n" + before, 1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    doc.write_text(text)
 
 
 def smoke_dir(name: str) -> Path:

@@ -17,6 +17,8 @@ Sections, each trained with ``qkv.train.Trainer`` and scored on held-out data:
             sentence weights of a few test articles as HTML and PNG.
 6. ``se``   a small CNN with and without squeeze-and-excitation on MNIST digits.
 7. ``gat``  a 2-layer GAT on the karate club (semi-supervised, 3 labelled members per club).
+8. ``seeded`` the cheap comparisons again per seed, and their claims (``--budgets``: SE's curve).
+9. ``san``  StackedAttention with 2 layers against 1 on two-supporting-fact questions.
 
 Results accumulate in ``docs/reproductions/pooling-memory.json``; the markdown is rewritten from it.
 """
@@ -390,8 +392,8 @@ def run_gat() -> Dict[str, Any]:
 
 
 SEEDS = 3  # seeds per model (--seeds); claims need claims.MIN_SEEDS
-BUDGETS: list = []  # gat, ntm: larger numbers of updates (--budgets), each a point of the claim's budget curve
-BUDGETS_ONLY = False  # ntm: keep the saved main budget, run only --budgets
+BUDGETS: list = []  # gat, ntm, seeded (SE only): larger numbers of updates (--budgets), each a point of the claim's budget curve
+BUDGETS_ONLY = False  # ntm, seeded: keep the saved main budget, run only --budgets
 COMMAND = "python benchmarks/repro_pooling_memory.py --only seeded"
 
 
@@ -400,50 +402,60 @@ def run_seeded() -> Dict[str, Any]:
     claims into claims.json: the learned Nadaraya-Watson kernel against the fixed one, attention
     pooling against mean pooling, 3 memory hops against 1 on two-fact questions, SE against a plain
     CNN."""
-    res: Dict[str, Any] = {}
-
     def seeds(fn):
         return [fn(seed) for seed in range(SEEDS)]
 
-    def nw(kernel, seed):
-        torch.manual_seed(seed)
-        model = NadarayaWatson(NadarayaWatsonConfig(kernel=kernel))
-        if kernel == "learned":
-            train(model, NWRegression(), f"nw-{kernel}-s{seed}", 200, 50, 0.5, warmup=0, schedule="constant", seed=seed)
-        return NWRegression().evaluate(model, "test")["mse"]
-
-    res["nw"] = {k: seeds(lambda s: nw(k, s)) for k in ("learned", "fixed")}
-    fetch(["mnist"])
-
-    def mil(pooling, seed):
-        task = DigitBags()
-        torch.manual_seed(seed)
-        model = AttentionMIL(AttentionMILConfig(pooling=pooling))
-        train(model, task, f"mil-{pooling}-s{seed}", 500, 8, 5e-4, weight_decay=1e-4, betas=(0.9, 0.999), seed=seed)
-        return task.evaluate(model, "test")["accuracy"]
-
-    res["mil"] = {k: seeds(lambda s: mil(k, s)) for k in ("attention", "mean")}
-
-    def hops(n_hops, seed):
-        task = BabiTwo()
-        torch.manual_seed(seed)
-        model = EndToEndMemoryNetwork(MemoryNetworkConfig(vocab_size=task.vocab.size, n_hops=n_hops,
-                                                          max_sentences=task.max_sentences))
-        train(model, task, f"memn2n-two-{n_hops}hops-s{seed}", 4000, 32, 1e-2, grad_clip=40.0, seed=seed)
-        return task.evaluate(model, "test")["accuracy"]
-
-    res["hops"] = {str(k): seeds(lambda s: hops(k, s)) for k in (3, 1)}
-
-    def se(use_se, seed):
+    def se(use_se, seed, steps=400):
         task = Digits()
         torch.manual_seed(seed)
         model = SECNN(SECNNConfig(use_se=use_se))
-        train(model, task, f"digits-se{int(use_se)}-s{seed}", 400, 64, 1e-2, warmup=20, seed=seed)
+        train(model, task, f"digits-se{int(use_se)}-s{seed}" + (f"-{steps}" if steps != 400 else ""), steps, 64, 1e-2,
+              warmup=20, seed=seed)
         return task.evaluate(model, "test")["accuracy"]
 
-    res["se"] = {k: seeds(lambda s: se(k == "se", s)) for k in ("se", "plain")}
+    saved = json.loads(RESULTS.read_text()).get("seeded", {}) if RESULTS.exists() else {}
+    if BUDGETS_ONLY and "se" in saved:  # the main budget as saved; only SE's larger budgets are run
+        res: Dict[str, Any] = {k: v for k, v in saved.items() if k != "section_seconds"}
+    else:
+        res = {}
+
+        def nw(kernel, seed):
+            torch.manual_seed(seed)
+            model = NadarayaWatson(NadarayaWatsonConfig(kernel=kernel))
+            if kernel == "learned":
+                train(model, NWRegression(), f"nw-{kernel}-s{seed}", 200, 50, 0.5, warmup=0, schedule="constant", seed=seed)
+            return NWRegression().evaluate(model, "test")["mse"]
+
+        res["nw"] = {k: seeds(lambda s: nw(k, s)) for k in ("learned", "fixed")}
+        fetch(["mnist"])
+
+        def mil(pooling, seed):
+            task = DigitBags()
+            torch.manual_seed(seed)
+            model = AttentionMIL(AttentionMILConfig(pooling=pooling))
+            train(model, task, f"mil-{pooling}-s{seed}", 500, 8, 5e-4, weight_decay=1e-4, betas=(0.9, 0.999), seed=seed)
+            return task.evaluate(model, "test")["accuracy"]
+
+        res["mil"] = {k: seeds(lambda s: mil(k, s)) for k in ("attention", "mean")}
+
+        def hops(n_hops, seed):
+            task = BabiTwo()
+            torch.manual_seed(seed)
+            model = EndToEndMemoryNetwork(MemoryNetworkConfig(vocab_size=task.vocab.size, n_hops=n_hops,
+                                                              max_sentences=task.max_sentences))
+            train(model, task, f"memn2n-two-{n_hops}hops-s{seed}", 4000, 32, 1e-2, grad_clip=40.0, seed=seed)
+            return task.evaluate(model, "test")["accuracy"]
+
+        res["hops"] = {str(k): seeds(lambda s: hops(k, s)) for k in (3, 1)}
+        res["se"] = {k: seeds(lambda s: se(k == "se", s)) for k in ("se", "plain")}
+    fetch(["mnist"])
+    res["se_budgets"] = {**res.get("se_budgets", {}), **{
+        str(steps): {k: seeds(lambda s: se(k == "se", s, steps)) for k in ("se", "plain")} for steps in BUDGETS}}
     if not QUICK:
-        record_seeded(res)
+        if not BUDGETS_ONLY:
+            record_seeded(res)
+        for steps in map(str, BUDGETS):
+            claims.add_point("se-digits", f"{steps} updates", res["se_budgets"][steps]["se"], res["se_budgets"][steps]["plain"])
     return res
 
 
@@ -482,8 +494,43 @@ def record_seeded(res: Dict[str, Any]) -> None:
                                "97% on 500 test digits a 3-block CNN leaves SE little to add"})
 
 
+def run_san() -> Dict[str, Any]:
+    """Stacked attention with two layers against one on two-supporting-fact questions (Yang et al.
+    2016: two layers beat one, the second refining the query with what the first found)."""
+    steps = 4000
+    res: Dict[str, Any] = {"steps": steps, "accuracy": {}, "support_hit": {}}
+    for layers in (2, 1):
+        for key in ("accuracy", "support_hit"):
+            res[key][str(layers)] = []
+        for seed in range(SEEDS):
+            task = BabiTwo()
+            torch.manual_seed(seed)
+            model = StackedAttention(StackedAttentionConfig(vocab_size=task.vocab.size, n_layers=layers,
+                                                            max_sentences=task.max_sentences))
+            train(model, task, f"san-two-{layers}layers-s{seed}", steps, 32, 3e-3, seed=seed)
+            metrics = task.evaluate(model, "test")
+            for key in ("accuracy", "support_hit"):
+                res[key][str(layers)].append(metrics[key])
+            print("san", layers, f"seed {seed}", metrics, flush=True)
+    if SEEDS >= claims.MIN_SEEDS and not QUICK:
+        acc = res["accuracy"]
+        claims.record(
+            id="san-layers", model="stacked-attention", paper="Yang et al. 2016, Stacked Attention Networks for Image "
+            "Question Answering (arXiv:1511.02274)", better="higher",
+            claim="Two stacked attention layers answer questions that need multi-step reasoning better than one.",
+            command=f"python benchmarks/repro_pooling_memory.py --only san --seeds {SEEDS}",
+            ours=acc["2"], baseline=acc["1"],
+            budget=f"babi-two (generated two-supporting-fact stories, 1,000 test stories), {steps} updates of 32; "
+                   "CPU, one thread",
+            why={"reproduced": f"test accuracy 2 layers {claims.fmt(acc['2'])}, 1 layer {claims.fmt(acc['1'])}",
+                 "not reproduced": f"test accuracy 2 layers {claims.fmt(acc['2'])}, 1 layer {claims.fmt(acc['1'])} "
+                                   f"(per seed {[round(x, 3) for x in acc['2']]} vs {[round(x, 3) for x in acc['1']]}): "
+                                   f"{gap(acc['2'], acc['1'])}"})
+    return res
+
+
 SECTIONS = {"nw": run_nw, "mil": run_mil, "memory": run_memory, "ntm": run_ntm, "han": run_han, "se": run_se, "gat": run_gat,
-            "seeded": run_seeded}
+            "seeded": run_seeded, "san": run_san}
 
 
 # --------------------------------------------------------------------------- report
@@ -498,7 +545,7 @@ def write_doc(results: Dict[str, Any]) -> None:
          "Produced by `.venv/bin/python benchmarks/repro_pooling_memory.py` (each section trains with "
          "`qkv.train.Trainer` on CPU and is scored on held-out data; numbers below are from the last run, "
          f"{results.get('_meta', {}).get('machine', '')}). Raw numbers: `pooling-memory.json`.", "",
-         "Sections run alone with `--only SECTION ...` (nw, mil, memory, ntm, han, se, gat, seeded); the others keep their "
+         "Sections run alone with `--only SECTION ...` (nw, mil, memory, ntm, han, se, gat, seeded, san); the others keep their "
          "last results. Budgets are small on purpose (a few CPU minutes per model), so these are sanity "
          "reproductions of each paper's qualitative claim, not of its exact numbers.", ""]
     if "nw" in results:
@@ -612,6 +659,21 @@ def write_doc(results: Dict[str, Any]) -> None:
               "verdicts are in [claims.json](claims.json) ([README](README.md)).", "",
               "| measure | ours | | baseline | |", "| --- | --- | --- | --- | --- |"]
         L += [f"| {m} | {a} | {claims.fmt(x)} | {b} | {claims.fmt(y)} |" for m, a, x, b, y in rows] + [""]
+        if r.get("se_budgets"):
+            L += ["SE at larger budgets (the same seeds; digits accuracy): " + "; ".join(
+                f"{steps} updates: CNN + SE {claims.fmt(p['se'])}, CNN {claims.fmt(p['plain'])}, "
+                f"{claims.verdict(p['se'], p['plain'], 'higher')}" for steps, p in r["se_budgets"].items()) + ".", ""]
+    if "san" in results:
+        r = results["san"]
+        acc, hit = r["accuracy"], r["support_hit"]
+        L += ["## Stacked attention: 2 layers against 1 on two-fact questions (`--only san`)", "",
+              f"`StackedAttention` (Yang et al. 2016) with K = 2 and K = 1 attention layers on `babi-two`, whose answer "
+              f"needs two supporting facts (the second found through the first); {r['steps']} updates of 32, Adam lr "
+              f"3e-3, {len(acc['2'])} seeds (mean ± standard error): test accuracy 2 layers {claims.fmt(acc['2'])}, "
+              f"1 layer {claims.fmt(acc['1'])} (per seed {[round(x, 3) for x in acc['2']]} vs "
+              f"{[round(x, 3) for x in acc['1']]}): {claims.verdict(acc['2'], acc['1'], 'higher')} "
+              f"([claims.json](claims.json)). Share of test questions whose last layer attends most to a supporting "
+              f"fact: 2 layers {claims.fmt(hit['2'])}, 1 layer {claims.fmt(hit['1'])}.", ""]
     DOC.write_text("\n".join(L))
 
 
@@ -623,9 +685,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (small models run best on 1)")
     parser.add_argument("--seeds", type=int, default=SEEDS, help="seeds per model (claims need 3)")
     parser.add_argument("--budgets", type=int, nargs="*", default=[],
-                        help="gat, ntm: larger numbers of updates, each with --seeds seeds, into the claim's budget curve")
+                        help="gat, ntm, seeded (SE only): larger numbers of updates, each with --seeds seeds, into the claim's budget curve")
     parser.add_argument("--budgets-only", action="store_true",
-                        help="ntm: keep the saved results of the main budget and run only --budgets")
+                        help="ntm, seeded: keep the saved results of the main budget and run only --budgets")
     args = parser.parse_args()
     QUICK, SEEDS, BUDGETS, BUDGETS_ONLY = args.quick, args.seeds, args.budgets, args.budgets_only
     if QUICK:

@@ -15,6 +15,10 @@
    expected-context mixing) against soft attention and an image-blind captioner, same budget.
 4. ``--parts tsp``: ``PointerNetwork`` on ``tsp`` (5-10 points): tour length over the exact
    optimum (Held-Karp) against the nearest-neighbour heuristic on the same test instances.
+5. ``--parts lstmn``: ``LSTMN`` against the same network with a one-slot tape (an LSTM) as
+   character language models on shakespeare-char: test bits per character.
+6. ``--parts transformer-vs-rnn``: the Transformer against the GRU encoder-decoder with Bahdanau
+   attention on bible-en-es, the same updates: chrF of greedy test translations, training time.
 
 Writes ``runs/repro_rnn_attention/results.json`` and the PNGs in ``docs/reproductions/img/``.
 """
@@ -40,6 +44,8 @@ from qkv.tasks.captions import DigitCaptionsTask  # noqa: E402
 from qkv.tasks.generated import CopyTask, DatesTask, ReverseTask  # noqa: E402
 from qkv.tasks.pointer_tasks import TSPTask, nearest_neighbour_tour, tour_length  # noqa: E402
 from qkv.models.rnn.pointer import PointerNetwork, PointerNetworkConfig  # noqa: E402
+from qkv.models.rnn.lstmn import LSTMN, LSTMNConfig  # noqa: E402
+from qkv.tasks.lm import ShakespeareChar  # noqa: E402
 from _repro import smoke_dir, train_fresh  # noqa: E402
 import claims  # noqa: E402  (benchmarks/claims.py: the claims table and its verdicts)
 
@@ -123,11 +129,11 @@ STRESS_CLAIMS = {"bahdanau-length": ("Bahdanau", "no attention"),
 
 
 def stress_behind(task_name: str) -> List[str]:
-    """The variants of the stress claims on ``task_name`` that did not reproduce at the main budget:
-    the only ones a larger budget (``--budgets``) reruns."""
+    """The two arms (ours, baseline) of the stress claims on ``task_name`` that did not reproduce at
+    the main budget: the only variants a larger budget (``--budgets``) reruns."""
     verdicts = {e["id"]: e["verdict"] for e in claims.load(claims.CLAIMS)}
     return [label for cid, labels in STRESS_CLAIMS.items()
-            if verdicts.get(f"{cid}-{task_name}") != "reproduced" for label in labels]
+            if verdicts.get(f"{cid}-{task_name}") != "reproduced" for label in labels[:2]]
 
 
 def run_stress(args, results: Dict, task_name: str, point: bool = False) -> None:
@@ -271,18 +277,46 @@ class ImageBlindCaptioner(ShowAttendTell):
         return torch.zeros_like(a), grid
 
 
+CAPTIONERS = (("soft", ShowAttendTell, "soft"), ("hard", ShowAttendTell, "hard"), ("image-blind", ImageBlindCaptioner, "soft"))
+XU = "Xu et al. 2015, Show, Attend and Tell: Neural Image Caption Generation with Visual Attention (arXiv:1502.03044)"
+
+
 def run_hard(args, results: Dict) -> None:
-    """Soft vs hard (Xu et al. §4.1 with its variance reducers) vs image-blind, the same budget."""
+    """Soft vs hard (Xu et al. §4.1 with its variance reducers) vs image-blind, the same budget,
+    ``--seeds`` seeds each; with >= 3 seeds, the claims that soft and hard attention read the image
+    (lower held-out loss per token than the image-blind captioner)."""
     task = DigitCaptionsTask()
-    out = {}
-    for name, cls, attention in (("soft", ShowAttendTell, "soft"), ("hard", ShowAttendTell, "hard"),
-                                 ("image-blind", ImageBlindCaptioner, "soft")):
-        torch.manual_seed(0)
-        model = cls(ShowAttendTellConfig(vocab_size=task.vocab.size, attention=attention))
-        seconds = train(model, task, args.hard_steps, 32, 3e-3, f"captions-{name}")
-        out[name] = {"train_seconds": round(seconds, 1), **task.evaluate(model, "test", max_examples=args.eval_captions)}
-        print("captions", name, out[name], flush=True)
-    results["digit-captions-hard"] = {"steps": args.hard_steps, "batch_size": 32, "lr": 3e-3, **out}
+    per_seed: Dict[str, List[Dict]] = {name: [] for name, _, _ in CAPTIONERS}
+    for seed in range(args.seeds):
+        for name, cls, attention in CAPTIONERS:
+            torch.manual_seed(seed)
+            model = cls(ShowAttendTellConfig(vocab_size=task.vocab.size, attention=attention))
+            seconds = train(model, task, args.hard_steps, 32, 3e-3, f"captions-{name}" + (f"-s{seed}" if seed else ""),
+                            seed=seed)
+            per_seed[name].append({"seed": seed, "train_seconds": round(seconds, 1),
+                                   **task.evaluate(model, "test", max_examples=args.eval_captions)})
+            print("captions", name, per_seed[name][-1], flush=True)
+    results["digit-captions-hard"] = {"steps": args.hard_steps, "batch_size": 32, "lr": 3e-3,
+                                      **{name: runs[0] for name, runs in per_seed.items()}, "per_seed": per_seed}
+    if args.seeds < claims.MIN_SEEDS or args.quick:
+        return
+    loss = {name: [r["loss"] for r in runs] for name, runs in per_seed.items()}
+    acc = {name: [r["token_accuracy"] for r in runs] for name, runs in per_seed.items()}
+    fmt = claims.fmt
+    budget = (f"digit-captions (strips of 2-4 MNIST digits, test strips of unseen digits), {args.hard_steps} updates of "
+              f"32, AdamW lr 3e-3; teacher-forced loss on {args.eval_captions} test strips; CPU, one thread")
+    for name, claim in (("soft", "Soft (deterministic) attention over the image's regions lets the captioner model "
+                                 "captions better than one that does not see the image."),
+                        ("hard", "Hard (stochastic) attention trained by REINFORCE with a baseline and an entropy "
+                                 "bonus learns to read the image: it models captions better than an image-blind "
+                                 "captioner.")):
+        claims.record(
+            id="show-attend-tell" if name == "soft" else f"show-attend-tell-{name}", model=f"show-attend-tell (attention={name})", paper=XU, claim=claim,
+            command=f"python benchmarks/repro_rnn_attention.py --parts hard --seeds {args.seeds}", better="lower",
+            ours=loss[name], baseline=loss["image-blind"], budget=budget,
+            why=f"held-out loss (nats/token) {name} {fmt(loss[name])}, image-blind {fmt(loss['image-blind'])}; token "
+                f"accuracy {fmt(acc[name])} vs {fmt(acc['image-blind'])} (per seed {[round(x, 3) for x in loss[name]]} "
+                f"vs {[round(x, 3) for x in loss['image-blind']]})")
 
 
 def run_tsp(args, results: Dict) -> None:
@@ -301,13 +335,118 @@ def run_tsp(args, results: Dict) -> None:
     task.visualize(model, IMG / "rnn-tsp.png")
 
 
+CHENG = "Cheng et al. 2016, Long Short-Term Memory-Networks for Machine Reading (arXiv:1601.06733)"
+
+
+def run_lstmn(args, results: Dict) -> None:
+    """LSTMN against the same network with a one-slot tape (``memory_span=1``: the attention can only
+    read ``h_{t-1}, c_{t-1}``, so the recurrence is an LSTM's, with the same gates and size) as
+    character language models on shakespeare-char; ``--seeds`` seeds, the claim with >= 3."""
+    task = ShakespeareChar(block_size=64)
+    per_seed: Dict[str, List[Dict]] = {"lstmn": [], "lstm": []}
+    for seed in range(args.seeds):
+        for name, span in (("lstmn", None), ("lstm", 1)):
+            torch.manual_seed(seed)
+            model = LSTMN(LSTMNConfig(vocab_size=task.vocab.size, d_embed=64, d_hidden=128, attn_dim=64, memory_span=span))
+            seconds = train(model, task, args.lstmn_steps, 32, 3e-3, f"lstmn-{name}-s{seed}", seed=seed)
+            per_seed[name].append({"seed": seed, "train_seconds": round(seconds, 1),
+                                   **task.evaluate(model, "test", max_examples=args.eval_lstmn)})
+            print("lstmn", name, per_seed[name][-1], flush=True)
+    results["lstmn"] = {"steps": args.lstmn_steps, "batch_size": 32, "block_size": 64, "lr": 3e-3, "per_seed": per_seed}
+    if args.seeds < claims.MIN_SEEDS or args.quick:
+        return
+    bpc = {name: [r["bpc"] for r in runs] for name, runs in per_seed.items()}
+    claims.record(
+        id="lstmn-lm", model="lstmn", paper=CHENG, better="lower",
+        claim="A memory tape read by intra-attention (LSTMN) models language better than an LSTM of the same size "
+              "(Table 1: perplexity 108 against 115 on the Penn Treebank).",
+        command=f"python benchmarks/repro_rnn_attention.py --parts lstmn --seeds {args.seeds}", ours=bpc["lstmn"],
+        baseline=bpc["lstm"],
+        budget=f"shakespeare-char, windows of 64 characters, embedding 64, state 128, {args.lstmn_steps} updates of 32, "
+               f"AdamW lr 3e-3; baseline: the same LSTMN with memory_span=1 (an LSTM); test bits/char on "
+               f"{args.eval_lstmn} windows; CPU, one thread",
+        why=f"test bits/char LSTMN {claims.fmt(bpc['lstmn'])}, LSTM {claims.fmt(bpc['lstm'])} (per seed "
+            f"{[round(x, 3) for x in bpc['lstmn']]} vs {[round(x, 3) for x in bpc['lstm']]})")
+
+
 BIBLE_BUCKETS = ((1, 49), (50, 69), (70, 84), (85, 100))
+
+
+def translate_and_score(model, task, pairs) -> tuple:
+    """Greedy translations of ``pairs`` (batches of 50) and their sacrebleu corpus BLEU, chrF and
+    character accuracy per source-length bucket (``"1-100"``: all)."""
+    import sacrebleu
+
+    model.eval()
+    hyps: List[str] = []
+    for first in range(0, len(pairs), 50):
+        batch = task.collate(pairs[first : first + 50])
+        with torch.no_grad():
+            ids = model.generate(batch["src_ids"], batch["src_mask"], max_new_tokens=task.max_chars + 1)
+        hyps += [task.decode_generated(row) for row in ids.tolist()]
+    buckets = {}
+    for lo, hi in BIBLE_BUCKETS + ((1, 100),):
+        sel = [(h, r) for h, (src, r) in zip(hyps, pairs) if lo <= len(src) <= hi]
+        hs, rs = [h for h, _ in sel], [r for _, r in sel]
+        buckets[f"{lo}-{hi}"] = {
+            "n": len(sel), "bleu": sacrebleu.corpus_bleu(hs, [rs]).score, "chrf": sacrebleu.corpus_chrf(hs, [rs]).score,
+            "char_accuracy": sum(sum(x == y for x, y in zip(h, r)) / max(len(r), 1) for h, r in sel) / max(len(sel), 1)}
+    return hyps, buckets
+
+
+VASWANI = "Vaswani et al. 2017, Attention Is All You Need (arXiv:1706.03762)"
+
+
+def run_transformer_vs_rnn(args, results: Dict) -> None:
+    """The Transformer against the recurrent encoder-decoder with Bahdanau attention on bible-en-es,
+    the same number of updates of the same batches; chrF of greedy translations of the test verses
+    and the training time. ``--seeds`` seeds; the claim with >= 3."""
+    from qkv.models.transformer.transformer import Transformer, TransformerConfig
+    from qkv.tasks.translation import BibleEnEs
+
+    task = BibleEnEs()
+    pairs = task.eval_pairs("test", args.eval_bible)
+    v = task.vocab
+    arms = {
+        "transformer": (lambda: Transformer(TransformerConfig(vocab_size=v.size, pad_id=v.pad_id, bos_id=v.bos_id,
+                                                              eos_id=v.eos_id, d_model=64, n_heads=4, d_ff=256,
+                                                              n_layers=2, dropout=0.1, max_len=256)), 1e-3),
+        "rnn": (lambda: Seq2Seq(Seq2SeqConfig(src_vocab_size=v.size, attention="bahdanau", d_embed=32, d_hidden=64,
+                                              attn_dim=64, d_readout=64)), 3e-3),
+    }
+    per_seed: Dict[str, List[Dict]] = {name: [] for name in arms}
+    for seed in range(args.seeds):
+        for name, (build, lr) in arms.items():
+            torch.manual_seed(seed)
+            model = build()
+            seconds = train(model, task, args.bible_steps, 32, lr, f"bible-vs-{name}-s{seed}", seed=seed)
+            _, buckets = translate_and_score(model, task, pairs)
+            per_seed[name].append({"seed": seed, "train_seconds": round(seconds, 1), "lr": lr,
+                                   "params": sum(p.numel() for p in model.parameters()), **buckets["1-100"]})
+            print("transformer-vs-rnn", name, per_seed[name][-1], flush=True)
+    results["transformer-vs-rnn"] = {"steps": args.bible_steps, "batch_size": 32, "per_seed": per_seed}
+    if args.seeds < claims.MIN_SEEDS or args.quick:
+        return
+    chrf = {name: [r["chrf"] for r in runs] for name, runs in per_seed.items()}
+    secs = {name: [r["train_seconds"] for r in runs] for name, runs in per_seed.items()}
+    claims.record(
+        id="transformer-vs-rnn", model="transformer", paper=VASWANI, better="higher",
+        claim="The Transformer translates better than a recurrent encoder-decoder with attention, at a fraction of its "
+              "training cost (Table 2).",
+        command=f"python benchmarks/repro_rnn_attention.py --parts transformer-vs-rnn --seeds {args.seeds} "
+                f"--bible-steps {args.bible_steps}",
+        ours=chrf["transformer"], baseline=chrf["rnn"],
+        budget=f"bible-en-es, character level, {args.bible_steps} updates of 32 pairs each; Transformer d_model 64, "
+               f"2 + 2 layers, lr 1e-3; GRU encoder-decoder d_hidden 64 with Bahdanau attention, lr 3e-3; chrF of greedy "
+               f"translations of the {len(pairs)} test verses; CPU, one thread",
+        why=f"test chrF Transformer {claims.fmt(chrf['transformer'])}, recurrent with Bahdanau attention "
+            f"{claims.fmt(chrf['rnn'])} (per seed {[round(x, 1) for x in chrf['transformer']]} vs "
+            f"{[round(x, 1) for x in chrf['rnn']]}); training seconds {claims.fmt(secs['transformer'])} vs "
+            f"{claims.fmt(secs['rnn'])}")
 
 
 def run_bible(args, results: Dict) -> None:
     """bible-en-es, character level: BLEU / chrF of greedy translations per source-length bucket."""
-    import sacrebleu
-
     from qkv.tasks.translation import BibleEnEs
 
     task = BibleEnEs()
@@ -319,20 +458,8 @@ def run_bible(args, results: Dict) -> None:
         model = Seq2Seq(Seq2SeqConfig(src_vocab_size=task.vocab.size, attention=attention, d_embed=32, d_hidden=64,
                                       attn_dim=64, d_readout=64, window=10))
         seconds = train(model, task, args.bible_steps, 32, 3e-3, f"bible-{attention}-s{args.bible_steps}")
-        model.eval()
-        hyps: List[str] = []
-        for first in range(0, len(pairs), 50):
-            batch = task.collate(pairs[first : first + 50])
-            with torch.no_grad():
-                ids = model.generate(batch["src_ids"], batch["src_mask"], max_new_tokens=task.max_chars + 1)
-            hyps += [task.decode_generated(row) for row in ids.tolist()]
-        row = {"train_seconds": round(seconds, 1), "steps": args.bible_steps, "batch_size": 32, "buckets": {}}
-        for lo, hi in BIBLE_BUCKETS + ((1, 100),):
-            sel = [(h, r) for h, (src, r) in zip(hyps, pairs) if lo <= len(src) <= hi]
-            hs, rs = [h for h, _ in sel], [r for _, r in sel]
-            row["buckets"][f"{lo}-{hi}"] = {
-                "n": len(sel), "bleu": sacrebleu.corpus_bleu(hs, [rs]).score, "chrf": sacrebleu.corpus_chrf(hs, [rs]).score,
-                "char_accuracy": sum(sum(x == y for x, y in zip(h, r)) / max(len(r), 1) for h, r in sel) / max(len(sel), 1)}
+        row = {"train_seconds": round(seconds, 1), "steps": args.bible_steps, "batch_size": 32}
+        hyps, row["buckets"] = translate_and_score(model, task, pairs)
         row["samples"] = [{"source": src, "reference": ref, "hypothesis": h} for (src, ref), h in zip(pairs[:3], hyps[:3])]
         (OUT / f"bible-{attention}-s{args.bible_steps}.json").write_text(json.dumps(row, indent=2) + "\n")
         results.setdefault("bible-en-es", {})[label] = row
@@ -365,17 +492,20 @@ def plot_bible(steps: int) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, not the numbers")
-    p.add_argument("--parts", default="dates,copy,captions", help="comma list of dates, copy, reverse, captions")
+    p.add_argument("--parts", default="dates,copy,captions", help="comma list of dates, copy, reverse, captions, bible, hard, tsp, lstmn, transformer-vs-rnn")
     p.add_argument("--variants", default="", help="bible: comma list of none, bahdanau, luong-general, local-p (default all)")
     p.add_argument("--bible-steps", type=int, default=200, help="training steps of each bible-en-es model")
     p.add_argument("--caption-steps", type=int, default=1500, help="training steps of the digit-captions model")
     p.add_argument("--hard-steps", type=int, default=600, help="training steps of each captioner of --parts hard")
     p.add_argument("--tsp-steps", type=int, default=1500, help="training steps of the TSP pointer network")
-    p.add_argument("--seeds", type=int, default=1, help="dates/copy/reverse: seeds per variant (claims need 3)")
+    p.add_argument("--lstmn-steps", type=int, default=1500, help="training steps of each --parts lstmn language model")
+    p.add_argument("--seeds", type=int, default=1, help="dates/copy/reverse/hard/lstmn: seeds per variant (claims need 3)")
     p.add_argument("--stress-steps", type=int, default=400, help="training steps of each copy/reverse model")
     p.add_argument("--budgets", type=int, nargs="*", default=[],
                    help="copy/reverse: larger step budgets, each run with --seeds seeds and added to the budget curve "
                         "of the claims recorded at --stress-steps")
+    p.add_argument("--budgets-only", action="store_true",
+                   help="copy/reverse: run only --budgets (the main budget's claims stay as recorded)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small recurrent steps on a shared machine)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -392,6 +522,8 @@ def main() -> None:
     args.bible_steps = 20 if q else args.bible_steps
     args.hard_steps = 20 if q else args.hard_steps
     args.tsp_steps = 20 if q else args.tsp_steps
+    args.lstmn_steps = 20 if q else args.lstmn_steps
+    args.eval_lstmn = 16 if q else 512
     args.tsp_train = 500 if q else 10000
     args.eval_tsp = 50 if q else 1000
     args.eval_bible = 50 if q else None
@@ -404,7 +536,8 @@ def main() -> None:
         if part == "dates":
             run_dates(args, results)
         elif part in ("copy", "reverse"):
-            run_stress(args, results, part)
+            if not args.budgets_only:
+                run_stress(args, results, part)
             main_steps = args.stress_steps
             for steps in args.budgets:
                 args.stress_steps = steps
@@ -418,8 +551,13 @@ def main() -> None:
             run_hard(args, results)
         elif part == "tsp":
             run_tsp(args, results)
+        elif part == "lstmn":
+            run_lstmn(args, results)
+        elif part == "transformer-vs-rnn":
+            run_transformer_vs_rnn(args, results)
         else:
-            raise SystemExit(f"unknown part {part!r}; choose from dates, copy, reverse, captions, bible, hard, tsp")
+            raise SystemExit(f"unknown part {part!r}; choose from dates, copy, reverse, captions, bible, hard, tsp, lstmn, "
+                             "transformer-vs-rnn")
         results["machine"] = f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}"
         results_path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"done in {time.time() - t0:.0f} s; results in {results_path}")

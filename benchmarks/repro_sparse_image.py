@@ -38,6 +38,7 @@ from qkv.viz import pyplot, save_figure
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import claims  # noqa: E402  (benchmarks/claims.py: the claims table and its verdicts)
+from _repro import replace_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reproductions" / "sparse-image.md"
@@ -336,13 +337,7 @@ def mnist_seeds(args):
 def publish_section(section: str, marks, before: str, key: str, value) -> None:
     """Put ``section`` (which starts and ends with ``marks``) on the page — in place of the marked
     one, or first before the text ``before`` — and ``value`` under ``key`` in sparse-image.json."""
-    start, end = marks
-    text = DOC.read_text()
-    if start in text:
-        text = text[:text.index(start)] + section + text[text.index(end) + len(end):]
-    else:
-        text = text.replace(before, "\n" + section + "\n" + before, 1)
-    DOC.write_text(text)
+    replace_section(DOC, section, marks, before)
     path = DOC.parent / "sparse-image.json"
     saved = json.loads(path.read_text())
     saved[key] = value
