@@ -142,6 +142,8 @@ def plot_spans(spans: np.ndarray, S: int, widths: List[int]) -> None:
     image = a.imshow(spans, cmap="viridis", vmin=0, vmax=S, origin="lower", aspect="auto")
     for (layer, head), z in np.ndenumerate(spans):
         a.text(head, layer, f"{z:.0f}", ha="center", va="center", color="w" if z < S / 2 else "k", fontsize=9)
+    a.set_xticks(range(spans.shape[1]))  # whole heads and layers, not the default fractional ticks
+    a.set_yticks(range(spans.shape[0]))
     a.set_xlabel("head")
     a.set_ylabel("layer")
     a.set_title(f"learned span z per head (S = {S})")
@@ -153,7 +155,8 @@ def plot_spans(spans: np.ndarray, S: int, widths: List[int]) -> None:
     b.set_xticks(layers)
     b.set_xlabel("layer")
     b.set_ylabel("positions")
-    b.legend(fontsize=8)
+    b.set_ylim(0, S * 1.35)  # room for the legend above the bars
+    b.legend(fontsize=8, loc="upper center", ncol=2)
     b.set_title("span and attention cost per layer")
     fig.tight_layout()
     fig.savefig(IMG / "adaptive-span-spans.png", dpi=120)

@@ -59,10 +59,12 @@ def byte_data(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def benchmark_script():
+def benchmark_script(monkeypatch):
     """``load(NAME)``: ``benchmarks/NAME.py`` as a fresh module (each call a new one, so the
-    globals a ``--quick`` run redirects start clean)."""
+    globals a ``--quick`` run redirects start clean), with ``benchmarks/`` importable as when the
+    script runs (``import claims``, ``from _repro import ...``)."""
     root = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(root))
 
     def load(name: str):
         spec = importlib.util.spec_from_file_location(name, root / f"{name}.py")

@@ -1,0 +1,87 @@
+"""The reproduction parts added for issue 23's untested claims, smoke-run with ``--quick``: each arm
+trains and is scored, results land in the smoke or run folder, and claims.json is never touched;
+``_repro.replace_section`` puts a marked section on a page once and then replaces it in place."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from qkv.tasks import data
+
+ROOT = Path(__file__).resolve().parents[2]
+CLAIMS = ROOT / "docs" / "reproductions" / "claims.json"
+
+
+def test_replace_section_inserts_once_then_replaces(benchmark_script, tmp_path):
+    repro = benchmark_script("_repro")
+    page = tmp_path / "page.md"
+    page.write_text("# title\n\n## What this shows\n\nend\n")
+    marks = ("<!-- s -->", "<!-- /s -->")
+    repro.replace_section(page, "<!-- s -->\nfirst\n<!-- /s -->", marks, "## What this shows")
+    text = page.read_text()
+    assert text.index("first") < text.index("## What this shows") and text.count("<!-- s -->") == 1
+    repro.replace_section(page, "<!-- s -->\nsecond\n<!-- /s -->", marks, "## What this shows")
+    text = page.read_text()
+    assert "second" in text and "first" not in text and text.count("<!-- /s -->") == 1
+    assert text.startswith("# title") and text.rstrip().endswith("end")
+    other = tmp_path / "other.md"  # no anchor on the page: the section goes at the end
+    other.write_text("# other\n")
+    repro.replace_section(other, "<!-- s -->\nx\n<!-- /s -->", marks, "## missing")
+    assert other.read_text().rstrip().endswith("<!-- /s -->")
+
+
+def quick_rnn_parts(script, monkeypatch, tmp_path, parts: str) -> dict:
+    monkeypatch.setattr(script, "OUT", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["repro_rnn_attention.py", "--quick", "--parts", parts])
+    script.main()
+    return json.loads(next(tmp_path.glob("results-quick-*.json")).read_text())
+
+
+@pytest.mark.skipif(not all(data.is_cached(name) for name in ("shakespeare", "mnist")),
+                    reason="run `qkv data fetch shakespeare mnist`")
+def test_rnn_parts_lstmn_and_hard(benchmark_script, monkeypatch, tmp_path):
+    before = CLAIMS.read_text()
+    results = quick_rnn_parts(benchmark_script("repro_rnn_attention"), monkeypatch, tmp_path, "lstmn,hard")
+    lstmn = results["lstmn"]["per_seed"]
+    assert set(lstmn) == {"lstmn", "lstm"} and all(r["bpc"] > 0 for runs in lstmn.values() for r in runs)
+    hard = results["digit-captions-hard"]["per_seed"]
+    assert set(hard) == {"soft", "hard", "image-blind"} and all(r["loss"] > 0 for runs in hard.values() for r in runs)
+    assert CLAIMS.read_text() == before
+
+
+@pytest.mark.skipif(not data.is_cached("bible"), reason="run `qkv data fetch bible`")
+def test_rnn_part_transformer_vs_rnn(benchmark_script, monkeypatch, tmp_path):
+    before = CLAIMS.read_text()
+    results = quick_rnn_parts(benchmark_script("repro_rnn_attention"), monkeypatch, tmp_path, "transformer-vs-rnn")
+    vs = results["transformer-vs-rnn"]["per_seed"]
+    assert set(vs) == {"transformer", "rnn"} and all(0 <= r["chrf"] <= 100 for runs in vs.values() for r in runs)
+    assert CLAIMS.read_text() == before
+
+
+def test_adaptive_ut_vs_transformer_quick(benchmark_script, monkeypatch, tmp_path, capsys):
+    before = CLAIMS.read_text()
+    script = benchmark_script("repro_adaptive")
+    monkeypatch.setattr(script, "OUT", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["repro_adaptive.py", "--quick", "--part", "ut-vs-transformer"])
+    script.main()
+    out = capsys.readouterr().out
+    assert "ut-vs-transformer ut" in out and "ut-vs-transformer transformer" in out
+    assert not (tmp_path / "vs-transformer.json").exists()  # a smoke run publishes nothing
+    assert CLAIMS.read_text() == before
+
+
+def test_pooling_memory_san_quick(benchmark_script, monkeypatch, tmp_path):
+    before = CLAIMS.read_text()
+    script = benchmark_script("repro_pooling_memory")
+    monkeypatch.setattr(script, "OUT", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["repro_pooling_memory.py", "--quick", "--only", "san", "--seeds", "1"])
+    script.main()
+    results = json.loads(script.RESULTS.read_text())
+    assert script.RESULTS.parent != ROOT / "docs" / "reproductions"
+    assert set(results["san"]["accuracy"]) == {"2", "1"}
+    assert "Stacked attention: 2 layers against 1" in script.DOC.read_text()
+    assert CLAIMS.read_text() == before
