@@ -92,6 +92,145 @@ def test_pointer_bad_inputs():
         model(inputs, labels=labels, input_mask=mask.flip(1))
 
 
+# -------------------------------------------------- PointerNetwork, output="vocabulary" (the seq2seq baseline)
+
+
+def make_vocabulary(max_inputs=8):
+    torch.manual_seed(0)
+    config = PointerNetworkConfig(d_input=2, d_embed=5, d_hidden=7, attn_dim=4, output="vocabulary", max_inputs=max_inputs)
+    return PointerNetwork(config).double()
+
+
+def test_vocabulary_matches_loop():
+    """Vinyals et al.'s +ATTENTION baseline written plainly: one example, one decoder step at a time."""
+    model = make_vocabulary()
+    inputs, mask, labels = pointer_batch()
+    out = model(inputs, labels=labels, input_mask=mask, need_weights=True)
+    assert out.logits.shape == (3, 5, 7) and out.weights.shape == (3, 5, 7)
+    torch.testing.assert_close(out.weights.sum(-1), torch.ones(3, 5, dtype=torch.float64))
+    sc, K = model.score, model.config.max_inputs  # END is class K
+    low = torch.finfo(torch.float64).min
+    with torch.no_grad():
+        for b in range(3):
+            n = int(mask[b].sum())
+            x = model.embed(inputs[b, :n])  # (n, E)
+            enc, (h, c) = model.encoder(x[None])
+            e, h, c = enc[0], h[0], c[0]  # e_1 .. e_n
+            inp = model.start[None]
+            for i in range(labels.shape[1]):
+                h, c = model.decoder(inp, (h, c))  # d_i
+                # a_ij = softmax_j v^T tanh(W1 d_i + W2 e_j) over the n real inputs
+                s = [float(sc.v.weight[0] @ torch.tanh(sc.W1.weight @ h[0] + sc.W2.weight @ e[j] + sc.W2.bias))
+                     for j in range(n)]
+                a = [math.exp(v) / sum(math.exp(w) for w in s) for v in s]
+                ctx = sum(a_j * e_j for a_j, e_j in zip(a, e))  # c_i = sum_j a_ij e_j
+                z = model.out.weight @ torch.cat([h[0], ctx]) + model.out.bias  # W_o [d_i; c_i] + b_o, K + 1 classes
+                # columns 0..n-1: classes 0..n-1; padded columns at finfo.min; END (class K) at the padded length 6
+                torch.testing.assert_close(out.logits[b, i, :n], z[:n], atol=1e-9, rtol=1e-7)
+                torch.testing.assert_close(out.logits[b, i, 6], z[K], atol=1e-9, rtol=1e-7)
+                assert bool((out.logits[b, i, n:6] == low).all())
+                offered = torch.cat([z[:n], z[K:]])
+                torch.testing.assert_close(torch.cat([out.weights[b, i, :n], out.weights[b, i, 6:]]), torch.softmax(offered, 0))
+                j = int(labels[b, i])  # the previous output CLASS is fed back, END (6) as class K
+                inp = model.class_embed.weight[K if j == 6 else j][None] if 0 <= j <= 6 else model.start[None]
+    # the pointer mode's parameters are not all here, and the baseline's are not in pointer mode
+    names = dict(model.named_parameters())
+    assert "end_key" not in names and {"out.weight", "class_embed.weight"} <= set(names)
+    assert "class_embed.weight" not in dict(make_pointer().named_parameters())
+
+
+def test_vocabulary_gradients_and_no_leak_through_padding():
+    model = make_vocabulary()
+    inputs, mask, labels = pointer_batch()
+    inputs = inputs.clone().requires_grad_(True)
+    out = model(inputs, labels=labels, input_mask=mask)
+    out.loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert inputs.grad[~mask].abs().max() == 0  # padded inputs reach nothing
+    noisy = torch.where(mask.unsqueeze(-1), inputs.detach(), torch.randn_like(inputs) * 100)
+    with torch.no_grad():
+        again = model(noisy, labels=labels, input_mask=mask)
+    torch.testing.assert_close(again.logits, out.logits.detach(), atol=0, rtol=0)
+    # each example alone gives its rows of the padded batch
+    with torch.no_grad():
+        for b in range(3):
+            n = int(mask[b].sum())
+            alone = labels[b : b + 1].masked_fill(labels[b : b + 1] == 6, n)
+            single = model(inputs[b : b + 1, :n].detach(), labels=alone).logits[0]
+            torch.testing.assert_close(single[:, :n], out.logits[b, :, :n].detach())
+            torch.testing.assert_close(single[:, n], out.logits[b, :, 6].detach())
+
+
+def test_vocabulary_generate_is_valid_and_its_own_teacher_forced_argmax():
+    model = make_vocabulary().eval()
+    inputs, mask, _ = pointer_batch()
+    ids = model.generate(inputs, input_mask=mask)  # forbid_repeats by default
+    for b in range(3):
+        n = int(mask[b].sum())
+        row = [i for i in ids[b].tolist() if i >= 0]
+        picked = [i for i in row if i != 6]
+        assert len(picked) == len(set(picked)) and all(i < n for i in picked)
+    tours = model.generate(inputs, input_mask=mask, point_all=True)
+    for b in range(3):
+        n = int(mask[b].sum())
+        assert sorted(tours[b, :n].tolist()) == list(range(n)) and int(tours[b, n]) == 6  # a permutation, then END
+    # unconstrained greedy decoding = the argmax of the forward pass teacher forced with its own outputs
+    ids, w = model.generate(inputs, input_mask=mask, forbid_repeats=False, return_weights=True)
+    labels = ids.masked_fill(ids < 0, -100)
+    out = model(inputs, labels=labels, input_mask=mask, need_weights=True)
+    valid = labels != -100
+    assert torch.equal(out.logits.argmax(-1)[valid], ids[valid])
+    torch.testing.assert_close(out.weights[valid], w[valid])
+
+
+def test_vocabulary_bad_config_and_too_long_inputs():
+    with pytest.raises(ValueError, match="output"):
+        PointerNetwork(PointerNetworkConfig(output="x"))
+    with pytest.raises(ValueError, match="max_inputs"):
+        PointerNetwork(PointerNetworkConfig(output="vocabulary", max_inputs=0))
+    with pytest.raises(ValueError, match="max_inputs"):
+        PointerNetwork(PointerNetworkConfig(max_inputs=0))
+    model = make_vocabulary(max_inputs=5)
+    inputs, mask, labels = pointer_batch()  # 6 inputs
+    with pytest.raises(ValueError, match="6 elements.*max_inputs=5"):
+        model(inputs, labels=labels, input_mask=mask)
+    with pytest.raises(ValueError, match="6 elements.*max_inputs=5"):
+        model.generate(inputs, input_mask=mask)
+    model(inputs[:, :5], labels=labels.clamp(max=5))  # max_inputs inputs are fine
+    make_pointer()(inputs, labels=labels, input_mask=mask)  # the pointer has no dictionary to outgrow
+
+
+def test_vocabulary_learns_to_sort_a_little(tmp_path):
+    task = PointerSortTask(min_len=4, max_len=5, eval_size=64)
+    torch.manual_seed(0)
+    model = PointerNetwork(PointerNetworkConfig(d_input=1, d_embed=16, d_hidden=32, attn_dim=16, output="vocabulary",
+                                                max_inputs=5))
+    before = task.evaluate(model, "valid")["loss"]
+    Trainer(model, task, TrainConfig(steps=40, batch_size=32, lr=1e-2, warmup=5, eval_batches=0, eval_max_examples=32,
+                                     out_dir=str(tmp_path), progress=False, tensorboard=False)).fit()
+    after = task.evaluate(model, "valid")
+    assert after["loss"] < 0.8 * before
+
+
+def test_vocabulary_from_the_command_line(tmp_path, train_argv, capsys):
+    from qkv.cli import main
+    from qkv.models import QKVModel
+
+    tiny = ["--set", "d_embed=8", "--set", "d_hidden=8", "--set", "attn_dim=4"]
+    run = tmp_path / "run"
+    assert main(train_argv("pointer-network", "convex-hull", run, "--set", "output=vocabulary", *tiny,
+                           steps=3, batch_size=4)) == 0
+    model = QKVModel.from_pretrained(run / "model")
+    assert model.config.output == "vocabulary" and model.config.max_inputs == 50
+    picture = tmp_path / "hull.png"  # qkv viz draws the output distributions as for the pointer
+    assert main(["viz", str(run), "--text", "0.1,0.1 0.9,0.2 0.5,0.9 0.5,0.4", "--out", str(picture), "--threads", "1"]) == 0
+    assert picture.stat().st_size > 1000
+    capsys.readouterr()
+    assert main(train_argv("pointer-network", "convex-hull", tmp_path / "bad", "--set", "output=wrong", *tiny)) == 2
+    assert "output must be one of ('pointer', 'vocabulary'), got 'wrong'" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------- LSTMN
 
 
