@@ -19,6 +19,8 @@
    character language models on shakespeare-char: test bits per character.
 6. ``--parts transformer-vs-rnn``: the Transformer against the GRU encoder-decoder with Bahdanau
    attention on bible-en-es, the same updates: chrF of greedy test translations, training time.
+7. ``--parts hull``: ``PointerNetwork`` on ``convex-hull`` (5-10 points) against the same network
+   emitting positions from a fixed dictionary with attention (``output="vocabulary"``): exact hulls.
 
 Writes ``runs/repro_rnn_attention/results.json`` and the PNGs in ``docs/reproductions/img/``.
 """
@@ -42,7 +44,7 @@ from qkv.models.rnn.seq2seq import Seq2Seq, Seq2SeqConfig  # noqa: E402
 from qkv.models.rnn.show_attend_tell import ShowAttendTell, ShowAttendTellConfig  # noqa: E402
 from qkv.tasks.captions import DigitCaptionsTask  # noqa: E402
 from qkv.tasks.generated import CopyTask, DatesTask, ReverseTask  # noqa: E402
-from qkv.tasks.pointer_tasks import TSPTask, nearest_neighbour_tour, tour_length  # noqa: E402
+from qkv.tasks.pointer_tasks import ConvexHullTask, TSPTask, nearest_neighbour_tour, tour_length  # noqa: E402
 from qkv.models.rnn.pointer import PointerNetwork, PointerNetworkConfig  # noqa: E402
 from qkv.models.rnn.lstmn import LSTMN, LSTMNConfig  # noqa: E402
 from qkv.tasks.lm import ShakespeareChar  # noqa: E402
@@ -369,6 +371,43 @@ def run_lstmn(args, results: Dict) -> None:
             f"{[round(x, 3) for x in bpc['lstmn']]} vs {[round(x, 3) for x in bpc['lstm']]})")
 
 
+VINYALS = "Vinyals et al. 2015, Pointer Networks (arXiv:1506.03134)"
+
+
+def run_hull(args, results: Dict) -> None:
+    """Convex hull of 5-10 points: the pointer network against the same network emitting input
+    positions from a fixed dictionary with content attention (``output="vocabulary"``, the paper's
+    "+ATTENTION" baseline, Table 1); exact hulls and area coverage on the test set."""
+    task = ConvexHullTask(min_len=5, max_len=10, eval_size=args.eval_hull)
+    per_seed: Dict[str, List[Dict]] = {"pointer": [], "vocabulary": []}
+    for seed in range(args.seeds):
+        for output in per_seed:
+            torch.manual_seed(seed)
+            model = PointerNetwork(PointerNetworkConfig(d_input=2, d_embed=64, d_hidden=128, attn_dim=64, output=output,
+                                                        max_inputs=10))
+            seconds = train(model, task, args.hull_steps, 128, 1e-3, f"hull-{output}-s{seed}", seed=seed)
+            per_seed[output].append({"seed": seed, "train_seconds": round(seconds, 1),
+                                     "params": sum(p.numel() for p in model.parameters()), **task.evaluate(model, "test")})
+            print("hull", output, per_seed[output][-1], flush=True)
+    results["convex-hull"] = {"steps": args.hull_steps, "batch_size": 128, "lr": 1e-3, "per_seed": per_seed}
+    if args.seeds < claims.MIN_SEEDS or args.quick:
+        return
+    exact = {k: [r["exact_match"] for r in v] for k, v in per_seed.items()}
+    area = {k: [r.get("area_coverage", float("nan")) for r in v] for k, v in per_seed.items()}
+    claims.record(
+        id="pointer-hull", model="pointer-network", paper=VINYALS, better="higher",
+        claim="Pointing at the inputs solves planar convex hulls better than emitting input positions from a fixed "
+              "output dictionary with attention (Table 1: Ptr-Net against LSTM + attention).",
+        command=f"python benchmarks/repro_rnn_attention.py --parts hull --seeds {args.seeds} --hull-steps {args.hull_steps}",
+        ours=exact["pointer"], baseline=exact["vocabulary"],
+        budget=f"convex-hull of 5-10 uniform points, {args.hull_steps} updates of 128, AdamW lr 1e-3, LSTM 128; the "
+               f"same network with output='vocabulary' (10 position classes + END); exact hulls on {args.eval_hull} test "
+               "sets, greedy decoding; CPU, one thread",
+        why=f"exact hulls: pointer {claims.fmt(exact['pointer'])}, dictionary + attention {claims.fmt(exact['vocabulary'])} "
+            f"(per seed {[round(x, 3) for x in exact['pointer']]} vs {[round(x, 3) for x in exact['vocabulary']]}); "
+            f"area coverage {claims.fmt(area['pointer'])} vs {claims.fmt(area['vocabulary'])}")
+
+
 BIBLE_BUCKETS = ((1, 49), (50, 69), (70, 84), (85, 100))
 
 
@@ -492,12 +531,13 @@ def plot_bible(steps: int) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, not the numbers")
-    p.add_argument("--parts", default="dates,copy,captions", help="comma list of dates, copy, reverse, captions, bible, hard, tsp, lstmn, transformer-vs-rnn")
+    p.add_argument("--parts", default="dates,copy,captions", help="comma list of dates, copy, reverse, captions, bible, hard, tsp, lstmn, transformer-vs-rnn, hull")
     p.add_argument("--variants", default="", help="bible: comma list of none, bahdanau, luong-general, local-p (default all)")
     p.add_argument("--bible-steps", type=int, default=200, help="training steps of each bible-en-es model")
     p.add_argument("--caption-steps", type=int, default=1500, help="training steps of the digit-captions model")
     p.add_argument("--hard-steps", type=int, default=600, help="training steps of each captioner of --parts hard")
     p.add_argument("--tsp-steps", type=int, default=1500, help="training steps of the TSP pointer network")
+    p.add_argument("--hull-steps", type=int, default=1000, help="training steps of each --parts hull pointer network")
     p.add_argument("--lstmn-steps", type=int, default=1500, help="training steps of each --parts lstmn language model")
     p.add_argument("--seeds", type=int, default=1, help="dates/copy/reverse/hard/lstmn: seeds per variant (claims need 3)")
     p.add_argument("--stress-steps", type=int, default=400, help="training steps of each copy/reverse model")
@@ -523,6 +563,8 @@ def main() -> None:
     args.hard_steps = 20 if q else args.hard_steps
     args.tsp_steps = 20 if q else args.tsp_steps
     args.lstmn_steps = 20 if q else args.lstmn_steps
+    args.hull_steps = 20 if q else args.hull_steps
+    args.eval_hull = 50 if q else 1000
     args.eval_lstmn = 16 if q else 512
     args.tsp_train = 500 if q else 10000
     args.eval_tsp = 50 if q else 1000
@@ -555,9 +597,11 @@ def main() -> None:
             run_lstmn(args, results)
         elif part == "transformer-vs-rnn":
             run_transformer_vs_rnn(args, results)
+        elif part == "hull":
+            run_hull(args, results)
         else:
             raise SystemExit(f"unknown part {part!r}; choose from dates, copy, reverse, captions, bible, hard, tsp, lstmn, "
-                             "transformer-vs-rnn")
+                             "transformer-vs-rnn, hull")
         results["machine"] = f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}"
         results_path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"done in {time.time() - t0:.0f} s; results in {results_path}")
