@@ -19,8 +19,8 @@
    character language models on shakespeare-char: test bits per character.
 6. ``--parts transformer-vs-rnn``: the Transformer against the GRU encoder-decoder with Bahdanau
    attention on bible-en-es, the same updates: chrF of greedy test translations, training time.
-7. ``--parts hull``: ``PointerNetwork`` on ``convex-hull`` (5-10 points) against the same network
-   emitting positions from a fixed dictionary with attention (``output="vocabulary"``): exact hulls.
+7. ``--parts hull,delaunay,sort``: ``PointerNetwork`` on 5-10 inputs against the same network
+   emitting positions from a fixed dictionary with attention (``output="vocabulary"``): exact outputs.
 
 Writes ``runs/repro_rnn_attention/results.json`` and the PNGs in ``docs/reproductions/img/``.
 """
@@ -44,7 +44,7 @@ from qkv.models.rnn.seq2seq import Seq2Seq, Seq2SeqConfig  # noqa: E402
 from qkv.models.rnn.show_attend_tell import ShowAttendTell, ShowAttendTellConfig  # noqa: E402
 from qkv.tasks.captions import DigitCaptionsTask  # noqa: E402
 from qkv.tasks.generated import CopyTask, DatesTask, ReverseTask  # noqa: E402
-from qkv.tasks.pointer_tasks import ConvexHullTask, TSPTask, nearest_neighbour_tour, tour_length  # noqa: E402
+from qkv.tasks.pointer_tasks import ConvexHullTask, DelaunayTask, PointerSortTask, TSPTask, nearest_neighbour_tour, tour_length  # noqa: E402
 from qkv.models.rnn.pointer import PointerNetwork, PointerNetworkConfig  # noqa: E402
 from qkv.models.rnn.lstmn import LSTMN, LSTMNConfig  # noqa: E402
 from qkv.tasks.lm import ShakespeareChar  # noqa: E402
@@ -374,38 +374,53 @@ def run_lstmn(args, results: Dict) -> None:
 VINYALS = "Vinyals et al. 2015, Pointer Networks (arXiv:1506.03134)"
 
 
-def run_hull(args, results: Dict) -> None:
-    """Convex hull of 5-10 points: the pointer network against the same network emitting input
-    positions from a fixed dictionary with content attention (``output="vocabulary"``, the paper's
-    "+ATTENTION" baseline, Table 1); exact hulls and area coverage on the test set."""
-    task = ConvexHullTask(min_len=5, max_len=10, eval_size=args.eval_hull)
+# the pointer-network parts: task, d_input, the task's own quality metric, and the claim's task words
+POINTER_PARTS = {
+    "hull": (ConvexHullTask, "convex-hull", 2, "area_coverage", "planar convex hulls",
+             "Table 1: Ptr-Net against LSTM + attention"),
+    "delaunay": (DelaunayTask, "delaunay", 2, "triangle_coverage", "planar Delaunay triangulations",
+                 "Table 1's Delaunay task"),
+    "sort": (PointerSortTask, "pointer-sort", 1, None, "sorting numbers", "the pointer's first use, §1"),
+}
+
+
+def run_pointer(args, results: Dict, part: str) -> None:
+    """``part`` (hull, delaunay, sort) on 5-10 inputs: the pointer network against the same network
+    emitting input positions from a fixed dictionary with content attention (``output="vocabulary"``,
+    the paper's "+ATTENTION" baseline, Table 1); exact outputs and the task's metric on the test set."""
+    cls, task_name, d_input, metric, words, where = POINTER_PARTS[part]
+    task = cls(min_len=5, max_len=10, eval_size=args.eval_hull)
     per_seed: Dict[str, List[Dict]] = {"pointer": [], "vocabulary": []}
     for seed in range(args.seeds):
         for output in per_seed:
             torch.manual_seed(seed)
-            model = PointerNetwork(PointerNetworkConfig(d_input=2, d_embed=64, d_hidden=128, attn_dim=64, output=output,
-                                                        max_inputs=10))
-            seconds = train(model, task, args.hull_steps, 128, 1e-3, f"hull-{output}-s{seed}", seed=seed)
+            model = PointerNetwork(PointerNetworkConfig(d_input=d_input, d_embed=64, d_hidden=128, attn_dim=64,
+                                                        output=output, max_inputs=10))
+            seconds = train(model, task, args.hull_steps, 128, 1e-3, f"{part}-{output}-s{seed}", seed=seed)
             per_seed[output].append({"seed": seed, "train_seconds": round(seconds, 1),
                                      "params": sum(p.numel() for p in model.parameters()), **task.evaluate(model, "test")})
-            print("hull", output, per_seed[output][-1], flush=True)
-    results["convex-hull"] = {"steps": args.hull_steps, "batch_size": 128, "lr": 1e-3, "per_seed": per_seed}
+            print(part, output, per_seed[output][-1], flush=True)
+    results[f"pointer-{part}"] = {"steps": args.hull_steps, "batch_size": 128, "lr": 1e-3, "per_seed": per_seed}
     if args.seeds < claims.MIN_SEEDS or args.quick:
         return
     exact = {k: [r["exact_match"] for r in v] for k, v in per_seed.items()}
-    area = {k: [r.get("area_coverage", float("nan")) for r in v] for k, v in per_seed.items()}
+    extra = ""
+    if metric:
+        m = {k: [r[metric] for r in v] for k, v in per_seed.items()}
+        extra = f"; {metric.replace('_', ' ')} {claims.fmt(m['pointer'])} vs {claims.fmt(m['vocabulary'])}"
     claims.record(
-        id="pointer-hull", model="pointer-network", paper=VINYALS, better="higher",
-        claim="Pointing at the inputs solves planar convex hulls better than emitting input positions from a fixed "
-              "output dictionary with attention (Table 1: Ptr-Net against LSTM + attention).",
-        command=f"python benchmarks/repro_rnn_attention.py --parts hull --seeds {args.seeds} --hull-steps {args.hull_steps}",
+        id=f"pointer-{part}", model="pointer-network", paper=VINYALS, better="higher",
+        claim=f"Pointing at the inputs solves {words} better than emitting input positions from a fixed output "
+              f"dictionary with attention ({where}).",
+        command=f"python benchmarks/repro_rnn_attention.py --parts {part} --seeds {args.seeds} --hull-steps {args.hull_steps}",
         ours=exact["pointer"], baseline=exact["vocabulary"],
-        budget=f"convex-hull of 5-10 uniform points, {args.hull_steps} updates of 128, AdamW lr 1e-3, LSTM 128; the "
-               f"same network with output='vocabulary' (10 position classes + END); exact hulls on {args.eval_hull} test "
-               "sets, greedy decoding; CPU, one thread",
-        why=f"exact hulls: pointer {claims.fmt(exact['pointer'])}, dictionary + attention {claims.fmt(exact['vocabulary'])} "
-            f"(per seed {[round(x, 3) for x in exact['pointer']]} vs {[round(x, 3) for x in exact['vocabulary']]}); "
-            f"area coverage {claims.fmt(area['pointer'])} vs {claims.fmt(area['vocabulary'])}")
+        budget=f"{task_name} of 5-10 inputs, {args.hull_steps} updates of 128, AdamW "
+               f"lr 1e-3, LSTM 128; the same network with output='vocabulary' (10 position classes + END); exact "
+               f"outputs on {args.eval_hull} test instances, greedy decoding constrained as the task's evaluation does; CPU, "
+               "one thread",
+        why=f"exact outputs: pointer {claims.fmt(exact['pointer'])}, dictionary + attention "
+            f"{claims.fmt(exact['vocabulary'])} (per seed {[round(x, 3) for x in exact['pointer']]} vs "
+            f"{[round(x, 3) for x in exact['vocabulary']]}){extra}")
 
 
 BIBLE_BUCKETS = ((1, 49), (50, 69), (70, 84), (85, 100))
@@ -531,13 +546,13 @@ def plot_bible(steps: int) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny budgets: checks the pipeline, not the numbers")
-    p.add_argument("--parts", default="dates,copy,captions", help="comma list of dates, copy, reverse, captions, bible, hard, tsp, lstmn, transformer-vs-rnn, hull")
+    p.add_argument("--parts", default="dates,copy,captions", help="comma list of dates, copy, reverse, captions, bible, hard, tsp, lstmn, transformer-vs-rnn, hull, delaunay, sort")
     p.add_argument("--variants", default="", help="bible: comma list of none, bahdanau, luong-general, local-p (default all)")
     p.add_argument("--bible-steps", type=int, default=200, help="training steps of each bible-en-es model")
     p.add_argument("--caption-steps", type=int, default=1500, help="training steps of the digit-captions model")
     p.add_argument("--hard-steps", type=int, default=600, help="training steps of each captioner of --parts hard")
     p.add_argument("--tsp-steps", type=int, default=1500, help="training steps of the TSP pointer network")
-    p.add_argument("--hull-steps", type=int, default=1000, help="training steps of each --parts hull pointer network")
+    p.add_argument("--hull-steps", type=int, default=1000, help="training steps of each pointer network of --parts hull, delaunay, sort")
     p.add_argument("--lstmn-steps", type=int, default=1500, help="training steps of each --parts lstmn language model")
     p.add_argument("--seeds", type=int, default=1, help="dates/copy/reverse/hard/lstmn: seeds per variant (claims need 3)")
     p.add_argument("--stress-steps", type=int, default=400, help="training steps of each copy/reverse model")
@@ -597,11 +612,11 @@ def main() -> None:
             run_lstmn(args, results)
         elif part == "transformer-vs-rnn":
             run_transformer_vs_rnn(args, results)
-        elif part == "hull":
-            run_hull(args, results)
+        elif part in POINTER_PARTS:
+            run_pointer(args, results, part)
         else:
             raise SystemExit(f"unknown part {part!r}; choose from dates, copy, reverse, captions, bible, hard, tsp, lstmn, "
-                             "transformer-vs-rnn, hull")
+                             "transformer-vs-rnn, hull, delaunay, sort")
         results["machine"] = f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}"
         results_path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"done in {time.time() - t0:.0f} s; results in {results_path}")

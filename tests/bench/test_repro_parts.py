@@ -56,7 +56,7 @@ def test_rnn_parts_lstmn_and_hard(benchmark_script, monkeypatch, tmp_path):
 def test_rnn_part_hull_pointer_against_dictionary(benchmark_script, monkeypatch, tmp_path):
     before = CLAIMS.read_text()
     results = quick_rnn_parts(benchmark_script("repro_rnn_attention"), monkeypatch, tmp_path, "hull")
-    hull = results["convex-hull"]["per_seed"]
+    hull = results["pointer-hull"]["per_seed"]
     assert set(hull) == {"pointer", "vocabulary"}
     assert all(0 <= r["exact_match"] <= 1 and r["loss"] > 0 for runs in hull.values() for r in runs)
     assert CLAIMS.read_text() == before
