@@ -83,14 +83,16 @@ def test_adaptive_ut_vs_transformer_quick(benchmark_script, monkeypatch, tmp_pat
     assert CLAIMS.read_text() == before
 
 
-def test_pooling_memory_san_quick(benchmark_script, monkeypatch, tmp_path):
+def test_pooling_memory_san_and_memn2n_quick(benchmark_script, monkeypatch, tmp_path):
     before = CLAIMS.read_text()
     script = benchmark_script("repro_pooling_memory")
     monkeypatch.setattr(script, "OUT", tmp_path)
-    monkeypatch.setattr(sys, "argv", ["repro_pooling_memory.py", "--quick", "--only", "san", "--seeds", "1"])
+    monkeypatch.setattr(sys, "argv", ["repro_pooling_memory.py", "--quick", "--only", "san", "memn2n", "--seeds", "1"])
     script.main()
     results = json.loads(script.RESULTS.read_text())
     assert script.RESULTS.parent != ROOT / "docs" / "reproductions"
     assert set(results["san"]["accuracy"]) == {"2", "1"}
-    assert "Stacked attention: 2 layers against 1" in script.DOC.read_text()
+    assert set(results["memn2n"]["accuracy"]) == {f"{t}/{k}" for t in ("adjacent", "layer-wise") for k in (1, 2, 3)}
+    page = script.DOC.read_text()
+    assert "Stacked attention: 2 layers against 1" in page and "| layer-wise | " in page
     assert CLAIMS.read_text() == before
