@@ -639,6 +639,8 @@ def main() -> None:
     parser.add_argument("--budgets", type=int, nargs="*", default=[],
                         help="larger budgets (--lm-steps for span, --ut-steps for ut), each run with --seeds seeds and "
                              "added to the budget curves of the claims recorded at the main budget")
+    parser.add_argument("--budgets-only", action="store_true",
+                        help="run only --budgets (the main budget's results and claims stay as recorded)")
     parser.add_argument("--tag", default="", help="write the results to runs/repro_adaptive/tagged/...-TAG.json, "
                                                   "outside the page's results (side measurements)")
     parser.add_argument("--part", choices=["all", "span", "ut", "ut-vs-transformer", "doc"], default="all",
@@ -660,7 +662,7 @@ def main() -> None:
         return
     started = time.time()
     for part, fn, variants in (("span", run_span, SPAN_VARIANTS), ("ut", run_ut, list(UT_VARIANTS))):
-        if args.part not in ("all", part):
+        if args.part not in ("all", part) or args.budgets_only:
             continue
         for name in variants:
             if args.variant not in (None, name):
