@@ -495,24 +495,27 @@ def gap_why(ours: List[float], base: List[float], better: str, margin: float, un
 UT_VS = ("<!-- ut-vs-transformer -->", "<!-- /ut-vs-transformer -->")
 
 
-def run_ut_vs_transformer(args) -> Dict:
+def run_ut_vs_transformer(args, steps: int = 0) -> Dict:
     """The Universal Transformer at fixed depth T = 2 (one shared block applied twice, the timestep
     signal added before each step) against a Transformer of two separate layers, the same width,
     heads, transition size, dropout and recipe, on addition; ``--seeds`` seeds each, the claim with
-    >= 3. (At T = 6 the one post-LN block does not train at this budget: section 2.)"""
+    >= 3. (At T = 6 the one post-LN block does not train at this budget: section 2.) ``steps``: a
+    larger budget than ``--ut-steps`` (``--budgets``), added to the claim's budget curve."""
+    point = bool(steps)
+    steps = steps or args.ut_steps
     task = AdditionTask(min_len=1, max_len=args.digits, eval_size=args.eval_examples)
     v = task.vocab
     sizes = dict(vocab_size=v.size, pad_id=v.pad_id, bos_id=v.bos_id, eos_id=v.eos_id, d_model=64, n_heads=4, d_ff=256,
                  dropout=0.1, label_smoothing=0.0)
     arms = {"ut": lambda: UniversalTransformer(UniversalTransformerConfig(**sizes, act=False, max_steps=2)),
             "transformer": lambda: Transformer(TransformerConfig(**sizes, n_layers=2))}
-    out: Dict = {"steps": args.ut_steps, "lr": args.ut_lr, "digits": args.digits, "eval_examples": args.eval_examples}
+    out: Dict = {"steps": steps, "lr": args.ut_lr, "digits": args.digits, "eval_examples": args.eval_examples}
     for name, build in arms.items():
         runs = []
         for seed in range(args.seed, args.seed + args.seeds):
             torch.manual_seed(seed)
             model = build()
-            seconds = train(model, task, args.ut_steps, 32, args.ut_lr, f"vs-{name}-s{seed}", seed)
+            seconds = train(model, task, steps, 32, args.ut_lr, f"vs-{name}-s{seed}" + (f"-{steps}" if point else ""), seed)
             metrics = task.evaluate(model, "test", max_examples=args.eval_examples)
             runs.append({"seed": seed, "train_seconds": round(seconds, 1), "params": sum(p.numel() for p in model.parameters()),
                          **{k: round(float(metrics[k]), 4) for k in ("exact_match", "token_accuracy") if k in metrics}})
@@ -520,8 +523,18 @@ def run_ut_vs_transformer(args) -> Dict:
         out[name] = runs
     if args.quick:
         return out
-    (OUT / "vs-transformer.json").write_text(json.dumps(out, indent=2) + "\n")
     exact = {name: [r["exact_match"] for r in out[name]] for name in arms}
+    path = OUT / "vs-transformer.json"
+    if point:
+        saved = json.loads(path.read_text()) if path.exists() else {}
+        saved.setdefault("budgets", {})[str(steps)] = out
+        path.write_text(json.dumps(saved, indent=2) + "\n")
+        if len(exact["ut"]) >= claims.MIN_SEEDS:
+            claims.add_point("ut-vs-transformer-addition", f"{steps} steps", exact["ut"], exact["transformer"])
+        if "ut" in saved:
+            publish_vs(saved)
+        return out
+    path.write_text(json.dumps(out, indent=2) + "\n")
     if len(exact["ut"]) >= claims.MIN_SEEDS:
         claims.record(
             id="ut-vs-transformer-addition", model="universal-transformer", paper=UT_PAPER, better="higher",
@@ -535,23 +548,36 @@ def run_ut_vs_transformer(args) -> Dict:
             why=f"exact match UT {claims.fmt(exact['ut'])}, Transformer {claims.fmt(exact['transformer'])} (per seed "
                 f"{[round(x, 3) for x in exact['ut']]} vs {[round(x, 3) for x in exact['transformer']]})"
                 + gap_why(exact["ut"], exact["transformer"], "higher", 0.0, "exact match"))
-        acc = {name: [r.get("token_accuracy", float("nan")) for r in out[name]] for name in arms}
-        params = {name: out[name][0]["params"] for name in arms}
-        section = "\n".join([
-            UT_VS[0], "## 3. Universal Transformer against the Transformer on addition", "",
-            f"`{COMMAND} --part ut-vs-transformer --seeds {args.seeds} --ut-steps {args.ut_steps}` "
-            f"({time.strftime('%Y-%m-%d', time.gmtime())}, one thread): the UT at fixed depth T = 2 (one shared block "
-            f"applied twice, {params['ut']:,} parameters) against a Transformer of 2 separate layers "
-            f"({params['transformer']:,} parameters), both post-LN, d_model 64, 4 heads, d_ff 256, dropout 0.1, "
-            f"{args.ut_steps} updates of 32 sums of 1-{args.digits} digits at lr {args.ut_lr:g}; "
-            f"{args.eval_examples} test sums (mean ± standard error over {args.seeds} seeds):", "",
-            "| model | exact match | token accuracy | per seed (exact match) |", "| --- | --- | --- | --- |",
-            *[f"| {label} | {claims.fmt(exact[name])} | {claims.fmt(acc[name])} | {[round(x, 3) for x in exact[name]]} |"
-              for name, label in (("ut", "Universal Transformer, T = 2"), ("transformer", "Transformer, 2 layers"))],
-            "", f"Verdict ([claims.json](claims.json)): **{claims.verdict(exact['ut'], exact['transformer'], 'higher')}**.",
-            UT_VS[1]])
-        replace_section(DOC, section, UT_VS, "## What this shows")
+        publish_vs(out)
     return out
+
+
+def publish_vs(saved: Dict) -> None:
+    """Section 3 of the page from ``vs-transformer.json``: the main budget's table and verdict, and
+    the larger budgets' rows (``budgets``) when there are any."""
+    arms = (("ut", "Universal Transformer, T = 2"), ("transformer", "Transformer, 2 layers"))
+    seeds = len(saved["ut"])
+    exact = {name: [r["exact_match"] for r in saved[name]] for name, _ in arms}
+    params = {name: saved[name][0]["params"] for name, _ in arms}
+    lines = [
+        UT_VS[0], "## 3. Universal Transformer against the Transformer on addition", "",
+        f"`{COMMAND} --part ut-vs-transformer --seeds {seeds} --ut-steps {saved['steps']}` (one thread): the UT at "
+        f"fixed depth T = 2 (one shared block applied twice, {params['ut']:,} parameters) against a Transformer of 2 "
+        f"separate layers ({params['transformer']:,} parameters), both post-LN, d_model 64, 4 heads, d_ff 256, dropout "
+        f"0.1, {saved['steps']} updates of 32 sums of 1-{saved['digits']} digits at lr {saved['lr']:g}; "
+        f"{saved['eval_examples']} test sums (mean ± standard error over {seeds} seeds):", "",
+        "| model | updates | exact match | token accuracy | per seed (exact match) |", "| --- | --- | --- | --- | --- |"]
+    runs = [(saved["steps"], saved)] + sorted(((int(k), v) for k, v in saved.get("budgets", {}).items()))
+    for steps, r in runs:
+        for name, label in arms:
+            e = [x["exact_match"] for x in r[name]]
+            t = [x.get("token_accuracy", float("nan")) for x in r[name]]
+            lines.append(f"| {label} | {steps} | {claims.fmt(e)} | {claims.fmt(t)} | {[round(x, 3) for x in e]} |")
+    lines += ["", f"Verdict at {saved['steps']} updates ([claims.json](claims.json)): "
+                  f"**{claims.verdict(exact['ut'], exact['transformer'], 'higher')}**"
+              + "".join(f"; at {steps}: {claims.verdict([x['exact_match'] for x in r['ut']], [x['exact_match'] for x in r['transformer']], 'higher')}"
+                        for steps, r in runs[1:]) + ".", UT_VS[1]]
+    replace_section(DOC, "\n".join(lines), UT_VS, "## What this shows")
 
 
 def record_claims(results: Dict, point: str = "") -> None:
@@ -658,7 +684,10 @@ def main() -> None:
     IMG.mkdir(parents=True, exist_ok=True)
     measured: Dict = {}  # this run's results, by part
     if args.part == "ut-vs-transformer":
-        run_ut_vs_transformer(args)
+        if not args.budgets_only:
+            run_ut_vs_transformer(args)
+        for budget in args.budgets if not args.quick else []:
+            run_ut_vs_transformer(args, budget)
         return
     started = time.time()
     for part, fn, variants in (("span", run_span, SPAN_VARIANTS), ("ut", run_ut, list(UT_VARIANTS))):
