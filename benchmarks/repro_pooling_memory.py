@@ -84,6 +84,15 @@ def gap(ours, baseline, better: str = "higher") -> str:
     return f"difference {d:+.3f} in the claim's direction, twice its standard error {2 * se:.3f}"
 
 
+def accuracy_why(ours_label: str, ours, base_label: str, base, where: str = "") -> Dict[str, str]:
+    """The ``why`` of an accuracy claim for either verdict: both means; when it does not reproduce,
+    also the per-seed values and the gap against the bar it missed."""
+    both = f"test accuracy {ours_label} {claims.fmt(ours)}, {base_label} {claims.fmt(base)}"
+    return {"reproduced": both,
+            "not reproduced": f"{both}{where} (per seed {[round(x, 3) for x in ours]} vs {[round(x, 3) for x in base]}): "
+                              f"{gap(ours, base)}"}
+
+
 def save(fig, name: str) -> str:
     IMG.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -382,11 +391,7 @@ def run_gat() -> Dict[str, Any]:
             ours=acc["gat"], baseline=acc["mean"],
             budget=f"karate club, 3 labelled members per club, {nodes} test members (split drawn per seed), "
                    "200 full-graph updates; CPU, one thread",
-            why={"reproduced": f"test accuracy GAT {claims.fmt(acc['gat'])}, mean aggregation {claims.fmt(acc['mean'])}",
-                 "not reproduced": f"test accuracy GAT {claims.fmt(acc['gat'])}, mean aggregation "
-                                   f"{claims.fmt(acc['mean'])} on {nodes} test members (per seed "
-                                   f"{[round(x, 3) for x in acc['gat']]} vs {[round(x, 3) for x in acc['mean']]}): "
-                                   f"{gap(acc['gat'], acc['mean'])}"})
+            why=accuracy_why("GAT", acc["gat"], "mean aggregation", acc["mean"], f" on {nodes} test members"))
         for steps, point in res["budgets"].items():
             claims.add_point("gat-karate", f"{steps} updates", point["gat"], point["mean"])
     return res
@@ -523,10 +528,7 @@ def run_san() -> Dict[str, Any]:
             ours=acc["2"], baseline=acc["1"],
             budget=f"babi-two (generated two-supporting-fact stories, 1,000 test stories), {steps} updates of 32; "
                    "CPU, one thread",
-            why={"reproduced": f"test accuracy 2 layers {claims.fmt(acc['2'])}, 1 layer {claims.fmt(acc['1'])}",
-                 "not reproduced": f"test accuracy 2 layers {claims.fmt(acc['2'])}, 1 layer {claims.fmt(acc['1'])} "
-                                   f"(per seed {[round(x, 3) for x in acc['2']]} vs {[round(x, 3) for x in acc['1']]}): "
-                                   f"{gap(acc['2'], acc['1'])}"})
+            why=accuracy_why("2 layers", acc["2"], "1 layer", acc["1"]))
     return res
 
 
