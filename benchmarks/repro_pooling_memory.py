@@ -560,6 +560,13 @@ SECTIONS = {"nw": run_nw, "mil": run_mil, "memory": run_memory, "ntm": run_ntm, 
 # --------------------------------------------------------------------------- report
 
 
+def budget_line(intro: str, budgets: Dict[str, Dict[str, list]], ours: tuple, base: tuple) -> str:
+    """One sentence of a budget curve: each budget's two arms (``(key, label)``) and its verdict."""
+    return intro + "; ".join(
+        f"{steps} updates: {ours[1]} {claims.fmt(p[ours[0]])}, {base[1]} {claims.fmt(p[base[0]])}, "
+        f"{claims.verdict(p[ours[0]], p[base[0]], 'higher')}" for steps, p in budgets.items()) + "."
+
+
 def _f(x: Any, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
@@ -669,9 +676,8 @@ def write_doc(results: Dict[str, Any]) -> None:
                   + (f" With {int(r['nodes'])} test members per split and both models at or above 0.9 of them right, "
                      "this graph is too small to separate them." if min(map(claims.mean, acc.values())) >= 0.9 else ""), ""]
             if r.get("budgets"):
-                L += ["Larger budgets (the same seeds and splits): " + "; ".join(
-                    f"{steps} updates: GAT {claims.fmt(p['gat'])}, mean {claims.fmt(p['mean'])}, "
-                    f"{claims.verdict(p['gat'], p['mean'], 'higher')}" for steps, p in r["budgets"].items()) + ".", ""]
+                L += [budget_line("Larger budgets (the same seeds and splits): ", r["budgets"], ("gat", "GAT"),
+                                  ("mean", "mean")), ""]
     if "seeded" in results:
         r = results["seeded"]
         rows = [("Nadaraya-Watson test MSE", "learned kernel", r["nw"]["learned"], "fixed (w = 1)", r["nw"]["fixed"]),
@@ -684,9 +690,8 @@ def write_doc(results: Dict[str, Any]) -> None:
               "| measure | ours | | baseline | |", "| --- | --- | --- | --- | --- |"]
         L += [f"| {m} | {a} | {claims.fmt(x)} | {b} | {claims.fmt(y)} |" for m, a, x, b, y in rows] + [""]
         if r.get("se_budgets"):
-            L += ["SE at larger budgets (the same seeds; digits accuracy): " + "; ".join(
-                f"{steps} updates: CNN + SE {claims.fmt(p['se'])}, CNN {claims.fmt(p['plain'])}, "
-                f"{claims.verdict(p['se'], p['plain'], 'higher')}" for steps, p in r["se_budgets"].items()) + ".", ""]
+            L += [budget_line("SE at larger budgets (the same seeds; digits accuracy): ", r["se_budgets"],
+                              ("se", "CNN + SE"), ("plain", "CNN")), ""]
     if "san" in results:
         r = results["san"]
         acc, hit = r["accuracy"], r["support_hit"]
