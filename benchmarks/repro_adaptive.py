@@ -706,7 +706,7 @@ def main() -> None:
                 (OUT / "tagged" / f"results-{part}-{slug}-{args.tag}.json").write_text(json.dumps(result, indent=2) + "\n")
             else:
                 (OUT / f"results-{part}-{slug}.json").write_text(json.dumps(result, indent=2) + "\n")
-    if args.part == "span" and not args.quick and not args.tag:
+    if args.part == "span" and not args.quick and not args.tag and not args.budgets_only:
         record_claims(measured)  # both span variants' seeds just measured (a claim needs >= 3 of each)
         if set(SPAN_VARIANTS) <= set(measured.get("span", {})) and DOC.exists():
             rewrite_span_section(measured["span"], args, time.time() - started)
