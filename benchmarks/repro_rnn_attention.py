@@ -447,6 +447,8 @@ def record_pointer(part: str, r: Dict) -> None:
     if other:
         o = {k: [x[other] for x in v] for k, v in per_seed.items()}
         extra = f"; {other.replace('_', ' ')} {claims.fmt(o['pointer'])} vs {claims.fmt(o['vocabulary'])}"
+    loss = {k: [x["loss"] for x in v] for k, v in per_seed.items()}
+    extra += f"; teacher-forced loss {claims.fmt(loss['pointer'])} vs {claims.fmt(loss['vocabulary'])}"
     what = measure.replace("_", " ").replace("exact match", "exact outputs")
     claims.record(
         id=f"pointer-{part}", model="pointer-network", paper=VINYALS, better="higher",
