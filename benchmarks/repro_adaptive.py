@@ -539,7 +539,7 @@ def run_ut_vs_transformer(args, steps: int = 0) -> Dict:
         claims.record(
             id="ut-vs-transformer-addition", model="universal-transformer", paper=UT_PAPER, better="higher",
             claim="Sharing one block's weights over depth (the Universal Transformer) learns algorithmic tasks better "
-                  "than a Transformer of separate layers (Table 4: copy, reverse, addition).",
+                  "than a Transformer of separate layers (its algorithmic tasks: copy, reverse, addition).",
             command=f"{COMMAND} --part ut-vs-transformer --seeds {args.seeds} --ut-steps {args.ut_steps}",
             ours=exact["ut"], baseline=exact["transformer"],
             budget=f"addition of 1-{args.digits}-digit numbers, {args.ut_steps} updates of 32, lr {args.ut_lr:g}, "
