@@ -277,8 +277,10 @@ class PointerTask(Task):
         ax.set_xticklabels(x_labels, rotation=90, fontsize=7)
         ax.set_yticks(range(steps))
         ax.set_yticklabels(y_labels, fontsize=7)
-        ax.set_xlabel("input position (pointed at)")
-        ax.set_title(f"pointer distributions p(C_i | C_<i, P); target {target}", fontsize=8)
+        pointer = getattr(getattr(model, "config", None), "output", "pointer") == "pointer"
+        ax.set_xlabel("input position (pointed at)" if pointer else "input position (dictionary class)")
+        ax.set_title(f"{'pointer' if pointer else 'output-dictionary'} distributions p(C_i | C_<i, P); target {target}",
+                     fontsize=8)
         fig.colorbar(im, ax=ax, fraction=0.04)
         if not self._draw_solution(axes[1], points, predicted, target):
             axes[1].axis("off")
