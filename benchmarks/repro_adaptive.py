@@ -588,6 +588,49 @@ def publish_vs(saved: Dict) -> None:
     replace_section(DOC, "\n".join(lines), UT_VS, "## What this shows")
 
 
+UT_ACT = ("<!-- ut-act-carries -->", "<!-- /ut-act-carries -->")
+
+
+def rewrite_ut_act_section(u: Dict, args) -> None:
+    """Section 2b of the page from a seeded ``--part ut`` run: each ACT variant's seeds (exact match,
+    ponder steps, the weight on step 1, digits with and without a carry coming in), the ponder steps
+    by number of carries, and whether the claim could be judged (only where every seed learned)."""
+    lines = [UT_ACT[0], "", f"### ACT on addition over seeds ({u['steps']} updates)", "",
+             f"`{COMMAND} --part ut --variant NAME --seeds {args.seeds} --ut-steps {u['steps']}` (one thread, "
+             f"{time.strftime('%Y-%m-%d')}): the UT with ACT (at most M = {u['max_steps']} steps, ponder weight "
+             f"{u['ponder_weight']}), operands of 1-{u['digits']} digits, {u['eval_examples']} test sums; N is the "
+             "number of ponder steps, p1 the halting weight on step 1 (averaged over output digits).", "",
+             "| variant | seed | exact match | decoder N | encoder N | p1 | digit N, carry in | digit N, no carry in |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    judged = []
+    for name in UT_VARIANTS:
+        r = u.get(name)
+        if not isinstance(r, dict) or "per_seed" not in r or r.get("overrides", {}).get("act") is False:
+            continue
+        p = r["per_seed"]
+        for i, seed in enumerate(p["seed"]):
+            lines.append(f"| {name} | {seed} | {p['exact_match'][i]:.3f} | {p['decoder_steps'][i]:.2f} | "
+                         f"{p['encoder_steps'][i]:.2f} | {p['step1_weight'][i]:.3f} | "
+                         f"{p['digit_steps_with_carry_in'][i]:.3f} | {p['digit_steps_without_carry_in'][i]:.3f} |")
+        judged.append((name, p))
+    lines.append("")
+    for name, p in judged:
+        if len(p["seed"]) < claims.MIN_SEEDS:
+            lines.append(f"- {name}: {len(p['seed'])} seed(s), no verdict (claims need {claims.MIN_SEEDS}).")
+        elif min(p["exact_match"]) < LEARNED:
+            lines.append(f"- {name}: no verdict — exact match {claims.fmt(p['exact_match'])} (lowest "
+                         f"{min(p['exact_match']):.3f}) is under {LEARNED}, so ponder steps would describe a model "
+                         "that has not learned addition; the claim stays pending.")
+        else:
+            v = claims.verdict(p["digit_steps_with_carry_in"], p["digit_steps_without_carry_in"], "higher")
+            lines.append(f"- {name}: every seed learned (exact match {claims.fmt(p['exact_match'])}); output digits "
+                         f"with a carry coming in take {claims.fmt(p['digit_steps_with_carry_in'])} decoder steps, "
+                         f"those without {claims.fmt(p['digit_steps_without_carry_in'])}: **{v}** "
+                         "([claims.json](claims.json), `ut-act-carries`).")
+    lines += ["", UT_ACT[1]]
+    replace_section(DOC, "\n".join(lines), UT_ACT, "## What this shows")
+
+
 def record_claims(results: Dict, point: str = "") -> None:
     """This page's claims from per-seed results with >= 3 seeds, into claims.json (``point``: a
     larger budget, added to each claim's budget curve). The UT's claim is refused (left pending)
@@ -714,6 +757,10 @@ def main() -> None:
                 (OUT / "tagged" / f"results-{part}-{slug}-{args.tag}.json").write_text(json.dumps(result, indent=2) + "\n")
             else:
                 (OUT / f"results-{part}-{slug}.json").write_text(json.dumps(result, indent=2) + "\n")
+    if args.part == "ut" and not args.quick and not args.tag and not args.budgets_only and args.seeds >= claims.MIN_SEEDS:
+        record_claims(measured)  # the ACT variants' seeds just measured (refused while the UT has not learned)
+        if DOC.exists():
+            rewrite_ut_act_section(measured["ut"], args)
     if args.part == "span" and not args.quick and not args.tag and not args.budgets_only:
         record_claims(measured)  # both span variants' seeds just measured (a claim needs >= 3 of each)
         if set(SPAN_VARIANTS) <= set(measured.get("span", {})) and DOC.exists():
