@@ -180,10 +180,15 @@ def record(*, path: Path = CLAIMS, readme: Optional[Path] = README, pending: Pat
            **fields: Any) -> Dict[str, Any]:
     """Add or replace (by ``id``) one claim in ``path`` from a reproduction's per-seed results,
     drop it from the pending list, and regenerate ``readme`` (None: leave it). Arguments as
-    ``make_claim``. Returns the entry."""
-    entry = make_claim(**fields)
+    ``make_claim``. The recorded claim's budget-curve points stay (re-measuring the main budget does
+    not erase the larger ones), except those ``curve`` gives again. Returns the entry."""
     entries = load(path)
-    at = next((i for i, e in enumerate(entries) if e["id"] == entry["id"]), None)
+    at = next((i for i, e in enumerate(entries) if e["id"] == fields.get("id")), None)
+    if at is not None and entries[at].get("curve"):
+        given = [dict(p, budget=str(p["budget"])) for p in fields.get("curve", ())]
+        kept = [p for p in entries[at]["curve"] if p["budget"] not in {g["budget"] for g in given}]
+        fields = {**fields, "curve": sorted(given + kept, key=lambda p: _budget_key(p["budget"]))}
+    entry = make_claim(**fields)
     if at is None:
         entries.append(entry)
     else:

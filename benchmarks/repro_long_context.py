@@ -27,7 +27,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import matplotlib
 
@@ -56,9 +56,9 @@ def n_params(model: nn.Module) -> int:
 # ----------------------------------------------------------------------------- 1. language model
 
 
-def section_lm(quick: bool, seed: int = 0, plot: bool = True) -> Dict[str, Any]:
+def section_lm(quick: bool, seed: int = 0, plot: bool = True, steps: int = 1500) -> Dict[str, Any]:
     L, B = (16, 4) if quick else (48, 16)
-    steps = 20 if quick else 1500
+    steps = 20 if quick else steps
     size = dict(n_layers=3, d_model=96, n_heads=4, dropout=0.0) if not quick else dict(n_layers=1, d_model=32, n_heads=2, dropout=0.0)
     d_ff = 4 * size["d_model"]
     stream_task, window_task = ShakespeareChar(block_size=L, stream=True), ShakespeareChar(block_size=L)
@@ -134,6 +134,22 @@ def section_lm_seeds(quick: bool, seeds: int) -> Dict[str, Any]:
     return {**result, "per_seed": per_seed}
 
 
+def section_lm_budgets(quick: bool, seeds: int, budgets: List[int]) -> Dict[str, Any]:
+    """Section 1 at larger step budgets (``--lm-budgets``), every seed, no plot: the points of the
+    two claims' budget curves (does a longer evaluation memory start to help with training?)."""
+    out: Dict[str, Any] = {}
+    for steps in budgets:
+        start = time.time()
+        per_seed = []
+        for seed in range(seeds):
+            r = section_lm(quick, seed=seed, plot=False, steps=steps)
+            per_seed.append({k: r[k] for k in ("seed", "xl_bpc", "gpt_bpc", "transformer-xl_train_s", "gpt_train_s")})
+            print("lm budget", steps, per_seed[-1], flush=True)
+        out[str(r["steps"])] = {"memories": r["memories"], "segment": r["segment"], "per_seed": per_seed,
+                                "seconds": round(time.time() - start, 1)}
+    return out
+
+
 # ----------------------------------------------------------------------------- 2. T-maze
 
 CUE_UP, CUE_DOWN, CORRIDOR, JUNCTION = 0, 1, 2, 3
@@ -176,8 +192,8 @@ class LSTMPolicy(nn.Module):
         return self.head(h[:, -1])
 
 
-def make_policy(kind: str, d_model: int, segment: int) -> nn.Module:
-    common = dict(vocab_size=4, n_layers=2, d_model=d_model, n_heads=2, d_ff=2 * d_model, dropout=0.0,
+def make_policy(kind: str, d_model: int, segment: int, n_layers: int = 2) -> nn.Module:
+    common = dict(vocab_size=4, n_layers=n_layers, d_model=d_model, n_heads=2, d_ff=2 * d_model, dropout=0.0,
                   mem_len=segment, max_len=segment)
     if kind == "gtrxl":
         return XLPolicy(GTrXL(GTrXLConfig(**common)), segment)
@@ -188,10 +204,11 @@ def make_policy(kind: str, d_model: int, segment: int) -> nn.Module:
     return LSTMPolicy(d_model)
 
 
-def train_tmaze(kind: str, corridor: int, seed: int, updates: int, batch: int, segment: int) -> Dict[str, float]:
+def train_tmaze(kind: str, corridor: int, seed: int, updates: int, batch: int, segment: int,
+                n_layers: int = 2) -> Dict[str, float]:
     """REINFORCE with a running-mean baseline on the junction choice; greedy success on 256 episodes."""
     torch.manual_seed(seed)
-    policy = make_policy(kind, 32, segment)
+    policy = make_policy(kind, 32, segment, n_layers)
     opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1000 + seed)
     baseline, first_solved = 0.5, None
@@ -261,6 +278,24 @@ def section_tmaze_wide(quick: bool) -> Dict[str, Any]:
             "seconds": round(time.time() - start, 1)}
 
 
+def section_tmaze_depth(quick: bool, depths: List[int]) -> Dict[str, Any]:
+    """The stability claim's curve along the axis the paper names (deep post-LN stacks): GTrXL and
+    post-LN Transformer-XL on the T-maze of section 2 (L = 12, the cue in the junction's direct span)
+    with deeper stacks (``--depths``), same recipe and seeds."""
+    L, seeds = (6, [0, 1]) if quick else (12, [0, 1, 2])
+    updates, batch, segment = (20, 16, 8) if quick else (200, 64, 8)
+    runs: Dict[str, Dict[str, List[Dict[str, float]]]] = {"gtrxl": {}, "xl-post-ln": {}}
+    seconds: Dict[str, float] = {}
+    for depth in depths:
+        start = time.time()
+        for kind in runs:
+            runs[kind][str(depth)] = [train_tmaze(kind, L, seed, updates, batch, segment, depth) for seed in seeds]
+            print("tmaze depth", depth, kind, runs[kind][str(depth)], flush=True)
+        seconds[str(depth)] = round(time.time() - start, 1)
+    return {"corridor": L, "depths": depths, "seeds": seeds, "updates": updates, "batch": batch, "segment": segment,
+            "runs": runs, "seconds": seconds}
+
+
 # ----------------------------------------------------------------------------- the page
 
 
@@ -289,7 +324,7 @@ def write_doc(results: Dict[str, Any], command: str) -> None:
             f"single-threaded, on the 2-core machine with one other one-thread training on the other core.", "",
             "| XL evaluation memory | Transformer-XL bpc | GPT bpc (fixed segments) |", "| --- | --- | --- |", rows, "",
             "![bpc vs memory](img/long-context-xl-memory.png)", "",
-            _lm_verdict(lm, best), "", *_lm_seeds_table(lm)]
+            _lm_verdict(lm, best), "", *_lm_seeds_table(lm), *_lm_budgets_lines(results.get("lm_budgets"))]
     tm = results.get("tmaze")
     if tm:
         kinds = list(tm["runs"])
@@ -325,6 +360,7 @@ def write_doc(results: Dict[str, Any], command: str) -> None:
             "Mean greedy success (seeds that learn):", "", head, sep, *rows, "",
             "![T-maze](img/long-context-tmaze.png)", "",
             _tmaze_verdict(tm), ""]
+    lines += _tmaze_depth_lines(results.get("tmaze_depth"))
     wide = results.get("tmaze_wide")
     if wide:
         cells = ", ".join(f"{k} {sum(r['success'] >= 0.9 for r in rs)}/{len(rs)} (mean success "
@@ -364,6 +400,44 @@ def _lm_seeds_table(lm: Dict[str, Any]) -> List[str]:
     return [f"Test bits per character with {len(per_seed)} seeds (initialisation and batch order; the plot and the "
             "paragraph above are seed 0); the verdicts of the two claims measured here — XL against GPT, and memory "
             "beyond the training memory — are computed in [claims.json](claims.json):", "", head, sep, *rows, ""]
+
+
+def _lm_budgets_lines(budgets: Optional[Dict[str, Any]]) -> List[str]:
+    """``--only lm_budgets``: the memory sweep again after more updates (the budget curve)."""
+    if not budgets:
+        return []
+    head = None
+    rows = []
+    for steps, b in sorted(budgets.items(), key=lambda kv: int(kv[0])):
+        ps, mems = b["per_seed"], b["memories"]
+        head = head or ("| updates | " + " | ".join(f"XL, memory {m}" for m in mems) + " | GPT |")
+        rows.append(f"| {int(steps):,} | " + " | ".join(claims.fmt([r["xl_bpc"][i] for r in ps]) for i in range(len(mems)))
+                    + f" | {claims.fmt([r['gpt_bpc'] for r in ps])} |")
+    seeds = len(next(iter(budgets.values()))["per_seed"])
+    return [f"**Larger budgets** (`--only lm_budgets --seeds {seeds} --lm-budgets "
+            f"{' '.join(sorted(budgets, key=int))}`, the same models and recipe trained longer; test bpc, mean ± "
+            f"standard error over {seeds} seeds; the points of both claims' budget curves in "
+            "[claims.json](claims.json)):", "", head, "| --- |" + " --- |" * (len(mems) + 1), *rows, ""]
+
+
+def _tmaze_depth_lines(td: Optional[Dict[str, Any]]) -> List[str]:
+    """``--only tmaze_depth``: GTrXL against post-LN Transformer-XL with deeper stacks."""
+    if not td:
+        return []
+    rows = []
+    for depth in td["depths"]:
+        cells = []
+        for kind in ("gtrxl", "xl-post-ln"):
+            rs = td["runs"][kind][str(depth)]
+            solved = [r["solved_at"] if r["solved_at"] is not None else td["updates"] for r in rs]
+            cells.append(f"{claims.fmt([r['success'] for r in rs])} ({sum(r['success'] >= 0.9 for r in rs)}/{len(rs)}), "
+                         f"solved at {solved}")
+        rows.append(f"| {depth} | " + " | ".join(cells) + f" | {td['seconds'][str(depth)]:.0f} |")
+    return [f"**Deeper stacks** (`--only tmaze_depth --depths {' '.join(map(str, td['depths']))}`): the paper "
+            f"places the post-LN instability in deep stacks, so the stability and speed claims' budget curves run "
+            f"along depth: L = {td['corridor']}, the recipe above, seeds {td['seeds']}; greedy success (seeds that "
+            f"learn) and the update at which the running reward passed 0.9 ({td['updates']} where it never did):", "",
+            "| layers | GTrXL | post-LN Transformer-XL | seconds |", "| --- | --- | --- | --- |", *rows, ""]
 
 
 def _tmaze_verdict(tm: Dict[str, Any]) -> str:
@@ -451,6 +525,27 @@ def record_lm_claims(lm: Dict[str, Any], command: str) -> None:
                                f"of memory, the training memory"})
 
 
+def record_curves(results: Dict[str, Any], only: List[str]) -> None:
+    """The budget-curve points of the sections just run (``lm_budgets``, ``tmaze_depth``)."""
+    if "lm_budgets" in only:
+        for steps, b in results.get("lm_budgets", {}).items():
+            ps, mems, L = b["per_seed"], b["memories"], b["segment"]
+            if len(ps) < claims.MIN_SEEDS:
+                continue
+            at = {m: [r["xl_bpc"][i] for r in ps] for i, m in enumerate(mems)}
+            claims.add_point("transformer-xl-lm", f"{steps} updates", at[L], [r["gpt_bpc"] for r in ps])
+            claims.add_point("transformer-xl-memory", f"{steps} updates", at[mems[-1]], at[L])
+    td = results.get("tmaze_depth")
+    if "tmaze_depth" in only and td and len(td["seeds"]) >= claims.MIN_SEEDS:
+        for depth in td["depths"]:
+            runs = {k: td["runs"][k][str(depth)] for k in ("gtrxl", "xl-post-ln")}
+            solved = {k: [r["solved_at"] if r["solved_at"] is not None else td["updates"] for r in rs]
+                      for k, rs in runs.items()}
+            claims.add_point("gtrxl-vs-trxl-stability", f"{depth} layers",
+                             [r["success"] for r in runs["gtrxl"]], [r["success"] for r in runs["xl-post-ln"]])
+            claims.add_point("gtrxl-vs-trxl-speed", f"{depth} layers", solved["gtrxl"], solved["xl-post-ln"])
+
+
 def record_claims(results: Dict[str, Any], command: str) -> None:
     """The claims of sections 1 and 2, one value per seed, into docs/reproductions/claims.json."""
     if results.get("lm"):
@@ -503,19 +598,27 @@ def record_claims(results: Dict[str, Any], command: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="*", choices=["lm", "tmaze", "tmaze_wide"], default=None)
+    parser.add_argument("--only", nargs="*", choices=["lm", "tmaze", "tmaze_wide", "lm_budgets", "tmaze_depth"], default=None,
+                        help="sections to run (default: lm, tmaze, tmaze_wide); lm_budgets and tmaze_depth are the "
+                             "claims' budget curves (--lm-budgets, --depths)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run; numbers meaningless, doc not rewritten")
     parser.add_argument("--doc", action="store_true", help="only rewrite the markdown from the saved results")
     parser.add_argument("--seeds", type=int, default=1,
                         help="lm: seeds (initialisation and batch order) of both models; claims need 3")
+    parser.add_argument("--lm-budgets", type=int, nargs="+", default=[3000, 6000],
+                        help="lm_budgets: larger numbers of updates for section 1 (each with --seeds seeds)")
+    parser.add_argument("--depths", type=int, nargs="+", default=[4, 8],
+                        help="tmaze_depth: deeper stacks for GTrXL and post-LN Transformer-XL")
     args = parser.parse_args()
     if args.seeds < 1:
         parser.error(f"--seeds must be a positive integer, got {args.seeds}")
     torch.set_num_threads(1)
     IMG.mkdir(parents=True, exist_ok=True)
     sections = {"lm": lambda quick: section_lm_seeds(quick, args.seeds), "tmaze": section_tmaze,
-                "tmaze_wide": section_tmaze_wide}
-    for name in [] if args.doc else args.only or list(sections):
+                "tmaze_wide": section_tmaze_wide,
+                "lm_budgets": lambda quick: section_lm_budgets(quick, args.seeds, args.lm_budgets),
+                "tmaze_depth": lambda quick: section_tmaze_depth(quick, args.depths)}
+    for name in [] if args.doc else args.only or ["lm", "tmaze", "tmaze_wide"]:
         result = sections[name](args.quick)
         print(name, json.dumps({k: v for k, v in result.items() if k not in ("curves", "runs", "per_seed")}), flush=True)
         if not args.quick:  # re-read: another section may have finished meanwhile
@@ -525,6 +628,7 @@ def main() -> None:
         results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
         write_doc(results, "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/repro_long_context.py")
         record_claims(results, "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/repro_long_context.py")
+        record_curves(results, [] if args.doc else args.only or [])
 
 
 if __name__ == "__main__":

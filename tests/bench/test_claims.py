@@ -109,6 +109,12 @@ def test_record_adds_then_replaces_and_regenerates_the_readme(tmp_path):
     curve = claims.load(path)[1]["curve"]
     assert [(p["budget"], p["verdict"]) for p in curve] == [("400 steps", "not reproduced"), ("800 steps", "reproduced")]
     assert "800 steps: 0.923 ± 0.015 vs 0.500 ± 0.000, reproduced" in readme.read_text()
+    claims.record(id="b", ours=[0.5, 0.5, 0.6], **common)  # the main budget re-measured: its curve stays
+    assert [p["budget"] for p in claims.load(path)[1]["curve"]] == ["400 steps", "800 steps"]
+    claims.record(id="b", ours=[0.5, 0.5, 0.6], curve=[{"budget": "800 steps", "ours": [0.1, 0.2, 0.1],
+                                                         "baseline": [0.5]}], **common)
+    curve = claims.load(path)[1]["curve"]
+    assert [(p["budget"], p["verdict"]) for p in curve] == [("400 steps", "not reproduced"), ("800 steps", "not reproduced")]
     with pytest.raises(ValueError, match="no claim 'zz'"):
         claims.add_point("zz", "1", [1, 1, 1], [0], path=path, readme=readme, pending=pending)
     readme.write_text(readme.read_text() + "edited by hand\n")

@@ -96,3 +96,31 @@ def test_pooling_memory_san_and_memn2n_quick(benchmark_script, monkeypatch, tmp_
     page = script.DOC.read_text()
     assert "Stacked attention: 2 layers against 1" in page and "| layer-wise | " in page
     assert CLAIMS.read_text() == before
+
+
+@pytest.mark.skipif(not data.is_cached("shakespeare"), reason="run `qkv data fetch shakespeare`")
+def test_long_context_budget_curves(benchmark_script, monkeypatch):
+    """``--only lm_budgets tmaze_depth``: the memory sweep after more updates and the T-maze with
+    deeper stacks become points of the four claims' curves, and lines of the page."""
+    script = benchmark_script("repro_long_context")
+    budgets = script.section_lm_budgets(True, 1, [40])
+    (point,) = budgets.values()
+    assert point["memories"][0] == 0 and len(point["per_seed"][0]["xl_bpc"]) == len(point["memories"])
+    depth = script.section_tmaze_depth(True, [3])
+    assert set(depth["runs"]) == {"gtrxl", "xl-post-ln"} and len(depth["runs"]["gtrxl"]["3"]) == len(depth["seeds"])
+    # three seeds' worth of the same numbers, to pass the claims' seed count
+    points = []
+    monkeypatch.setattr(script.claims, "add_point", lambda cid, budget, ours, base: points.append((cid, budget, ours, base)))
+    point["per_seed"] *= 3
+    depth["seeds"] = [0, 1, 2]
+    for kind in depth["runs"]:
+        depth["runs"][kind]["3"] = (depth["runs"][kind]["3"] * 3)[:3]
+    script.record_curves({"lm_budgets": budgets, "tmaze_depth": depth}, ["lm_budgets", "tmaze_depth"])
+    assert [(cid, budget) for cid, budget, _, _ in points] == [
+        ("transformer-xl-lm", "20 updates"), ("transformer-xl-memory", "20 updates"),
+        ("gtrxl-vs-trxl-stability", "3 layers"), ("gtrxl-vs-trxl-speed", "3 layers")]
+    memory = points[1]
+    assert memory[2] == [r["xl_bpc"][-1] for r in point["per_seed"]] and memory[3] == [r["xl_bpc"][1] for r in point["per_seed"]]
+    assert all(x <= depth["updates"] for x in points[3][2])  # a seed that never solved counts the budget
+    text = "\n".join(script._lm_budgets_lines(budgets) + script._tmaze_depth_lines(depth))
+    assert "| 20 |" in text and "| 3 |" in text
