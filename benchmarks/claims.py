@@ -79,6 +79,18 @@ def difference(ours: Sequence[float], baseline: Sequence[float], better: str) ->
     return (d if better == "higher" else -d), se
 
 
+def gap(ours: Sequence[float], baseline: Sequence[float], better: str, margin: float = 0.0, unit: str = "") -> str:
+    """What decides a verdict, measured: the difference in the claim's direction (plus the margin),
+    twice its standard error, and how many seeds went ours' way (one value per seed on both sides)."""
+    d, se = difference(ours, baseline, better)
+    base = list(baseline) if len(baseline) == len(ours) else list(baseline) * len(ours)
+    wins = sum((o < b) if better == "lower" else (o > b) for o, b in zip(ours, base))
+    return (f"difference {d:+.3f}{' ' + unit if unit else ''} in the claim's direction"
+            + (f" plus the margin {margin:g}" if margin else "")
+            + f" against twice its standard error {2 * se:.3f}; ours ahead in {wins} of {len(ours)} seeds"
+            + (" (the seeds' spread, not the gap, decides)" if d > 0 and wins == len(ours) else ""))
+
+
 def verdict(ours: Sequence[float], baseline: Sequence[float], better: str, margin: float = 0.0) -> str:
     """``"reproduced"`` iff mean(ours) beats mean(baseline) (less ``margin``, the tolerance of a
     claim of comparable quality) in the ``better`` direction by more than twice the standard

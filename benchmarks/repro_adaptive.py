@@ -481,15 +481,10 @@ SPAN_MARGIN = 0.02  # "the same bpc": within 0.02 bits per character of the full
 
 
 def gap_why(ours: List[float], base: List[float], better: str, margin: float, unit: str) -> str:
-    """What decides a verdict, measured: ``""`` when it reproduces, else the difference (in the
-    claim's direction), the margin, twice its standard error and the seeds that went each way."""
+    """``""`` when the claim reproduces, else ``": "`` and what decided it (``claims.gap``)."""
     if claims.verdict(ours, base, better, margin) == "reproduced":
         return ""
-    d, se = claims.difference(ours, base, better)
-    wins = sum((o < b) if better == "lower" else (o > b) for o, b in zip(ours, base))
-    return (f": difference {d:+.3f} {unit} in the claim's direction" + (f" plus the margin {margin:g}" if margin else "")
-            + f" against twice its standard error {2 * se:.3f}; ours ahead in {wins} of {len(ours)} seeds"
-            + (" (the seeds' spread, not the gap, decides)" if d > 0 and wins == len(ours) else ""))
+    return ": " + claims.gap(ours, base, better, margin, unit)
 
 
 UT_VS = ("<!-- ut-vs-transformer -->", "<!-- /ut-vs-transformer -->")

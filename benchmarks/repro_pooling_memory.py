@@ -78,19 +78,13 @@ def train(model, task, name: str, steps: int, batch_size: int, lr: float, warmup
     return round(train_fresh(model, task, OUT / name, steps, batch_size, lr, warmup, eval_max_examples=64, **kw), 1)
 
 
-def gap(ours, baseline, better: str = "higher") -> str:
-    """The measured difference of a claim that did not reproduce, against the bar it missed."""
-    d, se = claims.difference(ours, baseline, better)
-    return f"difference {d:+.3f} in the claim's direction, twice its standard error {2 * se:.3f}"
-
-
 def accuracy_why(ours_label: str, ours, base_label: str, base, where: str = "") -> Dict[str, str]:
     """The ``why`` of an accuracy claim for either verdict: both means; when it does not reproduce,
     also the per-seed values and the gap against the bar it missed."""
     both = f"test accuracy {ours_label} {claims.fmt(ours)}, {base_label} {claims.fmt(base)}"
     return {"reproduced": both,
             "not reproduced": f"{both}{where} (per seed {[round(x, 3) for x in ours]} vs {[round(x, 3) for x in base]}): "
-                              f"{gap(ours, base)}"}
+                              f"{claims.gap(ours, base, 'higher')}"}
 
 
 def save(fig, name: str) -> str:
@@ -249,7 +243,7 @@ def record_ntm(res: Dict[str, Any]) -> None:
                            f"LSTM {claims.fmt(exact['lstm'])}",
              "not reproduced": f"exact copies at length 20: NTM {claims.fmt(exact['ntm'])} (per seed "
                                f"{[round(x, 2) for x in exact['ntm']]}; at the training length 10: {seen}), LSTM "
-                               f"{claims.fmt(exact['lstm'])}: {gap(exact['ntm'], exact['lstm'])}; "
+                               f"{claims.fmt(exact['lstm'])}: {claims.gap(exact['ntm'], exact['lstm'], 'higher')}; "
                                f"{sum(x >= 0.9 for x in exact['ntm'])} of {seeds} NTM seeds generalise at this budget"})
 
 
@@ -314,7 +308,7 @@ def run_han() -> Dict[str, Any]:
             why={"reproduced": f"test accuracy HAN {claims.fmt(acc['han'])}, flat bidirectional GRU {claims.fmt(acc['flat-gru'])}",
                  "not reproduced": f"test accuracy HAN {claims.fmt(acc['han'])}, flat bidirectional GRU "
                                    f"{claims.fmt(acc['flat-gru'])} (per seed {[round(x, 3) for x in acc['han']]} vs "
-                                   f"{[round(x, 3) for x in acc['flat-gru']]}): {gap(acc['han'], acc['flat-gru'])}"})
+                                   f"{[round(x, 3) for x in acc['flat-gru']]}): {claims.gap(acc['han'], acc['flat-gru'], 'higher')}"})
     batch = next(task.eval_batches("test", 3))
     with torch.no_grad():
         out = han(doc=batch["doc"], need_weights=True)
@@ -672,7 +666,7 @@ def write_doc(results: Dict[str, Any]) -> None:
                   f"GCN-style), {len(acc['gat'])} seeds, each with its own split (mean ± standard error): GAT "
                   f"{claims.fmt(acc['gat'])}, mean {claims.fmt(acc['mean'])}; per seed {[round(x, 3) for x in acc['gat']]} "
                   f"vs {[round(x, 3) for x in acc['mean']]}: {claims.verdict(acc['gat'], acc['mean'], 'higher')} "
-                  f"([claims.json](claims.json)); {gap(acc['gat'], acc['mean'])}."
+                  f"([claims.json](claims.json)); {claims.gap(acc['gat'], acc['mean'], 'higher')}."
                   + (f" With {int(r['nodes'])} test members per split and both models at or above 0.9 of them right, "
                      "this graph is too small to separate them." if min(map(claims.mean, acc.values())) >= 0.9 else ""), ""]
             if r.get("budgets"):

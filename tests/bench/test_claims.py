@@ -128,3 +128,10 @@ def test_published_claims_are_valid_and_the_readme_is_in_sync():
         assert e["seeds"] >= claims.MIN_SEEDS and len(e["ours"]) == e["seeds"]
         assert e["verdict"] == claims.verdict(e["ours"], e["baseline"], e["better"], e["margin"])
     assert claims.check() == []
+
+
+def test_gap_says_what_decided_the_verdict():
+    text = claims.gap([2.0, 2.1, 1.9], [2.05, 2.0, 2.1], "lower", 0.05, "bpc")
+    assert text.startswith("difference +0.050 bpc in the claim's direction plus the margin 0.05")
+    assert "ours ahead in 2 of 3 seeds" in text
+    assert "ours ahead in 3 of 3 seeds (the seeds' spread" in claims.gap([0.6, 0.9, 0.61], [0.5], "higher")

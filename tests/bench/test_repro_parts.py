@@ -4,6 +4,7 @@ trains and is scored, results land in the smoke or run folder, and claims.json i
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -124,3 +125,22 @@ def test_long_context_budget_curves(benchmark_script, monkeypatch):
     assert all(x <= depth["updates"] for x in points[3][2])  # a seed that never solved counts the budget
     text = "\n".join(script._lm_budgets_lines(budgets) + script._tmaze_depth_lines(depth))
     assert "| 20 |" in text and "| 3 |" in text
+
+
+@pytest.mark.skipif(not data.is_cached("enwiki"), reason="run `qkv data fetch enwiki`")
+def test_reformer_lm_seeds_and_budgets_stay_out_of_the_docs(benchmark_script, monkeypatch):
+    """``repro_reformer.py --quick --only lm --lm-budgets``: both models trained per seed and per
+    budget, the page's seed table rendered from them, and nothing written under docs/."""
+    script = benchmark_script("repro_reformer")
+    doc = script.DOC
+    page, claims_before = doc.read_text(), CLAIMS.read_text()
+    monkeypatch.setattr(sys, "argv", ["repro_reformer.py", "--quick", "--only", "lm", "--seeds", "1", "--lm-budgets", "7"])
+    script.main()
+    assert script.DOC != doc and doc.read_text() == page and CLAIMS.read_text() == claims_before
+    args = argparse.Namespace(quick=True, seed=0, seeds=3, lm_steps=250, lm_budgets=[7], only=["lm"])
+    results = {"lm": script.run_seeds(lambda a: script.language_model(a, plot=False), args)}
+    script.run_lm_budgets(args, results)
+    ours, base = script.lm_bpb(results["lm_budgets"]["7"]["per_seed"])
+    assert len(ours) == len(base) == 3 and all(x > 0 for x in ours + base)
+    table = "\n".join(script.lm_seed_lines(results))
+    assert "| 5 | 3 |" in table and "| 7 | 3 |" in table
