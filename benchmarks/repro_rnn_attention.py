@@ -519,10 +519,11 @@ def translate_and_score(model, task, pairs) -> tuple:
 VASWANI = "Vaswani et al. 2017, Attention Is All You Need (arXiv:1706.03762)"
 
 
-def run_transformer_vs_rnn(args, results: Dict) -> None:
+def run_transformer_vs_rnn(args, results: Dict, point: bool = False) -> None:
     """The Transformer against the recurrent encoder-decoder with Bahdanau attention on bible-en-es,
     the same number of updates of the same batches; chrF of greedy translations of the test verses
-    and the training time. ``--seeds`` seeds; the claim with >= 3."""
+    and the training time. ``--seeds`` seeds; the claim with >= 3 (``point``: a larger budget,
+    ``--budgets``, added to its curve)."""
     from qkv.models.transformer.transformer import Transformer, TransformerConfig
     from qkv.tasks.translation import BibleEnEs
 
@@ -541,17 +542,22 @@ def run_transformer_vs_rnn(args, results: Dict) -> None:
         for name, (build, lr) in arms.items():
             torch.manual_seed(seed)
             model = build()
-            seconds = train(model, task, args.bible_steps, 32, lr, f"bible-vs-{name}-s{seed}", seed=seed)
+            seconds = train(model, task, args.bible_steps, 32, lr,
+                            f"bible-vs-{name}-s{seed}" + (f"-{args.bible_steps}" if point else ""), seed=seed)
             hyps, buckets = translate_and_score(model, task, pairs)
             per_seed[name].append({"seed": seed, "train_seconds": round(seconds, 1), "lr": lr,
                                    "params": sum(p.numel() for p in model.parameters()), **buckets["1-100"],
                                    "samples": hyps[:2]})
             print("transformer-vs-rnn", name, per_seed[name][-1], flush=True)
-    results["transformer-vs-rnn"] = {"steps": args.bible_steps, "batch_size": 32, "test_verses": len(pairs),
-                                     "per_seed": per_seed}
+    key = "transformer-vs-rnn" + (f"-{args.bible_steps}" if point else "")
+    results[key] = {"steps": args.bible_steps, "batch_size": 32, "test_verses": len(pairs), "per_seed": per_seed}
     if args.seeds < claims.MIN_SEEDS or args.quick:
         return
-    record_transformer_vs_rnn(results["transformer-vs-rnn"])
+    if point:
+        claims.add_point("transformer-vs-rnn", f"{args.bible_steps} steps", [r["chrf"] for r in per_seed["transformer"]],
+                         [r["chrf"] for r in per_seed["rnn"]])
+        return
+    record_transformer_vs_rnn(results[key])
 
 
 def record_transformer_vs_rnn(r: Dict) -> None:
@@ -652,10 +658,10 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=1, help="seeds per variant (claims need 3)")
     p.add_argument("--stress-steps", type=int, default=400, help="training steps of each copy/reverse model")
     p.add_argument("--budgets", type=int, nargs="*", default=[],
-                   help="copy/reverse/lstmn/tsp: larger step budgets, each run with --seeds seeds and added to the "
+                   help="copy/reverse/lstmn/tsp/transformer-vs-rnn: larger step budgets, each run with --seeds seeds and added to the "
                         "budget curve of the claims recorded at the main budget")
     p.add_argument("--budgets-only", action="store_true",
-                   help="copy/reverse/lstmn/tsp: run only --budgets (the main budget's claims stay as recorded)")
+                   help="copy/reverse/lstmn/tsp/transformer-vs-rnn: run only --budgets (the main budget's claims stay as recorded)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for these small recurrent steps on a shared machine)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -700,7 +706,7 @@ def main() -> None:
         elif part == "lstmn":
             with_budgets(args, "lstmn_steps", lambda point: run_lstmn(args, results, point=point))
         elif part == "transformer-vs-rnn":
-            run_transformer_vs_rnn(args, results)
+            with_budgets(args, "bible_steps", lambda point: run_transformer_vs_rnn(args, results, point=point))
         elif part in POINTER_PARTS:
             run_pointer(args, results, part)
         else:

@@ -144,3 +144,29 @@ def test_reformer_lm_seeds_and_budgets_stay_out_of_the_docs(benchmark_script, mo
     assert len(ours) == len(base) == 3 and all(x > 0 for x in ours + base)
     table = "\n".join(script.lm_seed_lines(results))
     assert "| 5 | 3 |" in table and "| 7 | 3 |" in table
+
+
+def test_with_budgets_runs_the_main_budget_then_each_larger_one(benchmark_script):
+    script = benchmark_script("repro_rnn_attention")
+    calls = []
+    args = argparse.Namespace(budgets=[200, 400], budgets_only=False, tsp_steps=100)
+    script.with_budgets(args, "tsp_steps", lambda point: calls.append((args.tsp_steps, point)))
+    assert calls == [(100, False), (200, True), (400, True)] and args.tsp_steps == 100
+    calls.clear()
+    args.budgets_only = True
+    script.with_budgets(args, "tsp_steps", lambda point: calls.append((args.tsp_steps, point)))
+    assert calls == [(200, True), (400, True)]
+
+
+def test_rnn_part_tsp_seeds_and_budget(benchmark_script, monkeypatch, tmp_path):
+    script = benchmark_script("repro_rnn_attention")
+    before = CLAIMS.read_text()
+    monkeypatch.setattr(script, "OUT", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["repro_rnn_attention.py", "--quick", "--parts", "tsp", "--seeds", "2",
+                                      "--budgets", "5"])
+    script.main()
+    results = json.loads(next(tmp_path.glob("results-quick-*.json")).read_text())
+    assert [r["seed"] for r in results["tsp"]["per_seed"]] == [0, 1] and len(results["tsp-5"]["per_seed"]) == 2
+    assert all(r["valid"] == 1.0 and r["tour_ratio"] >= 1.0 for r in results["tsp"]["per_seed"])
+    assert results["tsp"]["nearest_neighbour_ratio"] >= 1.0
+    assert CLAIMS.read_text() == before
