@@ -681,8 +681,10 @@ def record_claims(results: Dict, point: str = "") -> None:
                   "carry coming in against those without).",
             better="higher", ours=p["digit_steps_with_carry_in"], baseline=p["digit_steps_without_carry_in"],
             why=f"{name}: decoder steps {claims.fmt(p['digit_steps_with_carry_in'])} with a carry in, "
-                f"{claims.fmt(p['digit_steps_without_carry_in'])} without; weight on step 1 "
-                f"{claims.fmt(p['step1_weight'])}; exact match {claims.fmt(p['exact_match'])}")
+                f"{claims.fmt(p['digit_steps_without_carry_in'])} without (per seed {p['digit_steps_with_carry_in']} vs "
+                f"{p['digit_steps_without_carry_in']}); weight on step 1 {claims.fmt(p['step1_weight'])}; exact match "
+                f"{claims.fmt(p['exact_match'])}"
+                + gap_why(p["digit_steps_with_carry_in"], p["digit_steps_without_carry_in"], "higher", 0.0, "steps"))
 
 
 def main() -> None:
