@@ -609,6 +609,11 @@ def rewrite_ut_act_section(u: Dict, args) -> None:
                          f"{p['digit_steps_with_carry_in'][i]:.3f} | {p['digit_steps_without_carry_in'][i]:.3f} |")
         judged.append((name, p))
     lines.append("")
+    for name in (n for n, _ in judged):
+        by = u[name]["by_carries"]
+        lines.append(f"- {name}, seed {u[name]['seed']}: mean decoder N by carries in the sum (difficulty) — "
+                     + ", ".join(f"{c}: {by[c]['decoder_steps']:.2f} (n={by[c]['examples']})" for c in sorted(by, key=int))
+                     + "; encoder " + ", ".join(f"{c}: {by[c]['encoder_steps']:.2f}" for c in sorted(by, key=int)) + ".")
     for name, p in judged:
         if len(p["seed"]) < claims.MIN_SEEDS:
             lines.append(f"- {name}: {len(p['seed'])} seed(s), no verdict (claims need {claims.MIN_SEEDS}).")
@@ -645,7 +650,7 @@ def record_claims(results: Dict, point: str = "") -> None:
     budget = (f"{s.get('steps')} steps of 16 x {s.get('block')} characters, {s.get('layers')} layers d_model 64, "
               f"S = {s.get('max_span')}; CPU, one thread")
     n_seeds = len(a["seed"]) if a else 3
-    command = f"{COMMAND} --part span --seeds {n_seeds} --init-span {s.get('init_span', 256):g} --span-coef {s.get('span_loss_coef'):g}"
+    command = f"{COMMAND} --part span --seeds {n_seeds} --init-span {s.get('init_span', 256):g} --span-coef {s.get('span_loss_coef', 2e-5):g}"
     if a and f and min(len(a["seed"]), len(f["seed"])) >= claims.MIN_SEEDS:
         cost = claims.mean(a["computed"])
         put(
