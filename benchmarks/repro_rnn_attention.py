@@ -32,7 +32,7 @@ import json
 import random
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import matplotlib
 
@@ -68,6 +68,22 @@ LUONG = "Luong et al. 2015, Effective Approaches to Attention-based Neural Machi
 
 def train(model, task, steps: int, batch_size: int, lr: float, name: str, seed: int = 0) -> float:
     return train_fresh(model, task, OUT / name, steps, batch_size, lr, weight_decay=0.0, eval_max_examples=32, seed=seed)
+
+
+def seeded_arms(seeds: int, arms: Dict[str, Callable[[], torch.nn.Module]], fit: Callable[[str, torch.nn.Module, int], float],
+                measure: Callable[[str, torch.nn.Module, int], Dict], label: str) -> Dict[str, List[Dict]]:
+    """Every arm once per seed: built after ``torch.manual_seed(seed)`` (initialisation), trained by
+    ``fit(name, model, seed)`` (which returns its seconds; the seed also orders the batches), scored
+    by ``measure(name, model, seed)``; per arm, one dict per seed."""
+    per_seed: Dict[str, List[Dict]] = {name: [] for name in arms}
+    for seed in range(seeds):
+        for name, build in arms.items():
+            torch.manual_seed(seed)
+            model = build()
+            seconds = fit(name, model, seed)
+            per_seed[name].append({"seed": seed, "train_seconds": round(seconds, 1), **measure(name, model, seed)})
+            print(label, name, per_seed[name][-1], flush=True)
+    return per_seed
 
 
 def heatmap(ax, weights, x_labels: List[str], y_labels: List[str], title: str) -> None:
@@ -289,16 +305,12 @@ def run_hard(args, results: Dict) -> None:
     ``--seeds`` seeds each; with >= 3 seeds, the claims that soft and hard attention read the image
     (lower held-out loss per token than the image-blind captioner)."""
     task = DigitCaptionsTask()
-    per_seed: Dict[str, List[Dict]] = {name: [] for name, _, _ in CAPTIONERS}
-    for seed in range(args.seeds):
-        for name, cls, attention in CAPTIONERS:
-            torch.manual_seed(seed)
-            model = cls(ShowAttendTellConfig(vocab_size=task.vocab.size, attention=attention))
-            seconds = train(model, task, args.hard_steps, 32, 3e-3, f"captions-{name}" + (f"-s{seed}" if seed else ""),
-                            seed=seed)
-            per_seed[name].append({"seed": seed, "train_seconds": round(seconds, 1),
-                                   **task.evaluate(model, "test", max_examples=args.eval_captions)})
-            print("captions", name, per_seed[name][-1], flush=True)
+    per_seed = seeded_arms(
+        args.seeds, {name: (lambda cls=cls, attention=attention: cls(ShowAttendTellConfig(
+                                vocab_size=task.vocab.size, attention=attention))) for name, cls, attention in CAPTIONERS},
+        fit=lambda name, model, seed: train(model, task, args.hard_steps, 32, 3e-3,
+                                            f"captions-{name}" + (f"-s{seed}" if seed else ""), seed=seed),
+        measure=lambda name, model, seed: task.evaluate(model, "test", max_examples=args.eval_captions), label="captions")
     results["digit-captions-hard"] = {"steps": args.hard_steps, "batch_size": 32, "lr": 3e-3,
                                       **{name: runs[0] for name, runs in per_seed.items()}, "per_seed": per_seed}
     if args.seeds < claims.MIN_SEEDS or args.quick:
@@ -330,16 +342,17 @@ def run_tsp(args, results: Dict, point: bool = False) -> None:
     examples = task.eval_examples("test")
     ratios = [tour_length(p.tolist(), nearest_neighbour_tour(p.tolist())) / tour_length(p.tolist(), t) for p, t in examples]
     nearest = sum(ratios) / len(ratios)
-    per_seed: List[Dict] = []
-    for seed in range(args.seeds):
-        torch.manual_seed(seed)
-        model = PointerNetwork(PointerNetworkConfig(d_input=2, d_embed=64, d_hidden=128, attn_dim=64))
-        seconds = train(model, task, args.tsp_steps, 128, 1e-3, f"tsp-s{seed}" + (f"-{args.tsp_steps}" if point else ""),
-                        seed=seed)
-        per_seed.append({"seed": seed, "train_seconds": round(seconds, 1), **task.evaluate(model, "test")})
-        print("tsp", per_seed[-1], flush=True)
+
+    def measure(name, model, seed):
         if seed == 0 and not point:
             task.visualize(model, IMG / "rnn-tsp.png")
+        return task.evaluate(model, "test")
+
+    per_seed = seeded_arms(
+        args.seeds, {"pointer": lambda: PointerNetwork(PointerNetworkConfig(d_input=2, d_embed=64, d_hidden=128, attn_dim=64))},
+        fit=lambda name, model, seed: train(model, task, args.tsp_steps, 128, 1e-3,
+                                            f"tsp-s{seed}" + (f"-{args.tsp_steps}" if point else ""), seed=seed),
+        measure=measure, label="tsp")["pointer"]
     results["tsp" + (f"-{args.tsp_steps}" if point else "")] = {
         "steps": args.tsp_steps, "batch_size": 128, "lr": 1e-3, "train_size": args.tsp_train, **per_seed[0],
         "nearest_neighbour_ratio": nearest, "test_instances": len(examples), "per_seed": per_seed}
@@ -422,17 +435,14 @@ def run_lstmn(args, results: Dict, point: bool = False) -> None:
     character language models on shakespeare-char; ``--seeds`` seeds, the claim with >= 3
     (``point``: a larger budget, ``--budgets``, added to the claim's budget curve)."""
     task = ShakespeareChar(block_size=64)
-    per_seed: Dict[str, List[Dict]] = {"lstmn": [], "lstm": []}
-    for seed in range(args.seeds):
-        for name, span in (("lstmn", None), ("lstm", 1)):
-            torch.manual_seed(seed)
-            model = LSTMN(LSTMNConfig(vocab_size=task.vocab.size, d_embed=64, d_hidden=128, attn_dim=64, memory_span=span))
-            tag = f"lstmn-{name}-s{seed}" + (f"-{args.lstmn_steps}" if point else "")
-            seconds = train(model, task, args.lstmn_steps, 32, 3e-3, tag, seed=seed)
-            per_seed[name].append({"seed": seed, "train_seconds": round(seconds, 1),
-                                   **task.evaluate(model, "test", max_examples=args.eval_lstmn),
-                                   **(tape_focus(model, task) if span is None else {})})
-            print("lstmn", name, per_seed[name][-1], flush=True)
+    per_seed = seeded_arms(
+        args.seeds, {name: (lambda span=span: LSTMN(LSTMNConfig(vocab_size=task.vocab.size, d_embed=64, d_hidden=128,
+                                                                 attn_dim=64, memory_span=span)))
+                     for name, span in (("lstmn", None), ("lstm", 1))},
+        fit=lambda name, model, seed: train(model, task, args.lstmn_steps, 32, 3e-3,
+                                            f"lstmn-{name}-s{seed}" + (f"-{args.lstmn_steps}" if point else ""), seed=seed),
+        measure=lambda name, model, seed: {**task.evaluate(model, "test", max_examples=args.eval_lstmn),
+                                           **(tape_focus(model, task) if name == "lstmn" else {})}, label="lstmn")
     key = "lstmn" + (f"-{args.lstmn_steps}" if point else "")
     results[key] = {"steps": args.lstmn_steps, "batch_size": 32, "block_size": 64, "lr": 3e-3, "per_seed": per_seed}
     if args.seeds < claims.MIN_SEEDS or args.quick:
@@ -484,16 +494,13 @@ def run_pointer(args, results: Dict, part: str) -> None:
     the paper's "+ATTENTION" baseline, Table 1); exact outputs and the task's metric on the test set."""
     cls, _, d_input, *_ = POINTER_PARTS[part]
     task = cls(min_len=5, max_len=10, eval_size=args.eval_hull)
-    per_seed: Dict[str, List[Dict]] = {"pointer": [], "vocabulary": []}
-    for seed in range(args.seeds):
-        for output in per_seed:
-            torch.manual_seed(seed)
-            model = PointerNetwork(PointerNetworkConfig(d_input=d_input, d_embed=64, d_hidden=128, attn_dim=64,
-                                                        output=output, max_inputs=10))
-            seconds = train(model, task, args.hull_steps, 128, 1e-3, f"{part}-{output}-s{seed}", seed=seed)
-            per_seed[output].append({"seed": seed, "train_seconds": round(seconds, 1),
-                                     "params": sum(p.numel() for p in model.parameters()), **task.evaluate(model, "test")})
-            print(part, output, per_seed[output][-1], flush=True)
+    per_seed = seeded_arms(
+        args.seeds, {output: (lambda output=output: PointerNetwork(PointerNetworkConfig(
+                                  d_input=d_input, d_embed=64, d_hidden=128, attn_dim=64, output=output, max_inputs=10)))
+                     for output in ("pointer", "vocabulary")},
+        fit=lambda output, model, seed: train(model, task, args.hull_steps, 128, 1e-3, f"{part}-{output}-s{seed}", seed=seed),
+        measure=lambda output, model, seed: {"params": sum(p.numel() for p in model.parameters()), **task.evaluate(model, "test")},
+        label=part)
     results[f"pointer-{part}"] = {"steps": args.hull_steps, "batch_size": 128, "lr": 1e-3, "test_instances": args.eval_hull,
                                   "per_seed": per_seed}
     if args.seeds >= claims.MIN_SEEDS and not args.quick:
@@ -571,18 +578,17 @@ def run_transformer_vs_rnn(args, results: Dict, point: bool = False) -> None:
         "rnn": (lambda: Seq2Seq(Seq2SeqConfig(src_vocab_size=v.size, attention="bahdanau", d_embed=32, d_hidden=64,
                                               attn_dim=64, d_readout=64)), 3e-3),
     }
-    per_seed: Dict[str, List[Dict]] = {name: [] for name in arms}
-    for seed in range(args.seeds):
-        for name, (build, lr) in arms.items():
-            torch.manual_seed(seed)
-            model = build()
-            seconds = train(model, task, args.bible_steps, 32, lr,
-                            f"bible-vs-{name}-s{seed}" + (f"-{args.bible_steps}" if point else ""), seed=seed)
-            hyps, buckets = translate_and_score(model, task, pairs)
-            per_seed[name].append({"seed": seed, "train_seconds": round(seconds, 1), "lr": lr,
-                                   "params": sum(p.numel() for p in model.parameters()), **buckets["1-100"],
-                                   "samples": hyps[:2]})
-            print("transformer-vs-rnn", name, per_seed[name][-1], flush=True)
+
+    def measure(name, model, seed):
+        hyps, buckets = translate_and_score(model, task, pairs)
+        return {"lr": arms[name][1], "params": sum(p.numel() for p in model.parameters()), **buckets["1-100"],
+                "samples": hyps[:2]}
+
+    per_seed = seeded_arms(
+        args.seeds, {name: build for name, (build, _) in arms.items()},
+        fit=lambda name, model, seed: train(model, task, args.bible_steps, 32, arms[name][1],
+                                            f"bible-vs-{name}-s{seed}" + (f"-{args.bible_steps}" if point else ""), seed=seed),
+        measure=measure, label="transformer-vs-rnn")
     key = "transformer-vs-rnn" + (f"-{args.bible_steps}" if point else "")
     results[key] = {"steps": args.bible_steps, "batch_size": 32, "test_verses": len(pairs), "per_seed": per_seed}
     if args.seeds < claims.MIN_SEEDS or args.quick:
