@@ -251,6 +251,18 @@ def _flags(args) -> List[str]:
     return [f"--{k.replace('_', '-')} {getattr(args, k)}" for k, v in defaults.items() if getattr(args, k) != v]
 
 
+TUNING = ("<!-- pretraining-tuning -->", "<!-- /pretraining-tuning -->")
+
+
+def kept_section(marks) -> List[str]:
+    """The page's marked section (measured by earlier runs with other settings), kept as it is when
+    the page is rewritten; none when the page has no such section."""
+    text = DOC.read_text() if DOC.exists() else ""
+    if marks[0] not in text:
+        return []
+    return [text[text.index(marks[0]):text.index(marks[1]) + len(marks[1])], ""]
+
+
 def write_doc(results: Dict, plots: List[str], command: str) -> None:
     pre, fine, scratch, chance = results["pretrain"], results["finetune"], results["scratch"], results["chance"]
     pt, ft, st = pre["test"], fine["test"], scratch["test"]
@@ -276,9 +288,7 @@ def write_doc(results: Dict, plots: List[str], command: str) -> None:
         "It runs:",
         "",
         "```",
-        pre["command"],
-        fine["command"],
-        scratch["command"],
+        *(run["command"].replace(f"{ROOT}/", "") for run in (pre, fine, scratch)),
         "```",
         "",
         "## Pre-training",
@@ -310,6 +320,7 @@ def write_doc(results: Dict, plots: List[str], command: str) -> None:
         "",
         _reading(pt, ft, st, chance, results.get("cls"), results.get("per_seed", [])),
         "",
+        *kept_section(TUNING),
         "Deviations from the paper: words instead of WordPiece; a 0.2 M-parameter encoder pre-trained for",
         "minutes on ~1.8 k articles instead of BERT-base on 3.3 G words; sequences of 64 tokens; the masked-LM",
         "decoder evaluated at the selected positions only (`mlm_logits=\"selected\"`, as the original",
