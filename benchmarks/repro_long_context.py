@@ -407,17 +407,26 @@ def _lm_budgets_lines(budgets: Optional[Dict[str, Any]]) -> List[str]:
     if not budgets:
         return []
     head = None
-    rows = []
+    rows, changes = [], []
+
+    def bpc4(xs):  # the memory effects are in the third decimal
+        return f"{claims.mean(xs):.4f} ± {claims.standard_error(xs):.4f}"
+
     for steps, b in sorted(budgets.items(), key=lambda kv: int(kv[0])):
         ps, mems = b["per_seed"], b["memories"]
         head = head or ("| updates | " + " | ".join(f"XL, memory {m}" for m in mems) + " | GPT |")
-        rows.append(f"| {int(steps):,} | " + " | ".join(claims.fmt([r["xl_bpc"][i] for r in ps]) for i in range(len(mems)))
-                    + f" | {claims.fmt([r['gpt_bpc'] for r in ps])} |")
+        rows.append(f"| {int(steps):,} | " + " | ".join(bpc4([r["xl_bpc"][i] for r in ps]) for i in range(len(mems)))
+                    + f" | {bpc4([r['gpt_bpc'] for r in ps])} |")
+        at = [claims.mean([r["xl_bpc"][i] for r in ps]) for i in range(len(mems))]
+        changes.append(f"{int(steps):,} updates: {at[-1] - at[1]:+.4f} bpc from memory {mems[1]} to {mems[-1]} "
+                       f"({at[1] - at[0]:+.4f} from 0 to {mems[1]})")
     seeds = len(next(iter(budgets.values()))["per_seed"])
     return [f"**Larger budgets** (`--only lm_budgets --seeds {seeds} --lm-budgets "
             f"{' '.join(sorted(budgets, key=int))}`, the same models and recipe trained longer; test bpc, mean ± "
             f"standard error over {seeds} seeds; the points of both claims' budget curves in "
-            "[claims.json](claims.json)):", "", head, "| --- |" + " --- |" * (len(mems) + 1), *rows, ""]
+            "[claims.json](claims.json)):", "", head, "| --- |" + " --- |" * (len(mems) + 1), *rows, "",
+            "Memory beyond the training memory, by budget (mean over seeds; negative = lower loss): "
+            + "; ".join(changes) + ".", ""]
 
 
 def _tmaze_depth_lines(td: Optional[Dict[str, Any]]) -> List[str]:
