@@ -546,7 +546,7 @@ def _draw_polygons(ax, points: Tensor, predicted: List[List[int]], target: List[
             loop = idx + idx[:1]
             ax.plot([pts[i][0] for i in loop], [pts[i][1] for i in loop], label=label if n == 0 else None, **style)
     ax.set_aspect("equal")
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2, frameon=False)  # clear of the points
     ax.set_title(f"points, true {what} and prediction ({'exact' if predicted == target else 'not exact'})", fontsize=8)
     return True
 
