@@ -627,6 +627,20 @@ def rewrite_ut_act_section(u: Dict, args) -> None:
                          f"with a carry coming in take {claims.fmt(p['digit_steps_with_carry_in'])} decoder steps, "
                          f"those without {claims.fmt(p['digit_steps_without_carry_in'])}: **{v}** "
                          "([claims.json](claims.json), `ut-act-carries`).")
+    for path in sorted((OUT / "tagged").glob("results-budget-*.json"), key=lambda q: int(q.stem.rsplit("-", 1)[1])):
+        more = json.loads(path.read_text()).get("ut", {})  # a larger budget (--budgets) of the variants above
+        for name, _ in judged:
+            p = more.get(name, {}).get("per_seed")
+            if not p or len(p["seed"]) < claims.MIN_SEEDS:
+                continue
+            learned = min(p["exact_match"]) >= LEARNED
+            v = claims.verdict(p["digit_steps_with_carry_in"], p["digit_steps_without_carry_in"], "higher")
+            lines.append(f"- {name} at {more['steps']} updates (`--budgets`): exact match {claims.fmt(p['exact_match'])}; "
+                         f"digits with a carry coming in {claims.fmt(p['digit_steps_with_carry_in'])} decoder steps, "
+                         f"without {claims.fmt(p['digit_steps_without_carry_in'])} (per seed {p['digit_steps_with_carry_in']}"
+                         f" vs {p['digit_steps_without_carry_in']}): "
+                         + (f"**{v}** (a point of the claim's budget curve)" if learned else "no verdict (not every seed learned)")
+                         + ".")
     lines += ["", UT_ACT[1]]
     replace_section(DOC, "\n".join(lines), UT_ACT, "## What this shows")
 
