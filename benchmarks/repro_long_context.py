@@ -596,6 +596,13 @@ def record_claims(results: Dict[str, Any], command: str) -> None:
              "not reproduced": f"updates to solve the T-maze at L = {L}: GTrXL {mean(g):.0f} against post-LN "
                                f"TrXL's {mean(p):.0f}, within two standard errors"})
     gs, ps = success("gtrxl"), success("xl-post-ln")
+    td = results.get("tmaze_depth")
+    deeper = ""
+    if td:
+        learned = {k: {d: sum(r["success"] >= 0.9 for r in td["runs"][k][str(d)]) for d in td["depths"]} for k in td["runs"]}
+        deeper = (f"; with deeper stacks (the budget curve, L = {td['corridor']}) seeds that learn, GTrXL / post-LN: "
+                  + ", ".join(f"{d} layers {learned['gtrxl'][d]}/{len(td['seeds'])} / {learned['xl-post-ln'][d]}/"
+                              f"{len(td['seeds'])}" for d in td["depths"]))
     claims.record(
         id="gtrxl-vs-trxl-stability", model="gtrxl", paper=GTRXL,
         claim="Where the canonical post-LN Transformer-XL often fails to learn in RL, the gated GTrXL learns reliably.",
@@ -603,7 +610,7 @@ def record_claims(results: Dict[str, Any], command: str) -> None:
         why={"reproduced": f"greedy success at L = {L}: GTrXL {mean(gs):.2f}, post-LN TrXL {mean(ps):.2f}",
              "not reproduced": f"post-LN TrXL does not fail here: greedy success at L = {L} GTrXL {mean(gs):.2f}, "
                                f"post-LN {mean(ps):.2f} (every seed of both solves it); a 2-layer, one-decision "
-                               f"task shows no instability for the gate to remove"})
+                               f"task shows no instability for the gate to remove" + deeper})
 
 
 def main() -> None:
