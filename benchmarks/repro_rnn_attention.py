@@ -408,7 +408,13 @@ def write_tsp_section(results: Dict) -> None:
              "closer to the optimum than nearest neighbour's, by more than twice the standard error "
              "([claims.json](claims.json), `pointer-tsp`; the larger budgets are its curve).", "",
              "| updates | seeds | pointer tour / optimal | exact tours | valid tours | training s | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- |", *rows, "", TSP_SECTION[1]]
+             "| --- | --- | --- | --- | --- | --- | --- |", *rows, ""]
+    last = runs[-1]
+    ratios = [x["tour_ratio"] for x in last["per_seed"]]
+    lines += [f"At {last['steps']:,} updates, per seed: " + ", ".join(f"{x:.3f}" for x in ratios) + f" — "
+              f"{sum(x < nearest for x in ratios)} of {len(ratios)} seeds below nearest neighbour's {nearest:.3f}, "
+              f"exact tours per seed " + ", ".join(f"{x['exact_match']:.3f}" for x in last["per_seed"]) + ".", "",
+              TSP_SECTION[1]]
     replace_section(DOC, "\n".join(lines), TSP_SECTION, "### 5b.")
 
 
