@@ -734,7 +734,9 @@ def main() -> None:
     args.eval_bible = 50 if q else None
     IMG.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
-    results_path = OUT / (f"results-{'quick-' if q else ''}{args.parts.replace(',', '-')}{'-' + args.variants.replace(',', '-') if args.variants else ''}.json")
+    results_path = OUT / (f"results-{'quick-' if q else ''}{args.parts.replace(',', '-')}{'-' + args.variants.replace(',', '-') if args.variants else ''}"
+                          # a --budgets-only run keeps its own file: two of them can run side by side
+                          + (f"-budgets-{'-'.join(map(str, args.budgets))}" if args.budgets_only else "") + ".json")
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     t0 = time.time()
     for part in args.parts.split(","):
