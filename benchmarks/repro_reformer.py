@@ -333,8 +333,7 @@ def record_claims(results: Dict[str, Any], args) -> None:
         full = [r["accuracy"]["full"]["1"] for r in runs]
         d = results["dup"]
         claims.record(
-            id="reformer-duplication", model="reformer", paper="Kitaev et al. 2020, Reformer: The Efficient Transformer "
-            "(arXiv:2001.04451)", claim="A model trained with few hash rounds gets closer to full attention when "
+            id="reformer-duplication", model="reformer", paper=PAPER, claim="A model trained with few hash rounds gets closer to full attention when "
             "evaluated with more rounds (Table 2).", command=f"{COMMAND} --only dup --seeds {args.seeds}", better="higher",
             ours=ours, baseline=base,
             budget=f"duplication 0w0w, |w| = {d['n']}, one layer, {d['steps']} updates of {d['batch']}, chunks of "
@@ -350,7 +349,8 @@ def record_claims(results: Dict[str, Any], args) -> None:
             id="reformer-enwiki", model="reformer", paper=PAPER,
             claim=f"The Reformer matches the Transformer's bits per byte on enwik8 (here: within {LM_MARGIN} bits "
                   "per byte of a GPT of the same size after the same steps).",
-            command=f"{COMMAND} --only lm --seeds {args.seeds}" + (f" --lm-steps {lm['steps']}" if lm["steps"] != 250 else ""),
+            command=f"{COMMAND} --only lm --seeds {args.seeds}" + (f" --lm-steps {lm['steps']}" if lm["steps"] != 250 else "")
+            + (f" --lm-budgets {' '.join(map(str, args.lm_budgets))}" if args.lm_budgets else ""),
             better="lower", margin=LM_MARGIN, ours=ours, baseline=base,
             curve=[{"budget": f"{steps} steps", "ours": lm_bpb(b["per_seed"])[0], "baseline": lm_bpb(b["per_seed"])[1]}
                    for steps, b in results.get("lm_budgets", {}).items() if len(b["per_seed"]) >= claims.MIN_SEEDS],
@@ -372,8 +372,7 @@ def record_claims(results: Dict[str, Any], args) -> None:
         rev, plain = ratio(True), ratio(False)
         cfg = runs[0]["config"]
         claims.record(
-            id="reversible-memory", model="reformer", paper="Kitaev et al. 2020, Reformer: The Efficient Transformer "
-            "(arXiv:2001.04451)", claim="Reversible layers make training memory independent of depth.",
+            id="reversible-memory", model="reformer", paper=PAPER, claim="Reversible layers make training memory independent of depth.",
             command=f"{COMMAND} --only memory --seeds {args.seeds}", better="lower", ours=rev, baseline=plain,
             budget=f"peak bytes of one training step at {depth} layers over 1 layer, Reformer LM L={cfg['length']}, "
                    f"d_model {cfg['d_model']}; deterministic (allocation count), {args.seeds} repeats; {cpu}",
