@@ -15,7 +15,7 @@ Kernels never need ``materialize``: it exists for tests and plots.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -161,25 +161,27 @@ def block_raster_order(image_size: Tuple[int, int], block: Tuple[int, int]) -> T
 
 
 def local_2d(image_size: Tuple[int, int], block: Tuple[int, int], memory: Tuple[int, int, int] = (0, 0, 0),
-             causal: bool = True) -> MaskMod:
+             causal: bool = True, device: Optional[torch.device] = None) -> MaskMod:
     """Image Transformer 2D local attention (Parmar et al. 2018) on an image scanned in block-raster
     order (``block_raster_order``: sequence position ``t`` is pixel ``order[t]``).
 
     Queries are grouped in ``block=(bh, bw)`` rectangles; a query attends to the keys inside its
     block extended ``memory=(top, left, right)`` pixels up, left and right; causal (generation)
     adds ``kv_idx <= q_idx``: only pixels generated before it in block-raster order (the whole
-    block to the left, none of the block to the right). Positions ``>= H * W`` see nothing.
+    block to the left, none of the block to the right). Positions ``>= H * W`` see nothing. ``device``:
+    where the scan-order table lives (that of the indices it is called with, for FlexAttention's
+    compiled kernel; otherwise it is copied there at each call).
     """
     H, W = _pair("image_size", image_size)
     bh, bw = _pair("block", block)
     if not isinstance(memory, (tuple, list)) or len(memory) != 3:
         raise ValueError(f"memory must be (top, left, right), got {memory!r}")
     top, left, right = (_checks.positive_int(f"memory[{i}]", v, allow_zero=True) for i, v in enumerate(memory))
-    order = block_raster_order((H, W), (bh, bw))
+    order = block_raster_order((H, W), (bh, bw)).to(device or "cpu")
     P = H * W
 
     def mod(b, h, q_idx, kv_idx):
-        table = order.to(q_idx.device)
+        table = order if order.device == q_idx.device else order.to(q_idx.device)
         qp, kp = table[q_idx.clamp(0, P - 1)], table[kv_idx.clamp(0, P - 1)]  # raster indices
         qr, qc = torch.div(qp, W, rounding_mode="floor"), torch.remainder(qp, W)
         kr, kc = torch.div(kp, W, rounding_mode="floor"), torch.remainder(kp, W)

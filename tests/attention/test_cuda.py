@@ -1,5 +1,5 @@
 """The CUDA suite (``pytest -m cuda``): every kernel on a GPU against the CPU, half precision, the
-FlexAttention path of ``strided``/``fixed`` against their structured path, incremental decoding and
+FlexAttention path of ``strided``/``fixed``/``window``/``local-1d``/``local-2d`` against their structured path, incremental decoding and
 a model trained from the command line on the GPU. Skipped without CUDA (CI has none)."""
 
 import pytest
@@ -84,6 +84,12 @@ FLEX_CASES = [
     ("fixed", {"stride": 32, "c": 4}, True, 300, 300, True),
     ("fixed", {"stride": 32, "c": 4}, True, 1, 257, False),
     ("fixed", {"stride": 16, "c": 16, "subsets": (2,)}, False, 77, 300, False),
+    ("window", {"radius": 20}, False, 300, 300, True),
+    ("window", {"radius": 20}, True, 77, 300, False),
+    ("local-1d", {"block": 32, "memory": 16}, True, 300, 300, True),
+    ("local-1d", {"block": 32, "memory": 16}, False, 77, 300, False),
+    ("local-2d", {"image_size": (16, 20), "block": (4, 8), "memory": (4, 8, 8)}, True, 300, 300, True),
+    ("local-2d", {"image_size": (16, 20), "block": (4, 8), "memory": (4, 8, 8)}, False, 77, 300, False),
 ]
 
 

@@ -130,3 +130,34 @@ def test_sharing_modes_in_a_stack(sharing, per_layer, total):
     out = stack(ids).hidden
     out.sum().backward()
     assert kernels[0].E.grad is not None and n_params > 0
+
+
+def test_bfloat16_projections_and_scores_stay_bfloat16():
+    """E K, F V and the scores of bfloat16 inputs are bfloat16 products (float32 sums inside the
+    matmul): no float32 copy of the inputs; the output is the float32 kernel's to bfloat16 rounding."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Dtypes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                # (the fused softmax's own float32 log-sum-exp, one per query, is not a copy)
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 2 * 64:
+                    self.seen.add(t.dtype)
+            return out
+
+    kernel = qkv.attention.build_attention("linformer", seq_len=64, k=16)
+    q, k, v = (t.float() for t in tensors(B=1, H=2, N=64, E=8))
+    ref = kernel(q, k, v).output
+    kernel = kernel.bfloat16()
+    qb, kb, vb = (t.bfloat16().requires_grad_(True) for t in (q, k, v))
+    with Dtypes() as d:
+        out = kernel(qb, kb, vb).output
+        out.backward(torch.ones_like(out))
+    assert d.seen == {torch.bfloat16}, d.seen
+    assert out.dtype == torch.bfloat16 and kernel.E.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)

@@ -324,3 +324,52 @@ def test_absurd_knobs_are_refused_before_any_work(knobs, message):
     # the Reformer's config refuses first, from the memory the hashing would need, or the kernel does
     with pytest.raises(ValueError, match=f"{message}|LSH hashing with .* needs .* more than the"):
         Reformer(ReformerConfig(vocab_size=7, max_len=16, n_layers=1, d_model=8, n_heads=2, d_ff=16, **reformer_knobs))
+
+
+class MatmulDtypes(TorchDispatchMode):
+    """The (dtype, last dim) of every matrix product, and the largest float32 tensor made."""
+
+    def __init__(self):
+        super().__init__()
+        self.matmuls, self.largest_float32 = set(), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in (torch.ops.aten.bmm, torch.ops.aten.mm, torch.ops.aten.baddbmm, torch.ops.aten.addmm):
+            self.matmuls.add((out.dtype, out.shape[-1]))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+                self.largest_float32 = max(self.largest_float32, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bfloat16_runs_in_bfloat16_with_float32_normalisers(causal):
+    """bfloat16 scores and values stay bfloat16 (the tensor cores' type, half the memory of float32):
+    no float32 tensor larger than the per-round normalisers (B H R L) and hashes; the output is the
+    float32 kernel's on the same (rounded) inputs to bfloat16's rounding."""
+    L, m, R, E = 256, 32, 4, 16
+    kernel = LSHAttention(causal=causal, bucket_size=m, n_rounds=R, seed=0)
+    q, k, v = (t.bfloat16().requires_grad_(True) for t in heads(B=1, H=2, L=L, E=E, dtype=torch.float32))
+    with MatmulDtypes() as seen:
+        out = kernel(q, k, v).output
+        out.float().sum().backward()
+    assert out.dtype == torch.bfloat16 and q.grad.dtype == torch.bfloat16
+    hash_width = R * derived_n_buckets(L, m)[0] // 2  # x R of every round in float32, for the argmax
+    # scores (last dim 2m) and the values' product (E) in bfloat16; the hash alone in float32
+    assert {(torch.bfloat16, 2 * m), (torch.bfloat16, E)} <= seen.matmuls, seen.matmuls
+    assert {d for d, _ in seen.matmuls} - {torch.bfloat16} <= {torch.float32}
+    assert {w for d, w in seen.matmuls if d == torch.float32} <= {hash_width}, seen.matmuls
+    assert seen.largest_float32 < 2 * R * L * 2 * m, seen.largest_float32  # never the (H R L 2m) scores
+    ref = kernel(q.detach().float(), k.detach().float(), v.detach().float()).output
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_float16_works_in_float32():
+    """float16 scores could pass 65504: its products run in float32 and the result returns to float16."""
+    kernel = LSHAttention(bucket_size=8, n_rounds=2, seed=0)
+    q, k, v = (t.half() for t in heads(B=1, H=1, L=64, E=8, dtype=torch.float32))
+    with MatmulDtypes() as seen:
+        out = kernel(100 * q, k, v).output
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    assert {d for d, _ in seen.matmuls} == {torch.float32}

@@ -43,6 +43,14 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+def matmul_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for float16, else ``dtype``: for work that is matrix products (whose sums run in
+    float32 inside the product on the CPU and on CUDA, only the result being rounded), bfloat16
+    keeps its own type — it has float32's range and runs on the tensor cores — while float16's
+    results can pass 65504."""
+    return torch.float32 if dtype == torch.float16 else dtype
+
+
 # ----------------------------------------------------------------------------- key/value caches
 
 

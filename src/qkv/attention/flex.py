@@ -2,9 +2,10 @@
 
 ``torch.nn.attention.flex_attention`` runs a fused, block-sparse attention from a ``BlockMask``:
 the key blocks a query block cannot reach are skipped, the partial blocks are masked element-wise
-by the predicate. The kernels ``strided`` and ``fixed`` build that mask from the same
-``qkv.masks`` predicate their structured CPU path implements (``kernel.pattern(M, N)``), so the
-two paths compute the same function; ``tests/attention/test_cuda.py`` checks it on a GPU.
+by the predicate. The kernels ``strided``, ``fixed``, ``window``, ``local-1d`` and ``local-2d``
+build that mask from the same ``qkv.masks`` predicate their structured CPU path implements
+(``kernel.pattern(M, N)``), so the two paths compute the same function;
+``tests/attention/test_cuda.py`` checks it on a GPU.
 
 A pattern whose allowed keys are scattered over every key block (the strided columns ``A2``, the
 fixed summaries) skips no block as one mask; the kernels then give FlexAttention each part where it
@@ -14,7 +15,8 @@ is contiguous — the band and the own block as they are, the strided columns on
 
 The path is taken when every condition holds: the inputs are on a CUDA device, FlexAttention
 imports, no weights are asked (it forms none), no dropout (it has none), no decoding state, the
-head sizes are equal powers of two in 16 … 256 and the dtype is float16, bfloat16 or float32.
+head sizes are equal powers of two in 16 … 256 and the dtype is float16, bfloat16 or float32 (the
+window and local kernels also: no decoding state asked for, and no more queries than keys).
 Otherwise the kernel stays on its structured path (FlexAttention has no CPU backward in
 torch 2.13, so CPU training always does). ``with qkv.attention.flex.disabled():`` forces the
 structured path, for comparisons.
@@ -36,7 +38,7 @@ from torch import Tensor
 
 from .. import masks
 
-__all__ = ["available", "usable", "attend_parts", "merge", "count", "disabled", "calls"]
+__all__ = ["available", "usable", "attend_parts", "attend_pattern", "merge", "count", "disabled", "calls"]
 
 _enabled = True
 _CACHE_SIZE = 32
@@ -130,6 +132,16 @@ def attend_parts(q: Tensor, k: Tensor, v: Tensor, mod: masks.MaskMod, key_valid:
                                  B if Bv > 1 else None, H if Hv > 1 else None, M, N, q.device, None)
     out, lse = _flex(q, k, v, block_mask)
     return out.masked_fill(torch.isneginf(lse).unsqueeze(-1), 0.0), lse
+
+
+def attend_pattern(q: Tensor, k: Tensor, v: Tensor, mod: masks.MaskMod, mask: Optional[Tensor],
+                   key: Hashable) -> Tensor:
+    """A kernel's whole pattern ``mod`` as one block mask: ``out (B, H, M, Ev)``, rows with no allowed
+    key zeros; ``mask`` the kernel's key-padding mask ``(B|1, H|1, 1, N)`` or None; ``key`` describes
+    ``mod`` for the block-mask cache (with ``M`` and ``N``). Counts the call."""
+    out, _ = attend_parts(q, k, v, mod, None if mask is None else mask[:, :, 0, :], key)
+    count()
+    return out
 
 
 def merge(parts):

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from .. import _checks
 from ..registry import register
 from ..types import AttentionOutput
-from ._ops import accumulation_dtype
+from ._ops import matmul_dtype
 from .base import AttentionKernel, clamp_knob
 
 __all__ = ["LinformerAttention", "SHARING"]
@@ -115,7 +115,9 @@ class LinformerAttention(AttentionKernel):
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         N = k.shape[-2]
-        dtype, acc = q.dtype, accumulation_dtype(q.dtype)  # projections sum N terms: float32 for half inputs
+        # E K and F V sum N terms: bfloat16 products accumulate in float32 inside the matmul; float16
+        # results could pass 65504, so float16 inputs work in float32
+        dtype, acc = q.dtype, matmul_dtype(q.dtype)
         q, k, v = q.to(acc), k.to(acc), v.to(acc)
         E = self.E[:, :N].to(acc)  # (k, N): shorter inputs use the first N columns
         Fp = E if self.F is None else self.F[:, :N].to(acc)  # (k, N)

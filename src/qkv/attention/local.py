@@ -39,13 +39,14 @@ Deviations and choices:
 
 The helpers these kernels share with ``sparse.py`` (``unfold_band``: the band of keys a query block
 sees; ``to_frame``/``from_frame``: queries aligned to the end of the keys, padded into one
-self-attention frame; ``gathered_attend``: the decoding path) live in ``_ops.py``.
+self-attention frame; ``gathered_attend``: the decoding path) live in ``_ops.py``. On CUDA both
+kernels hand their ``qkv.masks`` predicate to FlexAttention instead (``qkv.attention.flex``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Dict, NamedTuple, Tuple, Union
+from typing import Dict, NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,7 @@ from torch import Tensor
 from .. import _checks, masks
 from ..registry import register
 from ..types import AttentionOutput, KVCache
+from . import flex
 from ._ops import (append_cache, blocked_attend, check_cache, empty_output, from_frame, gathered_attend,
                    shift_queries, to_frame, unfold_band)
 from .base import AttentionKernel, clamp_knob
@@ -125,6 +127,10 @@ class Local1DAttention(AttentionKernel):
         if M == 0 or N == 0:
             return empty_output(q, v, N, need_weights)._replace(state=cache)
         dropout_p = self.dropout if self.training else 0.0
+        if state is None and not return_state and M <= N and flex.usable(q, v, need_weights, dropout_p):
+            # CUDA: FlexAttention visits only the key blocks of each query block and its memory
+            out = flex.attend_pattern(q, k, v, self.pattern(M, N), mask, (self.registry_name, self.extra_repr()))
+            return AttentionOutput(out, None, None)
         if state is not None:
             # Decoding: query i at position p = total - M + i sees positions floor(p / b) b - m .. p.
             p = torch.arange(total - M, total, device=q.device).view(M, 1)
@@ -251,9 +257,9 @@ class Local2DAttention(AttentionKernel):
         """``(H * W,)``: the raster index of each sequence position (``qkv.masks.block_raster_order``)."""
         return masks.block_raster_order(self.image_size, self.block)
 
-    def pattern(self, n_queries: int, n_keys: int):
-        return shift_queries(masks.local_2d(self.image_size, self.block, self.memory, causal=self.causal),
-                             n_keys - n_queries)
+    def pattern(self, n_queries: int, n_keys: int, device: Optional[torch.device] = None):
+        return shift_queries(masks.local_2d(self.image_size, self.block, self.memory, causal=self.causal,
+                                            device=device), n_keys - n_queries)
 
     def _indices(self, device: torch.device) -> _Blocks2D:
         """The blocks' index tables (built once per device; the image size is fixed)."""
@@ -321,6 +327,11 @@ class Local2DAttention(AttentionKernel):
         if M == 0 or N == 0:
             return empty_output(q, v, N, need_weights)._replace(state=cache)
         dropout_p = self.dropout if self.training else 0.0
+        if state is None and not return_state and M <= N and flex.usable(q, v, need_weights, dropout_p):
+            # CUDA: FlexAttention visits only the key blocks of each query block's memory rectangle
+            out = flex.attend_pattern(q, k, v, self.pattern(M, N, q.device), mask,
+                                      (self.registry_name, self.extra_repr()))
+            return AttentionOutput(out, None, None)
         valid = mask[:, :, 0, :] if mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=k.device)
         if state is not None:
             # Decoding: query i at position p = n_seen - M + i sees its block's memory rectangle.

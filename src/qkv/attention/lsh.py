@@ -53,7 +53,10 @@ causal, it attends to the ``bucket_size`` most recent keys of its own bucket, fo
 binary search in the sorted order (O(K n_rounds m d) for K masked positions). ``dedup`` adds O(n_rounds^2 L m) for the round counts. A derived bucket
 count above 64 is hashed as two factors (``derived_n_buckets``).
 
-Numerics: scores and softmax run in float32 for half inputs; a pair that may not attend scores
+Numerics: bfloat16 inputs run in bfloat16 (the score and value products sum in float32 inside the
+matmul; each round's normaliser ``z`` and the combination of the rounds are float32: ``z`` is
+read off the softmax as ``max s - log max p``, which is exact to bfloat16's rounding of ``p``, not
+of ``z``); float16 inputs run in float32, since their scores can pass 65504; a pair that may not attend scores
 ``-inf`` however large the others (a row with no allowed key gets a finite stand-in and is zeroed
 afterwards, so no softmax sees a row of ``-inf``); the self penalty ``1e5`` excludes self as long as the scores stay far
 below it (unit keys: ``|q_i . k_j| / sqrt(d) <= ||q_i|| / sqrt(d)``).
@@ -72,6 +75,7 @@ from torch import Tensor
 from .. import _checks
 from ..registry import register
 from ..types import AttentionOutput
+from ._ops import matmul_dtype
 from .base import AttentionKernel, clamp_knob
 
 __all__ = ["LSHAttention", "LSHState", "LSHHashing", "hash_vectors", "draw_hashing", "derived_n_buckets",
@@ -204,13 +208,17 @@ class _SoftmaxLSE(torch.autograd.Function):
     def forward(ctx, s: Tensor) -> tuple[Tensor, Tensor]:
         p = torch.softmax(s, dim=-1)
         ctx.save_for_backward(p)
-        return p, torch.logsumexp(s, dim=-1)
+        if s.dtype != torch.bfloat16:
+            return p, torch.logsumexp(s, dim=-1)
+        # bfloat16: z = s_max - log p_max in float32 (p = exp(s - z), largest where s is): its error is
+        # the rounding of p (<= 2^-9 relative, ~0.002 in z), not that of a bfloat16 z (~0.02 at z ~ 5)
+        return p, s.amax(dim=-1).float() - p.amax(dim=-1).float().log()
 
     @staticmethod
     def backward(ctx, dp: Optional[Tensor], dz: Optional[Tensor]) -> Tensor:
         (p,) = ctx.saved_tensors
         g = torch.zeros_like(p) if dp is None else torch._softmax_backward_data(dp, p, -1, p.dtype)
-        return g if dz is None else torch.addcmul(g, p, dz.unsqueeze(-1))
+        return g if dz is None else torch.addcmul(g, p, dz.unsqueeze(-1).to(p.dtype))
 
 
 @register("attention", "lsh", "reformer")
@@ -330,7 +338,7 @@ class LSHAttention(AttentionKernel):
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         B, H, M, E = q.shape
         out_dtype = v.dtype
-        work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # softmax in float32
+        work = matmul_dtype(q.dtype)  # float16 -> float32 (scores can pass 65504); bfloat16 stays (Numerics)
         q, k, v = q.to(work), k.to(work), v.to(work)
         key_mask = None if mask is None else mask[:, :, 0, :].expand(B, H, -1)  # (B, H, N_total)
         if state is not None and not isinstance(state, LSHState):
@@ -410,7 +418,8 @@ class LSHAttention(AttentionKernel):
         # a pair may not attend (however large the scores), 0 on a row with no allowed key (no NaN)
         allowed = bias > EMPTY
         has_key = allowed.any(-1, keepdim=True)  # (..., m | 1, 1)
-        s = (sq @ kw.transpose(-1, -2)).add_(torch.where(allowed, bias, torch.where(has_key, -math.inf, 0.0)))
+        fill = torch.where(has_key, -math.inf, 0.0).to(bias.dtype)  # (..., m | 1, 1)
+        s = (sq @ kw.transpose(-1, -2)).add_(torch.where(allowed, bias, fill))
         p, z = _SoftmaxLSE.apply(s)  # (B, H, R, C, m, W): each round's softmax, and its normaliser z^(r)
         p = p * has_key  # a row with no allowed key: no weight, and z = -inf
         z = z.masked_fill(~has_key[..., 0], -math.inf)
@@ -426,11 +435,11 @@ class LSHAttention(AttentionKernel):
             o, z, extra = self._masked_queries(q, raw_q, key_mask, o, z, b_q, perm_q, sk, sv, Lp)
         found = torch.isfinite(z).any(dim=2)  # (B, H, Lp): False where no key was allowed in any round
         if R == 1:
-            w = found[:, :, None].to(o.dtype)  # one round: its softmax is the answer
-            out = o[:, :, 0, :L] * w[:, :, 0, :L, None]
+            w = found[:, :, None].to(z.dtype)  # one round: its softmax is the answer
+            out = o[:, :, 0, :L] * w[:, :, 0, :L, None].to(o.dtype)
         else:
             w = torch.softmax(z.masked_fill(~found[:, :, None], 0.0), dim=2) * found[:, :, None]  # (B, H, R, Lp)
-            out = (w[..., None] * o).sum(dim=2)[:, :, :L]  # (B, H, L, Ev)
+            out = (w[..., None].to(o.dtype) * o).sum(dim=2)[:, :, :L]  # (B, H, L, Ev)
 
         weights = None
         if need_weights:
@@ -479,10 +488,10 @@ class LSHAttention(AttentionKernel):
         has = valid.any(-1, keepdim=True)
         s = torch.where(valid, s, torch.where(has, -math.inf, 0.0))
         p_m = torch.softmax(s, dim=-1) * has  # (K, R, n)
-        z_m = torch.logsumexp(s, dim=-1).masked_fill(~has[..., 0], -math.inf)  # (K, R)
+        z_m = torch.logsumexp(s.to(z.dtype), dim=-1).masked_fill(~has[..., 0], -math.inf)  # (K, R)
         if self.dropout and self.training:
             p_m = F.dropout(p_m, self.dropout)
-        o_m = (p_m.unsqueeze(-2) @ flat_v[K3]).squeeze(-2)  # (K, R, Ev)
+        o_m = (p_m.to(flat_v.dtype).unsqueeze(-2) @ flat_v[K3]).squeeze(-2)  # (K, R, Ev)
         o = o.permute(0, 1, 3, 2, 4).index_put((bi, hi, ii), o_m).permute(0, 1, 3, 2, 4)
         z = z.permute(0, 1, 3, 2).index_put((bi, hi, ii), z_m).permute(0, 1, 3, 2)
         return o, z, ((bi, hi, ii), p_m, key_pos)

@@ -152,11 +152,11 @@ class _Factorized(AttentionKernel):
             return empty_output(q, v, N, need_weights)._replace(state=new_state)
         if flex.usable(q, v, need_weights, dropout_p):
             # CUDA: FlexAttention's fused block-sparse kernel, block masks built from the same predicates.
-            valid = None if mask is None else mask[:, :, 0, :]
-            if M == N:  # each part where its keys are contiguous, merged by log-sum-exp
-                out = flex.merge(self._flex_parts(q, k, v, valid))
-            else:  # queries aligned to the end of the keys: one block mask of the shifted pattern
-                out, _ = flex.attend_parts(q, k, v, self.pattern(M, N), valid, (self.registry_name, self.extra_repr()))
+            if M != N:  # queries aligned to the end of the keys: one block mask of the shifted pattern
+                out = flex.attend_pattern(q, k, v, self.pattern(M, N), mask, (self.registry_name, self.extra_repr()))
+                return AttentionOutput(out, None, new_state)
+            # each part where its keys are contiguous, merged by log-sum-exp
+            out = flex.merge(self._flex_parts(q, k, v, None if mask is None else mask[:, :, 0, :]))
             flex.count()
             return AttentionOutput(out, None, new_state)
         dtype = v.dtype

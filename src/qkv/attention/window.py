@@ -5,7 +5,8 @@
 
 Computed in query blocks of ``b`` positions, each against the ``b + 2r`` (causal: ``b + r``) keys
 it can see, gathered with ``Tensor.unfold`` — time and memory grow as ``O(n (b + 2r))`` = O(n r),
-never O(n^2). No dense mask is built; only a ``(b, b + 2r)`` band that all blocks share.
+never O(n^2). No dense mask is built; only a ``(b, b + 2r)`` band that all blocks share. On CUDA
+(``qkv.attention.flex``) FlexAttention runs the same ``qkv.masks.window`` predicate block-sparsely.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .. import _checks, masks
 from ..functional import masked_softmax, scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache
+from . import flex
 from ._ops import append_cache, band_blocks, scatter_band
 from .base import AttentionKernel, clamp_knob
 
@@ -61,6 +63,13 @@ class WindowAttention(AttentionKernel):
         return masks.window(self.radius, causal=self.causal, offset=n_keys - n_queries)
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        dropout_p = self.dropout if self.training else 0.0
+        if (state is None and not return_state and 0 < q.shape[-2] <= k.shape[-2]
+                and flex.usable(q, v, need_weights, dropout_p)):
+            # CUDA: FlexAttention visits only the key blocks of the band
+            out = flex.attend_pattern(q, k, v, self.pattern(q.shape[-2], k.shape[-2]), mask,
+                                      (self.registry_name, self.extra_repr()))
+            return AttentionOutput(out, None, None)
         cache = None
         if state is not None or return_state:
             k, v, cache = append_cache(state, k, v, keep=self.radius)
@@ -73,7 +82,6 @@ class WindowAttention(AttentionKernel):
 
         q_blocks, k_blocks, v_blocks, _, valid, key_pos = band_blocks(q, k, v, mask, r, right, b)
 
-        dropout_p = self.dropout if self.training else 0.0
         if not need_weights:
             # Each block is a small dense attention problem: the fused kernel takes them all at once.
             out = F.scaled_dot_product_attention(q_blocks, k_blocks, v_blocks, attn_mask=valid, dropout_p=dropout_p)

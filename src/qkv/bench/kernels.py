@@ -40,6 +40,10 @@ KERNEL_SIZES_QUICK: List[Tuple[int, int, int, int]] = [(2, 2, 64, 32), (1, 4, 25
 #: (batch B, length L, d_model, heads H) of the multi-head comparison.
 MHA_SIZES: List[Tuple[int, int, int, int]] = [(16, 128, 512, 8), (4, 512, 512, 8), (1, 2048, 512, 8)]
 MHA_SIZES_QUICK: List[Tuple[int, int, int, int]] = [(2, 32, 64, 4), (1, 128, 128, 4)]
+#: the defaults on a GPU: sizes whose arithmetic outweighs a call's launch and Python overhead (at the
+#: CPU's sizes an H100 step takes ~0.25 ms, mostly dispatch).
+KERNEL_SIZES_CUDA: List[Tuple[int, int, int, int]] = [(8, 16, 1024, 64), (4, 16, 4096, 64), (1, 16, 16384, 64)]
+MHA_SIZES_CUDA: List[Tuple[int, int, int, int]] = [(32, 512, 1024, 16), (8, 2048, 1024, 16), (2, 8192, 1024, 16)]
 
 
 def _sizes(text: str) -> Tuple[int, int, int, int]:
@@ -56,10 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``kernels`` options (``--quick``, ``--device``, ``--out`` come from ``qkv.bench``)."""
     parser.add_argument("--kernel-sizes", nargs="+", type=_sizes, metavar="BxHxLxE",
                         help="sizes of the bare-kernel comparison (default: " +
-                             ", ".join("x".join(map(str, s)) for s in KERNEL_SIZES) + ")")
+                             ", ".join("x".join(map(str, s)) for s in KERNEL_SIZES) + "; on CUDA " +
+                             ", ".join("x".join(map(str, s)) for s in KERNEL_SIZES_CUDA) + ")")
     parser.add_argument("--mha-sizes", nargs="+", type=_sizes, metavar="BxLxDxH",
                         help="(batch, length, d_model, heads) of the multi-head comparison (default: " +
-                             ", ".join("x".join(map(str, s)) for s in MHA_SIZES) + ")")
+                             ", ".join("x".join(map(str, s)) for s in MHA_SIZES) + "; on CUDA " +
+                             ", ".join("x".join(map(str, s)) for s in MHA_SIZES_CUDA) + ")")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
     parser.add_argument("--target-seconds", type=float, default=3.0,
                         help="time spent on the timed rounds of one comparison (at least 5 rounds; default 3)")
@@ -142,8 +148,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     dtype = getattr(torch, args.dtype)
     if args.target_seconds < 0:
         raise UserError(f"--target-seconds must be >= 0, got {args.target_seconds}")
-    kernel_sizes = args.kernel_sizes or (KERNEL_SIZES_QUICK if args.quick else KERNEL_SIZES)
-    mha_sizes = args.mha_sizes or (MHA_SIZES_QUICK if args.quick else MHA_SIZES)
+    cuda = device.type == "cuda" and not args.quick
+    kernel_sizes = args.kernel_sizes or (KERNEL_SIZES_QUICK if args.quick else KERNEL_SIZES_CUDA if cuda else KERNEL_SIZES)
+    mha_sizes = args.mha_sizes or (MHA_SIZES_QUICK if args.quick else MHA_SIZES_CUDA if cuda else MHA_SIZES)
     for B, L, D, H in mha_sizes:
         if D % H:
             raise UserError(f"--mha-sizes {B}x{L}x{D}x{H}: d_model {D} must be divisible by heads {H}")

@@ -1,0 +1,66 @@
+"""Where a peer pair's GPU time goes: ``torch.profiler`` tables of qkv's and the peer's forward +
+backward for ``qkv bench peers`` pairs, side by side, with the peak memory of each.
+
+    python benchmarks/gpu_profile.py --pairs lsh linformer --length 16384 [--dtype bfloat16] [--out DIR]
+
+Writes ``profile-<pair>-<length>.txt`` into ``--out`` (default bench-out/gpu). Needs a CUDA device.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from qkv.bench import peers
+
+
+def step(fn, inputs, grad):
+    for t in inputs:
+        t.grad = None
+    fn().backward(grad)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pairs", nargs="+", default=["lsh", "linformer"], choices=sorted(peers.PAIRS))
+    p.add_argument("--length", type=int, default=16384)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--rows", type=int, default=18, help="ops listed per side")
+    p.add_argument("--out", type=Path, default=Path("bench-out/gpu"))
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_profile.py needs a CUDA device")
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev, dtype = torch.device("cuda"), getattr(torch, args.dtype)
+    for name in args.pairs:
+        case = peers.build_case(peers.PAIRS[name], args.length, dtype=dtype, device=dev)
+        lines = [f"# {name}, L = {args.length}, {args.dtype}, B = 1, H = 4, E = 64, forward + backward "
+                 f"({torch.cuda.get_device_name()}, torch {torch.__version__})", ""]
+        for side, fn in (("qkv", case.qkv), ("peer", case.peer)):
+            grad = torch.randn_like(fn())
+            for _ in range(3):  # warm-up: compilation, autotuning, caches
+                step(fn, case.inputs, grad)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    step(fn, case.inputs, grad)
+                torch.cuda.synchronize()
+            peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+            events = prof.key_averages()
+            gpu_us = sum(e.self_device_time_total for e in events) / 5
+            cpu_us = max(e.cpu_time_total for e in events) / 5 if events else 0.0
+            lines += [f"## {side}: {gpu_us / 1e3:.3f} ms of GPU time per step, longest CPU op {cpu_us / 1e3:.3f} ms, "
+                      f"peak {peak:.0f} MiB above the inputs", "",
+                      events.table(sort_by="self_device_time_total", row_limit=args.rows, max_name_column_width=60), ""]
+        path = args.out / f"profile-{name}-{args.length}.txt"
+        path.write_text("\n".join(lines) + "\n")
+        print("\n".join(lines[:1] + [l for l in lines if l.startswith("## ")]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
