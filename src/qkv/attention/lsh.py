@@ -202,10 +202,17 @@ class _SoftmaxLSE(torch.autograd.Function):
 
     Backward: ``ds = p * (dp - sum(dp * p)) + p dz`` (``dz/ds = p``): gradients reach the scores
     through both the weights and the normaliser that weighs each hash round.
+
+    ``own > 0``: first subtract ``SELF_PENALTY`` from the diagonal of the first ``own`` key columns
+    (a position and itself, shared-QK), in place: ``s`` is the caller's temporary, which nothing
+    else reads, and a constant changes no gradient (done outside autograd, so that its backward
+    copies no ``(.., m, W)`` tensor).
     """
 
     @staticmethod
-    def forward(ctx, s: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(ctx, s: Tensor, own: int = 0) -> tuple[Tensor, Tensor]:
+        if own:
+            s[..., :own].diagonal(dim1=-2, dim2=-1).sub_(SELF_PENALTY)
         p = torch.softmax(s, dim=-1)
         ctx.save_for_backward(p)
         if s.dtype != torch.bfloat16:
@@ -218,7 +225,7 @@ class _SoftmaxLSE(torch.autograd.Function):
     def backward(ctx, dp: Optional[Tensor], dz: Optional[Tensor]) -> Tensor:
         (p,) = ctx.saved_tensors
         g = torch.zeros_like(p) if dp is None else torch._softmax_backward_data(dp, p, -1, p.dtype)
-        return g if dz is None else torch.addcmul(g, p, dz.unsqueeze(-1).to(p.dtype))
+        return (g if dz is None else torch.addcmul(g, p, dz.unsqueeze(-1).to(p.dtype))), None
 
 
 @register("attention", "lsh", "reformer")
@@ -400,29 +407,34 @@ class LSHAttention(AttentionKernel):
         b_q, perm_q, inv_q = prepare(raw_q)
         b_k, perm_k, inv_k = (b_q, perm_q, inv_q) if self.shared_qk else prepare(raw_k)
 
-        sq = _flat_gather(F.pad(q, (0, 0, 0, pad)), perm_q).view(B, H, R, C, m, E)  # sorted queries in chunks
-        # keys carry the 1/sqrt(d) of the scores (one multiply of an L x E tensor, not of L x W scores)
-        if self.shared_qk:
-            sk = self._unit(sq, scale=math.sqrt(E))  # k_j = q_j / ||q_j||
-        else:
-            sk = _flat_gather(F.pad(k, (0, 0, 0, pad)), perm_k).view(B, H, R, C, m, E) * (1.0 / math.sqrt(E))
-        sv = _flat_gather(F.pad(v, (0, 0, 0, pad)), perm_k).view(B, H, R, C, m, Ev)
-        kw = _look_back(sk, dim=3)  # (B, H, R, C, W, E), W = m or 2m
-        vw = _look_back(sv, dim=3)  # (B, H, R, C, W, Ev)
+        # keys carry the 1/sqrt(d) of the scores (one multiply of an L x E tensor, not of L x W scores),
+        # normalised before the sort (once per position, not once per round)
+        keys = self._unit(q, scale=math.sqrt(E)) if self.shared_qk else k * (1.0 / math.sqrt(E))  # k_j = q_j / ||q_j||
+        qp, keys, vp = (F.pad(t, (0, 0, 0, pad)) if pad else t for t in (q, keys, v))  # (B, H, Lp, .)
         pos_q = perm_q.view(B, H, R, C, m)
-        pos_k = _look_back(perm_k.view(B, H, R, C, m), dim=3)  # (B, H, R, C, W)
+        pos_k = _look_back(perm_k.view(B, H, R, C, m), dim=3)  # (B, H, R, C, W): each chunk's keys, W = m or 2m
+        sq = _flat_gather(qp, pos_q)  # (B, H, R, C, m, E): sorted queries in chunks
+        kw = _flat_gather(keys, pos_k)  # (B, H, R, C, W, E): gathered straight into the chunk and its predecessor
+        vw = _flat_gather(vp, pos_k)  # (B, H, R, C, W, Ev)
         with torch.no_grad():
-            bias = self._bias(pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, kw.dtype)
+            bias = self._bias(pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, kw.dtype,
+                              maybe_masked=pad > 0 or key_mask is not None)
 
         # scores q_i . k_j / sqrt(d) within the chunk and its predecessor, plus the mask: -inf where
         # a pair may not attend (however large the scores), 0 on a row with no allowed key (no NaN)
-        allowed = bias > EMPTY
-        has_key = allowed.any(-1, keepdim=True)  # (..., m | 1, 1)
-        fill = torch.where(has_key, -math.inf, 0.0).to(bias.dtype)  # (..., m | 1, 1)
-        s = (sq @ kw.transpose(-1, -2)).add_(torch.where(allowed, bias, fill))
-        p, z = _SoftmaxLSE.apply(s)  # (B, H, R, C, m, W): each round's softmax, and its normaliser z^(r)
-        p = p * has_key  # a row with no allowed key: no weight, and z = -inf
-        z = z.masked_fill(~has_key[..., 0], -math.inf)
+        s = sq @ kw.transpose(-1, -2)  # (B, H, R, C, m, W)
+        has_key = None  # every row has a key unless the bias masks some
+        if bias is not None:
+            allowed = bias > EMPTY
+            has_key = allowed.any(-1, keepdim=True)  # (..., m | 1, 1)
+            fill = torch.where(has_key, -math.inf, 0.0).to(bias.dtype)  # (..., m | 1, 1)
+            s = s.add_(torch.where(allowed, bias, fill))
+        # each round's softmax (B, H, R, C, m, W) and its normaliser z^(r); shared-QK: self scores -1e5,
+        # on the diagonal of the chunk's own block (queries and keys share one sort)
+        p, z = _SoftmaxLSE.apply(s, m if self.shared_qk else 0)
+        if has_key is not None:
+            p = p * has_key  # a row with no allowed key: no weight, and z = -inf
+            z = z.masked_fill(~has_key[..., 0], -math.inf)
         if self.dropout and self.training:
             p = F.dropout(p, self.dropout)
         o = p @ vw  # (B, H, R, C, m, Ev)
@@ -432,7 +444,7 @@ class LSHAttention(AttentionKernel):
         z = z.view(B, H, R, Lp).gather(-1, inv_q)  # (B, H, R, Lp)
         extra = None
         if self.causal and key_mask is not None and not bool(key_mask.all()):
-            o, z, extra = self._masked_queries(q, raw_q, key_mask, o, z, b_q, perm_q, sk, sv, Lp)
+            o, z, extra = self._masked_queries(q, raw_q, key_mask, o, z, b_q, perm_q, keys, vp, Lp)
         found = torch.isfinite(z).any(dim=2)  # (B, H, Lp): False where no key was allowed in any round
         if R == 1:
             w = found[:, :, None].to(z.dtype)  # one round: its softmax is the answer
@@ -457,16 +469,17 @@ class LSHAttention(AttentionKernel):
         return out, weights, raw_q
 
     def _masked_queries(self, q: Tensor, raw_q: Tensor, key_mask: Tensor, o: Tensor, z: Tensor, b: Tensor,
-                        perm: Tensor, sk: Tensor, sv: Tensor, Lp: int):
+                        perm: Tensor, keys: Tensor, v: Tensor, Lp: int):
         """Causal attention of the queries at masked (padding) positions, which the sort moved to the
         padding bucket: like every causal query, each attends in each round to the ``bucket_size``
         most recent keys ``j < i`` of its own bucket ``h(q_i)`` — the entries just before where
         ``(h(q_i), i)`` would sort. Their rows of ``o (B, H, R, Lp, Ev)`` and ``z (B, H, R, Lp)`` (unsorted)
         are filled in; also returns ``((b, h, i), p (K, R, n), key positions (K, R, n))`` for weights.
+        ``keys``, ``v``: ``(B, H, Lp, .)`` the scaled keys and the values in position order, padded.
         Cost O(K R n E) for the K masked positions, n = ``bucket_size``."""
         B, H, R, _ = raw_q.shape
         L = q.shape[-2]
-        E, Ev = sk.shape[-1], sv.shape[-1]
+        E, Ev = keys.shape[-1], v.shape[-1]
         n = self.bucket_size
         pos = torch.arange(Lp, device=q.device)
         sorted_key = (b * Lp + pos).gather(-1, perm)  # (B, H, R, Lp) ascending: (bucket, position)
@@ -478,10 +491,9 @@ class LSHAttention(AttentionKernel):
         at = slots.clamp(min=0)
         K3 = (bi[:, None, None], hi[:, None, None], r[None, :, None], at)
         valid = (slots >= 0) & (b.gather(-1, perm)[K3] == raw_q[bi, hi, :, ii][..., None])  # same bucket, j < i
-        flat_k = sk.reshape(B, H, R, Lp, E)
-        flat_v = sv.reshape(B, H, R, Lp, Ev)
         key_pos = perm[K3]  # (K, R, n) positions of the window keys
-        s = (flat_k[K3] @ q[bi, hi, ii].unsqueeze(1).unsqueeze(-1)).squeeze(-1)  # (K, R, n): q_i . k_j / sqrt(d)
+        at_key = (bi[:, None, None], hi[:, None, None], key_pos)
+        s = (keys[at_key] @ q[bi, hi, ii].unsqueeze(1).unsqueeze(-1)).squeeze(-1)  # (K, R, n): q_i . k_j / sqrt(d)
         if self.dedup and R > 1:  # N_ij: rounds whose window holds j
             same = (key_pos[:, :, :, None, None] == key_pos[:, None, None, :, :]) & valid[:, None, None, :, :]
             s = s - torch.log(same.any(-1).sum(-1).clamp_min(1).to(s.dtype))
@@ -491,17 +503,20 @@ class LSHAttention(AttentionKernel):
         z_m = torch.logsumexp(s.to(z.dtype), dim=-1).masked_fill(~has[..., 0], -math.inf)  # (K, R)
         if self.dropout and self.training:
             p_m = F.dropout(p_m, self.dropout)
-        o_m = (p_m.to(flat_v.dtype).unsqueeze(-2) @ flat_v[K3]).squeeze(-2)  # (K, R, Ev)
+        o_m = (p_m.to(v.dtype).unsqueeze(-2) @ v[at_key]).squeeze(-2)  # (K, R, Ev)
         o = o.permute(0, 1, 3, 2, 4).index_put((bi, hi, ii), o_m).permute(0, 1, 3, 2, 4)
         z = z.permute(0, 1, 3, 2).index_put((bi, hi, ii), z_m).permute(0, 1, 3, 2)
         return o, z, ((bi, hi, ii), p_m, key_pos)
 
-    def _bias(self, pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, dtype) -> Tensor:
+    def _bias(self, pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, dtype,
+              maybe_masked: bool = True) -> Optional[Tensor]:
         """The additive score bias of the chunked windows, broadcastable to ``(B, H, R, C, m, W)``:
-        ``MASKED`` where a pair may not attend, ``-SELF_PENALTY`` on a position and itself,
-        ``-log N_ij`` (dedup). Only what varies is materialised: without causality or dedup it is
-        ``(B, H, R, C, 1, W)`` (masked keys) plus a fixed ``(m, W)`` diagonal (self sits on the
-        diagonal of the chunk's own block, since queries and keys share one sort)."""
+        ``MASKED`` where a pair may not attend, ``-log N_ij`` (dedup); the self penalty is subtracted
+        from the scores' diagonal apart. Only what varies is materialised: without causality or dedup
+        it is ``(B, H, R, C, 1, W)`` (masked keys), and None when no key can be masked
+        (``maybe_masked`` False: no padding, no key mask)."""
+        if not (maybe_masked or self.causal or (self.dedup and pos_q.shape[2] > 1)):
+            return None
         B, H, R = pos_q.shape[:3]
         dev = pos_q.device
         W = pos_k.shape[-1]
@@ -509,8 +524,6 @@ class LSHAttention(AttentionKernel):
         bias = torch.zeros(B, H, R, C, 1, W, dtype=dtype, device=dev).masked_fill_((bk == nb)[..., None, :], MASKED)
         t = torch.arange(m, device=dev)
         u = torch.arange(W, device=dev)
-        if self.shared_qk:
-            bias = bias + torch.where(t[:, None] == u[None, :], -SELF_PENALTY, 0.0).to(dtype)  # (m, W) diagonal
         if self.causal:
             # the bucket_size most recent positions of i's bucket: same bucket and at most
             # bucket_size - 1 places before i in the sorted order (then j <= i, as ties sort by
