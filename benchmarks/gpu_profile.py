@@ -1,9 +1,13 @@
 """Where a peer pair's GPU time goes: ``torch.profiler`` tables of qkv's and the peer's forward +
-backward for ``qkv bench peers`` pairs, side by side, with the peak memory of each.
+backward for ``qkv bench peers`` pairs, side by side, with the peak memory of each; ``--bert L``
+also profiles ``qkv bench models``' bert-forward pair (qkv's BERT against transformers' BertModel,
+the same weights, a padded batch, no gradient) by CPU time, where a small model's step is spent.
 
     python benchmarks/gpu_profile.py --pairs lsh linformer --length 16384 [--dtype bfloat16] [--out DIR]
+    python benchmarks/gpu_profile.py --pairs --bert 512
 
-Writes ``profile-<pair>-<length>.txt`` into ``--out`` (default bench-out/gpu). Needs a CUDA device.
+Writes ``profile-<pair>-<length>.txt`` (``profile-bert-<L>.txt``) into ``--out`` (default
+bench-out/gpu). Needs a CUDA device.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ def step(fn, inputs, grad):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pairs", nargs="+", default=["lsh", "linformer"], choices=sorted(peers.PAIRS))
+    p.add_argument("--pairs", nargs="*", default=["lsh", "linformer"], choices=sorted(peers.PAIRS))
+    p.add_argument("--bert", type=int, nargs="*", default=[], metavar="L", help="profile bert-forward at these lengths")
     p.add_argument("--length", type=int, default=16384)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--rows", type=int, default=18, help="ops listed per side")
@@ -60,6 +65,43 @@ def main() -> None:
         path = args.out / f"profile-{name}-{args.length}.txt"
         path.write_text("\n".join(lines) + "\n")
         print("\n".join(lines[:1] + [l for l in lines if l.startswith("## ")]), flush=True)
+    for L in args.bert:
+        profile_bert(L, args.rows, args.out)
+
+
+def profile_bert(L: int, rows: int, out: Path) -> None:
+    """qkv's BERT and transformers' BertModel forward (bench models' bert-forward case), by CPU time."""
+    from qkv.bench.models import SIZES, build_pair
+
+    ours, theirs = build_pair("bert", SIZES, L, 0)
+    ours.cuda().eval(), theirs.cuda().eval()
+    B = SIZES["batch"]
+    ids = torch.randint(SIZES["vocab"], (B, L), device="cuda")
+    mask = torch.ones(B, L, dtype=torch.bool, device="cuda")
+    mask[-1, L - L // 4:] = False
+    types = torch.zeros_like(ids)
+    sides = {"qkv": lambda: ours(ids, types, attention_mask=mask),
+             "transformers": lambda: theirs(ids, attention_mask=mask.long(), token_type_ids=types)}
+    lines = [f"# bert-forward, {B} x {L} tokens, padded, float32, no grad ({torch.cuda.get_device_name()}, "
+             f"torch {torch.__version__})", ""]
+    with torch.no_grad():
+        for side, fn in sides.items():
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    fn()
+                torch.cuda.synchronize()
+            events = prof.key_averages()
+            gpu_us = sum(e.self_device_time_total for e in events if e.device_type != torch.autograd.DeviceType.CPU) / 5
+            syncs = sum(e.count for e in events if "Synchronize" in e.key or "DtoH" in e.key or "local_scalar" in e.key) / 5
+            launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC")) / 5
+            lines += [f"## {side}: {launches:.0f} kernel launches, {syncs:.0f} syncs / reads back per forward; "
+                      f"device time {gpu_us / 1e3:.3f} ms per forward", "",
+                      events.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=60), ""]
+    (out / f"profile-bert-{L}.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:1] + [l for l in lines if l.startswith("## ")]), flush=True)
 
 
 if __name__ == "__main__":

@@ -38,3 +38,39 @@ def test_rnn_and_transformer_models_agree_on_dtypes():
         gpt(short)
     with pytest.raises(TypeError, match="src_ids"):
         rnn(short, torch.tensor([[1, 2]]))
+
+
+class Reads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the reads of values back to Python (each a device sync on an accelerator)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten._local_scalar_dense, torch.ops.aten.aminmax):
+            self.n += func.overloadpacket is torch.ops.aten._local_scalar_dense
+        return func(*args, **(kwargs or {}))
+
+
+def test_token_ids_reads_a_checked_tensor_once_and_again_after_a_write():
+    """A model and its parts check the same ids: read once per model call; an in-place write (through
+    a view too), another vocabulary or another tensor is read again."""
+    gpt = GPT(GPTConfig(vocab_size=7, max_len=8, n_layers=2, d_model=8, n_heads=2, d_ff=16))
+    ids = torch.tensor([[1, 2, 3]])
+    with Reads() as reads:
+        gpt(ids)
+    assert reads.n <= 2, reads.n  # the range of the ids (min and max in one read); nothing per layer
+    with Reads() as reads:
+        _checks.token_ids("ids", ids, 7)
+    assert reads.n == 0
+    ids.view(-1)[0] = 9
+    with pytest.raises(ValueError, match="max 9"):
+        _checks.token_ids("ids", ids, 7)
+    with pytest.raises(ValueError, match=r"\[0, 3\)"):
+        _checks.token_ids("ids", torch.tensor([[1, 2, 3]]), 3)
+    with torch.inference_mode():
+        frozen = torch.tensor([[1, 8]])
+    with pytest.raises(ValueError, match="max 8"):
+        _checks.token_ids("ids", frozen, 7)
+    assert _checks.token_ids("ids", torch.tensor([[1, 2]]), 7) is not None
