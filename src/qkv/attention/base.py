@@ -45,10 +45,11 @@ def _select_away_masked(k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Ten
     sum is finite only then) are returned as they are: one reduction instead of two masked copies."""
     if k.device.type == "cpu" and math.isfinite(float(k.detach().sum()) + float(v.detach().sum())):
         return k, v
-    hidden = ~mask[..., mask.shape[-1] - k.shape[-2]:].any(-2).unsqueeze(-1)  # (B|1, H|1, N, 1): masked for every query
-    # elementwise, O(N E), and no branch on the data (no host-device sync on accelerators)
-    return tuple(torch.where(hidden & ~torch.isfinite(x), torch.zeros((), dtype=x.dtype, device=x.device), x)
-                 for x in (k, v))
+    cols = mask[..., mask.shape[-1] - k.shape[-2]:]  # (B|1, H|1, M|1, N)
+    hidden = ~(cols[..., 0, :] if cols.shape[-2] == 1 else cols.any(-2)).unsqueeze(-1)  # (B|1, H|1, N, 1): masked for every query
+    # elementwise, O(N E), two kernels per tensor and no branch on the data (no host-device sync on
+    # accelerators): nan_to_num leaves finite entries as they are
+    return tuple(torch.where(hidden, x.nan_to_num(0.0, 0.0, 0.0), x) for x in (k, v))
 
 
 class AttentionKernel(nn.Module):
