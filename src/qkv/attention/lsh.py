@@ -190,13 +190,6 @@ def _look_back(x: Tensor, dim: int) -> Tensor:
     return torch.cat([x, x.roll(1, dims=dim)], dim=dim + 1)
 
 
-#: marks a pair that may not attend in the score bias (finite while the bias is built: it turns
-#: into -inf before the softmax; see ``attend_chunked``).
-MASKED = -1e9
-#: a bias entry below this is a pair that may not attend.
-EMPTY = MASKED / 2
-
-
 class _SoftmaxLSE(torch.autograd.Function):
     """Softmax over the last dim and its log-sum-exp normaliser ``z`` (fused kernels), saving only ``p``.
 
@@ -416,19 +409,22 @@ class LSHAttention(AttentionKernel):
         sq = _flat_gather(qp, pos_q)  # (B, H, R, C, m, E): sorted queries in chunks
         kw = _flat_gather(keys, pos_k)  # (B, H, R, C, W, E): gathered straight into the chunk and its predecessor
         vw = _flat_gather(vp, pos_k)  # (B, H, R, C, W, Ev)
+        maybe_masked = pad > 0 or key_mask is not None  # then a row (padding, a masked query) may have no key
         with torch.no_grad():
-            bias = self._bias(pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, kw.dtype,
-                              maybe_masked=pad > 0 or key_mask is not None)
+            allowed, dedup = self._window_mask(pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, kw.dtype,
+                                               maybe_masked)
 
-        # scores q_i . k_j / sqrt(d) within the chunk and its predecessor, plus the mask: -inf where
-        # a pair may not attend (however large the scores), 0 on a row with no allowed key (no NaN)
+        # scores q_i . k_j / sqrt(d) within the chunk and its predecessor: -inf where a pair may not
+        # attend (however large the scores), 0 on a row with no allowed key (no NaN; zeroed below)
         s = sq @ kw.transpose(-1, -2)  # (B, H, R, C, m, W)
-        has_key = None  # every row has a key unless the bias masks some
-        if bias is not None:
-            allowed = bias > EMPTY
-            has_key = allowed.any(-1, keepdim=True)  # (..., m | 1, 1)
-            fill = torch.where(has_key, -math.inf, 0.0).to(bias.dtype)  # (..., m | 1, 1)
-            s = s.add_(torch.where(allowed, bias, fill))
+        has_key = None  # every row has a key (itself, at least, when causal) unless padding or a mask takes them
+        if allowed is not None:
+            s = s.masked_fill_(~allowed, -math.inf)
+            if maybe_masked:
+                has_key = allowed.any(-1, keepdim=True)  # (..., m | 1, 1)
+                s = s.masked_fill_(~has_key, 0.0)
+        if dedup is not None:
+            s = s.add_(dedup)
         # each round's softmax (B, H, R, C, m, W) and its normaliser z^(r); shared-QK: self scores -1e5,
         # on the diagonal of the chunk's own block (queries and keys share one sort)
         p, z = _SoftmaxLSE.apply(s, m if self.shared_qk else 0)
@@ -508,36 +504,36 @@ class LSHAttention(AttentionKernel):
         z = z.permute(0, 1, 3, 2).index_put((bi, hi, ii), z_m).permute(0, 1, 3, 2)
         return o, z, ((bi, hi, ii), p_m, key_pos)
 
-    def _bias(self, pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, dtype,
-              maybe_masked: bool = True) -> Optional[Tensor]:
-        """The additive score bias of the chunked windows, broadcastable to ``(B, H, R, C, m, W)``:
-        ``MASKED`` where a pair may not attend, ``-log N_ij`` (dedup); the self penalty is subtracted
-        from the scores' diagonal apart. Only what varies is materialised: without causality or dedup
-        it is ``(B, H, R, C, 1, W)`` (masked keys), and None when no key can be masked
-        (``maybe_masked`` False: no padding, no key mask)."""
-        if not (maybe_masked or self.causal or (self.dedup and pos_q.shape[2] > 1)):
-            return None
+    def _window_mask(self, pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, dtype,
+                     maybe_masked: bool = True) -> tuple[Optional[Tensor], Optional[Tensor]]:
+        """Which pairs of the chunked windows may attend, bool broadcastable to ``(B, H, R, C, m, W)``
+        (None: every pair), and the dedup bias ``-log N_ij`` (None without dedup); the self penalty
+        is subtracted from the scores' diagonal apart (``_SoftmaxLSE``). Only what varies is
+        materialised: without causality the mask is ``(B, H, R, C, 1, W)`` (masked keys), and None
+        when no key can be masked (``maybe_masked`` False: no padding, no key mask)."""
         B, H, R = pos_q.shape[:3]
         dev = pos_q.device
         W = pos_k.shape[-1]
+        dedup = None
+        if self.dedup and R > 1:
+            dedup = -torch.log(self._round_counts(pos_q, pos_k, b_q, b_k, inv_q, inv_k, m, C).to(dtype))
+        if not (maybe_masked or self.causal):
+            return None, dedup
         bk = _look_back(b_k.gather(-1, perm_k).view(B, H, R, C, m), dim=3)  # bucket of each window key
-        bias = torch.zeros(B, H, R, C, 1, W, dtype=dtype, device=dev).masked_fill_((bk == nb)[..., None, :], MASKED)
-        t = torch.arange(m, device=dev)
-        u = torch.arange(W, device=dev)
+        allowed = (bk != nb)[..., None, :]  # (B, H, R, C, 1, W): masked keys and padding sit in bucket nb
         if self.causal:
             # the bucket_size most recent positions of i's bucket: same bucket and at most
             # bucket_size - 1 places before i in the sorted order (then j <= i, as ties sort by
             # position); chunk 0's "previous chunk" wraps around to the end: never earlier.
+            t = torch.arange(m, device=dev)
+            u = torch.arange(W, device=dev)
             bq = b_q.gather(-1, perm_q).view(B, H, R, C, m)
             dist = t[:, None] - u[None, :] + 2 * m * (u[None, :] >= m)  # (m, W): i's sorted index minus j's
             window = (dist >= 0) & (dist < self.bucket_size)
             window = window.expand(C, m, W).clone()
             window[0, :, m:] = False
-            allowed = (bq[..., :, None] == bk[..., None, :]).logical_and_(window)  # (B, H, R, C, m, W)
-            bias = torch.where(allowed, bias, MASKED)
-        if self.dedup and R > 1:
-            bias = bias - torch.log(self._round_counts(pos_q, pos_k, b_q, b_k, inv_q, inv_k, m, C).to(dtype))
-        return bias
+            allowed = (bq[..., :, None] == bk[..., None, :]).logical_and_(window).logical_and_(allowed)
+        return allowed, dedup
 
     def _round_counts(self, pos_q, pos_k, b_q, b_k, inv_q, inv_k, m, C) -> Tensor:
         """``N_ij``: in how many rounds key ``j`` is in query ``i``'s window, for each pair of the
