@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU table of docs/benchmarks.md ("On a GPU"), and the CUDA test suite, in one command:
 #     bash benchmarks/gpu.sh [OUT_DIR]          (default bench-out/gpu; needs a CUDA device)
-# Each command has its own time limit, so that one slow comparison cannot hold up the rest.
+# Each command has its own time limit, so that one slow comparison cannot hold up the rest. The peers
+# (pyproject's `peers` extra) must be importable: where the machine has no package index, carry them
+# as wheels (`pip download --no-deps` of each pin and its pure-Python needs) and put them on PYTHONPATH.
 set -u
 OUT=${1:-bench-out/gpu}
 QKV="python -m qkv"
@@ -21,6 +23,8 @@ for pair in mha window window-causal performer performer-causal linformer lsh ls
   timeout 120 $QKV bench peers --device cuda --dtype bfloat16 --pairs $pair --lengths 4096 16384 --modes fwd+bwd \
     --target-seconds 0.3 --out "$OUT/peers-$pair"
 done
+# Where lsh's, linformer's and BERT's GPU time goes (torch.profiler tables, qkv beside the peer)
+timeout 120 python benchmarks/gpu_profile.py --pairs lsh linformer --length 16384 --bert 512 --out "$OUT"
 # Whole models against transformers' GPT-2 and BERT with the same weights (float32; transformers' sdpa on both sides)
 timeout 600 $QKV bench models --device cuda --lengths 512 2048 8192 --target-seconds 2 --out "$OUT/models"
 # Long Range Arena at LRA's own lengths (ListOps 500-2,000, Text 4,096 bytes, Retrieval 2 x 4,000, Image 1,024,
