@@ -134,15 +134,29 @@ def duplication(args) -> Dict[str, Any]:
 LM_MARGIN = 0.05  # "matches": test bits per byte within 0.05 of the same-size GPT's (fixed before the runs)
 
 
-def language_model(args, plot: bool = True) -> Dict[str, Any]:
+#: the Reformer's parts one at a time on top of the GPT (``--only ablation``): reversible layers with
+#: exact softmax attention, then also shared-QK attention (LSH with one bucket and one chunk: exact
+#: shared-QK attention, a position attending to itself only when nothing else is there); the
+#: Reformer adds LSH (chunks of 32, 2 rounds) to that.
+ABLATION = ("reversible", "reversible-shared-qk")
+ARM_PARTS = {"gpt": "exact softmax, ordinary pre-LN residuals", "reversible": "reversible layers, exact softmax",
+             "reversible-shared-qk": "reversible layers, exact shared-QK attention",
+             "reformer": "reversible layers, shared-QK, LSH (chunks of 32, 2 rounds)"}
+
+
+def language_model(args, plot: bool = True, names=("reformer", "gpt")) -> Dict[str, Any]:
     steps = 5 if args.quick else args.lm_steps
     block, batch = 256, 8
     task = build_task("enwiki-bytes", block_size=block)
     sizes = dict(vocab_size=256, max_len=block, n_layers=2, d_model=128, n_heads=4, d_ff=512, dropout=0.0)
-    models = {
+    arms = {
         "reformer": lambda: Reformer(ReformerConfig(**sizes, bucket_size=32, n_rounds=2, ff_chunk_size=128)),
         "gpt": lambda: GPT(GPTConfig(**sizes)),
+        "reversible": lambda: Reformer(ReformerConfig(**sizes, attention="softmax", ff_chunk_size=128)),
+        "reversible-shared-qk": lambda: Reformer(ReformerConfig(**sizes, n_buckets=1, bucket_size=block, n_rounds=1,
+                                                                ff_chunk_size=128)),
     }
+    models = {name: arms[name] for name in names}
     results: Dict[str, Any] = {"steps": steps, "block_size": block, "batch": batch, "lr": 1e-3, "models": {}}
     for name, make in models.items():
         torch.manual_seed(args.seed)
@@ -243,7 +257,7 @@ def write(results: Dict[str, Any]) -> None:
               "| model | parameters | test bits per byte | train time (s) |", "| --- | --- | --- | --- |",
               f"| GPT | {g['parameters']:,} | {g['test_bpb']:.3f} | {g['train_seconds']} |",
               f"| Reformer | {r['parameters']:,} | {r['test_bpb']:.3f} | {r['train_seconds']} |", "",
-              "![enwiki](img/reformer-enwiki.png)", "", *lm_seed_lines(results)]
+              "![enwiki](img/reformer-enwiki.png)", "", *lm_seed_lines(results), *ablation_lines(results)]
     mem = results["memory"]
     lines += ["## Peak training memory vs depth", "",
               f"One forward + backward of a Reformer LM at L={mem['config']['length']} (d_model 128, 4 heads, "
@@ -322,6 +336,76 @@ def run_lm_budgets(args, results: Dict[str, Any]) -> None:
     args.lm_steps = main_steps
 
 
+def run_lm_ablation(args, results: Dict[str, Any]) -> None:
+    """The ablation arms (``ABLATION``) at ``--lm-steps``, every seed: which part of the Reformer costs
+    its bits per byte against the GPT (whose and the Reformer's runs at the same steps and seeds are
+    the main ``lm`` section's or a ``--lm-budgets`` point's)."""
+    print(f"lm ablation at {args.lm_steps} steps", flush=True)
+    runs = run_seeds(lambda a: language_model(a, plot=False, names=ABLATION), args)
+    results["lm_ablation"] = {"steps": args.lm_steps, "per_seed": [
+        {"seed": seed, "models": {k: {"test_bpb": v["test_bpb"], "train_seconds": v["train_seconds"]}
+                                  for k, v in r["models"].items()}}
+        for seed, r in zip(runs["seeds"], runs["per_seed"])]}
+
+
+def ablation_arms(results: Dict[str, Any]) -> Dict[str, Dict[int, float]]:
+    """``{arm: {seed: test bits per byte}}`` at the ablation's steps: its arms, and the GPT and Reformer
+    of the runs with the same steps (main section or budget point); empty without an ablation."""
+    ab = results.get("lm_ablation")
+    if not ab:
+        return {}
+    lm = results["lm"]
+    same = (lm.get("per_seed") if lm["steps"] == ab["steps"] else
+            results.get("lm_budgets", {}).get(str(ab["steps"]), {}).get("per_seed")) or []
+    seeds = lm.get("seeds", []) if lm["steps"] == ab["steps"] else None
+    arms: Dict[str, Dict[int, float]] = {}
+    for i, run in enumerate(same):
+        seed = run.get("seed", seeds[i] if seeds else i)
+        for name in ("gpt", "reformer"):
+            arms.setdefault(name, {})[seed] = run["models"][name]["test_bpb"]
+    for run in ab["per_seed"]:
+        for name, m in run["models"].items():
+            arms.setdefault(name, {})[run["seed"]] = m["test_bpb"]
+    return arms
+
+
+def ablation_lines(results: Dict[str, Any]) -> List[str]:
+    """The ablation table: each arm's bits per byte and its difference from the GPT, seed by seed."""
+    arms = ablation_arms(results)
+    if "gpt" not in arms:
+        return []
+    steps = results["lm_ablation"]["steps"]
+    order = [a for a in ("gpt", "reversible", "reversible-shared-qk", "reformer") if a in arms]
+    lines = [f"Which part costs it, at {steps:,} steps (`{COMMAND} --only ablation --lm-steps {steps} --seeds "
+             f"{len(arms['gpt'])}`; the GPT and Reformer rows are the runs above with the same steps and seeds; "
+             "difference: mean ± standard error of the per-seed differences):", "",
+             "| arm | parts | test bits per byte | − GPT |", "| --- | --- | --- | --- |"]
+    for a in order:
+        seeds = sorted(set(arms[a]) & set(arms["gpt"]))
+        diff = [arms[a][s] - arms["gpt"][s] for s in seeds]
+        lines.append(f"| {a} | {ARM_PARTS[a]} | {claims.fmt(list(arms[a].values()))} | "
+                     + ("—" if a == "gpt" else f"{claims.mean(diff):+.3f} ± {claims.standard_error(diff):.3f}") + " |")
+    return lines + [""]
+
+
+def ablation_reading(results: Dict[str, Any]) -> str:
+    """Which of the Reformer's parts its bits per byte lose to, from the ablation (or that it is not measured)."""
+    arms = ablation_arms(results)
+    if not all(a in arms for a in ("gpt", "reformer", *ABLATION)):
+        return ("Which part costs it is not measured: the Reformer differs from the GPT in three at once (LSH "
+                "attention in chunks of 32 with 2 rounds, so a query meets at most 64 of the block's 256 positions "
+                "per round; shared-QK; reversible layers), and no run here swaps one at a time.")
+
+    def gap(a: str) -> float:
+        seeds = sorted(set(arms[a]) & set(arms["gpt"]))
+        return claims.mean([arms[a][s] - arms["gpt"][s] for s in seeds])
+
+    total, rev, shared = gap("reformer"), gap("reversible"), gap("reversible-shared-qk")
+    return (f"At {results['lm_ablation']['steps']:,} steps over {len(arms['gpt'])} seeds the Reformer is {total:+.3f} bits "
+            f"per byte from the GPT: reversible layers alone {rev:+.3f}, adding shared-QK {shared - rev:+.3f}, "
+            f"adding LSH {total - shared:+.3f} (the ablation table above).")
+
+
 def record_claims(results: Dict[str, Any], args) -> None:
     """The page's claims with >= 3 seeds into claims.json, from the per-seed results just measured."""
     cpu = "CPU, one thread"
@@ -385,8 +469,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: a few steps (numbers meaningless)")
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
     parser.add_argument("--seeds", type=int, default=1, help="seeds per section (claims need 3)")
-    parser.add_argument("--only", nargs="*", choices=SECTIONS, default=list(SECTIONS),
-                        help="sections to run (the others keep the results of reformer.json)")
+    parser.add_argument("--only", nargs="*", choices=SECTIONS + ("ablation",), default=list(SECTIONS),
+                        help="sections to run (the others keep the results of reformer.json); ablation: the "
+                             "Reformer's parts one at a time at --lm-steps, --seeds seeds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--lm-steps", type=int, default=250, help="lm: training steps of both models")
     parser.add_argument("--lm-budgets", type=int, nargs="*", default=[],
@@ -416,6 +501,8 @@ def main() -> None:
                 results.get("reruns", {}).pop(name, None)
     if "lm" in args.only and args.lm_budgets:
         run_lm_budgets(args, results)
+    if "ablation" in args.only:
+        run_lm_ablation(args, results)
     if not partial:
         results["minutes"] = (time.time() - start) / 60
     if not all(name in results for name in SECTIONS):  # a smoke run of some sections: no page
@@ -443,10 +530,7 @@ def reading(results: Dict[str, Any]) -> List[str]:
         f"(full attention {acc['full']['1']:.1%}). More rounds at evaluation help a model trained with few rounds "
         f"(paper Table 2: the same direction).",
         f"- enwiki-bytes after equal steps: Reformer {r:.3f} vs GPT {g:.3f} bits per byte "
-        f"({'worse' if r > g else 'better'} by {abs(r - g):.3f}). Which part costs it is not measured: the Reformer "
-        f"differs from the GPT in three at once (LSH attention in chunks of 32 with 2 rounds, so a query meets at "
-        f"most 64 of the block's 256 positions per round; shared-QK; reversible layers), and no run here swaps "
-        f"one at a time.",
+        f"({'worse' if r > g else 'better'} by {abs(r - g):.3f}). " + ablation_reading(results),
         f"- Memory: {depth} reversible layers need {rev:.2f}x the peak of one, ordinary residual layers {plain:.2f}x "
         f"(activations stored per layer); what still grows with reversible depth is the parameter gradients.",
         "- Scale: the paper's duplication runs use length 1024 and 150K steps, its enwik8 models 12 layers on "

@@ -146,6 +146,30 @@ def test_reformer_lm_seeds_and_budgets_stay_out_of_the_docs(benchmark_script, mo
     assert "| 5 | 3 |" in table and "| 7 | 3 |" in table
 
 
+@pytest.mark.skipif(not data.is_cached("enwiki"), reason="run `qkv data fetch enwiki`")
+def test_reformer_ablation_arms_train_and_split_the_gap(benchmark_script):
+    """``--only ablation``: the reversible and reversible-shared-QK arms train per seed; the table and
+    the reading split the Reformer's gap to the GPT into the parts, from the runs with the same steps."""
+    script = benchmark_script("repro_reformer")
+    args = argparse.Namespace(quick=True, seed=0, seeds=3, lm_steps=7, only=["ablation"])
+    results = {"lm": {"steps": 250, "seeds": [0, 1, 2], "per_seed": []}}
+    script.run_lm_ablation(args, results)
+    runs = results["lm_ablation"]["per_seed"]
+    assert [r["seed"] for r in runs] == [0, 1, 2] and all(set(r["models"]) == set(script.ABLATION) for r in runs)
+    assert "not measured" in script.ablation_reading(results)  # no GPT / Reformer runs at 7 steps yet
+    gpt, reformer = {0: 3.0, 1: 3.2, 2: 3.1}, {0: 3.5, 1: 3.6, 2: 3.7}
+    for r in runs:  # fixed numbers for the arithmetic: reversible +0.1, shared-QK +0.1 more
+        r["models"]["reversible"]["test_bpb"] = gpt[r["seed"]] + 0.1
+        r["models"]["reversible-shared-qk"]["test_bpb"] = gpt[r["seed"]] + 0.2
+    results["lm_budgets"] = {"7": {"per_seed": [{"seed": s, "models": {"gpt": {"test_bpb": gpt[s]},
+                                                                     "reformer": {"test_bpb": reformer[s]}}} for s in gpt]}}
+    table = "\n".join(script.ablation_lines(results))
+    assert "| reversible | reversible layers, exact softmax | 3.20 ± 0.06 | +0.100 ± 0.000 |" in table
+    assert "| reformer |" in table and "+0.500 ± 0.058" in table
+    reading = script.ablation_reading(results)
+    assert "+0.500" in reading and "reversible layers alone +0.100" in reading and "adding LSH +0.300" in reading
+
+
 def test_with_budgets_runs_the_main_budget_then_each_larger_one(benchmark_script):
     script = benchmark_script("repro_rnn_attention")
     calls = []
