@@ -406,6 +406,18 @@ def ablation_reading(results: Dict[str, Any]) -> str:
             f"adding LSH {total - shared:+.3f} (the ablation table above).")
 
 
+def ablation_why(results: Dict[str, Any]) -> str:
+    """The ablation's split of the gap, for the claim's why ("" without an ablation)."""
+    arms = ablation_arms(results)
+    if not all(a in arms for a in ("gpt", "reformer", *ABLATION)):
+        return ""
+    gap = {a: claims.mean([arms[a][s] - arms["gpt"][s] for s in sorted(set(arms[a]) & set(arms["gpt"]))])
+           for a in ("reformer", *ABLATION)}
+    return (f"; at {results['lm_ablation']['steps']} steps the gap ({gap['reformer']:+.3f}) splits into reversible layers "
+            f"{gap['reversible']:+.3f}, shared-QK {gap['reversible-shared-qk'] - gap['reversible']:+.3f}, LSH "
+            f"{gap['reformer'] - gap['reversible-shared-qk']:+.3f} (reformer.md's ablation)")
+
+
 def record_claims(results: Dict[str, Any], args) -> None:
     """The page's claims with >= 3 seeds into claims.json, from the per-seed results just measured."""
     cpu = "CPU, one thread"
@@ -444,7 +456,8 @@ def record_claims(results: Dict[str, Any], args) -> None:
                                f"margin of {LM_MARGIN}",
                  "not reproduced": f"test bits per byte Reformer {claims.fmt(ours)} against GPT's {claims.fmt(base)} "
                                    f"(per seed {[round(x, 3) for x in ours]} vs {[round(x, 3) for x in base]}): "
-                                   f"{claims.gap(ours, base, 'lower', LM_MARGIN, 'bits per byte')}"})
+                                   f"{claims.gap(ours, base, 'lower', LM_MARGIN, 'bits per byte')}"
+                                   + ablation_why(results)})
     if "memory" in args.only and args.seeds >= claims.MIN_SEEDS:
         runs = results["memory"]["per_seed"]
         depth = max(p["depth"] for p in runs[0]["points"])

@@ -168,6 +168,7 @@ def test_reformer_ablation_arms_train_and_split_the_gap(benchmark_script):
     assert "| reformer |" in table and "+0.500 ± 0.058" in table
     reading = script.ablation_reading(results)
     assert "+0.500" in reading and "reversible layers alone +0.100" in reading and "adding LSH +0.300" in reading
+    assert "gap (+0.500) splits into reversible layers +0.100, shared-QK +0.100, LSH +0.300" in script.ablation_why(results)
 
 
 def test_with_budgets_runs_the_main_budget_then_each_larger_one(benchmark_script):
