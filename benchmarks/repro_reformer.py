@@ -29,7 +29,7 @@ import math
 import time
 from argparse import Namespace
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import matplotlib
 
@@ -388,34 +388,39 @@ def ablation_lines(results: Dict[str, Any]) -> List[str]:
     return lines + [""]
 
 
-def ablation_reading(results: Dict[str, Any]) -> str:
-    """Which of the Reformer's parts its bits per byte lose to, from the ablation (or that it is not measured)."""
+def ablation_split(results: Dict[str, Any]) -> Optional[Dict[str, float]]:
+    """The Reformer's gap to the GPT split into its parts (means of per-seed differences, bits per
+    byte): ``total``, ``reversible``, ``shared-qk`` and ``lsh``; None without a complete ablation."""
     arms = ablation_arms(results)
     if not all(a in arms for a in ("gpt", "reformer", *ABLATION)):
+        return None
+    gap = {a: claims.mean([arms[a][s] - arms["gpt"][s] for s in sorted(set(arms[a]) & set(arms["gpt"]))])
+           for a in ("reformer", *ABLATION)}
+    return {"total": gap["reformer"], "reversible": gap["reversible"],
+            "shared-qk": gap["reversible-shared-qk"] - gap["reversible"],
+            "lsh": gap["reformer"] - gap["reversible-shared-qk"]}
+
+
+def ablation_reading(results: Dict[str, Any]) -> str:
+    """Which of the Reformer's parts its bits per byte lose to, from the ablation (or that it is not measured)."""
+    split = ablation_split(results)
+    if split is None:
         return ("Which part costs it is not measured: the Reformer differs from the GPT in three at once (LSH "
                 "attention in chunks of 32 with 2 rounds, so a query meets at most 64 of the block's 256 positions "
                 "per round; shared-QK; reversible layers), and no run here swaps one at a time.")
-
-    def gap(a: str) -> float:
-        seeds = sorted(set(arms[a]) & set(arms["gpt"]))
-        return claims.mean([arms[a][s] - arms["gpt"][s] for s in seeds])
-
-    total, rev, shared = gap("reformer"), gap("reversible"), gap("reversible-shared-qk")
-    return (f"At {results['lm_ablation']['steps']:,} steps over {len(arms['gpt'])} seeds the Reformer is {total:+.3f} bits "
-            f"per byte from the GPT: reversible layers alone {rev:+.3f}, adding shared-QK {shared - rev:+.3f}, "
-            f"adding LSH {total - shared:+.3f} (the ablation table above).")
+    return (f"At {results['lm_ablation']['steps']:,} steps over {len(ablation_arms(results)['gpt'])} seeds the Reformer "
+            f"is {split['total']:+.3f} bits per byte from the GPT: reversible layers alone {split['reversible']:+.3f}, "
+            f"adding shared-QK {split['shared-qk']:+.3f}, adding LSH {split['lsh']:+.3f} (the ablation table above).")
 
 
 def ablation_why(results: Dict[str, Any]) -> str:
     """The ablation's split of the gap, for the claim's why ("" without an ablation)."""
-    arms = ablation_arms(results)
-    if not all(a in arms for a in ("gpt", "reformer", *ABLATION)):
+    split = ablation_split(results)
+    if split is None:
         return ""
-    gap = {a: claims.mean([arms[a][s] - arms["gpt"][s] for s in sorted(set(arms[a]) & set(arms["gpt"]))])
-           for a in ("reformer", *ABLATION)}
-    return (f"; at {results['lm_ablation']['steps']} steps the gap ({gap['reformer']:+.3f}) splits into reversible layers "
-            f"{gap['reversible']:+.3f}, shared-QK {gap['reversible-shared-qk'] - gap['reversible']:+.3f}, LSH "
-            f"{gap['reformer'] - gap['reversible-shared-qk']:+.3f} (reformer.md's ablation)")
+    return (f"; at {results['lm_ablation']['steps']} steps the gap ({split['total']:+.3f}) splits into reversible layers "
+            f"{split['reversible']:+.3f}, shared-QK {split['shared-qk']:+.3f}, LSH {split['lsh']:+.3f} "
+            f"(reformer.md's ablation)")
 
 
 def record_claims(results: Dict[str, Any], args) -> None:
