@@ -74,3 +74,26 @@ def test_token_ids_reads_a_checked_tensor_once_and_again_after_a_write():
     with pytest.raises(ValueError, match="max 8"):
         _checks.token_ids("ids", frozen, 7)
     assert _checks.token_ids("ids", torch.tensor([[1, 2]]), 7) is not None
+
+
+def test_greedy_decoding_reads_the_prompt_ids_once_not_every_drawn_token():
+    """The drawn tokens come from vocab_size logits: ``generate`` marks them in range
+    (``ids_in_range``), so a decoding step makes no read; writing into a marked tensor reads again."""
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=7, max_len=32, n_layers=2, d_model=8, n_heads=2, d_ff=16)).eval()
+    prompt = torch.tensor([[1, 2, 3]])
+    with Reads() as reads:
+        out = gpt.generate(prompt, 12, temperature=0)
+    assert out.shape == (1, 15)
+    # the prompt's range (one read) and nothing for the 12 drawn tokens
+    assert reads.n <= 2, reads.n
+    # the same tokens as a decoding loop that checks every step
+    state, ids = None, prompt
+    for _ in range(12):
+        step = gpt(ids if state is None else ids[:, -1:].clone(), state=state, return_state=True)
+        state, ids = step.state, torch.cat([ids, step.logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, ids)
+    marked = _checks.ids_in_range(torch.tensor([[1, 2]]), 7)
+    marked[0, 1] = 7  # a write after the mark: read again, and refused
+    with pytest.raises(ValueError, match="max 7"):
+        _checks.token_ids("ids", marked, 7)

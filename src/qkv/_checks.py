@@ -61,11 +61,16 @@ def token_ids(name: str, ids: object, vocab_size: int) -> Tensor:
     lo, hi = torch.stack(torch.aminmax(ids)).tolist()
     if lo < 0 or hi >= vocab_size:
         raise ValueError(f"{name} must lie in [0, {vocab_size}), got min {lo}, max {hi}")
-    if not tracked:
-        return ids
-    if len(_checked_ids) >= 8:
-        _checked_ids.pop(next(iter(_checked_ids)))
-    _checked_ids[id(ids)] = (weakref.ref(ids), ids._version, vocab_size)
+    return ids_in_range(ids, vocab_size)
+
+
+def ids_in_range(ids: Tensor, vocab_size: int) -> Tensor:
+    """Record ``ids`` as already known to lie in ``[0, vocab_size)`` (a decoding loop's tokens, drawn
+    from ``vocab_size`` logits), so that ``token_ids`` does not read them again until they are written."""
+    if not ids.is_inference():
+        if len(_checked_ids) >= 8:
+            _checked_ids.pop(next(iter(_checked_ids)))
+        _checked_ids[id(ids)] = (weakref.ref(ids), ids._version, vocab_size)
     return ids
 
 

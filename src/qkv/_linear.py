@@ -39,13 +39,15 @@ def _onednn_available() -> bool:
 
 def _onednn_fits(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
     """float32 CPU tensors of at least ``MIN_ROWS`` rows, contiguous, no gradient recorded."""
+    rows = x.numel() // x.shape[-1] if x.dim() >= 2 and x.shape[-1] else 0
+    if rows < MIN_ROWS:  # first, as the cheapest test: a decoding step's one row never goes to oneDNN
+        return False
     tensors = (x, weight) if bias is None else (x, weight, bias)
     if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False  # the oneDNN op has no backward
-    rows = x.numel() // x.shape[-1] if x.dim() >= 2 and x.shape[-1] else 0
-    return (rows >= MIN_ROWS and weight.dim() == 2 and x.shape[-1] == weight.shape[1]
+    return (weight.dim() == 2 and x.shape[-1] == weight.shape[1]
             and torch.backends.mkldnn.enabled and _onednn_available())
 
 

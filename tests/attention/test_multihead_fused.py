@@ -185,3 +185,45 @@ def test_bert_save_and_load_round_trip_keeps_names_and_values(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids, attention_mask=mask).hidden, model(ids, attention_mask=mask).hidden,
                                    atol=0, rtol=0)
+
+
+def test_no_grad_joined_views_are_found_once_and_found_again_after_any_change(monkeypatch):
+    """Without a gradient the joined weight views are kept between calls (a decoding step calls
+    once per layer and token); replacing a parameter, its ``.data`` or a projection, a hook on a
+    projection, or a conversion is seen at the next call."""
+    mha = build()
+    x = torch.randn(2, 5, 16)
+    looked_up = []
+    find = type(mha)._in_proj_params
+    monkeypatch.setattr(type(mha), "_in_proj_params", lambda self, projs: looked_up.append(1) or find(self, projs))
+    with torch.no_grad():
+        mha(x)
+        mha(x)
+        assert len(looked_up) == 1  # found once, then reused
+        torch.testing.assert_close(mha(x).output, separate(mha, x), atol=1e-6, rtol=1e-6)
+
+        mha.k_proj.weight.data = torch.randn(16, 16)  # a new storage under the same Parameter
+        torch.testing.assert_close(mha(x).output, separate(mha, x), atol=1e-6, rtol=1e-6)
+        mha._pack_in_proj()
+        torch.testing.assert_close(mha(x).output, separate(mha, x), atol=1e-6, rtol=1e-6)
+
+        mha.q_proj.bias = nn.Parameter(torch.randn(16))  # a new Parameter
+        torch.testing.assert_close(mha(x).output, separate(mha, x), atol=1e-6, rtol=1e-6)
+
+        mha.v_proj = nn.Linear(16, 16)  # a new projection
+        torch.testing.assert_close(mha(x).output, separate(mha, x), atol=1e-6, rtol=1e-6)
+
+        mha._pack_in_proj()
+        mha(x)
+        handle = mha.v_proj.register_forward_hook(lambda module, args, out: out * 0)  # the hook must run
+        hooked = mha(x).output  # every value zero: only the output projection's bias is left
+        handle.remove()
+        torch.testing.assert_close(hooked, mha.out_proj.bias.expand_as(hooked), atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(mha(x).output, separate(mha, x), atol=1e-6, rtol=1e-6)
+
+        other = mha.double()
+        torch.testing.assert_close(other(x.double()).output, separate(other, x.double()), atol=1e-12, rtol=1e-12)
+    # with a gradient: the concatenation, through which gradients reach every projection
+    out = mha(x.double()).output.sum()
+    out.backward()
+    assert all(p.grad is not None for p in (mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight))

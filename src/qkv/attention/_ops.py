@@ -99,10 +99,10 @@ def _append_in_place(state: Optional[KVCache], k: Tensor, v: Tensor, offset: int
             value[..., :S, :] = state.value
         room = (key, value, [S])
     key, value, written = room
-    key[..., S:n, :] = k
-    value[..., S:n, :] = v
+    key.narrow(-2, S, n - S).copy_(k)
+    value.narrow(-2, S, n - S).copy_(v)
     written[0] = n
-    k_all, v_all = key[..., :n, :], value[..., :n, :]  # (B, H, S + M, E) views
+    k_all, v_all = key.narrow(-2, 0, n), value.narrow(-2, 0, n)  # (B, H, S + M, E) views
     return k_all, v_all, KVCache(k_all, v_all, offset, room=room)
 
 

@@ -95,6 +95,7 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"attention must be a registry name or an AttentionKernel, got {type(attention).__name__}")
         if self.kernel.shared_qk:
             self.k_proj = None  # shared-QK kernels (Reformer) take the queries as keys: no key projection
+        self._joined_in_proj: dict = {}  # number of projections -> (their parameters' key, (weight, bias) views)
         self._pack_in_proj()
 
     # ------------------------------------------------------------------ the fused input projection
@@ -131,25 +132,44 @@ class MultiHeadAttention(nn.Module):
 
     def _apply(self, fn, *args, **kwargs):  # .to(), .double(), .cuda(): each parameter is converted alone
         super()._apply(fn, *args, **kwargs)
+        self._joined_in_proj = {}
         self._pack_in_proj()
         return self
 
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_joined_in_proj": {}}  # views of the parameters: found again, not copied
+
     def __setstate__(self, state: dict) -> None:  # copy.deepcopy and pickle copy each parameter alone
         super().__setstate__(state)
+        self._joined_in_proj = {}
         self._pack_in_proj()
 
     def _in_proj(self, x: Tensor, projs: Sequence[Optional[nn.Module]]) -> Optional[tuple[Tensor, ...]]:
         """``x W_i^T + b_i`` for the consecutive projections ``projs`` (q, k, v or k, v) as one matrix
         product with the joined weights, split into ``(B, L, d_model)`` views; None when they do
         not fuse (``_in_proj_params``)."""
-        fused = self._in_proj_params(projs)
-        if fused is None:
-            return None
-        weights, biases = fused
-        params = weights if biases is None else weights + biases
-        need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in params)
-        weight = _joined(weights, need_grad)  # (n d_model, d_in)
-        bias = None if biases is None else _joined(biases, need_grad)  # (n d_model,)
+        params = []
+        for p in projs:
+            if not _linear.plain_dense(p):
+                return None
+            params += (p.weight, p.bias)
+        need_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
+        # the joined views, found once for these parameters (same objects, storage and shape) and
+        # reused without a gradient: a decoding step makes this call once per layer and token
+        key = [None if t is None else (id(t), t.data_ptr(), t.shape) for t in params]
+        cached = self._joined_in_proj.get(len(projs))
+        if cached is not None and cached[0] == key and not need_grad:
+            weight, bias = cached[1]
+        else:
+            fused = self._in_proj_params(projs)
+            if fused is None:
+                return None
+            weights, biases = fused
+            weight = _joined(weights, need_grad)  # (n d_model, d_in)
+            bias = None if biases is None else _joined(biases, need_grad)  # (n d_model,)
+            if not need_grad and _joined(weights, False, copy=False) is not None and (
+                    biases is None or _joined(biases, False, copy=False) is not None):
+                self._joined_in_proj[len(projs)] = (key, (weight, bias))  # views of the parameters, not copies
         return _linear.linear(x, weight, bias).chunk(len(projs), dim=-1)
 
     def _project(self, proj: nn.Module, x: Tensor) -> Tensor:

@@ -51,11 +51,12 @@ class FeedForward(nn.Module):
         return f"activation={self.activation!r}, chunk_size={self.chunk_size}"
 
     def _ffn(self, x: Tensor) -> Tensor:
-        if _linear.plain_dense(self.w1) and _linear.plain_dense(self.w2):
+        w1, w2 = self.w1, self.w2
+        if _linear.plain_dense(w1) and _linear.plain_dense(w2):
             # the activation fused into the first product where qkv._linear can (CPU inference)
-            h = _linear.linear(x, self.w1.weight, self.w1.bias, self.activation)
-            return _linear.linear(h, self.w2.weight, self.w2.bias)
-        return self.w2(ACTIVATIONS[self.activation](self.w1(x)))
+            h = _linear.linear(x, w1.weight, w1.bias, self.activation)
+            return _linear.linear(h, w2.weight, w2.bias)
+        return w2(ACTIVATIONS[self.activation](w1(x)))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.chunk_size is None or x.shape[1] <= self.chunk_size:

@@ -232,7 +232,9 @@ class GPT(QKVModel):
                 # past the learned positions: the context slides, its positions restart at 0, so re-read it
                 out, state = self(seq[:, -window:]), None
             elif use_cache:
-                out = self(seq if state is None else seq[:, -1:], state=state, return_state=True)
+                # after the prompt, one token drawn from vocab_size logits: in range, not read again
+                step = seq if state is None else _checks.ids_in_range(seq[:, -1:], c.vocab_size)
+                out = self(step, state=state, return_state=True)
                 state = out.state
             else:
                 out = self(seq)
