@@ -119,7 +119,12 @@ def test_linear_attention_is_a_weighted_average_at_extreme_magnitudes(causal, sh
 @pytest.mark.parametrize("name,causal", CAUSAL)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_weights_path_matches_fused_path(name, causal, dtype):
-    """q . k = 1e4 E overflows float16 before the 1/sqrt(E) scale; both paths must agree."""
+    """q . k = 1e4 E overflows float16 before the 1/sqrt(E) scale; both paths must agree.
+
+    Seeded: at scores of ~2500 a bfloat16 product (Linformer's projected keys, kept in bfloat16)
+    rounds by several units, so for some random projections (1 in 30 seeds) a near tie flips
+    against the float32 reference; what this test checks is the overflow, not that rounding."""
+    torch.manual_seed(0)
     kernel = build(name, causal, E=16)
     g = torch.Generator().manual_seed(0)
     q, k = (100.0 * torch.randn(1, 2, 9, 16, generator=g).sign()).to(dtype), (100.0 * torch.randn(1, 2, 9, 16, generator=g).sign()).to(dtype)

@@ -50,7 +50,7 @@ from .. import _checks, masks
 from ..functional import masked_softmax, scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache
-from ._ops import append_cache, band_blocks, scatter_band
+from ._ops import append_cache, band_blocks, fused_blocks, scatter_band
 from .base import AttentionKernel, clamp_knob
 
 __all__ = ["AdaptiveSpanAttention", "soft_span_mask"]
@@ -67,8 +67,7 @@ def _attend_band(q_blocks: Tensor, k_blocks: Tensor, v_blocks: Tensor, bias: Ten
     bias ``(..., b, W)`` (``log m``, ``-inf`` outside); rows without a key (``row_valid`` False)
     give zeros. Every score this kernel computes is computed here (tests count them)."""
     if not need_weights:
-        out = F.scaled_dot_product_attention(q_blocks, k_blocks, v_blocks, attn_mask=bias.to(q_blocks.dtype),
-                                             dropout_p=dropout_p)
+        out = fused_blocks(q_blocks, k_blocks, v_blocks, bias.to(q_blocks.dtype), dropout_p)
         return out.masked_fill(~row_valid.unsqueeze(-1), 0.0), None
     scale = 1.0 / math.sqrt(q_blocks.shape[-1])
     allowed = torch.isfinite(bias) & row_valid.unsqueeze(-1)

@@ -21,7 +21,7 @@ from ..functional import masked_softmax, scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache
 from . import flex
-from ._ops import append_cache, band_blocks, scatter_band
+from ._ops import append_cache, band_blocks, fused_blocks, scatter_band
 from .base import AttentionKernel, clamp_knob
 
 __all__ = ["WindowAttention"]
@@ -84,7 +84,7 @@ class WindowAttention(AttentionKernel):
 
         if not need_weights:
             # Each block is a small dense attention problem: the fused kernel takes them all at once.
-            out = F.scaled_dot_product_attention(q_blocks, k_blocks, v_blocks, attn_mask=valid, dropout_p=dropout_p)
+            out = fused_blocks(q_blocks, k_blocks, v_blocks, valid, dropout_p)  # (B, H, nb, b, Ev)
             if q.device.type != "cpu":
                 out = out.masked_fill(~valid.any(-1, keepdim=True), 0.0)  # rows with no key: zeros on every backend
             return AttentionOutput(out.reshape(B, H, nb * b, v.shape[-1])[:, :, :M], None, cache)  # (B, H, M, Ev)
