@@ -65,7 +65,7 @@ def test_fused_equals_separate_float32_and_float64(bias, causal, with_mask):
             expected = separate(mha, x, mask=mask)
             for out in (mha(x, mask=mask).output, mha(x, x, x, mask=mask).output, mha(x, x, mask=mask).output):
                 torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
-        torch.testing.assert_close(mha(x, mask=mask).output, expected, atol=tol, rtol=tol)  # grad mode: concatenation
+        torch.testing.assert_close(mha(x, mask=mask).output, expected, atol=tol, rtol=tol)  # grad mode: three products
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
@@ -223,7 +223,31 @@ def test_no_grad_joined_views_are_found_once_and_found_again_after_any_change(mo
 
         other = mha.double()
         torch.testing.assert_close(other(x.double()).output, separate(other, x.double()), atol=1e-12, rtol=1e-12)
-    # with a gradient: the concatenation, through which gradients reach every projection
+    # with a gradient: three products, gradients reach every projection
     out = mha(x.double()).output.sum()
     out.backward()
     assert all(p.grad is not None for p in (mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight))
+
+
+def test_training_makes_three_products_and_no_concatenation():
+    """With gradients to the weights, one product would need the weights concatenated and its
+    output gradient concatenated back: the three projections are cheaper, so no ``cat`` runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    mha = build()
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    with Ops() as ops:
+        mha(x).output.sum().backward()
+    assert "cat" not in ops.names and ops.names.count("addmm") == 4, ops.names  # q, k, v, out
+    with torch.no_grad(), Ops() as ops:
+        mha(x)
+    assert ops.names.count("addmm") == 2 and "cat" not in ops.names, ops.names  # [Q K V], out

@@ -50,10 +50,11 @@ class MultiHeadAttention(nn.Module):
     weights (and biases) live side by side in one buffer, so that ``[Q K V] = x [W^Q W^K W^V]``
     is one matrix product for self-attention (``[K V]`` for cross-attention) read straight from
     that buffer — no copy, and the parameters and state-dict names stay ``q_proj.weight``, ... .
-    When gradients flow to the weights the product uses ``torch.cat`` of the three (a small copy
-    of the weights, whose backward splits the gradient); when the buffer was undone (a parameter
-    replaced, ``load_state_dict(assign=True)``) the same concatenation serves, and ``.to()``,
-    ``copy.deepcopy`` and pickling lay the weights out side by side again.
+    Only when no gradient flows to the weights (inference, decoding): in training three products
+    cost less than one whose weight is a concatenation and whose output gradient is concatenated
+    back. When the buffer was undone (a parameter replaced, ``load_state_dict(assign=True)``) a
+    concatenation serves, and ``.to()``, ``copy.deepcopy`` and pickling lay the weights out side
+    by side again.
     """
 
     def __init__(
@@ -123,7 +124,7 @@ class MultiHeadAttention(nn.Module):
         ``_joined`` can read ``[W^Q; W^K; W^V]`` without a copy. Nothing when already packed."""
         fused = self._in_proj_params((self.q_proj, self.k_proj, self.v_proj))
         for params in fused or ():
-            if params is None or _joined(params, need_grad=False, copy=False) is not None:
+            if params is None or _joined(params, copy=False) is not None:
                 continue
             with torch.no_grad():
                 buffer = torch.cat([p.detach() for p in params])  # (3 d_model, ...)
@@ -147,28 +148,33 @@ class MultiHeadAttention(nn.Module):
     def _in_proj(self, x: Tensor, projs: Sequence[Optional[nn.Module]]) -> Optional[tuple[Tensor, ...]]:
         """``x W_i^T + b_i`` for the consecutive projections ``projs`` (q, k, v or k, v) as one matrix
         product with the joined weights, split into ``(B, L, d_model)`` views; None when they do
-        not fuse (``_in_proj_params``)."""
+        not fuse (``_in_proj_params``) or when their gradient is recorded.
+
+        Only without a gradient: in training the joined weight would be a concatenation and the
+        product's output gradient concatenated back, which cost more than three products (a GPT
+        training step 558 vs 543 ms at 4 x 512 tokens; a Linformer layer's forward and backward
+        195 vs 161 ms at 4,096, one CPU thread)."""
         params = []
         for p in projs:
             if not _linear.plain_dense(p):
                 return None
             params += (p.weight, p.bias)
-        need_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params):
+            return None
         # the joined views, found once for these parameters (same objects, storage and shape) and
-        # reused without a gradient: a decoding step makes this call once per layer and token
+        # reused: a decoding step makes this call once per layer and token
         key = [None if t is None else (id(t), t.data_ptr(), t.shape) for t in params]
         cached = self._joined_in_proj.get(len(projs))
-        if cached is not None and cached[0] == key and not need_grad:
+        if cached is not None and cached[0] == key:
             weight, bias = cached[1]
         else:
             fused = self._in_proj_params(projs)
             if fused is None:
                 return None
             weights, biases = fused
-            weight = _joined(weights, need_grad)  # (n d_model, d_in)
-            bias = None if biases is None else _joined(biases, need_grad)  # (n d_model,)
-            if not need_grad and _joined(weights, False, copy=False) is not None and (
-                    biases is None or _joined(biases, False, copy=False) is not None):
+            weight = _joined(weights)  # (n d_model, d_in)
+            bias = None if biases is None else _joined(biases)  # (n d_model,)
+            if _joined(weights, copy=False) is not None and (biases is None or _joined(biases, copy=False) is not None):
                 self._joined_in_proj[len(projs)] = (key, (weight, bias))  # views of the parameters, not copies
         return _linear.linear(x, weight, bias).chunk(len(projs), dim=-1)
 
@@ -274,21 +280,19 @@ class MultiHeadAttention(nn.Module):
         return AttentionOutput(self._project(self.out_proj, merged), out.weights, out.state)
 
 
-def _joined(params: Sequence[Tensor], need_grad: bool, copy: bool = True) -> Optional[Tensor]:
-    """``cat(params)`` along dim 0 — read in place when the (contiguous, equal) tensors lie side by
-    side in memory, within the first one's storage, and no gradient is asked for
-    (``_pack_in_proj``'s layout); else (``copy``) the concatenation, through which gradients flow
-    to each; None when not side by side and ``copy`` is False."""
+def _joined(params: Sequence[Tensor], copy: bool = True) -> Optional[Tensor]:
+    """``cat(params)`` along dim 0, for use without a gradient — read in place when the (contiguous,
+    equal) tensors lie side by side in memory, within the first one's storage (``_pack_in_proj``'s
+    layout); else (``copy``) the concatenation; None when not side by side and ``copy`` is False."""
     first = params[0]
-    if not need_grad:
-        try:
-            size = first.numel() * first.element_size()
-            start = first.data_ptr()
-            storage = first.untyped_storage()
-            side_by_side = (storage.data_ptr() + storage.nbytes() >= start + len(params) * size
-                            and all(t.is_contiguous() and t.data_ptr() == start + i * size for i, t in enumerate(params)))
-        except (RuntimeError, NotImplementedError):  # no memory to look at (functorch wrappers)
-            side_by_side = False
-        if side_by_side:  # no copy
-            return first.detach().as_strided((len(params) * first.shape[0], *first.shape[1:]), first.stride())
-    return torch.cat(list(params)) if copy else None
+    try:
+        size = first.numel() * first.element_size()
+        start = first.data_ptr()
+        storage = first.untyped_storage()
+        side_by_side = (storage.data_ptr() + storage.nbytes() >= start + len(params) * size
+                        and all(t.is_contiguous() and t.data_ptr() == start + i * size for i, t in enumerate(params)))
+    except (RuntimeError, NotImplementedError):  # no memory to look at (functorch wrappers)
+        side_by_side = False
+    if side_by_side:  # no copy
+        return first.detach().as_strided((len(params) * first.shape[0], *first.shape[1:]), first.stride())
+    return torch.cat([t.detach() for t in params]) if copy else None
