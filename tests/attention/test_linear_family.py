@@ -350,3 +350,30 @@ def test_bad_knobs_are_named():
     st = qkv.build_attention("linear", causal=True)(q[:, :, :3], k, v, return_state=True).state
     with pytest.raises(ValueError, match="may not precede the new keys"):
         qkv.build_attention("linear", causal=True)(q, k, v, state=st)
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-3, "tensor"])
+def test_non_causal_core_output_and_written_out_gradient(eps):
+    """``_ops._NonCausalLinear`` ([S, z] in one product, its gradient written out) against the
+    formula through autograd, with a query row whose features are all 0 (denominator 0: output 0)."""
+    from qkv.attention._ops import _NonCausalLinear
+
+    g = torch.Generator().manual_seed(3)
+    phi_q = torch.rand(2, 3, 5, 4, dtype=torch.float64, generator=g)
+    phi_q[0, 1, 2] = 0.0
+    phi_k = torch.rand(2, 3, 6, 4, dtype=torch.float64, generator=g)
+    v = torch.randn(2, 3, 6, 7, dtype=torch.float64, generator=g)
+    eps_value = torch.rand(1, 3, 5, 1, dtype=torch.float64, generator=g) * 1e-2 if eps == "tensor" else eps
+    phi_q.requires_grad_(), phi_k.requires_grad_(), v.requires_grad_()
+
+    def formula(a, b, c):
+        den = a @ b.sum(-2, keepdim=True).transpose(-1, -2) + eps_value  # (B, H, M, 1)
+        return (a @ (b.transpose(-1, -2) @ c)) / torch.where(den == 0, torch.ones_like(den), den)
+
+    out = _NonCausalLinear.apply(phi_q, phi_k, v, eps_value)
+    torch.testing.assert_close(out, formula(phi_q, phi_k, v), atol=1e-12, rtol=1e-12)
+    if eps == 0.0:
+        assert torch.equal(out[0, 1, 2], torch.zeros(7, dtype=torch.float64))
+        # 0 / 0 is no point to differentiate at: the gradient is checked with that row's features positive
+        phi_q = (phi_q.detach() + 0.1).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b, c: _NonCausalLinear.apply(a, b, c, eps_value), (phi_q, phi_k, v))

@@ -63,7 +63,7 @@ class _EluPlusOne(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         (out,) = ctx.saved_tensors
-        return grad * out.clamp(max=1.0)
+        return out.clamp(max=1.0).mul_(grad)
 
 
 def elu_plus_one(x: Tensor) -> Tensor:
