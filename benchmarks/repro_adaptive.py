@@ -743,9 +743,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.lm_steps, args.ut_steps, args.eval_segments, args.eval_examples, args.time_len = 20, 20, 4, 40, 256
-        global DOC, IMG
+        global DOC, IMG, OUT
         DOC = smoke_dir("adaptive") / "adaptive.md"
         IMG = DOC.parent / "img"
+        OUT = DOC.parent / "runs"  # a smoke run's run directories: the published ones keep their numbers
     torch.set_num_threads(1)
     OUT.mkdir(parents=True, exist_ok=True)
     IMG.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ import torch  # noqa: E402
 from qkv.tasks import build_task  # noqa: E402
 
 import claims  # noqa: E402  (benchmarks/claims.py: the claims table and its verdicts)
-from _repro import evals, evaluate_test, shown, train  # noqa: E402,F401  (shown: tests/test_runs.py reads it here)
+from _repro import evals, evaluate_test, shown, smoke_dir, train  # noqa: E402,F401  (shown: tests/test_runs.py reads it here)
 
 ROOT = Path(__file__).resolve().parents[1]
 IMG = ROOT / "docs" / "reproductions" / "img"
@@ -68,6 +68,10 @@ def main() -> None:
     p.add_argument("--doc-only", action="store_true", help="rewrite the page from runs/repro_bert (no training)")
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.quick:  # a smoke run writes (and clears) its own folder, never the published runs and pictures
+        global OUT, IMG
+        OUT = smoke_dir("bert") / "runs"
+        IMG = OUT.parent / "img"
     if args.doc_only:
         results = json.loads((OUT / "results.json").read_text())
         if (OUT / "pretrain" / "model").is_dir():

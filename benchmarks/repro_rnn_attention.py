@@ -713,9 +713,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     q = args.quick
     if q:
-        global IMG, DOC
+        global IMG, DOC, OUT
         IMG = smoke_dir("rnn-attention") / "img"
         DOC = IMG.parent / "rnn-attention.md"
+        OUT = IMG.parent / "runs"  # a smoke run's run directories: the published ones keep their numbers
     args.dates_steps = 60 if q else 600
     args.eval_dates = 100 if q else 1000
     args.stress_steps = 20 if q else args.stress_steps

@@ -35,11 +35,22 @@ def test_replace_section_inserts_once_then_replaces(benchmark_script, tmp_path):
     assert other.read_text().rstrip().endswith("<!-- /s -->")
 
 
+def smoke_in(script, monkeypatch, tmp_path) -> Path:
+    """Send a --quick run's folder into ``tmp_path/smoke`` and the published run directories into
+    ``tmp_path/published`` (which a smoke run must leave alone); returns the smoke folder."""
+    smoke = tmp_path / "smoke"
+    (smoke / "img").mkdir(parents=True, exist_ok=True)
+    monkeypatch.setattr(script, "smoke_dir", lambda name: smoke)
+    monkeypatch.setattr(script, "OUT", tmp_path / "published")
+    return smoke
+
+
 def quick_rnn_parts(script, monkeypatch, tmp_path, parts: str) -> dict:
-    monkeypatch.setattr(script, "OUT", tmp_path)
+    smoke = smoke_in(script, monkeypatch, tmp_path)
     monkeypatch.setattr(sys, "argv", ["repro_rnn_attention.py", "--quick", "--parts", parts])
     script.main()
-    return json.loads(next(tmp_path.glob("results-quick-*.json")).read_text())
+    assert not (tmp_path / "published").exists()  # the published run directories are not overwritten
+    return json.loads(next((smoke / "runs").glob("results-quick-*.json")).read_text())
 
 
 @pytest.mark.skipif(not all(data.is_cached(name) for name in ("shakespeare", "mnist")),
@@ -75,12 +86,12 @@ def test_rnn_part_transformer_vs_rnn(benchmark_script, monkeypatch, tmp_path):
 def test_adaptive_ut_vs_transformer_quick(benchmark_script, monkeypatch, tmp_path, capsys):
     before = CLAIMS.read_text()
     script = benchmark_script("repro_adaptive")
-    monkeypatch.setattr(script, "OUT", tmp_path)
+    smoke = smoke_in(script, monkeypatch, tmp_path)
     monkeypatch.setattr(sys, "argv", ["repro_adaptive.py", "--quick", "--part", "ut-vs-transformer"])
     script.main()
     out = capsys.readouterr().out
     assert "ut-vs-transformer ut" in out and "ut-vs-transformer transformer" in out
-    assert not (tmp_path / "vs-transformer.json").exists()  # a smoke run publishes nothing
+    assert not (tmp_path / "published").exists() and (smoke / "runs").is_dir()  # a smoke run publishes nothing
     assert CLAIMS.read_text() == before
 
 
@@ -186,12 +197,35 @@ def test_with_budgets_runs_the_main_budget_then_each_larger_one(benchmark_script
 def test_rnn_part_tsp_seeds_and_budget(benchmark_script, monkeypatch, tmp_path):
     script = benchmark_script("repro_rnn_attention")
     before = CLAIMS.read_text()
-    monkeypatch.setattr(script, "OUT", tmp_path)
+    smoke = smoke_in(script, monkeypatch, tmp_path)
     monkeypatch.setattr(sys, "argv", ["repro_rnn_attention.py", "--quick", "--parts", "tsp", "--seeds", "2",
                                       "--budgets", "5"])
     script.main()
-    results = json.loads(next(tmp_path.glob("results-quick-*.json")).read_text())
+    assert not (tmp_path / "published").exists()
+    results = json.loads(next((smoke / "runs").glob("results-quick-*.json")).read_text())
     assert [r["seed"] for r in results["tsp"]["per_seed"]] == [0, 1] and len(results["tsp-5"]["per_seed"]) == 2
     assert all(r["valid"] == 1.0 and r["tour_ratio"] >= 1.0 for r in results["tsp"]["per_seed"])
     assert results["tsp"]["nearest_neighbour_ratio"] >= 1.0
     assert CLAIMS.read_text() == before
+
+
+def test_bert_quick_clears_its_smoke_folder_not_the_published_runs(benchmark_script, monkeypatch, tmp_path):
+    """repro_bert starts by clearing its run folder: a --quick run once cleared runs/repro_bert."""
+    script = benchmark_script("repro_bert")
+    smoke = smoke_in(script, monkeypatch, tmp_path)
+    (tmp_path / "published").mkdir()
+    (smoke / "runs").mkdir()
+    removed = []
+
+    class Stop(Exception):
+        pass
+
+    def rmtree(path, *args, **kwargs):
+        removed.append(Path(path))
+        raise Stop  # what was to be cleared is all this test needs
+
+    monkeypatch.setattr(script.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(sys, "argv", ["repro_bert.py", "--quick"])
+    with pytest.raises(Stop):
+        script.main()
+    assert removed == [smoke / "runs"] and (tmp_path / "published").is_dir()
