@@ -81,3 +81,15 @@ def test_machine_description_names_cpu_and_torch():
 def test_resolve_device_rejects_unknown():
     with pytest.raises(ValueError, match="--device"):
         common.resolve_device("tpu")
+
+
+def test_round_ratio_is_the_median_of_the_ratios_within_rounds():
+    from qkv.bench.common import Timing, round_ratio
+
+    # the machine is twice as slow in round 2 for both sides, and a burst hits a alone in round 3:
+    # within rounds a takes half of b's time twice; the ratio of the medians says 4/3
+    a, b = Timing([1.0, 4.0, 10.0]), Timing([2.0, 8.0, 3.0])
+    assert round_ratio(a, b) == pytest.approx(0.5)
+    assert a.median / b.median == pytest.approx(4 / 3)
+    with pytest.raises(ValueError, match="same rounds"):
+        round_ratio(Timing([1.0]), Timing([1.0, 2.0]))

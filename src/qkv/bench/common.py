@@ -129,6 +129,15 @@ def time_steps(step: Callable[[], Any], device: torch.device, *, warmup: int = 1
     return timing
 
 
+def round_ratio(a: Timing, b: Timing) -> float:
+    """The median over rounds of ``a``'s time over ``b``'s in the same round (``time_interleaved``
+    runs both in each round): a drift of the machine's speed between rounds, which moves both
+    medians, cancels here."""
+    if len(a.times) != len(b.times) or not a.times:
+        raise ValueError(f"round_ratio needs timings of the same rounds, got {len(a.times)} and {len(b.times)} repeats")
+    return statistics.median(x / y for x, y in zip(a.times, b.times))
+
+
 def time_interleaved(steps: Mapping[str, Callable[[], Any]], device: torch.device, *, warmup: int = 1,
                      min_repeats: int = 5, max_repeats: int = 30, target_seconds: float = 3.0) -> Dict[str, Timing]:
     """Time several steps that are to be compared, alternating them repeat by repeat.

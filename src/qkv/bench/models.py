@@ -17,8 +17,10 @@ refused, not timed. Then, for each length ``L`` (``--lengths``), timed interleav
 * ``bert-forward`` — an encoder forward of ``B x L`` tokens with a padding mask (no gradient),
   qkv's BERT with its small classification head against ``BertModel`` (encoder and pooler).
 
-Reported: the median time of each side and the ratio ``qkv / transformers`` (below 1: qkv is
-faster). Writes ``models.json`` and ``models.md`` into ``--out``.
+Reported: the median time of each side, the ratio ``qkv / transformers`` (below 1: qkv is
+faster) and, "per round", the median of the two sides' ratios within each round
+(``common.round_ratio``: a drift of the machine's speed between rounds cancels). Writes
+``models.json`` and ``models.md`` into ``--out``.
 
 qkv's dense layers in inference on the CPU go through oneDNN's matrix product (``qkv._linear``),
 transformers' through ``F.linear`` (MKL); ``--no-onednn`` turns oneDNN off for the run
@@ -30,6 +32,7 @@ the rest of the difference shows. The idle-machine command of issue 25:
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import warnings
 from pathlib import Path
@@ -128,9 +131,12 @@ def _gpt_cases(sizes: Dict[str, int], L: int, seed: int, device: torch.device, t
         first = common.time_interleaved({"qkv": ours_gen(1), "transformers": theirs_gen(1)}, device, warmup=1,
                                         min_repeats=5, max_repeats=30, target_seconds=target / 2)
     per_token = {k: (full[k].median - first[k].median) / max(n - 1, 1) for k in full}
+    # per round: each round's n-token runs less the 1-token medians (the prompt's forward pass)
+    per_round = statistics.median((a - first["qkv"].median) / (b - first["transformers"].median)
+                                  for a, b in zip(full["qkv"].times, full["transformers"].times))
     rows.append({"pair": "gpt-generate", "length": L, "what": f"greedy, prompt {L - n} -> {L} tokens, per token",
                  "qkv_s": per_token["qkv"], "peer_s": per_token["transformers"],
-                 "ratio": per_token["qkv"] / per_token["transformers"], "max_abs_diff": 0.0,
+                 "ratio": per_token["qkv"] / per_token["transformers"], "round_ratio": per_round, "max_abs_diff": 0.0,
                  "prefill_qkv_s": first["qkv"].median, "prefill_peer_s": first["transformers"].median})
     # --- training step
     opt = {"qkv": torch.optim.AdamW(ours.parameters(), lr=1e-5), "transformers": torch.optim.AdamW(theirs.parameters(), lr=1e-5)}
@@ -173,7 +179,8 @@ def _bert_cases(sizes: Dict[str, int], L: int, seed: int, device: torch.device, 
 
 def _row(pair: str, L: int, what: str, t: Dict[str, Any], diff: float) -> Dict[str, Any]:
     return {"pair": pair, "length": L, "what": what, "qkv_s": t["qkv"].median, "peer_s": t["transformers"].median,
-            "ratio": t["qkv"].median / t["transformers"].median, "max_abs_diff": diff}
+            "ratio": t["qkv"].median / t["transformers"].median,
+            "round_ratio": common.round_ratio(t["qkv"], t["transformers"]), "max_abs_diff": diff}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -228,9 +235,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                "config": {**sizes, "lengths": lengths, "timing": "median of interleaved rounds", "onednn": onednn},
                "rows": rows}
     table = common.markdown_table(
-        ["pair", "L", "what", "qkv ms", "transformers ms", "qkv / transformers", "max |diff|"],
+        ["pair", "L", "what", "qkv ms", "transformers ms", "qkv / transformers", "per round", "max |diff|"],
         [[r["pair"], r["length"], r["what"], f"{r['qkv_s'] * 1e3:.2f}", f"{r['peer_s'] * 1e3:.2f}", f"{r['ratio']:.3f}",
-          f"{r['max_abs_diff']:.1e}"] for r in rows])
+          f"{r['round_ratio']:.3f}", f"{r['max_abs_diff']:.1e}"] for r in rows])
     summary = (f"GPT-2 / BERT layout, {sizes['layers']} layers, width {sizes['d_model']}, {sizes['heads']} heads, "
                f"vocabulary {sizes['vocab']}, batch {sizes['batch']}; same weights (transformers' initialisation read "
                f"by qkv's from_pretrained); ratio below 1: qkv is faster. qkv's CPU inference products through "

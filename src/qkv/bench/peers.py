@@ -4,8 +4,9 @@ For every mechanism that another package implements, both sides get the same inp
 the function is the same, the same weights or random features), their outputs and input gradients
 are compared first, and then they are timed alternately, round by round (``time_interleaved``), so
 that both see the same machine load. Reported per pair and length: the median time of each side,
-the ratio ``qkv / peer`` (below 1: qkv is faster), the peak memory of each side and the largest
-output difference. Forward-only and forward + backward are measured separately.
+the ratio ``qkv / peer`` (below 1: qkv is faster) and, "per round", the median of the two sides'
+ratios within each round (``common.round_ratio``: a drift of the machine's speed cancels), the
+peak memory of each side and the largest output difference. Forward-only and forward + backward are measured separately.
 
 Peers are an optional extra (``pip install -e .[peers]``); this command installs nothing. A peer
 that is absent, or a qkv kernel that does not exist yet, is listed with the reason and skipped.
@@ -453,6 +454,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 row = {"pair": pair.name, "length": L, "mode": mode,
                        "qkv_ms": timings["qkv"].median * 1e3, "peer_ms": timings["peer"].median * 1e3,
                        "ratio": timings["qkv"].median / timings["peer"].median,
+                       "round_ratio": common.round_ratio(timings["qkv"], timings["peer"]),
                        "qkv_mib": memory["qkv"] / 2 ** 20, "peer_mib": memory["peer"] / 2 ** 20,
                        "repeats": len(timings["qkv"].times), "note": case.note, **diffs}
                 rows.append(row)
@@ -495,9 +497,9 @@ def _version(module: str) -> str:
 
 def _table(rows: Sequence[Dict[str, Any]], skipped: Dict[str, str], versions: Dict[str, str]) -> str:
     lines = [common.markdown_table(
-        ["pair", "L", "mode", "qkv ms", "peer ms", "qkv/peer", "qkv MiB", "peer MiB", "max rel diff", "note"],
+        ["pair", "L", "mode", "qkv ms", "peer ms", "qkv/peer", "per round", "qkv MiB", "peer MiB", "max rel diff", "note"],
         [[r["pair"], r["length"], r["mode"], f"{r['qkv_ms']:.2f}", f"{r['peer_ms']:.2f}", f"{r['ratio']:.2f}",
-          f"{r['qkv_mib']:.1f}", f"{r['peer_mib']:.1f}",
+          f"{r['round_ratio']:.2f}", f"{r['qkv_mib']:.1f}", f"{r['peer_mib']:.1f}",
           f"{r['max_rel_diff']:.1e}" if "max_rel_diff" in r else "—", r["note"]] for r in rows])]
     if versions:
         lines.append("\nPeer versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ".")
