@@ -163,9 +163,12 @@ class MultiHeadAttention(nn.Module):
             return None
         # the joined views, found once for these parameters (same objects, storage and shape) and
         # reused: a decoding step makes this call once per layer and token
-        key = [None if t is None else (id(t), t.data_ptr(), t.shape) for t in params]
+        try:
+            key = [None if t is None else (id(t), t.data_ptr(), t.shape) for t in params]
+        except (RuntimeError, NotImplementedError):  # no memory to look at (functorch wrappers): nothing kept
+            key = None
         cached = self._joined_in_proj.get(len(projs))
-        if cached is not None and cached[0] == key:
+        if key is not None and cached is not None and cached[0] == key:
             weight, bias = cached[1]
         else:
             fused = self._in_proj_params(projs)
@@ -174,7 +177,8 @@ class MultiHeadAttention(nn.Module):
             weights, biases = fused
             weight = _joined(weights)  # (n d_model, d_in)
             bias = None if biases is None else _joined(biases)  # (n d_model,)
-            if _joined(weights, copy=False) is not None and (biases is None or _joined(biases, copy=False) is not None):
+            if key is not None and _joined(weights, copy=False) is not None and (
+                    biases is None or _joined(biases, copy=False) is not None):
                 self._joined_in_proj[len(projs)] = (key, (weight, bias))  # views of the parameters, not copies
         return _linear.linear(x, weight, bias).chunk(len(projs), dim=-1)
 
