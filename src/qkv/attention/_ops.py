@@ -235,6 +235,17 @@ def fused_blocks(qb: Tensor, kb: Tensor, vb: Tensor, attn_mask: Tensor, dropout_
     lead, (n, b, E), W = qb.shape[:-3], qb.shape[-3:], kb.shape[-2]
     rows = math.prod(lead)
     mask = attn_mask.reshape((1,) * max(0, qb.dim() - attn_mask.dim()) + tuple(attn_mask.shape))  # qb's dims
+    if len(lead) == 2 and mask.shape[0] > 1 and mask.shape[1] == 1 and lead[1] > 1:
+        # a key-padding mask (B, 1, ...) shared by the heads: blocks into SDPA's batch, heads into its
+        # head dimension, so that the mask is not copied for every head (it becomes a float bias there)
+        B, H = lead
+        Ev = vb.shape[-1]
+        mask = mask.transpose(1, 2).expand(B, n, 1, *mask.shape[-2:]).reshape(B * n, 1, *mask.shape[-2:])
+        out = F.scaled_dot_product_attention(qb.transpose(1, 2).reshape(B * n, H, b, E),
+                                             kb.transpose(1, 2).reshape(B * n, H, W, E),
+                                             vb.transpose(1, 2).reshape(B * n, H, W, Ev), attn_mask=mask,
+                                             dropout_p=dropout_p)  # (B n, H, b, Ev)
+        return out.view(B, n, H, b, Ev).transpose(1, 2)
     if all(d == 1 for d in mask.shape[:-3]):
         mask = mask.reshape(1, *mask.shape[-3:])  # (1, n|1, b|1, W|1)
     else:
