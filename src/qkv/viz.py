@@ -62,7 +62,7 @@ def _weight_range(ws: Sequence[Tensor]) -> Tuple[float, float]:
 
 
 def _draw(ax, w: Tensor, x_labels: Optional[Sequence[str]], y_labels: Optional[Sequence[str]], title: str,
-          vrange: Optional[Tuple[float, float]] = None) -> Any:
+          vrange: Optional[Tuple[float, float]] = None, axis_names: Tuple[str, str] = ("key", "query")) -> Any:
     vmin, vmax = vrange if vrange is not None else _weight_range([w])
     im = ax.imshow(w.numpy(), cmap="viridis", aspect="auto", interpolation="nearest", vmin=vmin, vmax=vmax)
     ax.set_title(title, fontsize=8)
@@ -73,8 +73,8 @@ def _draw(ax, w: Tensor, x_labels: Optional[Sequence[str]], y_labels: Optional[S
     if y_labels is not None and len(y_labels) == M and M <= 80:
         ax.set_yticks(range(M))
         ax.set_yticklabels(y_labels, fontsize=6)
-    ax.set_xlabel("key", fontsize=7)
-    ax.set_ylabel("query", fontsize=7)
+    ax.set_xlabel(axis_names[0], fontsize=7)
+    ax.set_ylabel(axis_names[1], fontsize=7)
     return im
 
 
@@ -92,7 +92,8 @@ def plot_attention(weights: Tensor, path: PathLike, x_labels: Optional[Sequence[
 
 
 def _plot_panels(panels: Sequence[Tuple[str, Tensor]], path: PathLike,
-                 labels_for: Any, heading: str = "", dpi: int = 110) -> Path:
+                 labels_for: Any, heading: str = "", dpi: int = 110,
+                 axis_names: Tuple[str, str] = ("key", "query")) -> Path:
     """``panels`` as a grid of heat maps (4 to a row) on one colour scale with one colour bar, and
     ``heading`` (wrapped to the figure's width) above them; ``labels_for(name)`` gives a panel's
     ``(key, query)`` labels. A constrained layout keeps the heading, the panels' titles and tick
@@ -115,7 +116,7 @@ def _plot_panels(panels: Sequence[Tuple[str, Tensor]], path: PathLike,
     im = None
     for ax, (title, w) in zip(axes.flat, panels):
         xl, yl = labels_for(title)
-        im = _draw(ax, w, xl, yl, title, vrange)
+        im = _draw(ax, w, xl, yl, title, vrange, axis_names)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     # fraction and pad are shares of the grid's width: about 0.6 and 0.15 inch whatever its size
@@ -193,6 +194,8 @@ class AttentionView:
     title, caption: what the input was (e.g. ``"source -> translation"``).
     cut:      ``(kept, given)`` when the given text had ``given`` tokens and only the first ``kept``
               are shown (``attention_view``'s ``max_len``); ``None`` when nothing was cut.
+    axis_names: what the panels' columns and rows are (``("key", "query")``; an image view's
+              maps: ``("column", "row")``).
     """
 
     panels: List[Tuple[str, Tensor]]
@@ -202,6 +205,7 @@ class AttentionView:
     title: str = ""
     caption: str = ""
     cut: Optional[Tuple[int, int]] = None
+    axis_names: Tuple[str, str] = ("key", "query")
 
     @classmethod
     def from_weights(cls, weights: Any, example: int = 0, **kwargs: Any) -> "AttentionView":
@@ -230,7 +234,7 @@ class AttentionView:
         if not panels:
             raise ValueError("no attention weights to plot (did the model return weights with need_weights=True?)")
         heading = "\n".join(t for t in (self.title, self.caption) if t)
-        return _plot_panels(panels, path, self.labels_for, heading)
+        return _plot_panels(panels, path, self.labels_for, heading, axis_names=self.axis_names)
 
 
 def attention_view(task: Any, model: Any, text: Optional[str] = None, max_len: int = 48) -> AttentionView:

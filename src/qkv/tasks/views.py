@@ -172,18 +172,25 @@ def token_view(model: torch.nn.Module, batch: Dict[str, Tensor], decode_token, c
 
 
 def image_view(model: torch.nn.Module, batch: Dict[str, Tensor], queries: Sequence[Tuple[int, int]] = ()) -> AttentionView:
-    """An image model's self-attention (Image Transformer): for a few query pixels (rows), the weight
-    on every pixel of the image (columns, in raster order ``r,c``), per layer and head. The model's
+    """An image model's self-attention (Image Transformer) laid on the image: for each layer and a
+    few query pixels, the weight (averaged over the heads) that the query puts on every pixel, as an
+    ``(H, W)`` map — the pixels generated before it that its local block lets it see. The model's
     ``order`` maps its sequence positions (generation order) to raster indices."""
     out = run_with_weights(model, batch)
     H, W = batch["images"].shape[-2:]
     order = getattr(model, "order", torch.arange(H * W)).cpu()  # (P,) raster index of position t
     position = torch.empty_like(order)
     position[order] = torch.arange(len(order))  # raster index -> sequence position
-    queries = list(queries) or [(r, c) for r in (H // 4, H // 2, 3 * H // 4) for c in (W // 4, 3 * W // 4)]
-    rows = torch.tensor([int(position[r * W + c]) for r, c in queries])
-    layers = [w[:, :, rows][..., position] for w in _cpu(out.weights)]  # (1, Hh, Q, P): keys in raster order
-    keys = [f"r{i // W}c{i % W}" for i in range(H * W)]
-    return AttentionView.from_weights(layers, x_labels=keys, y_labels=[f"r{r}c{c}" for r, c in queries],
-                                      title=f"{type(model).__name__}: where a few pixels look (keys in raster order)",
-                                      caption="rows: query pixels; a key is visible only if generated before the query")
+    queries = list(queries) or [(r, c) for r in (H // 4, 3 * H // 4) for c in (W // 4, 3 * W // 4)]
+    panels = []
+    for layer, w in enumerate(_cpu(out.weights)):  # (1, heads, P, P) in generation order
+        mean = w[0].float().mean(0)[:, position]  # (P, H W): keys in raster order
+        for r, c in queries:
+            row = mean[int(position[r * W + c])]  # (H W)
+            # over its largest weight: a query spreads 1 over hundreds of pixels, invisible on a 0..1 scale
+            panels.append((f"L{layer} query r{r}c{c}", (row / row.max().clamp_min(1e-30)).view(H, W)))
+    return AttentionView(panels, x_labels=[str(c) for c in range(W)], y_labels=[str(r) for r in range(H)],
+                         title=f"{type(model).__name__}: where a few pixels look, on the image",
+                         caption="each panel: one query pixel's weights over the image, averaged over heads and "
+                                 "divided by their largest; only pixels generated before the query can carry weight",
+                         axis_names=("column", "row"))

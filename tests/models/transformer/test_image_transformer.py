@@ -167,3 +167,24 @@ def test_mnist_task_batches():
     assert set(batch) == {"images", "classes"} and batch["images"].shape == (3, 28, 28)
     assert int(batch["images"].max()) < 4
     assert task.model_hints() == {"n_levels": 4, "image_size": (28, 28), "n_classes": 10}
+
+
+@pytest.mark.parametrize("attention", ["local-1d", "local-2d"])
+def test_attention_picture_lays_each_query_on_the_image(attention, tmp_path):
+    """``qkv viz``'s image view: per layer and query pixel an (H, W) map of the weights (over their
+    largest), zero on every pixel generated after the query and on the query's unseen pixels."""
+    from qkv.tasks.views import image_view
+
+    model = tiny(attention)
+    view = image_view(model, {"images": images(B=1)}, queries=[(1, 2), (H - 1, W - 1)])
+    assert [name for name, _ in view.panels] == [f"L{l} query r{r}c{c}" for l in range(2) for r, c in ((1, 2), (H - 1, W - 1))]
+    position = torch.empty_like(model.order)
+    position[model.order] = torch.arange(H * W)  # raster index -> generation step
+    for name, panel in view.panels:
+        r, c = (int(x) for x in name.split("query r")[1].split("c"))
+        assert panel.shape == (H, W) and float(panel.max()) == pytest.approx(1.0)
+        later = position.view(H, W) > position[r * W + c]
+        assert torch.all(panel[later] == 0)  # no weight on a pixel generated after the query
+    assert view.panels[0][1].ne(0).sum() < H * W  # the first query sees only part of the image
+    assert view.axis_names == ("column", "row")
+    assert view.plot(tmp_path / "a.png").stat().st_size > 0
