@@ -16,6 +16,8 @@ Usage (one command, seeded, single-threaded; about 15 minutes on one core)::
     PYTHONPATH=src python benchmarks/repro_sparse_image.py [--quick]
     PYTHONPATH=src python benchmarks/repro_sparse_image.py --only mnist --seeds 3   # part 4 alone, local-1d
         # against local-2d with 3 seeds each: recorded in claims.json, a section of the page rewritten
+    PYTHONPATH=src python benchmarks/repro_sparse_image.py --only window-cost --seeds 3  # restricted attention's
+        # O(r n d) (Vaswani et al. 2017, Table 1): fitted exponents of length, into claims.json and the page
     PYTHONPATH=src python benchmarks/repro_sparse_image.py --only lm --seeds 3      # part 1 alone, the same
         # way (the two models trained in alternating rounds, so the wall-clock budget stays fair)
 """
@@ -334,6 +336,72 @@ def mnist_seeds(args):
     print(section)
 
 
+WINDOW_START, WINDOW_END = "<!-- window cost: begin -->", "<!-- window cost: end -->"
+#: the exponent of length below which a cost counts as linear (qkv bench's target for window/local kernels)
+LINEAR_EXPONENT = 1.2
+
+
+def window_cost_seeds(args):
+    """Vaswani et al. 2017, Table 1: restricted self-attention costs O(r n d) per layer where full
+    self-attention costs O(n^2 d). Per seed (fresh random heads), one forward + backward of ``window``
+    (r = 64) and of ``softmax`` at each length, median of repeats; the exponent of length fitted to
+    each kernel's times. The claim is recorded as window's exponent below ``LINEAR_EXPONENT``."""
+    from qkv import build_attention
+
+    cpu = torch.device("cpu")
+    lengths = [1024, 2048, 4096, 8192, 16384] if not args.quick else [128, 256, 512]
+    B, H, E = 1, 2, 64
+    exponents = {"window": [], "softmax": []}
+    times = {"window": [], "softmax": []}
+    for seed in range(args.seeds):
+        for name, knobs in (("window", {"radius": 64}), ("softmax", {})):
+            kernel = build_attention(name, **knobs)
+            per_length = []
+            for L in lengths:
+                gen = torch.Generator().manual_seed(seed)
+                q, k, v = (torch.randn(B, H, L, E, generator=gen).requires_grad_() for _ in range(3))
+                grad = torch.randn(B, H, L, E, generator=gen)
+
+                def step():
+                    kernel(q, k, v).output.backward(grad)
+
+                per_length.append(common.time_steps(step, cpu, target_seconds=1.0).median)
+            times[name].append(per_length)
+            exponents[name].append(common.fit_loglog(lengths, per_length)["exponent"])
+            print(f"seed {seed} {name}: time ~ L^{exponents[name][-1]:.2f}", flush=True)
+    command = f"python benchmarks/repro_sparse_image.py --only window-cost --seeds {args.seeds}"
+    fmt = claims.fmt
+    budget = (f"forward + backward of the bare kernel, B = {B}, H = {H}, head size {E}, radius 64, lengths "
+              f"{lengths[0]:,} ... {lengths[-1]:,}, median of repeats; CPU, one thread")
+    if not args.quick and args.seeds >= claims.MIN_SEEDS:
+        claims.record(
+            id="restricted-attention-cost", model="transformer", paper="Vaswani et al. 2017, Attention Is All You "
+            "Need (arXiv:1706.03762)",
+            claim=f"Restricted self-attention (each query sees the r keys around it) costs O(r n d) per layer, linear "
+                  f"in the length n, where full self-attention costs O(n^2 d) (Table 1; here: the fitted exponent of "
+                  f"length of the window kernel's time is below {LINEAR_EXPONENT}).",
+            command=command, better="lower", ours=exponents["window"], baseline=[LINEAR_EXPONENT], budget=budget,
+            why={"reproduced": f"time ~ L^e with e = {fmt(exponents['window'])} for window (r = 64) against "
+                               f"{fmt(exponents['softmax'])} for full softmax attention, the same seeds",
+                 "not reproduced": f"window's exponent {fmt(exponents['window'])} is not clearly below "
+                                   f"{LINEAR_EXPONENT} (full softmax attention: {fmt(exponents['softmax'])})"})
+    rows = [[name, ", ".join(f"{e:.2f}" for e in exponents[name]), fmt(exponents[name]),
+             ", ".join(f"{L:,}: {1e3 * sum(t[i] for t in times[name]) / len(times[name]):.1f}"
+                       for i, L in enumerate(lengths))] for name in exponents]
+    section = "\n".join([
+        WINDOW_START, "", f"### Restricted self-attention's cost ({command})", "",
+        "Vaswani et al. 2017, Table 1: restricted self-attention is O(r n d) per layer, full self-attention "
+        f"O(n^2 d). {budget}; the exponent of length fitted per seed (fresh random heads), mean ± standard "
+        "error; the verdict is in [claims.json](claims.json):", "",
+        common.markdown_table(["kernel", "exponent per seed", "mean", "ms by length (mean over seeds)"], rows), "",
+        WINDOW_END])
+    if not args.quick:
+        publish_section(section, (WINDOW_START, WINDOW_END), "\n## 3. Generation", "window_cost",
+                        {"seeds": list(range(args.seeds)), "lengths": lengths, "exponents": exponents,
+                         "seconds": times, "budget": budget})
+    print(section)
+
+
 def publish_section(section: str, marks, before: str, key: str, value) -> None:
     """Put ``section`` (which starts and ends with ``marks``) on the page — in place of the marked
     one, or first before the text ``before`` — and ``value`` under ``key`` in sparse-image.json."""
@@ -486,8 +554,9 @@ few hundred steps, so the ranking above is what this run measured, not a confirm
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a smoke run (seconds, not minutes)")
-    p.add_argument("--only", choices=["mnist", "lm"],
-                   help="run part 4 (mnist) or part 1 (lm) alone, --seeds times, into claims.json and its section")
+    p.add_argument("--only", choices=["mnist", "lm", "window-cost"],
+                   help="run part 4 (mnist), part 1 (lm) or the restricted-attention cost alone, --seeds times, "
+                        "into claims.json and its section")
     p.add_argument("--seeds", type=int, default=3, help="--only mnist|lm: seeds per model (claims need 3)")
     p.add_argument("--budgets", type=int, nargs="*", default=[],
                    help="--only mnist: larger step budgets, each with --seeds seeds, into the claim's budget curve")
@@ -518,6 +587,8 @@ def main(argv=None):
         return mnist_seeds(args)
     if args.only == "lm":
         return lm_seeds(args)
+    if args.only == "window-cost":
+        return window_cost_seeds(args)
     lm = lm_comparison(args)
     memory = memory_ladder(args)
     gen = generation_timing(args)

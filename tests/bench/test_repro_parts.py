@@ -229,3 +229,14 @@ def test_bert_quick_clears_its_smoke_folder_not_the_published_runs(benchmark_scr
     with pytest.raises(Stop):
         script.main()
     assert removed == [smoke / "runs"] and (tmp_path / "published").is_dir()
+
+
+def test_window_cost_quick_fits_exponents_and_publishes_nothing(benchmark_script, capsys):
+    before = CLAIMS.read_text()
+    script = benchmark_script("repro_sparse_image")
+    page = (ROOT / "docs" / "reproductions" / "sparse-image.md").read_text()
+    script.main(["--only", "window-cost", "--quick", "--seeds", "1"])
+    out = capsys.readouterr().out
+    assert "seed 0 window: time ~ L^" in out and "| window | " in out and "| softmax | " in out
+    assert CLAIMS.read_text() == before and script.DOC != ROOT / "docs" / "reproductions" / "sparse-image.md"
+    assert (ROOT / "docs" / "reproductions" / "sparse-image.md").read_text() == page
