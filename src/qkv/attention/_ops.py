@@ -225,34 +225,38 @@ def empty_output(q: Tensor, v: Tensor, N: int, need_weights: bool) -> AttentionO
 def fused_blocks(qb: Tensor, kb: Tensor, vb: Tensor, attn_mask: Tensor, dropout_p: float = 0.0) -> Tensor:
     """``F.scaled_dot_product_attention`` of query blocks ``qb (..., n, b, E)`` to their keys
     ``kb (..., n, W, E)``, ``vb (..., n, W, Ev)`` -> ``(..., n, b, Ev)``; ``attn_mask`` (bool, True =
-    may attend, or a float score bias) broadcastable to ``(..., n, b, W)``.
+    may attend, or a float score bias) broadcastable to ``(..., n, b, W)``. With a bool mask, rows
+    with no allowed key are zeros on every backend (design.md §2; the CPU kernels give them).
 
     SDPA's fused CPU kernel takes 4-D inputs with a 4-D mask only: a 5-D block layout, or a mask of
     fewer dimensions, goes to its unfused path, which keeps every block's weights for the backward
     pass (1.6x the time of the fused kernel over 16K positions in blocks of 128 against 384 keys).
     So the leading dimensions are folded into one, and the mask's only where it has them (a mask
-    shared by every batch row and head stays one copy)."""
-    lead, (n, b, E), W = qb.shape[:-3], qb.shape[-3:], kb.shape[-2]
-    rows = math.prod(lead)
+    shared by every batch row and head stays one copy; a key-padding mask ``(B, 1, ...)``, shared by
+    the heads, goes with the blocks into SDPA's batch and the heads into its head dimension)."""
+    lead, (n, b, E), W, Ev = qb.shape[:-3], qb.shape[-3:], kb.shape[-2], vb.shape[-1]
     mask = attn_mask.reshape((1,) * max(0, qb.dim() - attn_mask.dim()) + tuple(attn_mask.shape))  # qb's dims
     if len(lead) == 2 and mask.shape[0] > 1 and mask.shape[1] == 1 and lead[1] > 1:
-        # a key-padding mask (B, 1, ...) shared by the heads: blocks into SDPA's batch, heads into its
-        # head dimension, so that the mask is not copied for every head (it becomes a float bias there)
         B, H = lead
-        Ev = vb.shape[-1]
+        q4, k4, v4 = (x.transpose(1, 2).reshape(B * n, H, *x.shape[-2:]) for x in (qb, kb, vb))
         mask = mask.transpose(1, 2).expand(B, n, 1, *mask.shape[-2:]).reshape(B * n, 1, *mask.shape[-2:])
-        out = F.scaled_dot_product_attention(qb.transpose(1, 2).reshape(B * n, H, b, E),
-                                             kb.transpose(1, 2).reshape(B * n, H, W, E),
-                                             vb.transpose(1, 2).reshape(B * n, H, W, Ev), attn_mask=mask,
-                                             dropout_p=dropout_p)  # (B n, H, b, Ev)
-        return out.view(B, n, H, b, Ev).transpose(1, 2)
-    if all(d == 1 for d in mask.shape[:-3]):
-        mask = mask.reshape(1, *mask.shape[-3:])  # (1, n|1, b|1, W|1)
+
+        def unfold(out: Tensor) -> Tensor:
+            return out.view(B, n, H, b, Ev).transpose(1, 2)
     else:
-        mask = mask.expand(*lead, *mask.shape[-3:]).reshape(rows, *mask.shape[-3:])
-    out = F.scaled_dot_product_attention(qb.reshape(rows, n, b, E), kb.reshape(rows, n, W, E),
-                                         vb.reshape(rows, n, W, vb.shape[-1]), attn_mask=mask, dropout_p=dropout_p)
-    return out.view(*lead, n, b, vb.shape[-1])
+        rows = math.prod(lead)
+        q4, k4, v4 = (x.reshape(rows, n, *x.shape[-2:]) for x in (qb, kb, vb))
+        if all(d == 1 for d in mask.shape[:-3]):
+            mask = mask.reshape(1, *mask.shape[-3:])  # (1, n|1, b|1, W|1)
+        else:
+            mask = mask.expand(*lead, *mask.shape[-3:]).reshape(rows, *mask.shape[-3:])
+
+        def unfold(out: Tensor) -> Tensor:
+            return out.view(*lead, n, b, Ev)
+    out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, dropout_p=dropout_p)
+    if mask.dtype == torch.bool and out.device.type != "cpu":
+        out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)  # not every fused backend zeroes them
+    return unfold(out)
 
 
 def blocked_attend(qb: Tensor, kb: Tensor, vb: Tensor, allowed: Tensor, dropout_p: float, need_weights: bool):
@@ -260,9 +264,7 @@ def blocked_attend(qb: Tensor, kb: Tensor, vb: Tensor, allowed: Tensor, dropout_
     bool broadcastable to ``(..., b, W)``. Returns ``(out (..., b, Ev), weights (..., b, W) or None)``."""
     if not need_weights:
         # Every block is a small dense problem: the fused kernel takes them all at once.
-        out = fused_blocks(qb, kb, vb, allowed, dropout_p)
-        # Rows with no allowed key: zeros on every backend (design.md §2).
-        return out.masked_fill(~allowed.any(-1, keepdim=True), 0.0), None
+        return fused_blocks(qb, kb, vb, allowed, dropout_p), None  # rows with no allowed key: zeros
     scores = scaled_scores(qb, kb, 1.0 / math.sqrt(qb.shape[-1]))  # (..., b, W), float32 for half types
     weights = masked_softmax(scores, allowed).to(vb.dtype)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights

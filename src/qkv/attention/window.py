@@ -84,9 +84,7 @@ class WindowAttention(AttentionKernel):
 
         if not need_weights:
             # Each block is a small dense attention problem: the fused kernel takes them all at once.
-            out = fused_blocks(q_blocks, k_blocks, v_blocks, valid, dropout_p)  # (B, H, nb, b, Ev)
-            if q.device.type != "cpu":
-                out = out.masked_fill(~valid.any(-1, keepdim=True), 0.0)  # rows with no key: zeros on every backend
+            out = fused_blocks(q_blocks, k_blocks, v_blocks, valid, dropout_p)  # (B, H, nb, b, Ev); rows with no key: 0
             return AttentionOutput(out.reshape(B, H, nb * b, v.shape[-1])[:, :, :M], None, cache)  # (B, H, M, Ev)
 
         scores = scaled_scores(q_blocks, k_blocks, 1.0 / math.sqrt(E))  # (B, H, nb, b, W), float32 for half types
