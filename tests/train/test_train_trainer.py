@@ -1,5 +1,6 @@
 """The Trainer: accumulation, exact resume after SIGKILL, DDP under torchrun, logging, errors."""
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -243,3 +244,22 @@ def test_progress_bar_shows_a_real_loss_from_the_first_update(tmp_path, monkeypa
     assert shown[0]["loss"] != "nan" and "val_loss" not in shown[0]  # after the first update
     assert all(s["loss"] != "nan" and float(s["loss"]) > 0 for s in shown), shown
     assert [s["loss"] for s in shown if "val_loss" in s][0] == shown[1]["loss"]  # step 2's loss beside its evaluation
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_teardown_waits_for_every_rank_only_after_a_clean_run(monkeypatch, clean):
+    """A clean run collects the DDP reducers and meets the other ranks at a barrier before the
+    group is destroyed; after an error it destroys at once (the other ranks may never arrive)."""
+    from qkv.train import distributed
+
+    calls = []
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(distributed.dist, "destroy_process_group", lambda: calls.append("destroy"))
+    monkeypatch.setattr(distributed.gc, "collect", lambda: calls.append("collect"))
+    ctx = distributed.DistContext(rank=1, world_size=2, local_rank=1, device=torch.device("cpu"), owns_group=True)
+    distributed.teardown(ctx, clean=clean)
+    assert calls == (["collect", "barrier", "destroy"] if clean else ["destroy"])
+    calls.clear()
+    distributed.teardown(dataclasses.replace(ctx, owns_group=False), clean=clean)
+    assert calls == []

@@ -3,6 +3,7 @@ gloo (CPU) or NCCL (CUDA) when ``WORLD_SIZE > 1``, and tear it down at the end."
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from typing import Any, List
@@ -68,10 +69,22 @@ def setup(device: str = "auto") -> DistContext:
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, owns_group=owns)
 
 
-def teardown(ctx: DistContext) -> None:
-    """Destroy the process group if ``setup`` created it."""
+def teardown(ctx: DistContext, clean: bool = True) -> None:
+    """Destroy the process group if ``setup`` created it.
+
+    After a clean run, first collect garbage, so that no ``DistributedDataParallel`` reducer
+    outlives the group it holds, and wait at a barrier, so that no rank tears its connections down
+    while another still talks to it (either race can end a gloo rank in ``terminate called without
+    an active exception`` at exit). After an error (``clean=False``) there is no barrier: the other
+    ranks may never reach it.
+    """
     if ctx.owns_group and dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            if clean:
+                gc.collect()
+                dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 def barrier(ctx: DistContext) -> None:

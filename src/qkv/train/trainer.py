@@ -284,13 +284,16 @@ class Trainer:
         """
         cfg = self.config
         ctx = distributed.setup(cfg.device)
+        clean = False
         try:
             with RunLock(self.out_dir) if ctx.is_main else nullcontext():  # one writer per run directory
-                return self._fit(ctx, resume)
+                result = self._fit(ctx, resume)
+            clean = True
+            return result
         finally:
             if getattr(self, "_writer", None) is not None:
                 self._writer.close()
-            distributed.teardown(ctx)
+            distributed.teardown(ctx, clean)
 
     def _fit(self, ctx: distributed.DistContext, resume: bool) -> Dict[str, float]:
         cfg = self.config
