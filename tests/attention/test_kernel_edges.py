@@ -235,3 +235,20 @@ def test_kernel_checks_run_for_empty_inputs(B, L):
         linformer(*heads(B, 2, 0 if L == 0 else 6, 6))
     with pytest.raises(ValueError, match="heads"):
         build("relative", H=3)(*heads(B, 2, L, L))
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_values_at_keys_padded_per_head_have_no_influence(bad):
+    """A key-padding mask of its own per head, (B, H, 1, N): only the keys each head hides are
+    cleaned; a non-finite value at a key some head still sees reaches that head's output."""
+    kernel = qkv.build_attention("softmax")
+    q, k, v = heads(2, 3, 5, 7)
+    pad = torch.ones(2, 3, 1, 7, dtype=torch.bool)
+    pad[0, 1, 0, 4] = pad[1, :, 0, 0] = False
+    clean = kernel(q, k, v, mask=pad).output
+    v2 = v.clone()
+    v2[0, 1, 4] = v2[1, :, 0] = bad
+    torch.testing.assert_close(kernel(q, k, v2, mask=pad).output, clean)
+    v2[0, 2, 4] = bad  # head 2 of batch 0 sees key 4
+    out = kernel(q, k, v2, mask=pad).output
+    assert not torch.isfinite(out[0, 2]).any() and torch.isfinite(out[0, :2]).all() and torch.isfinite(out[1]).all()

@@ -42,10 +42,21 @@ def _select_away_masked(k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Ten
     hides from every query, so that a masked key has no influence at all: a weight of 0 times
     inf or NaN would be NaN. Finite entries are kept as they are (a cache keeps the true values).
     On the CPU, where a look at the data costs no device sync, all-finite keys and values (their
-    sum is finite only then) are returned as they are: one reduction instead of two masked copies."""
-    if k.device.type == "cpu" and math.isfinite(float(k.detach().sum()) + float(v.detach().sum())):
-        return k, v
+    sum is finite only then) are returned as they are: one reduction instead of two masked copies.
+    A key-padding mask names the hidden keys at the cost of a look at the mask: then only their rows
+    are summed (a batch padded at a few positions no longer reads all of ``k`` and ``v``)."""
     cols = mask[..., mask.shape[-1] - k.shape[-2]:]  # (B|1, H|1, M|1, N)
+    if k.device.type == "cpu":
+        if cols.shape[-2] == 1:  # key padding: (B|1, H|1, 1, N), O(B N) to read
+            hidden_rows = ~cols[..., 0, :]
+            if not bool(hidden_rows.any()):
+                return k, v
+            k_hidden = k.detach()[hidden_rows.expand(k.shape[:-1])]  # (count, E): only the hidden rows
+            v_hidden = v.detach()[hidden_rows.expand(v.shape[:-1])]
+            if math.isfinite(float(k_hidden.sum()) + float(v_hidden.sum())):
+                return k, v
+        elif math.isfinite(float(k.detach().sum()) + float(v.detach().sum())):
+            return k, v
     hidden = ~(cols[..., 0, :] if cols.shape[-2] == 1 else cols.any(-2)).unsqueeze(-1)  # (B|1, H|1, N, 1): masked for every query
     # elementwise, O(N E), two kernels per tensor and no branch on the data (no host-device sync on
     # accelerators): nan_to_num leaves finite entries as they are
