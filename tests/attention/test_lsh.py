@@ -51,7 +51,8 @@ def literal_lsh(kernel, q, k, v, key_mask=None):
     """Reformer attention written plainly (float64, autograd through indexing only).
 
     For each query: the multiset of keys over all rounds (a set with ``dedup``); self dropped when
-    anything else is there; softmax of ``q_i . k_j / sqrt(d)`` with ``k_j = q_j / ||q_j||`` (shared QK)."""
+    anything else is there; softmax of ``q_i . k_j / sqrt(d)`` (or ``score_scale q_i . k_j``) with
+    ``k_j = q_j / ||q_j||`` (shared QK)."""
     B, H, L, E = q.shape
     hashing = kernel.hashing(H, E, L, q.device)
     nb = hashing.n_buckets
@@ -76,7 +77,8 @@ def literal_lsh(kernel, q, k, v, key_mask=None):
                 if not met:
                     rows.append(torch.zeros(v.shape[-1], dtype=v.dtype))
                     continue
-                s = torch.stack([q[b, h, i] @ keys[b, h, j] for j in met]) / math.sqrt(E)
+                scale = 1 / math.sqrt(E) if kernel.score_scale is None else kernel.score_scale
+                s = torch.stack([q[b, h, i] @ keys[b, h, j] for j in met]) * scale
                 rows.append(torch.softmax(s, 0) @ v[b, h, met])
     return torch.stack(rows).view(B, H, L, -1)
 
@@ -108,6 +110,52 @@ def test_matches_literal_reference_of_the_same_hashing(L, bucket_size, n_rounds,
         rows = out.weights.sum(-1)
         assert torch.allclose(rows[rows > 0], torch.ones(()).double())
         torch.testing.assert_close(out.weights @ v, out.output)
+
+
+@pytest.mark.parametrize("score_scale", [1.0, 0.25])
+@pytest.mark.parametrize("L, bucket_size, n_rounds, n_buckets, causal, dedup", CASES[:4])
+def test_score_scale_matches_literal_reference(L, bucket_size, n_rounds, n_buckets, causal, dedup, score_scale):
+    kernel = LSHAttention(causal=causal, bucket_size=bucket_size, n_rounds=n_rounds, n_buckets=n_buckets,
+                          dedup=dedup, score_scale=score_scale, seed=3)
+    q, k, v = heads(B=2, L=L)
+    mask = torch.ones(2, L, dtype=torch.bool)
+    mask[1, L - 3:] = False
+    out = kernel(q, k, v, mask=mask, need_weights=True)
+    torch.testing.assert_close(out.output, literal_lsh(kernel, q, k, v, mask), atol=1e-10, rtol=1e-9)
+    torch.testing.assert_close(out.weights @ v, out.output)
+    default = LSHAttention(causal=causal, bucket_size=bucket_size, n_rounds=n_rounds, n_buckets=n_buckets,
+                           dedup=dedup, seed=3)(q, k, v, mask=mask).output
+    assert not torch.allclose(out.output, default)  # the scale changes the function
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_score_scale_one_is_the_authors_code(causal):
+    """trax (and Hugging Face's port) normalise shared-QK keys to length sqrt(d) (``x / rms(x)``),
+    then divide by sqrt(d) as for any key: scores ``q_i . q_j / ||q_j||``, no further scaling."""
+    kernel = LSHAttention(causal=causal, n_buckets=1, bucket_size=64, score_scale=1.0)
+    q, _, v = heads(L=19, E=8)
+    E = q.shape[-1]
+    keys = q / q.pow(2).mean(-1, keepdim=True).sqrt() / math.sqrt(E)  # trax: length_normalized(k) / sqrt(d)
+    s = q @ keys.transpose(-1, -2)
+    allowed = torch.ones(19, 19, dtype=torch.bool)
+    if causal:
+        allowed = allowed.tril()
+    eye = torch.eye(19, dtype=torch.bool)
+    allowed = torch.where((allowed & ~eye).any(-1, keepdim=True), allowed & ~eye, eye)
+    ref = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1) @ v
+    torch.testing.assert_close(kernel(q, q, v).output, ref)
+
+
+def test_score_scale_decodes_token_by_token_as_in_parallel():
+    kernel = LSHAttention(causal=True, bucket_size=3, n_rounds=2, n_buckets=4, score_scale=1.0, seed=2)
+    q, _, v = heads(L=10)
+    full = kernel(q, q, v).output
+    state, steps = None, []
+    for t in range(10):
+        out = kernel(q[:, :, t:t + 1], q[:, :, t:t + 1], v[:, :, t:t + 1], state=state, return_state=True)
+        state = out.state
+        steps.append(out.output)
+    torch.testing.assert_close(torch.cat(steps, dim=2), full, atol=1e-10, rtol=1e-9)
 
 
 def test_separate_queries_and_keys_match_literal_reference():
@@ -260,6 +308,9 @@ def test_bad_knobs_are_named():
         LSHAttention(dedup=1)
     with pytest.raises(ValueError, match="bucket_size"):
         LSHAttention(bucket_size=0)
+    for bad in (0.0, -1.0, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="score_scale"):
+            LSHAttention(score_scale=bad)
     q, k, v = heads(L=6)
     with pytest.raises(ValueError, match="same length"):
         LSHAttention()(q, k[:, :, :4], v[:, :, :4])

@@ -8,7 +8,11 @@ Hashing by random rotations (Andoni et al. 2015): for ``b`` buckets draw ``R`` o
 
 so that nearby vectors share a bucket with high probability. Shared-QK attention uses one
 projection for queries and keys, with keys normalised, ``k_j = q_j / ||q_j||``, so that
-``h(q_j) = h(k_j)``; scores are ``q_i . k_j / sqrt(d)``. Positions are sorted by
+``h(q_j) = h(k_j)``; scores are ``q_i . k_j / sqrt(d)``, the paper's scaled dot product (eq. 1)
+with those keys. The authors' trax code and Hugging Face's port instead scale unit keys by 1,
+scores ``q_i . k_j`` (trax normalises keys to length ``sqrt(d)``, then applies the usual
+``1 / sqrt(d)``): ``sqrt(d)`` times sharper at the same queries; ``score_scale=1.0`` gives that.
+Positions are sorted by
 ``(bucket, position)``, cut into chunks of ``m = bucket_size`` and every chunk attends to itself
 and to the previous chunk (the authors' code: everything in those two chunks, whatever its bucket).
 A position attends to itself only when nothing else is available (its score gets ``-1e5``, as in
@@ -59,7 +63,7 @@ read off the softmax as ``max s - log max p``, which is exact to bfloat16's roun
 of ``z``); float16 inputs run in float32, since their scores can pass 65504; a pair that may not attend scores
 ``-inf`` however large the others (a row with no allowed key gets a finite stand-in and is zeroed
 afterwards, so no softmax sees a row of ``-inf``); the self penalty ``1e5`` excludes self as long as the scores stay far
-below it (unit keys: ``|q_i . k_j| / sqrt(d) <= ||q_i|| / sqrt(d)``).
+below it (unit keys: ``|q_i . k_j| s <= ||q_i|| s`` for the score scale ``s``).
 """
 
 from __future__ import annotations
@@ -225,10 +229,10 @@ class _SoftmaxLSE(torch.autograd.Function):
 class LSHAttention(AttentionKernel):
     """LSH attention: softmax over the sorted chunks of a random-rotation hash (Kitaev et al. 2020).
 
-    ``h(x) = argmax([xR; -xR])``; shared-QK keys ``k_j = q_j / ||q_j||``; scores ``q_i . k_j / sqrt(d)``
-    within each chunk of the ``(bucket, position)``-sorted sequence and its previous chunk; a
-    position attends to itself only when nothing else is available; rounds combined by their
-    log-sum-exp normalisers.
+    ``h(x) = argmax([xR; -xR])``; shared-QK keys ``k_j = q_j / ||q_j||``; scores ``s q_i . k_j``,
+    ``s = 1 / sqrt(d)`` (``score_scale``), within each chunk of the ``(bucket, position)``-sorted
+    sequence and its previous chunk; a position attends to itself only when nothing else is
+    available; rounds combined by their log-sum-exp normalisers.
 
     Args:
         bucket_size: chunk length ``m`` (the paper: 64); a causal query sees at most ``m``
@@ -241,6 +245,9 @@ class LSHAttention(AttentionKernel):
             have the same length). False: separate sorts of queries and keys, unnormalised keys,
             no self rule (non-causal only).
         dedup: count a key met in several rounds once (subtract ``log N_ij``).
+        score_scale: ``s`` of the scores ``s q_i . k_j``; None: ``1 / sqrt(d)``, the paper's scaled dot
+            product. With shared-QK (unit keys) the authors' trax code and Hugging Face's port use
+            ``1.0`` (the module docstring).
         seed: fixes the rotations; None draws new ones every call.
         causal, dropout: as every kernel (dropout on each round's weights).
     Shapes: ``q (B, H, L, E)``, ``k (B, H, L, E)``, ``v (B, H, L, Ev)`` -> ``(B, H, L, Ev)``;
@@ -259,7 +266,7 @@ class LSHAttention(AttentionKernel):
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0, bucket_size: int = 64, n_rounds: int = 1,
                  n_buckets: Union[int, Tuple[int, ...], None] = None, shared_qk: bool = True, dedup: bool = False,
-                 seed: Optional[int] = None) -> None:
+                 score_scale: Optional[float] = None, seed: Optional[int] = None) -> None:
         super().__init__(causal=causal, dropout=dropout)
         self.bucket_size = _checks.positive_int("bucket_size", bucket_size)
         self.n_rounds = _checks.positive_int("n_rounds", n_rounds)
@@ -276,6 +283,12 @@ class LSHAttention(AttentionKernel):
                              "keys do not line up in chunks, so no causal window can be kept exact")
         self.shared_qk = shared_qk
         self.dedup = dedup
+        if score_scale is not None:
+            if isinstance(score_scale, bool) or not isinstance(score_scale, (int, float)) or not (
+                    math.isfinite(score_scale) and score_scale > 0):
+                raise ValueError(f"score_scale must be a positive finite number or None (1 / sqrt(d)), got {score_scale!r}")
+            score_scale = float(score_scale)
+        self.score_scale = score_scale
         if seed is not None:
             _checks.positive_int("seed", seed, allow_zero=True)
         self.seed = seed
@@ -294,7 +307,8 @@ class LSHAttention(AttentionKernel):
         """A fixed bucket count only: ``n_buckets=None`` derives it from each call's length, so a
         sequence fed in pieces hashes differently from one pass (the module docstring)."""
         return {"bucket_size": (1, 2, 3, 4), "n_rounds": (1, 2), "n_buckets": (1, 2, 4, (2, 2)),
-                "shared_qk": (False, True), "dedup": (False, True), "seed": (0, 1, 2, 3)}
+                "shared_qk": (False, True), "dedup": (False, True), "score_scale": (None, 1.0, 0.5),
+                "seed": (0, 1, 2, 3)}
 
     @staticmethod
     def _check_buckets(n_buckets) -> Tuple[int, ...]:
@@ -315,7 +329,12 @@ class LSHAttention(AttentionKernel):
 
     def extra_repr(self) -> str:
         return (f"bucket_size={self.bucket_size}, n_rounds={self.n_rounds}, n_buckets={self.n_buckets}, "
-                f"shared_qk={self.shared_qk}, dedup={self.dedup}, seed={self.seed}, {super().extra_repr()}")
+                f"shared_qk={self.shared_qk}, dedup={self.dedup}, score_scale={self.score_scale}, seed={self.seed}, "
+                f"{super().extra_repr()}")
+
+    def scale(self, dim: int) -> float:
+        """The scores' factor ``s`` for head size ``dim``: ``score_scale``, or ``1 / sqrt(dim)``."""
+        return self.score_scale if self.score_scale is not None else 1.0 / math.sqrt(dim)
 
     def hashing(self, n_heads: int, dim: int, length: int, device: torch.device) -> LSHHashing:
         """The rotations for a call on ``length`` positions (seeded, or drawn now; see ``draw_hashing``)."""
@@ -400,9 +419,10 @@ class LSHAttention(AttentionKernel):
         b_q, perm_q, inv_q = prepare(raw_q)
         b_k, perm_k, inv_k = (b_q, perm_q, inv_q) if self.shared_qk else prepare(raw_k)
 
-        # keys carry the 1/sqrt(d) of the scores (one multiply of an L x E tensor, not of L x W scores),
+        # keys carry the scale s of the scores (one multiply of an L x E tensor, not of L x W scores),
         # normalised before the sort (once per position, not once per round)
-        keys = self._unit(q, scale=math.sqrt(E)) if self.shared_qk else k * (1.0 / math.sqrt(E))  # k_j = q_j / ||q_j||
+        scale = self.scale(E)
+        keys = self._unit(q, scale=1.0 / scale) if self.shared_qk else k * scale  # k_j = q_j / ||q_j||
         qp, keys, vp = (F.pad(t, (0, 0, 0, pad)) if pad else t for t in (q, keys, v))  # (B, H, Lp, .)
         pos_q = perm_q.view(B, H, R, C, m)
         pos_k = _look_back(perm_k.view(B, H, R, C, m), dim=3)  # (B, H, R, C, W): each chunk's keys, W = m or 2m
@@ -414,7 +434,7 @@ class LSHAttention(AttentionKernel):
             allowed, dedup = self._window_mask(pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, kw.dtype,
                                                maybe_masked)
 
-        # scores q_i . k_j / sqrt(d) within the chunk and its predecessor: -inf where a pair may not
+        # scores s q_i . k_j within the chunk and its predecessor: -inf where a pair may not
         # attend (however large the scores), 0 on a row with no allowed key (no NaN; zeroed below)
         s = sq @ kw.transpose(-1, -2)  # (B, H, R, C, m, W)
         has_key = None  # every row has a key (itself, at least, when causal) unless padding or a mask takes them
@@ -489,7 +509,7 @@ class LSHAttention(AttentionKernel):
         valid = (slots >= 0) & (b.gather(-1, perm)[K3] == raw_q[bi, hi, :, ii][..., None])  # same bucket, j < i
         key_pos = perm[K3]  # (K, R, n) positions of the window keys
         at_key = (bi[:, None, None], hi[:, None, None], key_pos)
-        s = (keys[at_key] @ q[bi, hi, ii].unsqueeze(1).unsqueeze(-1)).squeeze(-1)  # (K, R, n): q_i . k_j / sqrt(d)
+        s = (keys[at_key] @ q[bi, hi, ii].unsqueeze(1).unsqueeze(-1)).squeeze(-1)  # (K, R, n): s q_i . k_j
         if self.dedup and R > 1:  # N_ij: rounds whose window holds j
             same = (key_pos[:, :, :, None, None] == key_pos[:, None, None, :, :]) & valid[:, None, None, :, :]
             s = s - torch.log(same.any(-1).sum(-1).clamp_min(1).to(s.dtype))
@@ -577,7 +597,7 @@ class LSHAttention(AttentionKernel):
         at_i = cnt.gather(-1, i_pos.view(1, 1, 1, M, 1).expand(B, H, cnt.shape[2], M, 1))
         window = member & (at_i - cnt < self.bucket_size)
         n_ij = window.sum(dim=2)  # (B, H, M, N) rounds in which j is in i's window
-        s = (q @ k_all.transpose(-1, -2)) * (1.0 / math.sqrt(E))  # (B, H, M, N)
+        s = (q @ k_all.transpose(-1, -2)) * self.scale(E)  # (B, H, M, N)
         s = torch.where(j_pos[None, :] == i_pos[:, None], s - SELF_PENALTY, s)
         bonus = 0.0 if self.dedup else torch.log(n_ij.clamp_min(1).to(s.dtype))  # multiset of the rounds
         has = (n_ij > 0).any(-1, keepdim=True)  # (B, H, M, 1)
