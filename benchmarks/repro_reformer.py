@@ -131,6 +131,7 @@ def duplication(args) -> Dict[str, Any]:
 # ----------------------------------------------------------------------------- 2. enwiki bits per byte
 
 
+TRAX = {"score_scale": 1.0}  # LSHAttention's scores as the authors' code computes them
 LM_MARGIN = 0.05  # "matches": test bits per byte within 0.05 of the same-size GPT's (fixed before the runs)
 
 
@@ -139,9 +140,14 @@ LM_MARGIN = 0.05  # "matches": test bits per byte within 0.05 of the same-size G
 #: shared-QK attention, a position attending to itself only when nothing else is there); the
 #: Reformer adds LSH (chunks of 32, 2 rounds) to that.
 ABLATION = ("reversible", "reversible-shared-qk")
+#: the same two shared-QK arms with the scores of the authors' trax code (``score_scale=1.0``: unit keys,
+#: no 1/sqrt(d); attention/lsh.py): ``--only ablation --arms reversible-shared-qk-trax reformer-trax``
+TRAX_ARMS = ("reversible-shared-qk-trax", "reformer-trax")
 ARM_PARTS = {"gpt": "exact softmax, ordinary pre-LN residuals", "reversible": "reversible layers, exact softmax",
              "reversible-shared-qk": "reversible layers, exact shared-QK attention",
-             "reformer": "reversible layers, shared-QK, LSH (chunks of 32, 2 rounds)"}
+             "reformer": "reversible layers, shared-QK, LSH (chunks of 32, 2 rounds)",
+             "reversible-shared-qk-trax": "as reversible-shared-qk, scores q·k/‖k‖ (the authors' code)",
+             "reformer-trax": "as reformer, scores q·k/‖k‖ (the authors' code)"}
 
 
 def language_model(args, plot: bool = True, names=("reformer", "gpt")) -> Dict[str, Any]:
@@ -155,6 +161,10 @@ def language_model(args, plot: bool = True, names=("reformer", "gpt")) -> Dict[s
         "reversible": lambda: Reformer(ReformerConfig(**sizes, attention="softmax", ff_chunk_size=128)),
         "reversible-shared-qk": lambda: Reformer(ReformerConfig(**sizes, n_buckets=1, bucket_size=block, n_rounds=1,
                                                                 ff_chunk_size=128)),
+        "reversible-shared-qk-trax": lambda: Reformer(ReformerConfig(**sizes, n_buckets=1, bucket_size=block, n_rounds=1,
+                                                                     ff_chunk_size=128, attention_kwargs=TRAX)),
+        "reformer-trax": lambda: Reformer(ReformerConfig(**sizes, bucket_size=32, n_rounds=2, ff_chunk_size=128,
+                                                         attention_kwargs=TRAX)),
     }
     models = {name: arms[name] for name in names}
     results: Dict[str, Any] = {"steps": steps, "block_size": block, "batch": batch, "lr": 1e-3, "models": {}}
@@ -340,12 +350,15 @@ def run_lm_ablation(args, results: Dict[str, Any]) -> None:
     """The ablation arms (``ABLATION``) at ``--lm-steps``, every seed: which part of the Reformer costs
     its bits per byte against the GPT (whose and the Reformer's runs at the same steps and seeds are
     the main ``lm`` section's or a ``--lm-budgets`` point's)."""
-    print(f"lm ablation at {args.lm_steps} steps", flush=True)
-    runs = run_seeds(lambda a: language_model(a, plot=False, names=ABLATION), args)
-    results["lm_ablation"] = {"steps": args.lm_steps, "per_seed": [
-        {"seed": seed, "models": {k: {"test_bpb": v["test_bpb"], "train_seconds": v["train_seconds"]}
-                                  for k, v in r["models"].items()}}
-        for seed, r in zip(runs["seeds"], runs["per_seed"])]}
+    print(f"lm ablation at {args.lm_steps} steps: {', '.join(args.arms)}", flush=True)
+    runs = run_seeds(lambda a: language_model(a, plot=False, names=tuple(args.arms)), args)
+    old = results.get("lm_ablation")
+    kept = {run["seed"]: run["models"] for run in old["per_seed"]} if old and old["steps"] == args.lm_steps else {}
+    for seed, r in zip(runs["seeds"], runs["per_seed"]):  # arms run now replace theirs; the others are kept
+        kept[seed] = {**kept.get(seed, {}), **{k: {"test_bpb": v["test_bpb"], "train_seconds": v["train_seconds"]}
+                                               for k, v in r["models"].items()}}
+    results["lm_ablation"] = {"steps": args.lm_steps,
+                              "per_seed": [{"seed": seed, "models": kept[seed]} for seed in sorted(kept)]}
 
 
 def ablation_arms(results: Dict[str, Any]) -> Dict[str, Dict[int, float]]:
@@ -375,7 +388,7 @@ def ablation_lines(results: Dict[str, Any]) -> List[str]:
     if "gpt" not in arms:
         return []
     steps = results["lm_ablation"]["steps"]
-    order = [a for a in ("gpt", "reversible", "reversible-shared-qk", "reformer") if a in arms]
+    order = [a for a in ("gpt", "reversible", "reversible-shared-qk", "reformer", *TRAX_ARMS) if a in arms]
     lines = [f"Which part costs it, at {steps:,} steps (`{COMMAND} --only ablation --lm-steps {steps} --seeds "
              f"{len(arms['gpt'])}`; the GPT and Reformer rows are the runs above with the same steps and seeds; "
              "difference: mean ± standard error of the per-seed differences):", "",
@@ -463,6 +476,8 @@ def record_claims(results: Dict[str, Any], args) -> None:
                                    f"(per seed {[round(x, 3) for x in ours]} vs {[round(x, 3) for x in base]}): "
                                    f"{claims.gap(ours, base, 'lower', LM_MARGIN, 'bits per byte')}"
                                    + ablation_why(results)})
+    if "ablation" in args.only:
+        record_shared_qk_claim(results)
     if "memory" in args.only and args.seeds >= claims.MIN_SEEDS:
         runs = results["memory"]["per_seed"]
         depth = max(p["depth"] for p in runs[0]["points"])
@@ -482,6 +497,39 @@ def record_claims(results: Dict[str, Any], args) -> None:
                 "(the reversible growth is the parameter gradients)")
 
 
+def record_shared_qk_claim(results: Dict[str, Any]) -> None:
+    """Fig. 3's claim from the ablation: exact shared-QK attention against separate queries and keys,
+    both in the reversible model, seed by seed; with the authors' scores measured too, what they give."""
+    arms = ablation_arms(results)
+    base_arm, arm, trax_arm = "reversible", "reversible-shared-qk", "reversible-shared-qk-trax"
+    seeds = sorted(set(arms.get(base_arm, {})) & set(arms.get(arm, {})))
+    if len(seeds) < claims.MIN_SEEDS:
+        return
+    steps = results["lm_ablation"]["steps"]
+    ours, base = [arms[arm][s] for s in seeds], [arms[base_arm][s] for s in seeds]
+    trax = ""
+    if set(seeds) <= set(arms.get(trax_arm, {})):
+        t = [arms[trax_arm][s] for s in seeds]
+        trax = (f"; with the authors' code's scores (unit keys without 1/sqrt(d): score_scale=1.0) shared-QK gives "
+                f"{claims.fmt(t)} (per seed {[round(x, 3) for x in t]}): "
+                f"{claims.gap(t, base, 'lower', LM_MARGIN, 'bits per byte')} against separate Q and K")
+    claims.record(
+        id="reformer-shared-qk", model="reformer", paper=PAPER,
+        claim=f"Shared-QK attention does not perform worse than attention with separate queries and keys (Figure 3, "
+              f"enwik8; here: test bits per byte within {LM_MARGIN} of the same reversible model with separate Q and "
+              "K after the same steps).",
+        command=f"{COMMAND} --only ablation --lm-steps {steps} --seeds {len(seeds)} --arms {base_arm} {arm} {trax_arm}",
+        better="lower", margin=LM_MARGIN, ours=ours, baseline=base,
+        budget=f"enwiki-bytes, 2 reversible layers d_model 128, 4 heads, block 256, {steps} updates of 8; exact "
+               "attention (one bucket, one chunk); test bits per byte on 96 blocks; CPU, one thread",
+        why={"reproduced": f"test bits per byte shared-QK {claims.fmt(ours)}, separate Q and K {claims.fmt(base)}: "
+                           f"within the margin of {LM_MARGIN}" + trax,
+             "not reproduced": f"test bits per byte shared-QK {claims.fmt(ours)} against separate Q and K "
+                               f"{claims.fmt(base)} (per seed {[round(x, 3) for x in ours]} vs "
+                               f"{[round(x, 3) for x in base]}): {claims.gap(ours, base, 'lower', LM_MARGIN, 'bits per byte')}"
+                               + trax})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: a few steps (numbers meaningless)")
@@ -490,6 +538,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", choices=SECTIONS + ("ablation",), default=list(SECTIONS),
                         help="sections to run (the others keep the results of reformer.json); ablation: the "
                              "Reformer's parts one at a time at --lm-steps, --seeds seeds")
+    parser.add_argument("--arms", nargs="+", choices=ABLATION + TRAX_ARMS, default=list(ABLATION),
+                        help="ablation: the arms to run (the others keep their results at the same --lm-steps)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--lm-steps", type=int, default=250, help="lm: training steps of both models")
     parser.add_argument("--lm-budgets", type=int, nargs="*", default=[],
