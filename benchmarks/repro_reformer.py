@@ -131,6 +131,8 @@ def duplication(args) -> Dict[str, Any]:
 # ----------------------------------------------------------------------------- 2. enwiki bits per byte
 
 
+#: the language models' shape (both sides; the Reformer's LSH knobs come on top)
+LM_SIZES = dict(n_layers=2, d_model=128, n_heads=4, d_ff=512, dropout=0.0)
 TRAX = {"score_scale": 1.0}  # LSHAttention's scores as the authors' code computes them
 LM_MARGIN = 0.05  # "matches": test bits per byte within 0.05 of the same-size GPT's (fixed before the runs)
 
@@ -154,7 +156,7 @@ def language_model(args, plot: bool = True, names=("reformer", "gpt")) -> Dict[s
     steps = 5 if args.quick else args.lm_steps
     block, batch = 256, 8
     task = build_task("enwiki-bytes", block_size=block)
-    sizes = dict(vocab_size=256, max_len=block, n_layers=2, d_model=128, n_heads=4, d_ff=512, dropout=0.0)
+    sizes = dict(LM_SIZES, vocab_size=256, max_len=block)
     arms = {
         "reformer": lambda: Reformer(ReformerConfig(**sizes, bucket_size=32, n_rounds=2, ff_chunk_size=128)),
         "gpt": lambda: GPT(GPTConfig(**sizes)),
@@ -421,9 +423,30 @@ def ablation_reading(results: Dict[str, Any]) -> str:
         return ("Which part costs it is not measured: the Reformer differs from the GPT in three at once (LSH "
                 "attention in chunks of 32 with 2 rounds, so a query meets at most 64 of the block's 256 positions "
                 "per round; shared-QK; reversible layers), and no run here swaps one at a time.")
-    return (f"At {results['lm_ablation']['steps']:,} steps over {len(ablation_arms(results)['gpt'])} seeds the Reformer "
+    text = (f"At {results['lm_ablation']['steps']:,} steps over {len(ablation_arms(results)['gpt'])} seeds the Reformer "
             f"is {split['total']:+.3f} bits per byte from the GPT: reversible layers alone {split['reversible']:+.3f}, "
             f"adding shared-QK {split['shared-qk']:+.3f}, adding LSH {split['lsh']:+.3f} (the ablation table above).")
+    trax = trax_split(results)
+    if trax is not None:
+        text += (f" With the scores of the authors' code (unit shared-QK keys without the 1/sqrt(d) of eq. 1, "
+                 f"`score_scale=1.0`; {trax['factor']:.1f} times sharper here) shared-QK costs {trax['shared-qk']:+.3f} "
+                 f"instead of {split['shared-qk']:+.3f}, and the Reformer is {trax['total']:+.3f} from the GPT.")
+    return text
+
+
+def trax_split(results: Dict[str, Any]) -> Optional[Dict[str, float]]:
+    """With the authors' scores: shared-QK's cost over the reversible arm and the Reformer's gap to the
+    GPT (means of per-seed differences), and how much sharper those scores are (sqrt of the head
+    size); None unless both trax arms were run at the ablation's steps."""
+    arms = ablation_arms(results)
+    if not all(a in arms for a in ("gpt", "reversible", *TRAX_ARMS)):
+        return None
+
+    def gap(a: str, b: str) -> float:
+        return claims.mean([arms[a][s] - arms[b][s] for s in sorted(set(arms[a]) & set(arms[b]))])
+
+    return {"shared-qk": gap("reversible-shared-qk-trax", "reversible"), "total": gap("reformer-trax", "gpt"),
+            "factor": math.sqrt(LM_SIZES["d_model"] / LM_SIZES["n_heads"])}
 
 
 def ablation_why(results: Dict[str, Any]) -> str:

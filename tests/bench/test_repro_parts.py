@@ -158,11 +158,11 @@ def test_reformer_lm_seeds_and_budgets_stay_out_of_the_docs(benchmark_script, mo
 
 
 @pytest.mark.skipif(not data.is_cached("enwiki"), reason="run `qkv data fetch enwiki`")
-def test_reformer_ablation_arms_train_and_split_the_gap(benchmark_script):
+def test_reformer_ablation_arms_train_and_split_the_gap(benchmark_script, monkeypatch):
     """``--only ablation``: the reversible and reversible-shared-QK arms train per seed; the table and
     the reading split the Reformer's gap to the GPT into the parts, from the runs with the same steps."""
     script = benchmark_script("repro_reformer")
-    args = argparse.Namespace(quick=True, seed=0, seeds=3, lm_steps=7, only=["ablation"])
+    args = argparse.Namespace(quick=True, seed=0, seeds=3, lm_steps=7, only=["ablation"], arms=list(script.ABLATION))
     results = {"lm": {"steps": 250, "seeds": [0, 1, 2], "per_seed": []}}
     script.run_lm_ablation(args, results)
     runs = results["lm_ablation"]["per_seed"]
@@ -180,6 +180,26 @@ def test_reformer_ablation_arms_train_and_split_the_gap(benchmark_script):
     reading = script.ablation_reading(results)
     assert "+0.500" in reading and "reversible layers alone +0.100" in reading and "adding LSH +0.300" in reading
     assert "gap (+0.500) splits into reversible layers +0.100, shared-QK +0.100, LSH +0.300" in script.ablation_why(results)
+    assert "authors' code" not in reading
+
+    # the arms with the authors' scores, run later at the same steps: added beside the others, which stay
+    args.arms = list(script.TRAX_ARMS)
+    script.run_lm_ablation(args, results)
+    runs = results["lm_ablation"]["per_seed"]
+    assert all(set(r["models"]) == {*script.ABLATION, *script.TRAX_ARMS} for r in runs)
+    assert all(r["models"]["reversible"]["test_bpb"] == gpt[r["seed"]] + 0.1 for r in runs)  # kept, not rerun
+    for r in runs:
+        r["models"]["reversible-shared-qk-trax"]["test_bpb"] = gpt[r["seed"]] + 0.12
+        r["models"]["reformer-trax"]["test_bpb"] = gpt[r["seed"]] + 0.25
+    assert "| reformer-trax | as reformer, scores q·k/‖k‖ (the authors' code) |" in "\n".join(script.ablation_lines(results))
+    reading = script.ablation_reading(results)
+    assert "shared-QK costs +0.020 instead of +0.100, and the Reformer is +0.250 from the GPT" in reading
+    recorded = []
+    monkeypatch.setattr(script.claims, "record", lambda **fields: recorded.append(fields))
+    script.record_shared_qk_claim(results)
+    (claim,) = recorded
+    assert claim["id"] == "reformer-shared-qk" and claim["ours"] == [gpt[s] + 0.2 for s in (0, 1, 2)]
+    assert claim["baseline"] == [gpt[s] + 0.1 for s in (0, 1, 2)] and "score_scale=1.0" in claim["why"]["not reproduced"]
 
 
 def test_with_budgets_runs_the_main_budget_then_each_larger_one(benchmark_script):
