@@ -325,6 +325,22 @@ def test_gradcheck_float64(name, causal):
     assert torch.autograd.gradcheck(lambda a, b, c: kernel(a, b, c, mask=pad, need_weights=True).weights, (q, k, v))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shift", [0.0, -30.0])  # direct features, and log space (inputs below DIRECT_MIN)
+def test_linear_gradients_with_eps_reach_the_maxima_of_the_eps_term(causal, shift):
+    """``eps phi(max Q_i) phi(max_{j<=i} K_j)`` in the denominator depends on the maxima: with
+    eps > 0 their gradient counts (it used to be detached: 1e-2 off at eps = 0.1, and the causal
+    kernel failed gradcheck at the default eps = 1e-6)."""
+    q, k, v = (t.requires_grad_() for t in tensors(M=5, N=5, E=3))
+    pad = torch.tensor([[True, True, False, True, True]])
+    for eps in (1e-6, 0.1):
+        kernel = qkv.build_attention("linear", causal=causal, eps=eps, chunk_size=2)
+        for mask in (None, pad):
+            assert torch.autograd.gradcheck(lambda a, b, c: kernel(a + shift, b + shift, c, mask=mask).output, (q, k, v))
+        assert torch.autograd.gradcheck(
+            lambda a, b, c: kernel(a + shift, b + shift, c, mask=pad, need_weights=True).weights, (q, k, v))
+
+
 def test_bad_knobs_are_named():
     with pytest.raises(ValueError, match="nb_features"):
         qkv.build_attention("performer", nb_features=0)
@@ -377,3 +393,6 @@ def test_non_causal_core_output_and_written_out_gradient(eps):
         # 0 / 0 is no point to differentiate at: the gradient is checked with that row's features positive
         phi_q = (phi_q.detach() + 0.1).requires_grad_()
     assert torch.autograd.gradcheck(lambda a, b, c: _NonCausalLinear.apply(a, b, c, eps_value), (phi_q, phi_k, v))
+    if eps == "tensor":  # a tensor eps gets its gradient too
+        eps_value.requires_grad_()
+        assert torch.autograd.gradcheck(_NonCausalLinear.apply, (phi_q, phi_k, v, eps_value))

@@ -326,7 +326,8 @@ class _NonCausalLinear(torch.autograd.Function):
         d phi_k = v dS^T + 1 dz^T,   dv = phi_k dS.
 
     ``eps``: ``(B|1, H|1, M, 1)`` tensor or float >= 0, added to the denominator; a row whose
-    denominator is 0 (no key with a non-zero feature product: its numerator is 0 too) gives 0."""
+    denominator is 0 (no key with a non-zero feature product: its numerator is 0 too) gives 0. A
+    tensor ``eps`` gets its gradient too, ``d eps = G[..., Ev:]`` (``d out / d den = -out / den``)."""
 
     @staticmethod
     def forward(ctx, phi_q: Tensor, phi_k: Tensor, v: Tensor, eps) -> Tensor:
@@ -337,6 +338,7 @@ class _NonCausalLinear(torch.autograd.Function):
         den = den.masked_fill(den == 0, 1.0)
         out = nd[..., :Ev] / den  # (B, H, M, Ev)
         ctx.save_for_backward(phi_q, phi_k, v, Sz, den, out)
+        ctx.eps_shape = eps.shape if isinstance(eps, Tensor) else None
         return out
 
     @staticmethod
@@ -351,15 +353,17 @@ class _NonCausalLinear(torch.autograd.Function):
         dS = dSz[..., :Ev]  # (B, H, F, Ev)
         d_k = (v @ dS.transpose(-1, -2)).add_(dSz[..., Ev:].transpose(-1, -2))  # (B, H, N, F)
         d_v = phi_k @ dS  # (B, H, N, Ev)
-        return d_q, d_k, d_v, None
+        d_eps = G[..., Ev:].sum_to_size(ctx.eps_shape) if ctx.needs_input_grad[3] else None
+        return d_q, d_k, d_v, d_eps
 
 
-def _key_max(x: Tensor) -> Tensor:
-    """``max`` of ``x (B, H, L, F)`` over positions and features, ``(B, H, 1, 1)``, detached (the
-    factor it gives cancels in ``S / Z``); -inf when there is no entry."""
+def _key_max(x: Tensor, keep_grad: bool = False) -> Tensor:
+    """``max`` of ``x (B, H, L, F)`` over positions and features, ``(B, H, 1, 1)``; -inf when there
+    is no entry. Detached unless ``keep_grad``: the factor it gives cancels in ``S / Z`` when
+    ``eps = 0``, not in the ``eps`` term."""
     if x.shape[-2] == 0 or x.shape[-1] == 0:
         return x.new_full((*x.shape[:-2], 1, 1), float("-inf"))
-    return x.detach().amax(dim=(-2, -1), keepdim=True)
+    return (x if keep_grad else x.detach()).amax(dim=(-2, -1), keepdim=True)
 
 
 def finite_or_zero(m: Tensor) -> Tensor:
@@ -401,7 +405,8 @@ def linear_attention(
         state: sums of earlier keys (causal only); None starts from zero.
         eps: added to the denominator; ``0`` divides exactly (a zero denominator gives zero).
             With ``log_keys`` it is relative to the largest key feature (of all keys, or causal:
-            of the keys ``<= i``).
+            of the keys ``<= i``). The maxima then carry gradient when ``eps > 0``: the ratio
+            ``S / Z`` does not depend on them, the ``eps`` term does.
         eps_scale: ``(B|1, H|1, M, 1)`` or None: ``eps * eps_scale`` is added instead (the features'
             normalisation folded into eps, see ``direct_features``; causal: the queries' only).
         need_weights: also return the implied ``(B, H, M, N)`` weights (O(M N); not with ``state``).
@@ -418,6 +423,7 @@ def linear_attention(
         keep = key_mask.unsqueeze(-1)  # (B|1, H|1, N, 1)
         phi_k = phi_k.masked_fill(~keep, float("-inf")) if log_keys else phi_k * keep
     eps_q = eps if eps_scale is None else eps * eps_scale  # (B|1, H|1, M, 1) or float
+    through_max = eps > 0  # the eps term depends on the maxima the features are scaled by: gradient through them
 
     def divide(nd: Tensor) -> Tensor:
         num, den = nd[..., :Ev], nd[..., Ev:]  # (B, H, M, Ev), (B, H, M, 1)
@@ -435,7 +441,8 @@ def linear_attention(
     if causal and log_keys:
         m0 = (state.log_scale.to(acc).view(B, H, 1) if state is not None
               else phi_k.new_full((B, H, 1), float("-inf")))
-        top = phi_k.detach().amax(-1) if Fdim else phi_k.new_full((B, H, N), float("-inf"))  # (B, H, N)
+        top = ((phi_k if through_max else phi_k.detach()).amax(-1) if Fdim
+               else phi_k.new_full((B, H, N), float("-inf")))  # (B, H, N)
         m = torch.cummax(torch.cat([m0, top], dim=-1), dim=-1).values  # (B, H, 1 + N)
         phi_k = torch.exp(phi_k - finite_or_zero(m[..., 1:]).unsqueeze(-1))  # (B, H, N, F): exp(l_j - m_j) <= 1
 
@@ -446,7 +453,7 @@ def linear_attention(
                              "the state; call without state to see them")
         fk = phi_k
         if log_keys and not causal:
-            fk = torch.exp(fk - finite_or_zero(_key_max(fk)))
+            fk = torch.exp(fk - finite_or_zero(_key_max(fk, through_max)))
         a = phi_q @ fk.transpose(-1, -2)  # (B, H, M, N) unnormalised weights
         if causal:
             allowed = torch.ones(M, N, dtype=torch.bool, device=a.device).tril(N - M)
@@ -462,7 +469,7 @@ def linear_attention(
         if state is not None:
             raise ValueError("state is only used by causal linear attention")
         if log_keys:
-            phi_k = torch.exp(phi_k - finite_or_zero(_key_max(phi_k)))
+            phi_k = torch.exp(phi_k - finite_or_zero(_key_max(phi_k, through_max)))
         out = _NonCausalLinear.apply(phi_q, phi_k, v, eps_q)
         return out.to(out_dtype), weights, None  # (B, H, M, Ev)
 

@@ -25,6 +25,9 @@ later key reaches it and one token at a time gives the parallel pass's numbers. 
 
     V'_i = phi(Q_i)^T S_i / (phi(Q_i)^T Z_i + eps phi(max Q_i) phi(max_{j <= i} K_j)).
 
+Gradients are those of this function: with ``eps > 0`` they reach the maxima too (with ``eps = 0``
+the maxima cancel and are detached).
+
 Dropout must be 0 (no
 attention matrix exists to drop from, and the authors' code applies none; ``dropout > 0`` raises
 rather than being silently ignored); only key-padding
@@ -88,12 +91,13 @@ def log_elu_plus_one(x: Tensor) -> Tensor:
 DIRECT_MIN = -20.0
 
 
-def direct_features(x: Tensor, dims) -> Optional[tuple]:
+def direct_features(x: Tensor, dims, keep_grad: bool = False) -> Optional[tuple]:
     """``(phi(x), phi(max x))`` with ``phi = elu + 1`` and the maximum over ``dims`` (kept): dividing
     the features by their largest would scale ``eps`` by ``phi(max x)`` — ``eps * phi(max x)`` on
     the unscaled features is the same function, without the division — or None when a maximum is
-    below ``DIRECT_MIN`` (then the caller works in log space). ``-inf`` entries (masked keys) get 0."""
-    top = finite_or_zero(x.detach().amax(dim=dims, keepdim=True))  # -inf: no valid entry
+    below ``DIRECT_MIN`` (then the caller works in log space). ``-inf`` entries (masked keys) get 0.
+    The maximum carries gradient when ``keep_grad`` (the caller's ``eps > 0``: the eps term depends on it)."""
+    top = finite_or_zero((x if keep_grad else x.detach()).amax(dim=dims, keepdim=True))  # -inf: no valid entry
     if top.numel() and bool(top.min() < DIRECT_MIN):
         return None
     return elu_plus_one(x), elu_plus_one(top)
@@ -170,16 +174,17 @@ class LinearAttention(AttentionKernel):
             # largest inputs are moderate, else in log space, so that features that underflow
             # (x < -87 in float32) still rank the keys (the causal keys always: their maximum is a
             # running one, inside the core, so that no key reaches an earlier output).
-            direct_q = direct_features(q.to(acc), -1)  # (phi_q, (B, H, M, 1)) or None
+            through_max = self.eps > 0  # the eps term depends on the maxima: their gradient counts
+            direct_q = direct_features(q.to(acc), -1, through_max)  # (phi_q, (B, H, M, 1)) or None
             direct_k = None
             if direct_q is not None and not self.causal:
                 k_in = k.to(acc) if key_mask is None else k.to(acc).masked_fill(~key_mask.unsqueeze(-1), float("-inf"))
-                direct_k = direct_features(k_in, (-2, -1))  # (phi_k, (B, H, 1, 1)) or None
+                direct_k = direct_features(k_in, (-2, -1), through_max)  # (phi_k, (B, H, 1, 1)) or None
             if direct_q is not None:
                 phi_q, eps_scale = direct_q
             else:
                 log_q = log_elu_plus_one(q.to(acc))  # (B, H, M, E)
-                phi_q = torch.exp(log_q - log_q.detach().amax(dim=-1, keepdim=True))
+                phi_q = torch.exp(log_q - (log_q if through_max else log_q.detach()).amax(dim=-1, keepdim=True))
             if direct_k is not None:
                 phi_k, k_scale = direct_k
                 eps_scale = eps_scale * k_scale
