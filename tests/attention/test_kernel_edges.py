@@ -252,3 +252,22 @@ def test_non_finite_values_at_keys_padded_per_head_have_no_influence(bad):
     v2[0, 2, 4] = bad  # head 2 of batch 0 sees key 4
     out = kernel(q, k, v2, mask=pad).output
     assert not torch.isfinite(out[0, 2]).any() and torch.isfinite(out[0, :2]).all() and torch.isfinite(out[1]).all()
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if lookup("attention", n).supports_causal
+                                  and lookup("attention", n).supports_mask == "full"])
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_values_at_a_key_hidden_by_mask_and_causality_together_have_no_influence(name, bad):
+    """Key 3 is after queries 0-2 (causality) and masked for queries 3-5 (the mask): hidden from
+    every query, though no mask column is all False."""
+    kernel = build(name, causal=True)
+    q, k, v = heads(1, 2, 6, 6)
+    mask = torch.ones(1, 6, 6, dtype=torch.bool)
+    mask[:, 3:, 3] = False
+    clean = kernel(q, k, v, mask=mask)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 3], v2[:, :, 3] = bad, bad
+    for need_weights in (False, True):
+        out = kernel(q, k2, v2, mask=mask, need_weights=need_weights)
+        assert torch.isfinite(out.output).all()
+        torch.testing.assert_close(out.output, clean.output)

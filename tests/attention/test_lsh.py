@@ -424,3 +424,17 @@ def test_float16_works_in_float32():
         out = kernel(100 * q, k, v).output
     assert out.dtype == torch.float16 and torch.isfinite(out).all()
     assert {d for d, _ in seen.matmuls} == {torch.float32}
+
+
+def test_rotations_are_float32_whatever_the_default_dtype():
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        kernel = LSHAttention(bucket_size=2, n_buckets=2, seed=0)
+        q, _, v = heads(L=6)
+        assert kernel.hashing(2, 6, 6, q.device).rotations.dtype == torch.float32
+        assert kernel(q, q, v).output.dtype == torch.float64
+        unseeded = LSHAttention(bucket_size=2, n_buckets=2)
+        assert torch.isfinite(unseeded(q, q, v).output).all()
+    finally:
+        torch.set_default_dtype(before)

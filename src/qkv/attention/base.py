@@ -37,10 +37,14 @@ def clamp_knob(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
 
 
-def _select_away_masked(k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+def _select_away_masked(k: Tensor, v: Tensor, mask: Tensor, causal: bool = False) -> tuple[Tensor, Tensor]:
     """Zero the non-finite entries of keys/values that ``mask`` (``(B|1, H|1, M|1, n_total)``)
     hides from every query, so that a masked key has no influence at all: a weight of 0 times
-    inf or NaN would be NaN. Finite entries are kept as they are (a cache keeps the true values).
+    inf or NaN would be NaN. ``causal``: a query row of the mask counts only its keys at or
+    before the query (queries aligned to the end of the keys), so that a key the mask hides from
+    the queries after it and causality from those before it is hidden too. (Non-finite values at
+    keys that only a kernel's own pattern excludes — causality alone, a window, strided columns —
+    are not cleaned: they reach outputs as 0 times inf, as in PyTorch's fused attention.) Finite entries are kept as they are (a cache keeps the true values).
     On the CPU, where a look at the data costs no device sync, all-finite keys and values (their
     sum is finite only then) are returned as they are: one reduction instead of two masked copies.
     A key-padding mask names the hidden keys at the cost of a look at the mask: then only their rows
@@ -57,6 +61,9 @@ def _select_away_masked(k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Ten
                 return k, v
         elif math.isfinite(float(k.detach().sum()) + float(v.detach().sum())):
             return k, v
+    if causal and cols.shape[-2] > 1:  # a key-padding row: the last query sees every key, causality hides none
+        M, N = cols.shape[-2:]
+        cols = cols & torch.ones(M, N, dtype=torch.bool, device=cols.device).tril(N - M)
     hidden = ~(cols[..., 0, :] if cols.shape[-2] == 1 else cols.any(-2)).unsqueeze(-1)  # (B|1, H|1, N, 1): masked for every query
     # elementwise, O(N E), two kernels per tensor and no branch on the data (no host-device sync on
     # accelerators): nan_to_num leaves finite entries as they are
@@ -187,7 +194,7 @@ class AttentionKernel(nn.Module):
                                  f"got a mask with {mask.shape[-2]} query rows — use causal=True or the kernel's own knobs "
                                  f"for structured patterns")
         if mask is not None:
-            k, v = _select_away_masked(k, v, mask)
+            k, v = _select_away_masked(k, v, mask, self.causal)
         return self._attend_edges(q, k, v, mask, state, need_weights, return_state, n_total)
 
     def _attend_edges(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], state: Any, need_weights: bool,
