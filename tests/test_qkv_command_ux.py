@@ -111,3 +111,37 @@ def test_train_picks_its_threads_from_the_load(machine, train_argv, tmp_path, ca
                            "--set", "d_ff=8", "--set", "n_layers=1", "--set", "task.max_len=3", "--set", "task.eval_size=4",
                            steps=1)) == 0
     assert "1 thread(s)]" in capsys.readouterr().out
+
+
+def test_text_outside_the_vocabulary_and_bad_outputs_are_named_errors(train_argv, tmp_path, capsys):
+    """CLI audit: characters a character-level model cannot read used to become <unk> silently;
+    viz of a model without attention, and outputs of an unwritable kind or place, were tracebacks;
+    an output without a suffix was reported under a name matplotlib did not write."""
+    run = tmp_path / "run"
+    small = ("--set", "d_model=8", "--set", "n_heads=2", "--set", "d_ff=8", "--set", "n_layers=1",
+             "--set", "task.max_len=3", "--set", "task.eval_size=4", "--threads", "1")
+    assert main(train_argv("transformer", "reverse", run, *small, steps=1)) == 0
+    capsys.readouterr()
+    assert main(["translate", str(run), "12", "a1b"]) == 2
+    err = capsys.readouterr().err
+    assert "'ab'" in err and "'0123456789'" in err and "Traceback" not in err
+    assert main(["translate", str(run), ""]) == 2 and "empty" in capsys.readouterr().err
+    assert main(["viz", str(run), "--text", "x1", "--out", str(tmp_path / "a.png")]) == 2
+    assert "'x'" in capsys.readouterr().err and not (tmp_path / "a.png").exists()
+    (tmp_path / "file").write_text("")
+    for out, says in ((tmp_path / "a.txt", "'.txt'"), (tmp_path / "file" / "a.png", "is a file, not a folder"),
+                      (tmp_path, "is a directory")):
+        assert main(["viz", str(run), "--out", str(out)]) == 2
+        assert says in capsys.readouterr().err
+    assert main(["viz", str(run), "--html", str(tmp_path)]) == 2 and "is a directory" in capsys.readouterr().err
+    assert not list(tmp_path.parent.glob("*.tmp"))
+    assert main(["viz", str(run), "--out", str(tmp_path / "noext")]) == 0
+    assert f"wrote {tmp_path / 'noext.png'}" in capsys.readouterr().out and (tmp_path / "noext.png").exists()
+    assert main(["viz", "--pattern", "strided", "--length", "0"]) == 2 and "--length" in capsys.readouterr().err
+
+    bare = tmp_path / "bare"
+    assert main(train_argv("seq2seq", "reverse", bare, "--attention", "none", "--set", "task.max_len=3",
+                           "--set", "task.eval_size=4", "--threads", "1", steps=1)) == 0
+    capsys.readouterr()
+    assert main(["viz", str(bare), "--out", str(tmp_path / "b.png")]) == 2
+    assert "no attention weights" in capsys.readouterr().err

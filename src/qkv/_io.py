@@ -7,9 +7,11 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator, Union
+from typing import Callable, Iterable, Iterator, Union
 
-__all__ = ["atomic_path", "atomic_write", "atomic_write_text"]
+from ._errors import UserError
+
+__all__ = ["atomic_path", "atomic_write", "atomic_write_text", "output_file"]
 
 
 @contextlib.contextmanager
@@ -53,3 +55,24 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[str], None]) ->
 def atomic_write_text(path: Union[str, os.PathLike], text: str) -> Path:
     """Write a UTF-8 text file atomically (see ``atomic_write``)."""
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def output_file(path: Union[str, os.PathLike], suffixes: Iterable[str], default: str) -> Path:
+    """The file a user named for an output, checked before anything is computed or written: no
+    suffix gets ``default`` (``".png"``); another suffix than ``suffixes`` (lower case, with the
+    dot), an existing directory, or a file where a folder of the path should be, is a
+    ``UserError`` naming the path. Returns the path that will be written."""
+    path = Path(path)
+    allowed = sorted(set(suffixes))
+    if path.is_dir():
+        raise UserError(f"{path} is a directory: give a file name, e.g. {path / ('name' + default)}")
+    if not path.suffix:
+        path = path.with_name(path.name + default)
+    elif path.suffix.lower() not in allowed:
+        raise UserError(f"{path}: cannot write a {path.suffix!r} file here; give one of {', '.join(allowed)}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UserError(f"{path}: {parent} is a file, not a folder")
+            break
+    return path

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any, Union
 
+from ._io import output_file
+
 __all__ = ["pyplot", "save_figure"]
 
 PathLike = Union[str, os.PathLike]
@@ -24,11 +26,15 @@ def pyplot():
 
 def save_figure(fig: Any, path: PathLike, dpi: int = 120) -> Path:
     """Lay out ``fig`` (unless it has its own layout engine, e.g. ``layout="constrained"``), write it
-    to ``path`` (folders created) and close it."""
-    if fig.get_layout_engine() is None:
-        fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    pyplot().close(fig)
+    to ``path`` (folders created; no suffix: ``.png``; a suffix matplotlib cannot write, a directory
+    or a file in place of a folder is a ``UserError``, the figure closed) and close it. Returns the
+    path written."""
+    try:
+        path = output_file(path, ("." + kind for kind in fig.canvas.get_supported_filetypes()), ".png")
+        if fig.get_layout_engine() is None:
+            fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi)
+    finally:
+        pyplot().close(fig)
     return path

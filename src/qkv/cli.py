@@ -82,6 +82,16 @@ def parameter_count(n: int) -> str:
 # ----------------------------------------------------------------------------- commands
 
 
+def _check_text(task: Any, task_name: str, text: str, flag: str) -> None:
+    """Refuse text with characters the task's character vocabulary lacks (they would silently become
+    ``<unk>``), naming them and the characters it has. Word and byte vocabularies take any text."""
+    unknown = getattr(task.vocab, "unknown", None)
+    bad = unknown(text) if unknown is not None else []
+    if bad:
+        raise CLIError(f"{flag} {text!r}: {task_name} has no {''.join(bad)!r} (a model trained on it reads only "
+                       f"{''.join(task.vocab.chars)!r})")
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from qkv import runs
     from qkv.train import TrainConfig
@@ -137,6 +147,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if not model.can_generate():
         raise CLIError(f"a {run.settings.model} model cannot generate text (it has no generate method); "
                        "`qkv eval` and `qkv viz` work on this run")
+    if args.prompt:
+        _check_text(task, run.settings.task, args.prompt, "--prompt")
     ids = task.vocab.encode(args.prompt) if args.prompt else [task.vocab.bos_id if hasattr(task.vocab, "bos_id") else 0]
     if not ids:
         raise CLIError("--prompt encodes to no tokens")
@@ -156,6 +168,10 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     task, model = run.task, run.model
     if task.kind != "seq2seq":
         raise CLIError(f"`qkv translate` needs a sequence-to-sequence run; {run.settings.task} is a {task.kind} task")
+    for text in args.text:
+        if not text:
+            raise CLIError("TEXT: an empty source has nothing to translate")
+        _check_text(task, run.settings.task, text, "TEXT")
     with user_input():
         batch = task.collate([(text, "") for text in args.text])
     # an output that has not ended by the task's longest target (+ its <eos>) never will
@@ -190,6 +206,8 @@ def _cmd_viz(args: argparse.Namespace) -> int:
         raise CLIError("qkv viz needs a RUN directory, or --pattern NAME --length N")
     run = runs.load(args.run)
     task, model, task_name = run.task, run.model, run.settings.task
+    if args.text is not None and task.kind in ("lm", "seq2seq"):
+        _check_text(task, task_name, args.text, "--text")
     if args.compare and not args.html:
         raise CLIError("--compare adds models to the --html page: give --html OUT.html too")
     if args.html:
@@ -218,7 +236,7 @@ def _cmd_viz(args: argparse.Namespace) -> int:
     _say_cut(view)
     if view.caption:
         print(view.caption)
-    view.plot(path, max_panels=args.max_panels)
+    path = view.plot(path, max_panels=args.max_panels)
     if len(view.panels) > args.max_panels:
         print(f"showing {args.max_panels} of {len(view.panels)} panels (cross-attention first); --max-panels to see more")
     print(f"wrote {path}")
@@ -455,7 +473,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _run_bench(argv[1:])
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
-    except (UserError, FileNotFoundError, PermissionError, NotADirectoryError) as e:  # not a bug: no traceback
+    except (UserError, FileNotFoundError, FileExistsError, IsADirectoryError, PermissionError,
+            NotADirectoryError) as e:  # not a bug (a value or a path the user gave): no traceback
         print(f"qkv: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:

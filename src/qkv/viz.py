@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from . import masks
+from ._errors import UserError
 from ._plot import PathLike, pyplot, save_figure
 from .attention import build_attention
 from .registry import lookup
@@ -232,7 +233,8 @@ class AttentionView:
         """All (or the first ``max_panels`` chosen) panels as a grid of labelled heat maps."""
         panels = self.chosen(max_panels)
         if not panels:
-            raise ValueError("no attention weights to plot (did the model return weights with need_weights=True?)")
+            raise UserError("no attention weights to plot: the model's layers returned none (a model without "
+                            "attention, e.g. seq2seq with --attention none, has nothing to show)")
         heading = "\n".join(t for t in (self.title, self.caption) if t)
         return _plot_panels(panels, path, self.labels_for, heading, axis_names=self.axis_names)
 
@@ -299,6 +301,10 @@ def _seq2seq_view(task: Any, model: Any, text: Optional[str], max_len: int) -> A
 # ----------------------------------------------------------------------------- kernel patterns
 
 
+#: longest sequence whose (length x length) pattern ``kernel_pattern`` draws (a picture, not a benchmark)
+MAX_PATTERN_LENGTH = 4096
+
+
 def kernel_pattern(name: str, length: int, causal: bool = False, overrides: Optional[Dict[str, Any]] = None,
                    seed: int = 0):
     """Which keys each query sees: ``(kernel, allowed (length, length) bool, how)``.
@@ -307,6 +313,9 @@ def kernel_pattern(name: str, length: int, causal: bool = False, overrides: Opti
     ``"weights"`` for the others: the non-zero weights on a random input (dense and approximate
     kernels see every key; LSH's buckets depend on the input).
     """
+    if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= MAX_PATTERN_LENGTH:
+        raise UserError(f"length (--length) must be an int in 1 .. {MAX_PATTERN_LENGTH}: the picture is length x "
+                        f"length, got {length!r}")
     cls = lookup("attention", name)
     overrides = dict(overrides or {})
     kwargs = {**cls.default_knobs(length, 1, 16), **overrides}  # the kernel's own knobs for the length

@@ -22,6 +22,8 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple, Union
 
+from ._errors import UserError
+from ._io import atomic_write_text, output_file
 from .viz import AttentionView
 
 __all__ = ["render_html", "write_html", "split_panel_name", "script_json"]
@@ -49,7 +51,7 @@ def _model_payload(name: str, view: AttentionView, digits: int = 4) -> Dict[str,
         panels.append({"name": title, "group": group, "head": head or "—", "rows": M, "cols": N,
                        "w": [round(float(v), digits) for v in w.reshape(-1).tolist()], "x": x, "y": y})
     if not panels:
-        raise ValueError(f"model {name!r} has no attention panels to show")
+        raise UserError(f"model {name!r} has no attention panels to show (its layers return no attention weights)")
     return {"name": name, "title": view.title, "caption": view.caption, "panels": panels}
 
 
@@ -84,14 +86,10 @@ def render_html(views: Sequence[Tuple[str, AttentionView]], title: str = "qkv at
 
 
 def write_html(path: PathLike, views: Sequence[Tuple[str, AttentionView]], title: str = "qkv attention") -> Path:
-    """Write the page (atomically: a temporary file renamed into place) and return its path."""
-    path = Path(path)
-    text = render_html(views, title)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
+    """Write the page (atomically: a temporary file renamed into place) and return its path (no
+    suffix: ``.html``; another suffix, a directory or a file in place of a folder: ``UserError``)."""
+    path = output_file(path, (".html", ".htm"), ".html")
+    return atomic_write_text(path, render_html(views, title))
 
 
 _TEMPLATE = r"""<!DOCTYPE html>

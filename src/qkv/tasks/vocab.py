@@ -56,6 +56,11 @@ class CharVocab:
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         return [self._index.get(c, self.unk_id) for c in text]
 
+    def unknown(self, text: str) -> List[str]:
+        """The distinct characters of ``text`` outside the vocabulary (in order of appearance):
+        ``encode`` would turn each into ``<unk>``."""
+        return list(dict.fromkeys(c for c in text if c not in self._index))
+
     def decode(self, ids: Ids, skip_special: bool = True) -> str:
         """The text of ``ids`` (a list or a 1-D tensor); specials are dropped unless
         ``skip_special=False`` (then written as ``<pad>``, ``<bos>``, ...)."""
