@@ -145,3 +145,31 @@ def test_text_outside_the_vocabulary_and_bad_outputs_are_named_errors(train_argv
     capsys.readouterr()
     assert main(["viz", str(bare), "--out", str(tmp_path / "b.png")]) == 2
     assert "no attention weights" in capsys.readouterr().err
+
+
+def test_library_warnings_print_as_one_qkv_line():
+    import warnings
+
+    from qkv.cli import _one_line_warning
+
+    assert _one_line_warning(UserWarning("checksum mismatch"), UserWarning, "/x/trainer.py", 311) == \
+        "qkv: warning: checksum mismatch\n"
+    before = warnings.formatwarning
+    try:
+        main(["list"])
+        assert warnings.formatwarning is _one_line_warning
+    finally:
+        warnings.formatwarning = before
+
+
+def test_a_new_run_is_not_written_into_a_folder_of_other_files(train_argv, tmp_path, capsys):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "data.txt").write_text("mine")
+    args = ("--set", "task.n_train=4", "--set", "task.n_test=4", "--threads", "1")
+    assert main(train_argv("nadaraya-watson", "nw-regression", folder, *args, steps=1)) == 2
+    assert "not a qkv run (data.txt)" in capsys.readouterr().err
+    assert sorted(p.name for p in folder.iterdir()) == ["data.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(train_argv("nadaraya-watson", "nw-regression", empty, *args, steps=1)) == 0

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -430,7 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel-kwargs", action="append", default=[], metavar="KEY=VALUE,...",
                    help="with --pattern: the kernel's knobs, e.g. 'stride=8' or 'image_size=(8,8),block=(2,4)'")
     p.add_argument("--causal", action="store_true", help="with --pattern: the causal form")
-    p.add_argument("--text", default=None, help="input to show (default: a held-out example)")
+    p.add_argument("--text", default=None, help="input to show (default: a held-out example): text for language "
+                   "and sequence-to-sequence tasks; for bAbI and digit-bags a test example's index, for ntm-copy a "
+                   "sequence length")
     p.add_argument("--out", default=None, help="PNG path (default RUN/attention.png)")
     p.add_argument("--max-len", type=_positive_int, default=48, help="tokens of the input shown (default 48)")
     p.add_argument("--max-panels", type=_positive_int, default=16)
@@ -466,8 +469,15 @@ def _run_bench(argv: List[str]) -> int:
     return int(bench.main(argv) or 0)
 
 
+def _one_line_warning(message: Any, category: type, filename: str, lineno: int, line: Optional[str] = None) -> str:
+    """A library warning as the command shows it: ``qkv: warning: ...``, without Python's file,
+    line and source."""
+    return f"qkv: warning: {message}\n"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    warnings.formatwarning = _one_line_warning
     try:
         if argv and argv[0] == "bench":  # its own parser, so that `qkv bench --help` is bench's help
             return _run_bench(argv[1:])

@@ -196,6 +196,18 @@ def _check_out(out: Path) -> None:
         raise UserError(f"--out {out}: {parent} is not writable")
 
 
+def _refuse_foreign_directory(out: Path) -> None:
+    """A new run goes into a new or empty directory, or one that already holds a qkv run (run.json
+    or checkpoints); a directory of other files (a data folder, an exported model) is refused
+    rather than filled with a run beside them."""
+    if not out.is_dir() or (out / RUN_FILE).is_file() or _has_checkpoints(out):
+        return
+    foreign = sorted(p.name for p in out.iterdir() if p.name != ".lock")
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise UserError(f"--out {out}: holds files that are not a qkv run ({shown}); choose a new or empty directory")
+
+
 def _has_checkpoints(out: Path) -> bool:
     from .train import CheckpointManager
 
@@ -515,6 +527,7 @@ class Run:
         ``run.json`` written. Nothing is written until every check has passed."""
         out = Path(directory)
         _check_out(out)
+        _refuse_foreign_directory(out)
 
         def build(run: "Run") -> None:
             locked = out.is_dir()

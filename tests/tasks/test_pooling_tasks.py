@@ -189,6 +189,9 @@ def test_nw_regression_leave_one_out():
         assert batch["mask"][b].sum() == 19
     test = next(task.eval_batches("test", 100))
     assert test["mask"].all() and test["x"].shape == (10,)
+    torch.testing.assert_close(test["x"], torch.arange(10) * 0.5)  # d2l's grid
+    valid = next(task.eval_batches("valid", 100))
+    torch.testing.assert_close(valid["x"], torch.arange(10) * 0.5 + 0.25)  # halfway: not the test points
 
 
 def test_digits_fixture():

@@ -41,7 +41,7 @@ def test_memory_network_hops_are_labelled_by_the_story_sentences():
     assert [x.startswith("* ") for x in view.x_labels] == [i in support for i in range(len(sentences))]
     assert question in view.caption and answer in view.caption
     assert torch.allclose(w.sum(-1), torch.ones(3), atol=1e-5)
-    with pytest.raises(ValueError, match="story index"):
+    with pytest.raises(ValueError, match="test story of this task by its index"):
         task.attention_view(model, text="999999")
 
 
@@ -86,3 +86,9 @@ def test_pointer_distributions_are_labelled_by_the_inputs():
     assert view.x_labels == ["0: 0.30", "1: 0.90", "2: 0.10", "END"]
     assert w.shape[1] == 4 and torch.allclose(w.sum(-1), torch.ones(w.shape[0]), atol=1e-5)
     assert len(view.y_labels) == w.shape[0] and "target [2, 0, 1]" in view.caption
+
+
+def test_a_story_index_that_is_not_a_number_names_text():
+    task = BabiSingle(n_train=20, n_valid=5, n_test=5)
+    with pytest.raises(ValueError, match=r"--text picks a test story .* got 'mary went'"):
+        task.attention_view(None, text="mary went")

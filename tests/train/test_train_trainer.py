@@ -263,3 +263,15 @@ def test_teardown_waits_for_every_rank_only_after_a_clean_run(monkeypatch, clean
     calls.clear()
     distributed.teardown(dataclasses.replace(ctx, owns_group=False), clean=clean)
     assert calls == []
+
+
+def test_a_task_metric_named_loss_does_not_hide_the_train_loss(tmp_path):
+    """CLI audit: show-attend-tell's evaluation returns its own "loss", which replaced the last
+    train loss in what ``fit`` returns (and ``qkv train`` prints)."""
+
+    class LossTask(ToyTask):
+        def evaluate(self, model, split="test", max_examples=None):
+            return {"loss": 123.0, "accuracy": 0.5}
+
+    out = Trainer(_fresh_model(), LossTask(), _config(tmp_path, steps=2, eval_every=2, log_every=1)).fit()
+    assert out["loss"] != 123.0 and out["eval_loss"] == 123.0 and out["accuracy"] == 0.5 and "valid_loss" in out

@@ -160,9 +160,14 @@ class BabiTask(TensorTask):
         """Each hop's weights over the sentences of a held-out story (``text``: the story's index)."""
         from .views import story_view
 
-        pick = 0 if text is None else int(text)
-        if not 0 <= pick < len(self.stories["test"]):
-            raise ValueError(f"story index must be in [0, {len(self.stories['test'])}), got {pick}")
+        n = len(self.stories["test"])
+        try:
+            pick = 0 if text is None else int(text)
+        except ValueError:
+            raise ValueError(f"--text picks a test story of this task by its index, an int in [0, {n}); got {text!r}"
+                             ) from None
+        if not 0 <= pick < n:
+            raise ValueError(f"--text picks a test story of this task by its index, an int in [0, {n}); got {pick}")
         sentences, question, answer, _ = self.stories["test"][pick]
         batch = self._take("test", torch.tensor([pick]), meta=True)
         return story_view(model, batch, list(sentences), question, answer, self.vocab.decode)

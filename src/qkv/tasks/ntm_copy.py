@@ -124,7 +124,10 @@ class NTMCopy(Task):
         """Write and read weightings while copying one held-out sequence (``text``: its length)."""
         from .views import ntm_view
 
-        length = self.max_len if text is None else int(text)
+        try:
+            length = self.max_len if text is None else int(text)
+        except ValueError:
+            raise ValueError(f"--text for ntm-copy is the length of the sequence to copy, an int; got {text!r}") from None
         _check_positive_int("length", length)
         batch = next(self.eval_batches("test", 1, max_examples=1, length=length))
         return ntm_view(model, batch, length)

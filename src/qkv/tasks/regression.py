@@ -34,7 +34,8 @@ class NWRegression(TensorTask):
     """Nadaraya–Watson regression of ``2 sin(x) + x^0.8`` from noisy samples (d2l §11.2).
 
     Args:
-        n_train: training points (keys/values); n_test: grid points of each held-out split.
+        n_train: training points (keys/values); n_test: grid points of each held-out split (test: ``0,
+            5/n_test, ...``; valid: the points halfway between them).
         noise: standard deviation of the training noise.
         seed: draws the training inputs and noise.
     """
@@ -51,12 +52,17 @@ class NWRegression(TensorTask):
         self.x_train = torch.sort(torch.rand(n_train, generator=g) * 5).values  # (N,)
         self.y_train = target_function(self.x_train) + noise * torch.randn(n_train, generator=g)  # (N,)
         N = n_train
-        grid = torch.arange(n_test) * (5.0 / n_test)  # (n_test,)
-        held_out = {"x": grid, "keys": self.x_train.expand(n_test, N), "values": self.y_train.expand(n_test, N),
+
+        def held_out(grid: Tensor) -> Dict[str, Tensor]:
+            return {"x": grid, "keys": self.x_train.expand(n_test, N), "values": self.y_train.expand(n_test, N),
                     "mask": torch.ones(n_test, N, dtype=torch.bool), "labels": target_function(grid)}
+
+        step = 5.0 / n_test
         train = {"x": self.x_train, "keys": self.x_train.expand(N, N), "values": self.y_train.expand(N, N),
                  "mask": ~torch.eye(N, dtype=torch.bool), "labels": self.y_train}  # leave one out
-        self._splits = {"train": train, "valid": held_out, "test": held_out}
+        # test: the grid 0, 5/n, ... (d2l's); valid: the points halfway between, so the two differ
+        self._splits = {"train": train, "valid": held_out((torch.arange(n_test) + 0.5) * step),
+                        "test": held_out(torch.arange(n_test) * step)}
         self._check_splits()
 
     def _metrics(self, outputs: List[Any], batches: List[Dict[str, Tensor]]) -> Dict[str, float]:

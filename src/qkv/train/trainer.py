@@ -280,7 +280,8 @@ class Trainer:
         checkpoint in ``out_dir/checkpoints`` (starting fresh if there is none).
 
         Returns the last train loss and the final evaluation's metrics (rank 0; other ranks get
-        the train loss only).
+        the train loss only); an evaluation metric named like a train record's field (a task's
+        own ``loss``) comes as ``eval_<name>``.
         """
         cfg = self.config
         ctx = distributed.setup(cfg.device)
@@ -391,7 +392,11 @@ class Trainer:
                 self._save(ctx, done, optimizer, scheduler)
             bar.update(1)
         bar.close()
-        return {**last, **eval_metrics} if ctx.is_main else last
+        if not ctx.is_main:
+            return last
+        # an evaluation metric named like a train record's field (a task's own "loss") keeps the
+        # train value under its name and comes as "eval_<name>"
+        return {**last, **{(f"eval_{k}" if k in last else k): v for k, v in eval_metrics.items()}}
 
     def _evaluate_only(self, ctx: distributed.DistContext) -> Dict[str, float]:
         """A model without trainable parameters (e.g. Nadaraya–Watson with a fixed kernel) has
