@@ -158,6 +158,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         out = model.generate(torch.tensor([ids]), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                              top_k=args.top_k, top_p=args.top_p, generator=gen)
     print(task.vocab.decode(out[0].tolist()))
+    from qkv.tasks.vocab import CharVocab
+
+    specials = CharVocab.SPECIALS  # ids 0 .. 3 of a character vocabulary
+    drawn = [i for i in out[0, len(ids):].tolist() if i < len(specials)] if isinstance(task.vocab, CharVocab) else []
+    if drawn:  # a little-trained model samples them; the text leaves them out, so it is shorter than asked
+        names = ", ".join(sorted({specials[i] for i in drawn}))
+        announce(f"{len(drawn)} of the {args.max_new_tokens} sampled tokens were special ({names}), left out of the text")
     return 0
 
 
