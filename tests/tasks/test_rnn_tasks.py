@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -164,3 +165,22 @@ def test_digit_captions_visualize_writes_png(tmp_path):
     assert offset == 0 and [int(labels[i]) for i in idx] == [4, 7]
     with pytest.raises(ValueError, match="digits"):
         task.strip_of("4a")
+
+
+def test_digit_captions_visualize_draws_a_panel_per_generated_word_only(tmp_path, monkeypatch):
+    """CLI audit: the columns after the caption's end were bare copies of the image."""
+    from qkv.models.rnn.show_attend_tell import ShowAttendTell, ShowAttendTellConfig
+    from qkv.tasks import captions
+
+    task = _mnist_or_skip()
+    torch.manual_seed(0)
+    model = ShowAttendTell(ShowAttendTellConfig(vocab_size=task.vocab.size, channels=(4, 6), d_embed=5, d_hidden=7, attn_dim=4))
+    figures = []
+    monkeypatch.setattr(captions, "save_figure", lambda fig, path, dpi: figures.append(fig) or Path(path))
+    task.visualize(model, tmp_path / "c.png", n=2)
+    (fig,) = figures
+    _, ids, _, _ = task._caption(model, task.eval_strips("test", 2))
+    for b, axes_row in enumerate(fig.axes[i * len(fig.axes) // 2:(i + 1) * len(fig.axes) // 2] for i in range(2)):
+        words = sum(1 for i in ids[b].tolist() if i != task.vocab.pad_id)
+        shown = [ax for ax in axes_row[1:] if ax.get_visible()]
+        assert len(shown) == words and all(len(ax.images) == 2 for ax in shown)  # the image and its attention

@@ -208,12 +208,14 @@ class DigitCaptionsTask(Task):
             axes[b, 0].set_title(f"input (caption: {self.caption(row) or '-'})", fontsize=7)
             for t in range(cols - 1):
                 ax = axes[b, t + 1]
+                if t >= len(words) or t >= w.shape[1]:
+                    ax.set_visible(False)  # no word here (the caption ended): no panel, not a bare copy
+                    continue
                 ax.imshow(images[b, 0].numpy(), cmap="gray")
-                if t < len(words) and t < w.shape[1]:
-                    att = w[b, t].float().reshape(1, 1, Hg, Wg)
-                    up = F.interpolate(att, size=tuple(images.shape[-2:]), mode="nearest")[0, 0]
-                    ax.imshow(up.numpy(), cmap="hot", alpha=0.55)
-                    ax.set_title(f"word {t + 1}: {words[t]}", fontsize=7)
+                att = w[b, t].float().reshape(1, 1, Hg, Wg)
+                up = F.interpolate(att, size=tuple(images.shape[-2:]), mode="nearest")[0, 0]
+                ax.imshow(up.numpy(), cmap="hot", alpha=0.55)
+                ax.set_title(f"word {t + 1}: {words[t]}", fontsize=7)
             for ax in axes[b]:
                 ax.axis("off")
         fig.suptitle(title or f"{type(model).__name__}: attention over the {Hg} x {Wg} feature grid for each generated word",
