@@ -173,3 +173,7 @@ def test_a_new_run_is_not_written_into_a_folder_of_other_files(train_argv, tmp_p
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(train_argv("nadaraya-watson", "nw-regression", empty, *args, steps=1)) == 0
+
+
+def test_data_list_refuses_names_it_would_ignore(capsys):
+    assert main(["data", "list", "extra"]) == 2 and "takes no names" in capsys.readouterr().err

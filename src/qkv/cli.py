@@ -258,6 +258,9 @@ def _cmd_data(args: argparse.Namespace) -> int:
     from qkv.tasks import DATASETS, fetch
     from qkv.tasks.data import cache_root
 
+    if args.action == "list" and args.names:
+        raise CLIError(f"`qkv data list` takes no names (it lists every data set), got {' '.join(args.names)}; "
+                       "`qkv data fetch NAME` fetches one")
     if args.action == "list":
         print(f"data sets (cache: {cache_root(args.cache_dir)}):")
         for name, ds in DATASETS.items():

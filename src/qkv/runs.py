@@ -394,8 +394,8 @@ def _init_config(init: str, model: str, model_cls: Any, values: Dict[str, Any], 
     theirs, ours = getattr(source.task, "vocab", None), getattr(task, "vocab", None)
     sizes = getattr(theirs, "size", None), getattr(ours, "size", None)
     if theirs is not None and ours is not None and (sizes[0] != sizes[1] or vocab_to_dict(theirs) != vocab_to_dict(ours)):
-        raise UserError(f"--init {init}: its vocabulary ({source.settings.task}, {sizes[0]} tokens) is not task "
-                        f"{task_name!r}'s ({sizes[1]} tokens); fine-tune on a task with the pre-training vocabulary")
+        raise UserError(f"--init {init}: its vocabulary ({source.settings.task}, {sizes[0]} tokens) is not that of task "
+                        f"{task_name!r} ({sizes[1]} tokens); fine-tune on a task with the pre-training vocabulary")
     return {**source.settings.model_config, **head, **user}, source.model
 
 

@@ -414,7 +414,7 @@ class Trainer:
 
     def _announce_speed(self, seconds: float, remaining: int, eval_every: int) -> None:
         """Say how long an update takes (measured on this run's first updates) and what is left."""
-        note = f" (+ evaluations every {eval_every})" if eval_every else ""
+        note = f" (+ evaluations every {eval_every})" if eval_every and eval_every < remaining else ""
         tqdm.write(f"qkv: {seconds:.3g} s per update; about {_duration(seconds * remaining)} for the "
                    f"remaining {remaining} update(s){note}", file=sys.stderr)
 
