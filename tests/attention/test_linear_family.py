@@ -228,9 +228,12 @@ def test_performer_large_inputs_stay_finite():
 def test_linear_custom_feature_map():
     phi = lambda x: torch.cat([F.relu(x), F.relu(-x)], -1)  # E' = 2E
     q, k, v = tensors(M=5, N=5)
-    out = qkv.build_attention("linear", feature_map=phi, causal=True)(q, k, v).output
-    ref = literal_kernel_attention(phi(q), phi(k), v, allowed_pairs(1, 5, 5, True), eps=1e-6)
-    torch.testing.assert_close(out, ref)
+    for eps in (0.0, 1e-6):  # a custom map's eps is absolute (nothing to scale it by)
+        out = qkv.build_attention("linear", feature_map=phi, causal=True, eps=eps)(q, k, v).output
+        ref = literal_kernel_attention(phi(q), phi(k), v, allowed_pairs(1, 5, 5, True), eps=eps)
+        torch.testing.assert_close(out, ref)
+    default = qkv.build_attention("linear", feature_map=phi, causal=True)(q, k, v).output
+    assert torch.equal(default, qkv.build_attention("linear", feature_map=phi, causal=True, eps=0.0)(q, k, v).output)
 
 
 # ---------------------------------------------------------------- Performer's random features
