@@ -527,7 +527,6 @@ class Run:
         ``run.json`` written. Nothing is written until every check has passed."""
         out = Path(directory)
         _check_out(out)
-        _refuse_foreign_directory(out)
 
         def build(run: "Run") -> None:
             locked = out.is_dir()
@@ -766,6 +765,7 @@ def start(model: str, task: str, directory: Optional[str | os.PathLike] = None, 
         return Run.open(out, overrides=overrides, model=model, task=task_name, preset=preset, say=say)
     if resume and not _has_checkpoints(out):
         say(f"--resume: {out} holds no run yet; starting a new one")
+    _refuse_foreign_directory(out)  # the user's --out (scripts that keep files of their own use Run.of)
     return Run.create(out, resolve(model, task_name, preset=preset, overrides=overrides, init=init, say=say),
                       resume=resume, say=say)
 
