@@ -44,8 +44,8 @@ def _select_away_masked(k: Tensor, v: Tensor, mask: Tensor, causal: bool = False
     before the query (queries aligned to the end of the keys), so that a key the mask hides from
     the queries after it and causality from those before it is hidden too. (Non-finite values at
     keys that only a kernel's own pattern excludes — causality alone, a window, strided columns —
-    are not cleaned: they reach outputs as 0 times inf, as in PyTorch's fused attention.) Finite entries are kept as they are (a cache keeps the true values).
-    On the CPU, where a look at the data costs no device sync, all-finite keys and values (their
+    are not cleaned: they reach outputs as 0 times inf, as in PyTorch's fused attention.) Finite
+    entries are kept as they are (a cache keeps the true values). On the CPU, where a look at the data costs no device sync, all-finite keys and values (their
     sum is finite only then) are returned as they are: one reduction instead of two masked copies.
     A key-padding mask names the hidden keys at the cost of a look at the mask: then only their rows
     are summed (a batch padded at a few positions no longer reads all of ``k`` and ``v``)."""

@@ -136,7 +136,8 @@ def draw_hashing(n_heads: int, dim: int, n_rounds: int, factors: Tuple[int, ...]
     shape = (n_heads, dim, n_rounds, sum(factors) // 2)
     if seed is None:
         return LSHHashing(torch.randn(shape, device=device, dtype=torch.float32), tuple(factors))
-    return LSHHashing(torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32).to(device), tuple(factors))
+    rotations = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+    return LSHHashing(rotations.to(device), tuple(factors))
 
 
 @torch.no_grad()
