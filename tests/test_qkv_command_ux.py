@@ -147,19 +147,17 @@ def test_text_outside_the_vocabulary_and_bad_outputs_are_named_errors(train_argv
     assert "no attention weights" in capsys.readouterr().err
 
 
-def test_library_warnings_print_as_one_qkv_line():
+def test_library_warnings_print_as_one_qkv_line(monkeypatch):
     import warnings
 
-    from qkv.cli import _one_line_warning
+    import qkv.cli as cli
 
-    assert _one_line_warning(UserWarning("checksum mismatch"), UserWarning, "/x/trainer.py", 311) == \
+    assert cli._one_line_warning(UserWarning("checksum mismatch"), UserWarning, "/x/trainer.py", 311) == \
         "qkv: warning: checksum mismatch\n"
-    before = warnings.formatwarning
-    try:
-        main(["list"])
-        assert warnings.formatwarning is _one_line_warning
-    finally:
-        warnings.formatwarning = before
+    before, seen = warnings.formatwarning, []
+    monkeypatch.setattr(cli, "_cmd_list", lambda args: seen.append(warnings.formatwarning) or 0)
+    assert main(["list"]) == 0
+    assert seen == [cli._one_line_warning] and warnings.formatwarning is before  # during the command only
 
 
 def test_a_new_run_is_not_written_into_a_folder_of_other_files(train_argv, tmp_path, capsys):

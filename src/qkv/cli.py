@@ -487,7 +487,7 @@ def _one_line_warning(message: Any, category: type, filename: str, lineno: int, 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    warnings.formatwarning = _one_line_warning
+    formatwarning, warnings.formatwarning = warnings.formatwarning, _one_line_warning  # for this command only
     try:
         if argv and argv[0] == "bench":  # its own parser, so that `qkv bench --help` is bench's help
             return _run_bench(argv[1:])
@@ -506,6 +506,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("qkv: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = formatwarning
 
 
 if __name__ == "__main__":
