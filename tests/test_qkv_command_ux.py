@@ -175,3 +175,18 @@ def test_a_new_run_is_not_written_into_a_folder_of_other_files(train_argv, tmp_p
 
 def test_data_list_refuses_names_it_would_ignore(capsys):
     assert main(["data", "list", "extra"]) == 2 and "takes no names" in capsys.readouterr().err
+
+
+def test_bench_refuses_a_file_as_its_out_folder_before_measuring(tmp_path, capsys, monkeypatch):
+    from qkv import bench
+
+    (tmp_path / "file").write_text("")
+    ran = []
+    monkeypatch.setattr(bench.kernels, "run", lambda args: ran.append(args))
+    for out in (tmp_path / "file", tmp_path / "file" / "sub"):
+        with pytest.raises(SystemExit) as exit_:
+            bench.main(["kernels", "--quick", "--threads", "1", "--out", str(out)])
+        assert exit_.value.code == 2 and "is a file" in capsys.readouterr().err
+    assert ran == []
+    bench.main(["kernels", "--quick", "--threads", "1", "--out", str(tmp_path / "new" / "dir")])
+    assert len(ran) == 1
