@@ -235,8 +235,8 @@ def test_bad_device_out_and_counts(tmp_path, capsys):
     cases = [
         (["--device", "cuda:7"], "CUDA device"),
         (["--device", "tpu9"], "not a device name"),
-        (["--out", str(blocker / "run")], "is a file, not a directory"),
-        (["--out", str(blocker)], "not a directory"),
+        (["--out", str(blocker / "run")], "is a file, not a folder"),
+        (["--out", str(blocker)], "not a folder"),
     ]
     for flags, message in cases:
         argv = ["train", "transformer", "--task", "reverse", "--steps", "1", "--out", str(tmp_path / "run"), *flags]

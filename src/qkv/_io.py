@@ -11,7 +11,7 @@ from typing import Callable, Iterable, Iterator, Union
 
 from ._errors import UserError
 
-__all__ = ["atomic_path", "atomic_write", "atomic_write_text", "output_file"]
+__all__ = ["atomic_path", "atomic_write", "atomic_write_text", "output_file", "output_folder"]
 
 
 @contextlib.contextmanager
@@ -70,9 +70,17 @@ def output_file(path: Union[str, os.PathLike], suffixes: Iterable[str], default:
         path = path.with_name(path.name + default)
     elif path.suffix.lower() not in allowed:
         raise UserError(f"{path}: cannot write a {path.suffix!r} file here; give one of {', '.join(allowed)}")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise UserError(f"{path}: {parent} is a file, not a folder")
-            break
+    output_folder(path.parent, str(path))
     return path
+
+
+def output_folder(path: Union[str, os.PathLike], name: str = "") -> Path:
+    """A folder a user named for outputs (``name``: how to call it in an error, e.g. ``"--out runs/x"``),
+    checked before anything is written: the path, or the nearest part of it that exists, must be a
+    folder, else a ``UserError``. Returns that existing folder (the parents are created later)."""
+    path = Path(path)
+    name = name or str(path)
+    folder = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not folder.is_dir():
+        raise UserError(f"{name}: {folder} is a file, not a folder")
+    return folder

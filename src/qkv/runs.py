@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 from ._errors import UserError, user_input
-from ._io import atomic_path
+from ._io import atomic_path, output_folder
 from ._machine import announce
 from ._values import guess_value, parse_value
 
@@ -185,13 +185,7 @@ def check_device(device: str) -> None:
 
 def _check_out(out: Path) -> None:
     """``out`` can be a run directory: a directory (or creatable) and writable, else a UserError."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a directory")
-    parent = out
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UserError(f"--out {out}: {parent} is a file, not a directory")
+    parent = output_folder(out, f"--out {out}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UserError(f"--out {out}: {parent} is not writable")
 

@@ -34,13 +34,13 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Dict, List, Optional
 
 import torch
 
 from .._errors import UserError
+from .._io import output_folder
 from . import common, complexity, depth_memory, generation, gpt, kernels, lra, models, peers, throughput
 
 __all__ = ["BENCHMARKS", "build_parser", "main", "common"]
@@ -86,19 +86,6 @@ def build_parser(prog: str = "qkv bench") -> argparse.ArgumentParser:
     return parser
 
 
-def _check_out_dir(out: Optional[str]) -> None:
-    """``--out`` is the folder the results go to: refused before the benchmark runs when it, or a
-    folder on its path, is a file (it used to fail after the measurements, with a traceback)."""
-    if out is None:
-        return
-    path = Path(out)
-    for folder in (path, *path.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                raise UserError(f"--out {out}: {folder} is a file; --out names the folder the results go to")
-            return
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``qkv bench ...`` and ``python -m qkv.bench ...``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -111,7 +98,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             if args.threads < 1:
                 raise UserError(f"--threads must be >= 1, got {args.threads}")
             torch.set_num_threads(args.threads)
-        _check_out_dir(getattr(args, "out", None))
+        if getattr(args, "out", None) is not None:  # refused before measuring, not after (the folder the results go to)
+            output_folder(args.out, f"--out {args.out}")
         BENCHMARKS[args.benchmark].run(args)
     except UserError as err:  # a bad value of the user's: one line; anything else is a bug and keeps its traceback
         parser.exit(2, f"qkv bench {args.benchmark}: error: {err}\n")
