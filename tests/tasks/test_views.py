@@ -92,3 +92,12 @@ def test_a_story_index_that_is_not_a_number_names_text():
     task = BabiSingle(n_train=20, n_valid=5, n_test=5)
     with pytest.raises(ValueError, match=r"--text picks a test story .* got 'mary went'"):
         task.attention_view(None, text="mary went")
+
+
+def test_text_index_names_text_and_the_range():
+    from qkv.tasks.views import text_index
+
+    assert text_index(None, 5, "bag", default=2) == 2 and text_index("4", 5, "bag") == 4
+    for bad in ("x", "5", "-1", "1.5"):
+        with pytest.raises(ValueError, match=r"--text picks a test bag .* \[0, 5\)"):
+            text_index(bad, 5, "bag")

@@ -158,16 +158,9 @@ class BabiTask(TensorTask):
 
     def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
         """Each hop's weights over the sentences of a held-out story (``text``: the story's index)."""
-        from .views import story_view
+        from .views import story_view, text_index
 
-        n = len(self.stories["test"])
-        try:
-            pick = 0 if text is None else int(text)
-        except ValueError:
-            raise ValueError(f"--text picks a test story of this task by its index, an int in [0, {n}); got {text!r}"
-                             ) from None
-        if not 0 <= pick < n:
-            raise ValueError(f"--text picks a test story of this task by its index, an int in [0, {n}); got {pick}")
+        pick = text_index(text, len(self.stories["test"]), "story")
         sentences, question, answer, _ = self.stories["test"][pick]
         batch = self._take("test", torch.tensor([pick]), meta=True)
         return story_view(model, batch, list(sentences), question, answer, self.vocab.decode)

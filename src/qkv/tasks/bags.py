@@ -133,18 +133,11 @@ class DigitBags(TensorTask):
     def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
         """The weights of a held-out positive bag over its digits (``qkv viz``); ``text``: the bag's
         index in the test split."""
-        from .views import bag_view
+        from .views import bag_view, text_index
 
         part = self._splits["test"]
-        if text is not None:
-            try:
-                pick = int(text)
-            except ValueError:
-                raise ValueError(f"--text for digit-bags is a test bag index, got {text!r}") from None
-            if not 0 <= pick < self.size("test"):
-                raise ValueError(f"bag index must be in [0, {self.size('test')}), got {pick}")
-        else:
-            pick = int(torch.nonzero(part["labels"] == 1)[0])
+        first_positive = int(torch.nonzero(part["labels"] == 1)[0]) if text is None else 0
+        pick = text_index(text, self.size("test"), "bag", default=first_positive)
         batch = self._take("test", torch.tensor([pick]), meta=True)
         digits = self._digits["test"][part["index"][pick]]
         return bag_view(model, batch, digits, self.target, self.meta_keys)

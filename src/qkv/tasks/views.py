@@ -27,6 +27,20 @@ __all__ = ["run_with_weights", "token_view", "image_view", "nadaraya_watson_view
 
 
 @torch.no_grad()
+def text_index(text: Optional[str], n: int, what: str, default: int = 0) -> int:
+    """``qkv viz --text`` read as the index of a test example (``what``: e.g. ``"story"``) among
+    ``n``; ``default`` without a text. A ValueError names ``--text`` and the range otherwise."""
+    if text is None:
+        return default
+    try:
+        pick = int(text)
+    except ValueError:
+        pick = None
+    if pick is None or not 0 <= pick < n:
+        raise ValueError(f"--text picks a test {what} of this task by its index, an int in [0, {n}); got {text!r}")
+    return pick
+
+
 def run_with_weights(model: torch.nn.Module, batch: Dict[str, Tensor], meta_keys: Sequence[str] = ()) -> Any:
     """``model(**batch, need_weights=True)`` in eval mode on the model's device; refuses a model
     that returns no weights."""
