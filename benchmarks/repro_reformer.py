@@ -403,14 +403,18 @@ def ablation_lines(results: Dict[str, Any]) -> List[str]:
     return lines + [""]
 
 
+def arm_gap(arms: Dict[str, Dict[int, float]], a: str, b: str) -> float:
+    """Mean over the seeds both arms ran of arm ``a``'s bits per byte minus arm ``b``'s."""
+    return claims.mean([arms[a][s] - arms[b][s] for s in sorted(set(arms[a]) & set(arms[b]))])
+
+
 def ablation_split(results: Dict[str, Any]) -> Optional[Dict[str, float]]:
     """The Reformer's gap to the GPT split into its parts (means of per-seed differences, bits per
     byte): ``total``, ``reversible``, ``shared-qk`` and ``lsh``; None without a complete ablation."""
     arms = ablation_arms(results)
     if not all(a in arms for a in ("gpt", "reformer", *ABLATION)):
         return None
-    gap = {a: claims.mean([arms[a][s] - arms["gpt"][s] for s in sorted(set(arms[a]) & set(arms["gpt"]))])
-           for a in ("reformer", *ABLATION)}
+    gap = {a: arm_gap(arms, a, "gpt") for a in ("reformer", *ABLATION)}
     return {"total": gap["reformer"], "reversible": gap["reversible"],
             "shared-qk": gap["reversible-shared-qk"] - gap["reversible"],
             "lsh": gap["reformer"] - gap["reversible-shared-qk"]}
@@ -441,11 +445,8 @@ def trax_split(results: Dict[str, Any]) -> Optional[Dict[str, float]]:
     arms = ablation_arms(results)
     if not all(a in arms for a in ("gpt", "reversible", *TRAX_ARMS)):
         return None
-
-    def gap(a: str, b: str) -> float:
-        return claims.mean([arms[a][s] - arms[b][s] for s in sorted(set(arms[a]) & set(arms[b]))])
-
-    return {"shared-qk": gap("reversible-shared-qk-trax", "reversible"), "total": gap("reformer-trax", "gpt"),
+    return {"shared-qk": arm_gap(arms, "reversible-shared-qk-trax", "reversible"),
+            "total": arm_gap(arms, "reformer-trax", "gpt"),
             "factor": math.sqrt(LM_SIZES["d_model"] / LM_SIZES["n_heads"])}
 
 
@@ -543,7 +544,8 @@ def record_shared_qk_claim(results: Dict[str, Any]) -> None:
               "K after the same steps).",
         command=f"{COMMAND} --only ablation --lm-steps {steps} --seeds {len(seeds)} --arms {base_arm} {arm} {trax_arm}",
         better="lower", margin=LM_MARGIN, ours=ours, baseline=base,
-        budget=f"enwiki-bytes, 2 reversible layers d_model 128, 4 heads, block 256, {steps} updates of 8; exact "
+        budget=f"enwiki-bytes, {LM_SIZES['n_layers']} reversible layers d_model {LM_SIZES['d_model']}, "
+               f"{LM_SIZES['n_heads']} heads, block 256, {steps} updates of 8; exact "
                "attention (one bucket, one chunk); test bits per byte on 96 blocks; CPU, one thread",
         why={"reproduced": f"test bits per byte shared-QK {claims.fmt(ours)}, separate Q and K {claims.fmt(base)}: "
                            f"within the margin of {LM_MARGIN}" + trax,
