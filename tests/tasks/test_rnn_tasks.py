@@ -184,3 +184,5 @@ def test_digit_captions_visualize_draws_a_panel_per_generated_word_only(tmp_path
         words = sum(1 for i in ids[b].tolist() if i != task.vocab.pad_id)
         shown = [ax for ax in axes_row[1:] if ax.get_visible()]
         assert len(shown) == words and all(len(ax.images) == 2 for ax in shown)  # the image and its attention
+    longest = max(sum(1 for i in ids[b].tolist() if i != task.vocab.pad_id) for b in range(2))
+    assert len(fig.axes) == 2 * (1 + max(1, longest))  # columns for the longest caption, not for max_digits always

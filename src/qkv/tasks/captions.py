@@ -198,17 +198,20 @@ class DigitCaptionsTask(Task):
         """
         strips = [self.strip_of(text.strip())] if text else self.eval_strips("test", n)
         images, ids, w, (Hg, Wg) = self._caption(model, strips)
-        cols = (max_words or self.max_digits + 1) + 1
+        rows = [ids[b].tolist() for b in range(len(strips))]
+        words_of = [[self.vocab.decode([i], skip_special=False) for i in row if i != self.vocab.pad_id][:w.shape[1]]
+                    for row in rows]
+        # a column per generated word of the longest caption (at most max_words), beside the input
+        cols = 1 + max(1, min(max_words or self.max_digits + 1, max(len(words) for words in words_of)))
         plt = pyplot()
         fig, axes = plt.subplots(len(strips), cols, figsize=(2.6 * cols, 1.0 * len(strips) + 0.6), squeeze=False)
-        for b in range(len(strips)):
-            row = ids[b].tolist()
-            words = [self.vocab.decode([i], skip_special=False) for i in row if i != self.vocab.pad_id]
+        for b, (row, words) in enumerate(zip(rows, words_of)):
             axes[b, 0].imshow(images[b, 0].numpy(), cmap="gray")
-            axes[b, 0].set_title(f"input (caption: {self.caption(row) or '-'})", fontsize=7)
+            said = f"caption: {self.caption(row)}" if words else "no word generated"
+            axes[b, 0].set_title(f"input ({said})", fontsize=7)
             for t in range(cols - 1):
                 ax = axes[b, t + 1]
-                if t >= len(words) or t >= w.shape[1]:
+                if t >= len(words):
                     ax.set_visible(False)  # no word here (the caption ended): no panel, not a bare copy
                     continue
                 ax.imshow(images[b, 0].numpy(), cmap="gray")
