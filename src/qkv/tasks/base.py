@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from qkv._nn import evaluating, module_device
 from qkv._seeding import stable_seed
 
 if TYPE_CHECKING:
@@ -40,6 +41,11 @@ __all__ = [
     "PairsSeq2SeqTask",
     "stable_seed",
     "split_of",
+    "check_split",
+    "check_positive_int",
+    "check_batch_args",
+    "logits_of",
+    "to_device",
 ]
 
 SPLITS = ("train", "valid", "test")
@@ -55,36 +61,35 @@ def split_of(key: str, fractions: Sequence[float] = (0.8, 0.1, 0.1)) -> str:
     return "valid" if u < fractions[0] + fractions[1] else "test"
 
 
-def _check_split(split: str) -> None:
+# ---- the helpers every task uses (one copy; tasks import them from here)
+
+
+def check_split(split: str) -> None:
+    """Refuses a ``split`` that is not one of :data:`SPLITS`."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
 
 
-def _check_positive_int(name: str, value: Any) -> None:
+def check_positive_int(name: str, value: Any) -> None:
+    """Refuses a ``value`` (the option ``name``) that is not an int >= 1."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
 
 
-def _check_batch_args(split: str, batch_size: int, step: int, rank: int, world_size: int) -> None:
-    _check_split(split)
-    _check_positive_int("batch_size", batch_size)
-    _check_positive_int("world_size", world_size)
+def check_batch_args(split: str, batch_size: int, step: int, rank: int, world_size: int) -> None:
+    """Refuses arguments of ``get_batch`` out of their ranges, naming the argument."""
+    check_split(split)
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("world_size", world_size)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device("cpu")
-
-
-def _logits_of(out: Any, labels: Tensor) -> Tensor:
+def logits_of(out: Any, labels: Tensor) -> Tensor:
     """``out.logits`` checked to be ``(B, T, V)`` with ``(B, T)`` matching ``labels``."""
     logits = getattr(out, "logits", None)
     if logits is None:
@@ -92,6 +97,11 @@ def _logits_of(out: Any, labels: Tensor) -> Tensor:
     if logits.dim() != 3 or logits.shape[:2] != labels.shape:
         raise ValueError(f"model logits must be (B, T, V) with (B, T) = {tuple(labels.shape)}, got {tuple(logits.shape)}")
     return logits
+
+
+def to_device(batch: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
+    """``batch`` with its tensors on ``device`` (other items, e.g. reference strings, as they are)."""
+    return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
 
 
 class Task:
@@ -123,8 +133,52 @@ class Task:
         """The fixed held-out set of ``split``, in order (at most ``max_examples`` examples)."""
         raise NotImplementedError  # abstract: subclasses implement it
 
-    def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None) -> Dict[str, float]:
-        """The task's metrics of ``model`` on the held-out set of ``split``."""
+    # ----------------------------------------------------------------------------- the metrics
+
+    #: how many held-out examples ``evaluate`` scores at a time (``batch_size=`` overrides it)
+    eval_batch_size: int = 64
+
+    def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None,
+                 batch_size: Optional[int] = None) -> Dict[str, float]:
+        """The task's metrics of ``model`` on the held-out set of ``split`` (at most ``max_examples``).
+
+        The one template of every task: with the model in eval mode and without gradients (its mode
+        given back afterwards), each batch of :meth:`eval_inputs` is moved to the model's device
+        and scored by :meth:`score_batch`; the scores are added up over the batches (numbers add,
+        lists concatenate) and :meth:`summarize` turns the totals into the metrics. On a ``stream``
+        task a model that ``carries_state`` gets, with each batch, the state the previous batch
+        left (``state=``, ``return_state=True``; ``score_batch`` hands it on as the score
+        ``"state"``, which is passed on, not added up).
+        """
+        batch_size = self.eval_batch_size if batch_size is None else batch_size
+        carry = self.stream and getattr(model, "carries_state", False)
+        state = None
+        totals: Dict[str, Any] = {}
+        with evaluating(model):
+            device = module_device(model)
+            for batch in self.eval_inputs(split, batch_size, max_examples):
+                batch = to_device(batch, device)
+                if carry:  # each segment continues the previous one: pass the model's memory on
+                    batch.update(state=state, return_state=True)
+                scores = self.score_batch(model, batch)
+                state = scores.pop("state", None)
+                for key, value in scores.items():
+                    totals[key] = totals[key] + value if key in totals else value
+        return self.summarize(totals)
+
+    def eval_inputs(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Any]]:
+        """What :meth:`evaluate` scores, batch by batch: by default :meth:`eval_batches`; a task
+        whose scores need more than the tensors adds items of its own (e.g. the reference strings),
+        which :meth:`score_batch` takes out before it calls the model."""
+        return self.eval_batches(split, batch_size, max_examples)
+
+    def score_batch(self, model: torch.nn.Module, batch: Dict[str, Any]) -> Dict[str, Any]:
+        """The scores of one batch of :meth:`eval_inputs` (on the model's device): sums, counts or
+        lists, added up over the batches by :meth:`evaluate`."""
+        raise NotImplementedError  # abstract: subclasses implement it
+
+    def summarize(self, totals: Dict[str, Any]) -> Dict[str, float]:
+        """The metrics from the scores added up over every held-out batch (empty: no batch)."""
         raise NotImplementedError  # abstract: subclasses implement it
 
     def examples(self, n: int = 5) -> List[Dict[str, str]]:
@@ -186,7 +240,7 @@ class LanguageModelTask(Task):
 
     def __init__(self, tokens: Tensor, vocab: Any, block_size: int, fractions: Tuple[float, float, float] = (0.9, 0.05, 0.05),
                  stream: bool = False) -> None:
-        _check_positive_int("block_size", block_size)
+        check_positive_int("block_size", block_size)
         if tokens.dim() != 1:
             raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
         if not isinstance(stream, bool):
@@ -207,7 +261,7 @@ class LanguageModelTask(Task):
 
     def split_tokens(self, split: str) -> Tensor:
         """``(N_split,)`` the tokens of one split."""
-        _check_split(split)
+        check_split(split)
         return self._splits[split]
 
     def _stream_index(self, data: Tensor, n_streams: int, rows: Tensor, segment: int) -> Tensor:
@@ -224,7 +278,7 @@ class LanguageModelTask(Task):
     def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
         """Random windows: ``input_ids (B, L)`` and ``labels (B, L)`` (the next tokens); with
         ``stream=True`` segment ``step`` of the rank's contiguous streams (``seed`` unused)."""
-        _check_batch_args(split, batch_size, step, rank, world_size)
+        check_batch_args(split, batch_size, step, rank, world_size)
         data = self._splits[split]
         if self.stream:
             index = self._stream_index(data, batch_size * world_size, rank * batch_size + torch.arange(batch_size), step)
@@ -237,8 +291,8 @@ class LanguageModelTask(Task):
     def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
         """Consecutive non-overlapping windows covering the split (at most ``max_examples``); with
         ``stream=True`` the segments of ``batch_size`` contiguous streams, one batch per segment."""
-        _check_split(split)
-        _check_positive_int("batch_size", batch_size)
+        check_split(split)
+        check_positive_int("batch_size", batch_size)
         data = self._splits[split]
         if self.stream:
             n_streams = max(1, min(batch_size, (data.numel() - 1) // self.block_size))
@@ -257,35 +311,22 @@ class LanguageModelTask(Task):
             index = starts[:, None] + torch.arange(self.block_size)  # (B, L)
             yield {"input_ids": data[index], "labels": data[index + 1]}
 
-    @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None, batch_size: int = 32) -> Dict[str, float]:
-        """Cross-entropy over the held-out windows.
+    # ---- metrics: cross-entropy over the held-out windows
 
-        Returns:
-            ``loss`` (nats per token), ``bpc`` (bits per token: characters or bytes),
-            ``perplexity`` and ``tokens`` (how many were scored).
-        """
-        was_training = getattr(model, "training", False)
-        model.eval()
-        device = _model_device(model)
-        total, count = 0.0, 0
-        carry = self.stream and getattr(model, "carries_state", False)
-        state = None
-        try:
-            for batch in self.eval_batches(split, batch_size, max_examples):
-                batch = {k: v.to(device) for k, v in batch.items()}
-                if carry:  # each segment continues the previous one: pass the model's memory on
-                    out = model(**batch, state=state, return_state=True)
-                    state = out.state
-                else:
-                    out = model(**batch)
-                logits = _logits_of(out, batch["labels"])
-                # sum in float32 whatever the model's dtype
-                total += F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), reduction="sum").item()
-                count += batch["labels"].numel()
-        finally:
-            model.train(was_training)
-        loss = total / max(count, 1)
+    eval_batch_size = 32
+
+    def score_batch(self, model: torch.nn.Module, batch: Dict[str, Any]) -> Dict[str, Any]:
+        out = model(**batch)
+        logits = logits_of(out, batch["labels"])
+        # sum in float32 whatever the model's dtype
+        nll = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), reduction="sum").item()
+        return {"nll": nll, "tokens": batch["labels"].numel(), "state": getattr(out, "state", None)}
+
+    def summarize(self, totals: Dict[str, Any]) -> Dict[str, float]:
+        """``loss`` (nats per token), ``bpc`` (bits per token: characters or bytes), ``perplexity``
+        and ``tokens`` (how many were scored)."""
+        count = totals.get("tokens", 0)
+        loss = totals.get("nll", 0.0) / max(count, 1)
         return {"loss": loss, "bpc": loss / math.log(2), "perplexity": math.exp(min(loss, 700.0)), "tokens": float(count)}
 
     def examples(self, n: int = 5) -> List[Dict[str, str]]:
@@ -300,7 +341,7 @@ class LanguageModelTask(Task):
         ``search`` tokens (in a play: a speaker's name and the start of the line), else the split's
         start; cut after its last whole word when the next token would split one. Deterministic.
         """
-        _check_positive_int("max_tokens", max_tokens)
+        check_positive_int("max_tokens", max_tokens)
         data = self._splits["test"]
         newline = self.vocab.encode("\n")
         start = 0
@@ -366,25 +407,25 @@ class Seq2SeqTask(Task):
 
     def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
         """A batch of pairs of ``split`` (see :meth:`collate` for the keys and shapes)."""
-        _check_batch_args(split, batch_size, step, rank, world_size)
+        check_batch_args(split, batch_size, step, rank, world_size)
         return self.collate(self._train_pairs(split, batch_size, step, seed, rank, world_size))
 
     def eval_pairs(self, split: str, max_examples: Optional[int] = None) -> List[Tuple[str, str]]:
         """The fixed held-out pairs of ``split`` (the first ``max_examples`` of them)."""
-        _check_split(split)
+        check_split(split)
         pairs = self._eval_pairs(split)
         return pairs if max_examples is None else pairs[:max_examples]
 
     def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
         """The held-out pairs of ``split`` in fixed order, ``batch_size`` at a time."""
-        _check_positive_int("batch_size", batch_size)
+        check_positive_int("batch_size", batch_size)
         pairs = self.eval_pairs(split, max_examples)
         for first in range(0, len(pairs), batch_size):
             yield self.collate(pairs[first : first + batch_size])
 
     def examples(self, n: int = 5) -> List[Dict[str, str]]:
         """``n`` training pairs as ``{"source", "target"}``."""
-        _check_positive_int("n", n)
+        check_positive_int("n", n)
         return [{"source": s, "target": t} for s, t in self._train_pairs("train", n, 0, 0, 0, 1)]
 
     @property
@@ -411,51 +452,46 @@ class Seq2SeqTask(Task):
         """Task-specific metrics over the whole held-out set (e.g. BLEU); none by default."""
         return {}
 
-    @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None, batch_size: int = 64) -> Dict[str, float]:
-        """Greedy generation and teacher forcing over the held-out pairs.
+    def eval_inputs(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Any]]:
+        """The held-out batches with their pairs' targets as ``references`` (strings)."""
+        pairs = self.eval_pairs(split, max_examples)
+        for first in range(0, len(pairs), batch_size):
+            chunk = pairs[first : first + batch_size]
+            yield {**self.collate(chunk), "references": [t for _, t in chunk]}
+
+    def score_batch(self, model: torch.nn.Module, batch: Dict[str, Any]) -> Dict[str, Any]:
+        """Teacher forcing and greedy generation on one batch.
 
         The model is called as ``model(**batch)`` (its ``.logits`` ``(B, T, V)`` give the loss
         and the token accuracy) and as ``model.generate(src_ids, src_mask=src_mask,
         max_new_tokens=T)`` for exact match; a generated row may start with ``<bos>`` and is
         read up to its first ``<eos>``.
-
-        Returns:
-            ``exact_match`` (share of targets generated exactly), ``token_accuracy`` (teacher
-            forced, EOS included), ``loss`` (nats per target token), ``examples`` (count),
-            plus the task's own metrics.
         """
-        was_training = getattr(model, "training", False)
-        model.eval()
-        device = _model_device(model)
-        hypotheses: List[str] = []
-        references: List[str] = []
-        correct_tokens = n_tokens = 0
-        total_loss = 0.0
-        pairs = self.eval_pairs(split, max_examples)
-        try:
-            for first in range(0, len(pairs), batch_size):
-                chunk = pairs[first : first + batch_size]
-                batch = {k: t.to(device) for k, t in self.collate(chunk).items()}
-                labels = batch["labels"]
-                logits = _logits_of(model(**batch), labels)
-                keep = labels != IGNORE_INDEX
-                correct_tokens += ((logits.argmax(-1) == labels) & keep).sum().item()
-                n_tokens += keep.sum().item()
-                total_loss += F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum").item()
-                generated = model.generate(batch["src_ids"], src_mask=batch["src_mask"], max_new_tokens=labels.shape[1])
-                rows = generated.tolist() if isinstance(generated, Tensor) else list(generated)
-                if len(rows) != len(chunk):
-                    raise ValueError(f"model.generate returned {len(rows)} rows for a batch of {len(chunk)}")
-                hypotheses += [self.decode_generated(row) for row in rows]
-                references += [t for _, t in chunk]
-        finally:
-            model.train(was_training)
-        n = len(references)
+        references = batch.pop("references")
+        labels = batch["labels"]
+        logits = logits_of(model(**batch), labels)
+        keep = labels != IGNORE_INDEX
+        scores = {
+            "correct_tokens": ((logits.argmax(-1) == labels) & keep).sum().item(),
+            "tokens": keep.sum().item(),
+            "nll": F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum").item(),
+        }
+        generated = model.generate(batch["src_ids"], src_mask=batch["src_mask"], max_new_tokens=labels.shape[1])
+        rows = generated.tolist() if isinstance(generated, Tensor) else list(generated)
+        if len(rows) != len(references):
+            raise ValueError(f"model.generate returned {len(rows)} rows for a batch of {len(references)}")
+        return {**scores, "hypotheses": [self.decode_generated(row) for row in rows], "references": references}
+
+    def summarize(self, totals: Dict[str, Any]) -> Dict[str, float]:
+        """``exact_match`` (share of targets generated exactly), ``token_accuracy`` (teacher
+        forced, EOS included), ``loss`` (nats per target token), ``examples`` (count), plus the
+        task's own metrics (:meth:`_extra_metrics`)."""
+        hypotheses, references = totals.get("hypotheses", []), totals.get("references", [])
+        n, n_tokens = len(references), totals.get("tokens", 0)
         metrics = {
             "exact_match": sum(h == r for h, r in zip(hypotheses, references)) / max(n, 1),
-            "token_accuracy": correct_tokens / max(n_tokens, 1),
-            "loss": total_loss / max(n_tokens, 1),
+            "token_accuracy": totals.get("correct_tokens", 0) / max(n_tokens, 1),
+            "loss": totals.get("nll", 0.0) / max(n_tokens, 1),
             "examples": float(n),
         }
         metrics.update(self._extra_metrics(hypotheses, references))
@@ -475,7 +511,7 @@ class GeneratedSeq2SeqTask(Seq2SeqTask):
     """
 
     def __init__(self, eval_size: int = 1000, fractions: Tuple[float, float, float] = (0.8, 0.1, 0.1)) -> None:
-        _check_positive_int("eval_size", eval_size)
+        check_positive_int("eval_size", eval_size)
         self.eval_size = eval_size
         self.fractions = fractions
         self._eval_cache: Dict[str, List[Tuple[str, str]]] = {}

@@ -38,15 +38,13 @@ from torch import Tensor
 
 from qkv import _checks
 from qkv.registry import register
-from qkv.tasks.base import SPLITS, Task, _check_batch_args, _check_positive_int, _check_split, _model_device, stable_seed
+from qkv.tasks.base import IGNORE_INDEX, SPLITS, Task, check_batch_args, check_positive_int, check_split, stable_seed
 from qkv.tasks.bbc import CLASSES, load_bbc, tokenize
 from qkv.tasks.classify import TensorTask, split_indices
 from qkv.tasks.pretrained_vocab import CheckpointTokenizer
 from qkv.tasks.vocab import WordVocab
 
 __all__ = ["BertVocab", "bert_vocab", "BertPretrainTask", "BBCNewsTokens", "mask_tokens"]
-
-IGNORE_INDEX = -100
 
 
 def mask_tokens(input_ids: Tensor, vocab_size: int, mask_id: int, special_ids: Sequence[int], prob: float = 0.15,
@@ -240,7 +238,7 @@ class BertPretrainTask(Task):
     def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0,
                   world_size: int = 1) -> Dict[str, Tensor]:
         """``batch_size`` fresh pairs (and their masking): a pure function of the arguments."""
-        _check_batch_args(split, batch_size, step, rank, world_size)
+        check_batch_args(split, batch_size, step, rank, world_size)
         g = torch.Generator().manual_seed(stable_seed("bert-pretrain", seed, split, step, rank, world_size))
         return self._batch(split, batch_size, g)
 
@@ -262,8 +260,8 @@ class BertPretrainTask(Task):
 
     def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
         """The fixed held-out pairs of ``split`` (``eval_size`` of them, the same every call)."""
-        _check_split(split)
-        _check_positive_int("batch_size", batch_size)
+        check_split(split)
+        check_positive_int("batch_size", batch_size)
         left = self.eval_size if max_examples is None else min(self.eval_size, max_examples)
         for batch in self._held_out(split, batch_size):
             if left <= 0:
@@ -272,39 +270,31 @@ class BertPretrainTask(Task):
             yield {k: t[:n] for k, t in batch.items()}
             left -= n
 
-    @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None,
-                 batch_size: int = 64) -> Dict[str, float]:
+    def score_batch(self, model: torch.nn.Module, batch: Dict[str, Tensor]) -> Dict[str, Any]:
+        """Masked-LM and next-sentence hits and losses of one batch."""
+        out = model(**batch)
+        labels, nsp = batch["labels"], batch["next_sentence_label"]
+        picked = labels != IGNORE_INDEX
+        # (M, V) at the selected positions (mlm_logits="selected" gives just those)
+        logits = (out.logits if out.logits.dim() == 2 else out.logits[picked]).float()
+        nsp_logits = out.aux["nsp_logits"].float()
+        return {"mlm_hit": int((logits.argmax(-1) == labels[picked]).sum()),
+                "mlm_loss": float(F.cross_entropy(logits, labels[picked], reduction="sum")),
+                "mlm_n": int(picked.sum()),
+                "nsp_hit": int((nsp_logits.argmax(-1) == nsp).sum()),
+                "nsp_loss": float(F.cross_entropy(nsp_logits, nsp, reduction="sum")),
+                "nsp_n": len(nsp)}
+
+    def summarize(self, totals: Dict[str, Any]) -> Dict[str, float]:
         """Masked-LM and next-sentence accuracy and loss over the held-out pairs."""
-        was_training = getattr(model, "training", False)
-        model.eval()
-        device = _model_device(model)
-        mlm_hit = mlm_n = nsp_hit = nsp_n = 0
-        mlm_loss = nsp_loss = 0.0
-        try:
-            for batch in self.eval_batches(split, batch_size, max_examples):
-                batch = {k: t.to(device) for k, t in batch.items()}
-                out = model(**batch)
-                labels, nsp = batch["labels"], batch["next_sentence_label"]
-                picked = labels != IGNORE_INDEX
-                # (M, V) at the selected positions (mlm_logits="selected" gives just those)
-                logits = (out.logits if out.logits.dim() == 2 else out.logits[picked]).float()
-                mlm_hit += int((logits.argmax(-1) == labels[picked]).sum())
-                mlm_loss += float(F.cross_entropy(logits, labels[picked], reduction="sum"))
-                mlm_n += int(picked.sum())
-                nsp_logits = out.aux["nsp_logits"].float()
-                nsp_hit += int((nsp_logits.argmax(-1) == nsp).sum())
-                nsp_loss += float(F.cross_entropy(nsp_logits, nsp, reduction="sum"))
-                nsp_n += len(nsp)
-        finally:
-            model.train(was_training)
-        mlm, nsp = mlm_loss / max(mlm_n, 1), nsp_loss / max(nsp_n, 1)
-        return {"mlm_accuracy": mlm_hit / max(mlm_n, 1), "nsp_accuracy": nsp_hit / max(nsp_n, 1),
+        mlm_n, nsp_n = max(totals.get("mlm_n", 0), 1), totals.get("nsp_n", 0)
+        mlm, nsp = totals.get("mlm_loss", 0.0) / mlm_n, totals.get("nsp_loss", 0.0) / max(nsp_n, 1)
+        return {"mlm_accuracy": totals.get("mlm_hit", 0) / mlm_n, "nsp_accuracy": totals.get("nsp_hit", 0) / max(nsp_n, 1),
                 "mlm_loss": mlm, "nsp_loss": nsp, "loss": mlm + nsp, "examples": float(nsp_n)}
 
     def examples(self, n: int = 5) -> List[Dict[str, str]]:
         """``n`` training pairs as text (before masking) and their IsNext/NotNext label."""
-        _check_positive_int("n", n)
+        check_positive_int("n", n)
         g = torch.Generator().manual_seed(stable_seed("bert-pretrain-examples"))
         words = self.vocab.words
         out = []

@@ -26,9 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from qkv._nn import evaluating, module_device
 from qkv._plot import pyplot, save_figure
 from qkv.registry import register
-from qkv.tasks.base import (IGNORE_INDEX, Task, _check_batch_args, _check_positive_int, _check_split, _model_device,
+from qkv.tasks.base import (IGNORE_INDEX, Task, check_batch_args, check_positive_int, check_split,
                             split_of, stable_seed)
 from qkv.tasks.data import load_mnist
 from qkv.tasks.vocab import CharVocab
@@ -53,7 +54,7 @@ class DigitCaptionsTask(Task):
     def __init__(self, *, min_digits: int = 2, max_digits: int = 4, eval_size: int = 500,
                  cache_dir: Optional[Union[str, Path]] = None) -> None:
         for name, value in (("min_digits", min_digits), ("max_digits", max_digits), ("eval_size", eval_size)):
-            _check_positive_int(name, value)
+            check_positive_int(name, value)
         if max_digits < min_digits:
             raise ValueError(f"max_digits must be >= min_digits = {min_digits}, got {max_digits}")
         self.min_digits, self.max_digits, self.eval_size = min_digits, max_digits, eval_size
@@ -97,18 +98,18 @@ class DigitCaptionsTask(Task):
 
     def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
         """A batch of fresh strips of ``split``, a pure function of the arguments."""
-        _check_batch_args(split, batch_size, step, rank, world_size)
+        check_batch_args(split, batch_size, step, rank, world_size)
         g = torch.Generator().manual_seed(stable_seed(self.registry_name, seed, split, step, rank, world_size))
         return self.collate([self._strip(split, g) for _ in range(batch_size)])
 
     def eval_strips(self, split: str, max_examples: Optional[int] = None) -> List[Strip]:
         """The fixed held-out strips of ``split``."""
-        _check_split(split)
+        check_split(split)
         g = torch.Generator().manual_seed(stable_seed(self.registry_name, "eval", split, self.min_digits, self.max_digits))
         return [self._strip(split, g) for _ in range(self.eval_size)][:max_examples]
 
     def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
-        _check_positive_int("batch_size", batch_size)
+        check_positive_int("batch_size", batch_size)
         strips = self.eval_strips(split, max_examples)
         for first in range(0, len(strips), batch_size):
             yield self.collate(strips[first : first + batch_size])
@@ -120,35 +121,32 @@ class DigitCaptionsTask(Task):
             ids = ids[: ids.index(v.eos_id)]
         return v.decode([i for i in ids if i not in (v.pad_id, v.bos_id)])
 
-    @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None, batch_size: int = 100) -> Dict[str, float]:
+    eval_batch_size = 100
+
+    def score_batch(self, model: torch.nn.Module, batch: Dict[str, Tensor]) -> Dict[str, Any]:
+        """Teacher-forced token scores and greedy captions of one batch."""
+        labels = batch["labels"]
+        logits = model(**batch).logits  # (B, T, V)
+        keep = labels != IGNORE_INDEX
+        generated = model.generate(batch["images"], max_new_tokens=labels.shape[1])
+        rows = list(zip(generated.tolist(), labels.tolist()))
+        return {
+            "correct": int(((logits.argmax(-1) == labels) & keep).sum()),
+            "tokens": int(keep.sum()),
+            "nll": float(F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")),
+            "exact": sum(self.caption(row) == self.caption([i for i in lab if i != IGNORE_INDEX]) for row, lab in rows),
+            "captions": len(rows),
+        }
+
+    def summarize(self, totals: Dict[str, Any]) -> Dict[str, float]:
         """``exact_match`` (greedy captions), ``token_accuracy`` and ``loss`` (teacher forced)."""
-        was_training = getattr(model, "training", False)
-        model.eval()
-        device = _model_device(model)
-        exact = correct = tokens = n = 0
-        total_loss = 0.0
-        try:
-            for batch in self.eval_batches(split, batch_size, max_examples):
-                batch = {k: t.to(device) for k, t in batch.items()}
-                labels = batch["labels"]
-                logits = model(**batch).logits  # (B, T, V)
-                keep = labels != IGNORE_INDEX
-                correct += int(((logits.argmax(-1) == labels) & keep).sum())
-                tokens += int(keep.sum())
-                total_loss += float(F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"))
-                generated = model.generate(batch["images"], max_new_tokens=labels.shape[1])
-                for row, lab in zip(generated.tolist(), labels.tolist()):
-                    exact += self.caption(row) == self.caption([i for i in lab if i != IGNORE_INDEX])
-                    n += 1
-        finally:
-            model.train(was_training)
-        return {"exact_match": exact / max(n, 1), "token_accuracy": correct / max(tokens, 1),
-                "loss": total_loss / max(tokens, 1), "examples": float(n)}
+        n, tokens = totals.get("captions", 0), totals.get("tokens", 0)
+        return {"exact_match": totals.get("exact", 0) / max(n, 1), "token_accuracy": totals.get("correct", 0) / max(tokens, 1),
+                "loss": totals.get("nll", 0.0) / max(tokens, 1), "examples": float(n)}
 
     def strip_of(self, digits: str, split: str = "test") -> Strip:
         """A strip showing ``digits`` (e.g. ``"471"``), each the first image of that digit in ``split``."""
-        _check_split(split)
+        check_split(split)
         if not digits or not digits.isdigit() or not 1 <= len(digits) <= self.max_digits:
             raise ValueError(f"digits must be 1 to {self.max_digits} decimal digits (e.g. '471'), got {digits!r}")
         _, labels, splits = self._data
@@ -156,18 +154,13 @@ class DigitCaptionsTask(Task):
         idx = [int(pool[labels[pool] == int(d)][0]) for d in digits]
         return idx, 0
 
-    @torch.no_grad()
     def _caption(self, model: torch.nn.Module, strips: List[Strip]):
         """Caption ``strips`` greedily: images ``(B, 1, H, W)``, ids ``(B, T)``, the attention
         ``(B, T, Hg Wg)`` over the CNN grid and the grid's ``(Hg, Wg)``, all on the CPU."""
-        images = self.collate(strips)["images"].to(_model_device(model))
-        was_training = getattr(model, "training", False)
-        model.eval()
-        try:
+        images = self.collate(strips)["images"].to(module_device(model))
+        with evaluating(model):
             ids, w = model.generate(images, max_new_tokens=self.max_digits + 1, return_weights=True)
             _, grid = model.encode(images[:1])
-        finally:
-            model.train(was_training)
         return images.cpu(), ids.cpu(), w.cpu(), grid
 
     @torch.no_grad()

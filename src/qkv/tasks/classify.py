@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from qkv.tasks.base import SPLITS, Task, _check_batch_args, _check_positive_int, _check_split, _model_device, stable_seed
+from qkv.tasks.base import SPLITS, Task, check_batch_args, check_positive_int, check_split, stable_seed
 
 __all__ = ["TensorTask", "split_indices", "binary_auc"]
 
@@ -58,7 +58,7 @@ class TensorTask(Task):
 
     def size(self, split: str) -> int:
         """Number of examples in ``split``."""
-        _check_split(split)
+        check_split(split)
         return len(self._splits[split]["labels"])
 
     @lru_cache(maxsize=8)
@@ -71,7 +71,7 @@ class TensorTask(Task):
 
     def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
         """``batch_size`` examples of ``split``: a pure function of the arguments."""
-        _check_batch_args(split, batch_size, step, rank, world_size)
+        check_batch_args(split, batch_size, step, rank, world_size)
         n = self.size(split)
         first = (step * world_size + rank) * batch_size
         positions = range(first, first + batch_size)
@@ -80,8 +80,8 @@ class TensorTask(Task):
 
     def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
         """The examples of ``split`` in order, ``batch_size`` at a time (at most ``max_examples``)."""
-        _check_split(split)
-        _check_positive_int("batch_size", batch_size)
+        check_split(split)
+        check_positive_int("batch_size", batch_size)
         n = self.size(split) if max_examples is None else min(self.size(split), max_examples)
         for first in range(0, n, batch_size):
             yield self._take(split, torch.arange(first, min(first + batch_size, n)))
@@ -102,27 +102,22 @@ class TensorTask(Task):
             "examples": float(len(labels)),
         }
 
-    @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None, batch_size: int = 64) -> Dict[str, float]:
-        """The task's metrics of ``model`` over the held-out examples of ``split``."""
-        was_training = getattr(model, "training", False)
-        model.eval()
-        device = _model_device(model)
-        outputs, batches = [], []
-        try:
-            _check_split(split)
-            for batch in self._eval_batches_with_meta(split, batch_size, max_examples):
-                inputs = {k: v.to(device) for k, v in batch.items() if k not in self.meta_keys}
-                out = model(**inputs, need_weights=True)
-                outputs.append(_to_cpu(out))
-                batches.append(batch)
-        finally:
-            model.train(was_training)
-        return self._metrics(outputs, batches)
+    def eval_inputs(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
+        """The held-out batches with the meta keys the metrics read."""
+        check_split(split)
+        return self._eval_batches_with_meta(split, batch_size, max_examples)
+
+    def score_batch(self, model: torch.nn.Module, batch: Dict[str, Tensor]) -> Dict[str, Any]:
+        """The model's output (on the CPU) and the batch, kept for :meth:`_metrics`."""
+        out = model(**{k: v for k, v in batch.items() if k not in self.meta_keys}, need_weights=True)
+        return {"outputs": [_to_cpu(out)], "batches": [{k: v.cpu() for k, v in batch.items()}]}
+
+    def summarize(self, totals: Dict[str, Any]) -> Dict[str, float]:
+        return self._metrics(totals.get("outputs", []), totals.get("batches", []))
 
     def examples(self, n: int = 5) -> List[Dict[str, str]]:
         """``n`` training examples, their tensors' shapes and labels."""
-        _check_positive_int("n", n)
+        check_positive_int("n", n)
         batch = self._take("train", torch.arange(min(n, self.size("train"))))
         return [{k: str(v[i].tolist() if v[i].numel() == 1 else tuple(v[i].shape)) for k, v in batch.items()}
                 for i in range(len(batch["labels"]))]

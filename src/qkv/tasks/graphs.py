@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from qkv.registry import register
-from qkv.tasks.base import SPLITS, Task, _check_batch_args, _check_split, _model_device, stable_seed
+from qkv.tasks.base import Task, check_batch_args, check_split, stable_seed
 
 __all__ = ["KarateClub", "karate_graph"]
 
@@ -75,27 +75,22 @@ class KarateClub(Task):
 
     def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
         """The whole graph with the labels of ``split`` (``batch_size`` is ignored: one graph)."""
-        _check_batch_args(split, batch_size, step, rank, world_size)
+        check_batch_args(split, batch_size, step, rank, world_size)
         return self._graph(split)
 
     def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
-        _check_split(split)
+        check_split(split)
         yield self._graph(split)
 
-    @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None) -> Dict[str, float]:
-        """``accuracy`` over the labelled nodes of ``split``."""
-        _check_split(split)
-        was_training = getattr(model, "training", False)
-        model.eval()
-        device = _model_device(model)
-        try:
-            batch = {k: v.to(device) for k, v in self._graph(split).items()}
-            logits = model(**batch).logits.cpu()
-        finally:
-            model.train(was_training)
-        nodes = self.nodes[split]
-        return {"accuracy": (logits[nodes].argmax(-1) == self.labels[nodes]).float().mean().item(), "nodes": float(len(nodes))}
+    def score_batch(self, model: torch.nn.Module, batch: Dict[str, Tensor]) -> Dict[str, Any]:
+        """``accuracy`` over the labelled nodes of the split (the graph is one batch)."""
+        logits = model(**batch).logits.cpu()
+        labels = batch["labels"].cpu()
+        nodes = labels != -100  # the split's nodes
+        return {"accuracy": (logits[nodes].argmax(-1) == labels[nodes]).float().mean().item(), "nodes": float(nodes.sum())}
+
+    def summarize(self, totals: Dict[str, Any]) -> Dict[str, float]:
+        return {"accuracy": totals["accuracy"], "nodes": totals["nodes"]}
 
     def examples(self, n: int = 5) -> List[Dict[str, str]]:
         return [{"node": str(i), "club": str(int(self.labels[i]))} for i in range(min(n, len(self.labels)))]

@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from qkv._plot import pyplot, save_figure
 from qkv.registry import register
-from qkv.tasks.base import SPLITS, _check_positive_int, _check_split, _model_device
+from qkv.tasks.base import SPLITS, check_positive_int, check_split
 from qkv.tasks.classify import TensorTask, split_indices
 from qkv.tasks.data import load_fashion_mnist, load_mnist
 
@@ -32,7 +31,7 @@ __all__ = ["ImageGenerationTask", "MnistImages", "FashionMnistImages", "quantise
 
 def quantise(images: Tensor, levels: int) -> Tensor:
     """``uint8 (..., H, W)`` intensities -> ``long`` levels ``floor(x levels / 256)`` in ``[0, levels)``."""
-    _check_positive_int("levels", levels)
+    check_positive_int("levels", levels)
     if levels > 256:
         raise ValueError(f"levels must be <= 256 (8-bit intensities), got {levels}")
     return torch.div(images.long() * levels, 256, rounding_mode="floor")
@@ -50,7 +49,7 @@ class ImageGenerationTask(TensorTask):
         self.image_size = tuple(splits["train"]["images"].shape[1:])
 
     def size(self, split: str) -> int:
-        _check_split(split)
+        check_split(split)
         return len(self._splits[split]["images"])
 
     def model_hints(self) -> Dict[str, Any]:
@@ -63,28 +62,20 @@ class ImageGenerationTask(TensorTask):
 
         return image_view(model, self._take("test", torch.arange(1)))
 
-    @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None,
-                 batch_size: int = 50) -> Dict[str, float]:
-        """``bits_per_dim = sum NLL / (ln 2 * pixels)`` over the held-out images of ``split``."""
-        was_training = getattr(model, "training", False)
-        model.eval()
-        device = _model_device(model)
-        nll, pixels = 0.0, 0
-        try:
-            for batch in self.eval_batches(split, batch_size, max_examples):
-                batch = {k: v.to(device) for k, v in batch.items()}
-                out = model(**batch)
-                n = batch["images"][0].numel() * len(batch["images"])
-                nll += out.loss.item() * n
-                pixels += n
-        finally:
-            model.train(was_training)
+    eval_batch_size = 50
+
+    def score_batch(self, model: torch.nn.Module, batch: Dict[str, Tensor]) -> Dict[str, Any]:
+        pixels = batch["images"][0].numel() * len(batch["images"])
+        return {"nll": model(**batch).loss.item() * pixels, "pixels": pixels}
+
+    def summarize(self, totals: Dict[str, Any]) -> Dict[str, float]:
+        """``bits_per_dim = sum NLL / (ln 2 * pixels)`` over the held-out images."""
+        nll, pixels = totals.get("nll", 0.0), totals.get("pixels", 0)
         return {"bits_per_dim": nll / pixels / math.log(2), "nll_nats": nll / pixels,
                 "examples": float(pixels // (self.image_size[0] * self.image_size[1]))}
 
     def examples(self, n: int = 5):
-        _check_positive_int("n", n)
+        check_positive_int("n", n)
         batch = self._take("train", torch.arange(min(n, self.size("train"))))
         return [{"class": str(int(c)), "images": str(tuple(im.shape))} for im, c in zip(batch["images"], batch["classes"])]
 
@@ -100,7 +91,7 @@ class ImageGenerationTask(TensorTask):
         klass = options.pop("class", None)
         if options:
             raise ValueError(f"unknown sample option(s) {sorted(options)}; known: class, temperature")
-        _check_positive_int("n", n)
+        check_positive_int("n", n)
         conditional = getattr(model.config, "n_classes", 0) > 0
         if klass is not None:
             klass = int(klass)

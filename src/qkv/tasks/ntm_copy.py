@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from qkv.registry import register
-from qkv.tasks.base import Task, _check_batch_args, _check_positive_int, _check_split, _model_device, stable_seed
+from qkv.tasks.base import Task, check_batch_args, check_positive_int, check_split, stable_seed
 
 __all__ = ["NTMCopy", "copy_batch"]
 
@@ -61,13 +61,13 @@ class NTMCopy(Task):
     def __init__(self, *, width: int = 8, min_len: int = 1, max_len: int = 10,
                  eval_lengths: Optional[Sequence[int]] = None, eval_size: int = 64) -> None:
         for name, value in (("width", width), ("min_len", min_len), ("max_len", max_len), ("eval_size", eval_size)):
-            _check_positive_int(name, value)
+            check_positive_int(name, value)
         if max_len < min_len:
             raise ValueError(f"max_len must be >= min_len = {min_len}, got {max_len}")
         self.width, self.min_len, self.max_len, self.eval_size = width, min_len, max_len, eval_size
         self.eval_lengths: Tuple[int, ...] = tuple(eval_lengths) if eval_lengths is not None else (max_len, 2 * max_len, 3 * max_len)
         for L in self.eval_lengths:
-            _check_positive_int("eval_lengths[i]", L)
+            check_positive_int("eval_lengths[i]", L)
 
     def _bits(self, n: int, length: int, *key) -> Tensor:
         g = torch.Generator().manual_seed(stable_seed("ntm-copy", *key))
@@ -75,41 +75,40 @@ class NTMCopy(Task):
 
     def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
         """``batch_size`` sequences of one length drawn by ``(seed, split, step)``."""
-        _check_batch_args(split, batch_size, step, rank, world_size)
+        check_batch_args(split, batch_size, step, rank, world_size)
         g = torch.Generator().manual_seed(stable_seed("ntm-copy-length", seed, split, step))
         length = int(torch.randint(self.min_len, self.max_len + 1, (1,), generator=g))  # the same on every rank
         return copy_batch(self._bits(batch_size, length, seed, split, step, rank, world_size))
 
     def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None, length: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
         """The fixed held-out sequences of ``split`` at ``length`` (default ``max_len``)."""
-        _check_split(split)
-        _check_positive_int("batch_size", batch_size)
+        check_split(split)
+        check_positive_int("batch_size", batch_size)
         length = self.max_len if length is None else length
         n = self.eval_size if max_examples is None else min(self.eval_size, max_examples)
         bits = self._bits(n, length, "eval", split)
         for first in range(0, n, batch_size):
             yield copy_batch(bits[first : first + batch_size])
 
-    @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None, batch_size: int = 64) -> Dict[str, float]:
+    def eval_inputs(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Any]]:
+        """The held-out batches at each length of ``eval_lengths``, each with its ``length``."""
+        for length in self.eval_lengths:
+            for batch in self.eval_batches(split, batch_size, max_examples, length=length):
+                yield {**batch, "length": length}
+
+    def score_batch(self, model: torch.nn.Module, batch: Dict[str, Any]) -> Dict[str, Any]:
+        """The wrong bits of each sequence, by length."""
+        logits = model(inputs=batch["inputs"]).logits
+        wrong = ((logits > 0).float() != batch["labels"]) & batch["label_mask"].unsqueeze(-1)  # (B, T, W)
+        return {f"errors@{batch['length']}": [wrong.sum((1, 2)).float().cpu()]}
+
+    def summarize(self, totals: Dict[str, Any]) -> Dict[str, float]:
         """``bit_errors@L`` and ``exact@L`` for each ``L`` in ``eval_lengths`` (see the module docstring)."""
-        was_training = getattr(model, "training", False)
-        model.eval()
-        device = _model_device(model)
         metrics: Dict[str, float] = {}
-        try:
-            for L in self.eval_lengths:
-                errors: List[Tensor] = []
-                for batch in self.eval_batches(split, batch_size, max_examples, length=L):
-                    batch = {k: v.to(device) for k, v in batch.items()}
-                    logits = model(inputs=batch["inputs"]).logits
-                    wrong = ((logits > 0).float() != batch["labels"]) & batch["label_mask"].unsqueeze(-1)  # (B, T, W)
-                    errors.append(wrong.sum((1, 2)).float().cpu())
-                e = torch.cat(errors)
-                metrics[f"bit_errors@{L}"] = e.mean().item()
-                metrics[f"exact@{L}"] = (e == 0).float().mean().item()
-        finally:
-            model.train(was_training)
+        for length in self.eval_lengths:
+            errors = torch.cat(totals.get(f"errors@{length}", []))
+            metrics[f"bit_errors@{length}"] = errors.mean().item()
+            metrics[f"exact@{length}"] = (errors == 0).float().mean().item()
         return metrics
 
     def examples(self, n: int = 5) -> List[Dict[str, str]]:
@@ -128,6 +127,6 @@ class NTMCopy(Task):
             length = self.max_len if text is None else int(text)
         except ValueError:
             raise ValueError(f"--text for ntm-copy is the length of the sequence to copy, an int; got {text!r}") from None
-        _check_positive_int("length", length)
+        check_positive_int("length", length)
         batch = next(self.eval_batches("test", 1, max_examples=1, length=length))
         return ntm_view(model, batch, length)

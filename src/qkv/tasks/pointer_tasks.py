@@ -35,9 +35,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from qkv._nn import evaluating, module_device
 from qkv._plot import pyplot, save_figure
 from qkv.registry import register
-from qkv.tasks.base import IGNORE_INDEX, Task, _check_batch_args, _check_positive_int, _check_split, _model_device, stable_seed
+from qkv.tasks.base import IGNORE_INDEX, Task, check_batch_args, check_positive_int, check_split, stable_seed
 
 __all__ = ["PointerTask", "PointerSortTask", "ConvexHullTask", "TSPTask", "DelaunayTask", "convex_hull", "polygon_area",
            "is_simple_polygon", "held_karp", "tour_length", "nearest_neighbour_tour", "delaunay_triangles"]
@@ -117,9 +118,9 @@ class PointerTask(Task):
     point_all = False  # whether a valid output visits every input (TSP): END only after all
 
     def __init__(self, *, min_len: int, max_len: int, eval_size: int = 1000) -> None:
-        _check_positive_int("min_len", min_len)
-        _check_positive_int("max_len", max_len)
-        _check_positive_int("eval_size", eval_size)
+        check_positive_int("min_len", min_len)
+        check_positive_int("max_len", max_len)
+        check_positive_int("eval_size", eval_size)
         if max_len < min_len:
             raise ValueError(f"max_len must be >= min_len = {min_len}, got {max_len}")
         self.min_len, self.max_len, self.eval_size = min_len, max_len, eval_size
@@ -152,20 +153,20 @@ class PointerTask(Task):
 
     def get_batch(self, split: str, batch_size: int, step: int, *, seed: int = 0, rank: int = 0, world_size: int = 1) -> Dict[str, Tensor]:
         """A fresh batch of ``split``, a pure function of the arguments."""
-        _check_batch_args(split, batch_size, step, rank, world_size)
+        check_batch_args(split, batch_size, step, rank, world_size)
         g = torch.Generator().manual_seed(stable_seed(self.registry_name, seed, split, step, rank, world_size))
         return self.collate([self._draw(g) for _ in range(batch_size)])
 
     def eval_examples(self, split: str, max_examples: Optional[int] = None) -> List[Example]:
         """The fixed held-out examples of ``split``."""
-        _check_split(split)
+        check_split(split)
         if split not in self._eval_cache:
             g = torch.Generator().manual_seed(stable_seed(self.registry_name, "eval", split, self.min_len, self.max_len))
             self._eval_cache[split] = [self._draw(g) for _ in range(self.eval_size)]
         return self._eval_cache[split][:max_examples]
 
     def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
-        _check_positive_int("batch_size", batch_size)
+        check_positive_int("batch_size", batch_size)
         examples = self.eval_examples(split, max_examples)
         for first in range(0, len(examples), batch_size):
             yield self.collate(examples[first : first + batch_size])
@@ -180,29 +181,30 @@ class PointerTask(Task):
             options["point_all"] = True
         return options
 
-    @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, split: str = "test", max_examples: Optional[int] = None, batch_size: int = 128) -> Dict[str, float]:
-        """``exact_match`` and ``loss`` (teacher forced) over the held-out set, plus the task's metrics."""
-        was_training = getattr(model, "training", False)
-        model.eval()
-        device = _model_device(model)
+    eval_batch_size = 128
+
+    def eval_inputs(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Any]]:
+        """The held-out batches, each with its ``examples`` (points, target) for the metrics."""
         examples = self.eval_examples(split, max_examples)
-        predictions: List[List[int]] = []
-        total_loss, n_batches = 0.0, 0
-        try:
-            for first in range(0, len(examples), batch_size):
-                chunk = examples[first : first + batch_size]
-                batch = {k: v.to(device) for k, v in self.collate(chunk).items()}
-                total_loss += float(model(**batch).loss)
-                n_batches += 1
-                n = batch["inputs"].shape[1]
-                ids = model.generate(batch["inputs"], input_mask=batch["input_mask"], **self._generate_options(n))
-                for row in ids.tolist():
-                    predictions.append(row[: row.index(n)] if n in row else [i for i in row if 0 <= i < n])
-        finally:
-            model.train(was_training)
+        for first in range(0, len(examples), batch_size):
+            chunk = examples[first : first + batch_size]
+            yield {**self.collate(chunk), "examples": chunk}
+
+    def score_batch(self, model: torch.nn.Module, batch: Dict[str, Any]) -> Dict[str, Any]:
+        """The teacher-forced loss and the generated outputs of one batch."""
+        examples = batch.pop("examples")
+        loss = float(model(**batch).loss)
+        n = batch["inputs"].shape[1]
+        ids = model.generate(batch["inputs"], input_mask=batch["input_mask"], **self._generate_options(n))
+        predictions = [row[: row.index(n)] if n in row else [i for i in row if 0 <= i < n] for row in ids.tolist()]
+        return {"loss": loss, "batches": 1, "examples": examples, "predictions": predictions}
+
+    def summarize(self, totals: Dict[str, Any]) -> Dict[str, float]:
+        """``exact_match`` and ``loss`` (teacher forced) over the held-out set, plus the task's metrics."""
+        examples, predictions = totals.get("examples", []), totals.get("predictions", [])
         exact = sum(p == t for p, (_, t) in zip(predictions, examples)) / max(len(examples), 1)
-        metrics = {"exact_match": exact, "loss": total_loss / max(n_batches, 1), "examples": float(len(examples))}
+        metrics = {"exact_match": exact, "loss": totals.get("loss", 0.0) / max(totals.get("batches", 0), 1),
+                   "examples": float(len(examples))}
         metrics.update(self._extra_metrics(examples, predictions))
         return metrics
 
@@ -225,7 +227,6 @@ class PointerTask(Task):
         """Draw the inputs with the predicted and true outputs on ``ax``; False if the task has no such picture."""
         return False
 
-    @torch.no_grad()
     def _pointed(self, model: torch.nn.Module, text: Optional[str]):
         """Generate the outputs for ``text``'s inputs (or the first test example): the points, the
         target, the pointer distributions ``(steps, n + 1)``, the predicted outputs and axis labels."""
@@ -235,13 +236,8 @@ class PointerTask(Task):
         else:
             points, target = self.eval_examples("test", 1)[0]
         n = points.shape[0]
-        device = _model_device(model)
-        was_training = getattr(model, "training", False)
-        model.eval()
-        try:
-            ids, w = model.generate(points.unsqueeze(0).to(device), return_weights=True, **self._generate_options(n))
-        finally:
-            model.train(was_training)
+        with evaluating(model):
+            ids, w = model.generate(points.unsqueeze(0).to(module_device(model)), return_weights=True, **self._generate_options(n))
         row, w = ids[0].cpu().tolist(), w[0].float().cpu()  # (T,), (T, n + 1)
         steps = len(row) if n not in row else row.index(n) + 1
         predicted = [i for i in row[:steps] if 0 <= i < n]
@@ -473,7 +469,7 @@ class TSPTask(PointerTask):
     def __init__(self, *, min_len: int = 5, max_len: int = 10, eval_size: int = 1000, train_size: int = 10000) -> None:
         if isinstance(max_len, int) and not isinstance(max_len, bool) and max_len > 14:
             raise ValueError(f"max_len must be <= 14 (exact Held-Karp costs O(2^n n^2)), got {max_len}")
-        _check_positive_int("train_size", train_size)
+        check_positive_int("train_size", train_size)
         super().__init__(min_len=min_len, max_len=max_len, eval_size=eval_size)
         self.train_size = train_size
 
@@ -501,7 +497,7 @@ class TSPTask(PointerTask):
         return self._eval_cache["train"]
 
     def eval_examples(self, split: str, max_examples: Optional[int] = None) -> List[Example]:
-        _check_split(split)
+        check_split(split)
         if split == "train":
             return self._pool()[:max_examples]
         if split not in self._eval_cache:
@@ -513,7 +509,7 @@ class TSPTask(PointerTask):
         """Training batches draw from the fixed training set; held-out splits as the base class."""
         if split != "train":
             return super().get_batch(split, batch_size, step, seed=seed, rank=rank, world_size=world_size)
-        _check_batch_args(split, batch_size, step, rank, world_size)
+        check_batch_args(split, batch_size, step, rank, world_size)
         g = torch.Generator().manual_seed(stable_seed(self.registry_name, seed, split, step, rank, world_size))
         pool = self._pool()
         return self.collate([pool[int(i)] for i in torch.randint(len(pool), (batch_size,), generator=g)])

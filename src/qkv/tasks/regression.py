@@ -11,14 +11,13 @@ batches attend over the whole training set. ``evaluate`` gives the ``mse``.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Optional
 
 import torch
 from torch import Tensor
 
 from qkv.registry import register
-from qkv.tasks.base import SPLITS, _check_batch_args, stable_seed
+from qkv.tasks.base import stable_seed
 from qkv.tasks.classify import TensorTask
 
 __all__ = ["NWRegression", "target_function"]

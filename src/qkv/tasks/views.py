@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from .._nn import evaluating, module_device
 from ..viz import AttentionView
 
 __all__ = ["run_with_weights", "token_view", "image_view", "nadaraya_watson_view", "bag_view", "document_view", "story_view",
@@ -44,13 +45,9 @@ def text_index(text: Optional[str], n: int, what: str, default: int = 0) -> int:
 def run_with_weights(model: torch.nn.Module, batch: Dict[str, Tensor], meta_keys: Sequence[str] = ()) -> Any:
     """``model(**batch, need_weights=True)`` in eval mode on the model's device; refuses a model
     that returns no weights."""
-    was_training = model.training
-    model.eval()
-    try:
-        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    with evaluating(model):
+        device = module_device(model)
         out = model(**{k: v.to(device) for k, v in batch.items() if k not in meta_keys}, need_weights=True)
-    finally:
-        model.train(was_training)
     if out.weights is None:
         raise ValueError(f"{type(model).__name__} forms no attention weights on this task: nothing to show "
                          "(its attention-based siblings do)")
