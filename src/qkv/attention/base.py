@@ -13,7 +13,7 @@ masked returns zeros.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Dict, Optional, Tuple
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -140,6 +140,25 @@ class AttentionKernel(nn.Module):
         for name, value in (("max_len", max_len), ("n_heads", n_heads), ("d_head", d_head)):
             _checks.positive_int(name, value)
         return cls.head_kwargs(n_heads, d_head)
+
+    @classmethod
+    def knobs(cls, length: int, n_heads: int, d_head: int, given: Optional[Mapping[str, Any]] = None, *,
+              image_size: Optional[Tuple[int, int]] = None, with_heads: bool = False) -> Dict[str, Any]:
+        """The knobs this kernel is built with for sequences of up to ``length`` positions: its
+        :meth:`default_knobs`, then the ``given`` ones (given knobs win).
+
+        The one place the knobs are filled (the Transformer stack, the LRA encoder, ``qkv bench``,
+        ``qkv viz --pattern``, the Hugging Face attention functions). ``with_heads``: keep the head
+        arguments (:meth:`head_kwargs`); without, they are left out unless given, for
+        ``MultiHeadAttention`` fills them from its own shape. ``image_size``: ``(H, W)`` when the
+        sequence is an image in raster order; a kernel that reads images sizes its knobs by it
+        (``local-2d``), the others ignore it.
+        """
+        defaults = cls.default_knobs(length, n_heads, d_head)
+        if not with_heads:
+            heads = cls.head_kwargs(n_heads, d_head)
+            defaults = {k: v for k, v in defaults.items() if k not in heads}
+        return {**defaults, **(given or {})}
 
     @classmethod
     def knob_choices(cls) -> Dict[str, Tuple[Any, ...]]:

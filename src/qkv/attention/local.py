@@ -46,7 +46,7 @@ kernels hand their ``qkv.masks`` predicate to FlexAttention instead (``qkv.atten
 from __future__ import annotations
 
 import math
-from typing import Dict, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -243,6 +243,19 @@ class Local2DAttention(AttentionKernel):
         rows, cols = max(1, H // 4), max(1, W // 4)
         return {**super().default_knobs(max_len, n_heads, d_head), "image_size": (H, W),
                 "block": (rows, max(1, W // 2)), "memory": (rows, cols, cols)}
+
+    @classmethod
+    def knobs(cls, length: int, n_heads: int, d_head: int, given: Optional[Mapping[str, Any]] = None, *,
+              image_size: Optional[Tuple[int, int]] = None, with_heads: bool = False) -> Dict[str, Any]:
+        """As every kernel's (:meth:`AttentionKernel.knobs`); on an image (``image_size=(H, W)``)
+        query rectangles of ``H/8 x W/4`` pixels and a memory of ``H/8`` rows above and ``W/8``
+        columns either side (the LRA encoder's image tasks), given knobs still winning."""
+        knobs = super().knobs(length, n_heads, d_head, with_heads=with_heads)
+        if image_size is not None:
+            H, W = image_size
+            knobs.update(image_size=(H, W), block=(max(1, H // 8), max(1, W // 4)),
+                         memory=(max(1, H // 8), max(1, W // 8), max(1, W // 8)))
+        return {**knobs, **(given or {})}
 
     @classmethod
     def knob_choices(cls) -> dict:

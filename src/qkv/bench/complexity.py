@@ -93,7 +93,7 @@ def kernel_kwargs(name: str, length: int, heads: int, head_dim: int,
     """The constructor kwargs for kernel ``name`` at sequence length ``length``: the kernel's own
     ``default_knobs(length, heads, head_dim)`` (knobs that fit the length, and its head arguments),
     then ``overrides`` (which must all be accepted: the registry raises on unknown ones)."""
-    return {**lookup("attention", name).default_knobs(length, heads, head_dim), **(overrides or {})}
+    return lookup("attention", name).knobs(length, heads, head_dim, overrides, with_heads=True)
 
 
 def count_flops(step: Callable[[], None]) -> int:

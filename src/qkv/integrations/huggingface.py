@@ -219,9 +219,8 @@ def _kernel(module: torch.nn.Module, impl: str, kernel: str, knobs: Dict[str, An
                 warnings.warn(f"attention {kernel!r} forms no attention-weight matrix and applies no dropout: the "
                               f"model's attention dropout ({dropout}) is not applied", stacklevel=4)
             dropout = 0.0
-        filled = {k: v for k, v in cls.default_knobs(_max_len(module, length), heads, d_head).items() if k not in knobs}
         try:
-            built = cls(causal=causal, dropout=dropout, **filled, **knobs)
+            built = cls(causal=causal, dropout=dropout, **cls.knobs(_max_len(module, length), heads, d_head, knobs, with_heads=True))
         except ValueError as e:
             role = "a decoder (causal attention)" if causal else "an encoder"
             raise ValueError(f"{impl}: {e}; {type(module).__name__} is {role}") from None

@@ -49,23 +49,16 @@ __all__ = ["LRAEncoder", "LRAEncoderConfig", "LRADualEncoder", "kernel_knobs"]
 def kernel_knobs(name: str, max_len: int, n_heads: int, d_head: int,
                  image_size: Optional[Tuple[int, int]] = None) -> Dict[str, Any]:
     """The knobs kernel ``name`` gets in an LRA encoder over ``max_len`` tokens: the kernel's own
-    ``default_knobs(max_len, n_heads, d_head)`` (sizes that fit the length: radius, stride about
-    ``sqrt(L)``, blocks, features, spans, buckets), without the head arguments, which
-    ``MultiHeadAttention`` fills in; ``local-2d`` reads the task's image (``image_size``) with query
-    rectangles of ``H/8 x W/4`` pixels, ``H/8`` rows above and ``W/8`` columns each side."""
+    ``knobs(max_len, n_heads, d_head, image_size=image_size)`` (sizes that fit the length: radius,
+    stride about ``sqrt(L)``, blocks, features, spans, buckets; an image kernel's sized by the task's
+    image), without the head arguments, which ``MultiHeadAttention`` fills in. A kernel that reads
+    images (its knobs hold an ``image_size``: ``local-2d``) is refused on a 1-D sequence."""
     cls = lookup("attention", name)
-    if cls.registry_name == "local-2d":
-        if image_size is None:
-            raise ValueError("attention 'local-2d' needs an image task (image_size=(H, W)); this task is a 1-D sequence")
-        return _local_2d(image_size)
-    heads = cls.head_kwargs(n_heads, d_head)
-    return {k: v for k, v in cls.default_knobs(max_len, n_heads, d_head).items() if k not in heads}
-
-
-def _local_2d(image_size: Tuple[int, int]) -> Dict[str, Any]:
-    H, W = image_size
-    return {"image_size": (H, W), "block": (max(1, H // 8), max(1, W // 4)),
-            "memory": (max(1, H // 8), max(1, W // 8), max(1, W // 8))}
+    knobs = cls.knobs(max_len, n_heads, d_head, image_size=image_size)
+    if image_size is None and "image_size" in knobs:  # a kernel that reads images (local-2d)
+        raise ValueError(f"attention {cls.registry_name!r} needs an image task (image_size=(H, W)); this task is a "
+                         "1-D sequence")
+    return knobs
 
 
 @dataclass
@@ -98,11 +91,8 @@ class LRAEncoderConfig(StackConfig):
             if self.image_size[0] * self.image_size[1] != self.max_len:
                 raise ValueError(f"image_size {self.image_size} has {self.image_size[0] * self.image_size[1]} pixels, "
                                  f"max_len is {self.max_len}; they must agree")
-        if not self.attention_kwargs:
-            self.attention_kwargs = kernel_knobs(self.attention, self.max_len, self.n_heads,
-                                                 self.d_model // self.n_heads, self.image_size)
-        elif lookup("attention", self.attention).registry_name == "local-2d" and self.image_size is None:
-            raise ValueError("attention 'local-2d' needs image_size=(H, W)")
+        knobs = kernel_knobs(self.attention, self.max_len, self.n_heads, self.d_model // self.n_heads, self.image_size)
+        self.attention_kwargs = self.attention_kwargs or knobs
 
 
 @register("model", "lra-encoder")

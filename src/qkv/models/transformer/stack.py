@@ -273,17 +273,14 @@ class Embeddings(nn.Module):
 def self_attention_settings(config: StackConfig) -> Tuple[Dict[str, Any], float]:
     """The self-attention kernel's knobs and dropout under ``config``.
 
-    Knobs: the kernel's ``default_knobs(max_len, n_heads, d_head)`` (sizes that fit the model's
-    length, and the head arguments) under ``config.attention_kwargs`` (given knobs win), so that
-    ``attention=NAME`` alone builds every kernel. Dropout: ``config.attention_dropout``, or 0 for a
+    Knobs: the kernel's ``knobs(max_len, n_heads, d_head, config.attention_kwargs)`` (its default
+    knobs for the model's length, the head arguments left to ``MultiHeadAttention``, under the given
+    ones), so that ``attention=NAME`` alone builds every kernel. Dropout: ``config.attention_dropout``, or 0 for a
     kernel that forms no attention-weight matrix (``applies_dropout = False``: linear, performer,
     efficient), with a warning (once) — the residual dropout still applies.
     """
     kernel = lookup("attention", config.attention)
-    sizes = (config.n_heads, config.d_model // config.n_heads)
-    heads = kernel.head_kwargs(*sizes)  # MultiHeadAttention fills these from its own shape
-    defaults = {k: v for k, v in kernel.default_knobs(config.max_len, *sizes).items() if k not in heads}
-    knobs = {**defaults, **config.attention_kwargs}
+    knobs = kernel.knobs(config.max_len, config.n_heads, config.d_model // config.n_heads, config.attention_kwargs)
     dropout = config.attention_dropout
     if dropout > 0 and not kernel.applies_dropout:
         warnings.warn(f"attention {kernel.registry_name!r} forms no attention-weight matrix: attention_dropout="
