@@ -57,3 +57,14 @@ def test_the_benchmarks_use_the_same_parser():
 
     for text in ("true", "(8, 8)", "1e-3", "none", "window", '{"a": null}'):
         assert common.parse_value(text) == guess_value(text)
+
+
+def test_kernel_kwargs_are_parsed_on_the_low_floor():
+    from qkv._values import parse_kernel_kwargs
+
+    assert parse_kernel_kwargs(["window:radius=128,block=64", "local-2d:image_size=(32,32)", "window:causal=true"]) == {
+        "window": {"radius": 128, "block": 64, "causal": True}, "local-2d": {"image_size": (32, 32)}}
+    with pytest.raises(UserError, match="name:key=value"):
+        parse_kernel_kwargs(["radius=3"])
+    with pytest.raises(UserError, match="key=value"):
+        parse_kernel_kwargs(["window:radius"])

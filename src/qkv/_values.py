@@ -12,11 +12,11 @@ import ast
 import json
 import math
 import typing
-from typing import Any
+from typing import Any, Dict, List
 
 from ._errors import UserError
 
-__all__ = ["parse_value", "guess_value"]
+__all__ = ["parse_value", "guess_value", "parse_kernel_kwargs"]
 
 
 def parse_value(annotation: Any, text: str, name: str = "value") -> Any:
@@ -99,6 +99,35 @@ def guess_value(text: str) -> Any:
         pass
     value = _json_or_none(stripped)
     return stripped if value is None else value
+
+
+def parse_kernel_kwargs(specs: List[str]) -> Dict[str, Dict[str, Any]]:
+    """``--kernel-kwargs`` specs, knobs per kernel: ``['window:radius=128,block=64']`` ->
+    ``{'window': {'radius': 128, 'block': 64}}`` (values as :func:`guess_value` reads them; commas
+    inside brackets stay, ``image_size=(32,32)``); a ``UserError`` for a malformed spec."""
+    parsed: Dict[str, Dict[str, Any]] = {}
+    for spec in specs:
+        name, sep, body = spec.partition(":")
+        if not sep or not name.strip():
+            raise UserError(f"--kernel-kwargs must look like 'name:key=value,...', got {spec!r}")
+        knobs = parsed.setdefault(name.strip(), {})
+        # Split on commas outside brackets so that tuples like image_size=(32,32) survive.
+        depth, item, items = 0, "", []
+        for ch in body:
+            depth += ch in "([{"
+            depth -= ch in ")]}"
+            if ch == "," and depth == 0:
+                items.append(item)
+                item = ""
+            else:
+                item += ch
+        items.append(item)
+        for part in filter(str.strip, items):
+            key, eq, value = part.partition("=")
+            if not eq or not key.strip():
+                raise UserError(f"--kernel-kwargs item must be key=value, got {part!r} in {spec!r}")
+            knobs[key.strip()] = guess_value(value)
+    return parsed
 
 
 def _json_or_none(text: str) -> Any:

@@ -131,6 +131,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
     from qkv import runs
+    from qkv.models.sampling import check_sampling
 
     set_threads(args.threads)
     run = runs.load(args.run)
@@ -154,7 +155,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if not ids:
         raise CLIError("--prompt encodes to no tokens")
     gen = torch.Generator().manual_seed(args.seed)
-    with runs.forward_progress(model, "generating", total=args.max_new_tokens, unit="token"), user_input():
+    with user_input():  # the user's sampling options; a failure inside generate is a bug, with its traceback
+        check_sampling(args.temperature, args.top_k, args.top_p)
+    with runs.forward_progress(model, "generating", total=args.max_new_tokens, unit="token"):
         out = model.generate(torch.tensor([ids]), max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                              top_k=args.top_k, top_p=args.top_p, generator=gen)
     print(task.vocab.decode(out[0].tolist()))
@@ -204,7 +207,7 @@ def _cmd_viz(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     if args.pattern:  # a kernel's connectivity, no run needed
         path = Path(args.out or f"pattern-{args.pattern}-{args.length}.png")
-        from qkv.bench.complexity import parse_kernel_kwargs
+        from qkv._values import parse_kernel_kwargs
 
         with user_input():
             knobs = parse_kernel_kwargs([f"{args.pattern}:{spec}" for spec in args.kernel_kwargs]).get(args.pattern, {})

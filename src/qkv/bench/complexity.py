@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 import torch
 
 from .._errors import UserError
+from .._values import parse_kernel_kwargs
 from ..attention import build_attention, list_attention
 from ..registry import lookup
 from . import common
@@ -59,33 +60,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also count the floating-point operations of one step (torch.utils.flop_counter: matmuls "
                              "and attention ops) and fit their exponent — free of timing noise on a shared machine")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
-
-
-def parse_kernel_kwargs(specs: List[str]) -> Dict[str, Dict[str, Any]]:
-    """``['window:radius=128,block=64']`` -> ``{'window': {'radius': 128, 'block': 64}}``."""
-    parsed: Dict[str, Dict[str, Any]] = {}
-    for spec in specs:
-        name, sep, body = spec.partition(":")
-        if not sep or not name.strip():
-            raise UserError(f"--kernel-kwargs must look like 'name:key=value,...', got {spec!r}")
-        knobs = parsed.setdefault(name.strip(), {})
-        # Split on commas outside brackets so that tuples like image_size=(32,32) survive.
-        depth, item, items = 0, "", []
-        for ch in body:
-            depth += ch in "([{"
-            depth -= ch in ")]}"
-            if ch == "," and depth == 0:
-                items.append(item)
-                item = ""
-            else:
-                item += ch
-        items.append(item)
-        for part in filter(str.strip, items):
-            key, eq, value = part.partition("=")
-            if not eq or not key.strip():
-                raise UserError(f"--kernel-kwargs item must be key=value, got {part!r} in {spec!r}")
-            knobs[key.strip()] = common.parse_value(value)
-    return parsed
 
 
 def kernel_kwargs(name: str, length: int, heads: int, head_dim: int,

@@ -10,7 +10,17 @@ from torch import Tensor
 
 from .. import _checks
 
-__all__ = ["sample_logits"]
+__all__ = ["sample_logits", "check_sampling"]
+
+
+def check_sampling(temperature: float = 1.0, top_k: Optional[int] = None, top_p: Optional[float] = None) -> None:
+    """Refuses sampling options out of range, naming the option (``ValueError``/``TypeError``)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature must be a float >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None:
+        _checks.positive_int("top_k", top_k)
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
 
 
 def sample_logits(logits: Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
@@ -21,12 +31,7 @@ def sample_logits(logits: Tensor, temperature: float = 1.0, top_k: Optional[int]
     restricted to the ``top_k`` largest logits and to the smallest set whose probability reaches
     ``top_p`` (nucleus sampling, Holtzman et al. 2020).
     """
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ValueError(f"temperature must be a float >= 0 (0 = greedy), got {temperature!r}")
-    if top_k is not None:
-        _checks.positive_int("top_k", top_k)
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature

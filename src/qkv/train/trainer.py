@@ -39,7 +39,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from ..models.base import QKVModel
+from .._nn import Trainable
 from ..tasks.base import Task
 from . import distributed, schedules
 from .checkpoint import CheckpointError, CheckpointManager, atomic_write_text, capture_rng_state, load_checkpoint, read_checkpoint_meta
@@ -147,10 +147,11 @@ class Trainer:
     a second writer is refused. Under ``torchrun`` only rank 0 writes, logs and evaluates.
     """
 
-    def __init__(self, model: QKVModel, task: Task, config: TrainConfig) -> None:
-        if not isinstance(model, QKVModel):
-            raise TypeError(f"model must be a qkv.models.QKVModel (the hooks the trainer calls are declared there; "
-                            f"subclass it to train a module of your own), got {type(model).__name__}")
+    def __init__(self, model: Trainable, task: Task, config: TrainConfig) -> None:
+        if not isinstance(model, torch.nn.Module) or not isinstance(model, Trainable):
+            raise TypeError(f"model must be a torch.nn.Module with the hooks the trainer calls (qkv._nn.Trainable; "
+                            f"qkv.models.QKVModel declares them all: subclass it to train a module of your own), "
+                            f"got {type(model).__name__}")
         if not isinstance(task, Task):
             raise TypeError(f"task must be a qkv.tasks.Task (docs/contracts.md; subclass it for a task of your own), "
                             f"got {type(task).__name__}")

@@ -85,6 +85,10 @@ class AlRfouLM(GPT):
     # "cpu": GPT's, trains on shakespeare-char in minutes on 2 cores
     presets = {"paper": {"n_layers": 64, "d_model": 512, "n_heads": 8, "d_ff": 2048, "max_len": 512},
                "cpu": GPT.presets["cpu"]}
+    # the loss fields ``gpt`` configs held, at these values when unused, before this model had its own
+    # class: ``GPT.from_config`` drops them unused and builds this model when they are used
+    legacy_fields = {"aux_layer_losses": False, "aux_schedule": "paper", "aux_total_steps": 0, "aux_layer_decay_steps": 0,
+                     "n_targets": 1, "target_weight": 0.5}
 
     def __init__(self, config: AlRfouConfig) -> None:
         super().__init__(config)

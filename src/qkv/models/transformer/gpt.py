@@ -17,20 +17,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Union
+from typing import Any, ClassVar, Dict, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ... import _checks
-from ...registry import lookup, register
+from ...registry import register
 from ..base import ModelOutput, QKVModel
 from ..losses import IGNORE_INDEX, check_labels, float32_at_least, lm_loss
 from ..sampling import sample_logits
 from .stack import init_normal, StackConfig, StackState, TransformerStack
 
-__all__ = ["GPT", "GPTConfig", "AL_RFOU_FIELDS", "HEADS"]
+__all__ = ["GPT", "GPTConfig", "HEADS"]
 
 HEADS = ("lm", "classification")
 
@@ -71,12 +71,6 @@ class GPTConfig(StackConfig):
                              "trains the LM loss alone (set lm_aux_weight=0)")
 
 
-#: Al-Rfou et al.'s loss fields, which GPT configs held (at these values when unused) before the
-#: Al-Rfou model had its own class (``al_rfou.py``)
-AL_RFOU_FIELDS = {"aux_layer_losses": False, "aux_schedule": "paper", "aux_total_steps": 0, "aux_layer_decay_steps": 0,
-                  "n_targets": 1, "target_weight": 0.5}
-
-
 @register("model", "gpt")
 class GPT(QKVModel):
     """GPT decoder-only language model (Radford et al. 2018/2019) on the shared Transformer stack.
@@ -99,6 +93,9 @@ class GPT(QKVModel):
                "cpu": {"n_layers": 4, "d_model": 128, "n_heads": 4, "d_ff": 512, "dropout": 0.0,
                        "train": {"steps": 600, "batch_size": 32, "lr": 3e-3, "warmup": 50}}}
     default_preset = "cpu"
+    #: fields that ``gpt`` configs held (at these values when unused) before a model built on GPT had
+    #: its own class; that model declares them (Al-Rfou et al.'s losses: ``al_rfou.py``)
+    legacy_fields: ClassVar[Dict[str, Any]] = {}
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)
@@ -117,19 +114,21 @@ class GPT(QKVModel):
 
     @classmethod
     def from_config(cls, config: Union[GPTConfig, Dict[str, Any]]) -> "GPT":
-        """``QKVModel.from_config``; a config dict written before Al-Rfou et al.'s losses had their
-        own model (``AL_RFOU_FIELDS``) still loads: unused, the fields are dropped; used, a ``gpt``
-        config builds the ``al-rfou`` model."""
+        """``QKVModel.from_config``; a config dict written before a model built on GPT had its own
+        class (its ``legacy_fields``: Al-Rfou et al.'s losses) still loads: unused, the fields are
+        dropped; used, a ``gpt`` config builds that model (the subclass that declares them)."""
         if isinstance(config, dict):
             fields = {f.name for f in dataclasses.fields(cls.config_class)}
-            legacy = {k: config[k] for k in AL_RFOU_FIELDS if k in config and k not in fields}
-            if legacy:
+            for owner in GPT.__subclasses__():
+                legacy = {k: config[k] for k in owner.legacy_fields if k in config and k not in fields}
+                if not legacy:
+                    continue
                 config = {k: v for k, v in config.items() if k not in legacy}
-                if any(legacy[k] != AL_RFOU_FIELDS[k] for k in legacy):
+                if any(legacy[k] != owner.legacy_fields[k] for k in legacy):
                     if cls is not GPT:
-                        raise ValueError(f"the Al-Rfou auxiliary losses ({sorted(legacy)}) are the 'al-rfou' model's, not "
+                        raise ValueError(f"the fields {sorted(legacy)} are the {owner.registry_name!r} model's, not "
                                          f"{cls.registry_name!r}'s")
-                    return lookup("model", "al-rfou").from_config({**config, **AL_RFOU_FIELDS, **legacy})
+                    return owner.from_config({**config, **owner.legacy_fields, **legacy})
         return super().from_config(config)
 
     def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, need_weights: bool = False,
