@@ -20,6 +20,7 @@ from typing import Any, Dict, Optional
 import torch
 from torch import Tensor
 
+from qkv._nn import evaluating
 from qkv._plot import pyplot, save_figure
 from qkv.registry import register
 from qkv.tasks.base import SPLITS, check_positive_int, check_split
@@ -102,9 +103,9 @@ class ImageGenerationTask(TensorTask):
             classes = torch.full((n,), klass) if klass is not None else torch.arange(n) % 10
         elif klass is not None:
             raise ValueError("class given, but the model is unconditional (n_classes=0)")
-        model.eval()
-        images = model.generate(n, classes=classes, temperature=temperature,
-                                generator=torch.Generator().manual_seed(seed))  # (n, H, W)
+        with evaluating(model):
+            images = model.generate(n, classes=classes, temperature=temperature,
+                                    generator=torch.Generator().manual_seed(seed))  # (n, H, W)
         plt = pyplot()
         cols = min(n, 8)
         rows = -(-n // cols)
