@@ -212,13 +212,13 @@ def test_huge_max_steps_decodes_as_far_as_halting_goes():
     Decoding now runs the steps halting asks for; the cache of a step the earlier positions never
     reached is computed from their halted states, so stepwise still equals parallel."""
     m = lm(max_steps=10 ** 9)
-    with torch.no_grad():  # spread the halting times: 1 to a few steps
+    with torch.no_grad():  # spread the halting times: 2 to 13 steps
         m.stack.act.halting.weight.normal_(generator=torch.Generator().manual_seed(5)).mul_(0.5)
         m.stack.act.halting.bias.fill_(0.5)
     x = ids(2, 12)
     full = m(x, return_act=True)
     n = full.aux["act"].n_steps
-    assert n.max() <= 6 and len(set(n.flatten().tolist())) > 1
+    assert n.max() <= 20 and len(set(n.flatten().tolist())) > 1
     calls = _count_block_calls(m, limit=500)
     state, parts = None, []
     for a in range(12):  # one token at a time, as generation does
