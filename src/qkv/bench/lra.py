@@ -238,13 +238,19 @@ def _jsonable(value: Any) -> Any:
 
 
 def _worker_pool(jobs: int):
-    """``jobs`` fresh worker processes (spawned: no state inherited from this one), or None for one job."""
+    """``jobs`` fresh worker processes (spawned: no state inherited from this one), or None for one
+    job. Each worker ends when this process ends, ``kill -9`` included (``die_with_parent``; the
+    cells it ran are checkpointed), and with them multiprocessing's resource tracker."""
     if jobs == 1:
         return None
     import multiprocessing
+    import os
     from concurrent.futures import ProcessPoolExecutor
 
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    from ..train.distributed import die_with_parent
+
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=die_with_parent, initargs=(os.getpid(),))
 
 
 def _test_set(task: Any, n: int) -> Dict[str, Any]:
