@@ -152,6 +152,8 @@ def test_bad_config_is_named():
         UniversalTransformerLMConfig(max_steps=0)
     with pytest.raises(ValueError, match="act_eps"):
         UniversalTransformerConfig(act_eps=1.5)
+    with pytest.raises(ValueError, match="max_steps must be 1 to 1024 with act=False"):
+        UniversalTransformerConfig(act=False, max_steps=10 ** 9)  # a fixed depth of 10^9 steps: nothing halts it
     with pytest.raises(ValueError, match="state has 3 steps"):
         m = lm(max_steps=2)
         state = lm(max_steps=3)(ids(1, 2), return_state=True).state

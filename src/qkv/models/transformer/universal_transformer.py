@@ -44,6 +44,11 @@ __all__ = ["UniversalStack", "UniversalTransformer", "UniversalTransformerConfig
            "UniversalTransformerLMConfig", "UniversalOptions", "UniversalState"]
 
 
+#: the most steps a fixed-depth (``act=False``) Universal Transformer may take: with ACT halting bounds the
+#: steps, without it nothing would (a 10^9-step depth is a hang, not a model)
+MAX_FIXED_STEPS = 1024
+
+
 @dataclass
 class UniversalOptions:
     """The Universal Transformer's own fields, shared by its encoder–decoder and LM configs."""
@@ -58,6 +63,9 @@ class UniversalOptions:
         _checks.positive_int("max_steps", self.max_steps)
         if not isinstance(self.act, bool):
             raise TypeError(f"act must be a bool, got {self.act!r}")
+        if not self.act and self.max_steps > MAX_FIXED_STEPS:  # ACT's halting bounds the steps; nothing else would
+            raise ValueError(f"max_steps must be 1 to {MAX_FIXED_STEPS} with act=False (every position runs every "
+                             f"step: the depth), got {self.max_steps:,}; with act=True it is only a cap on halting")
         if isinstance(self.act_eps, bool) or not isinstance(self.act_eps, (int, float)) or not 0 <= self.act_eps < 1:
             raise ValueError(f"act_eps must be a float in [0, 1), got {self.act_eps!r}")
         if isinstance(self.halting_bias_init, bool) or not isinstance(self.halting_bias_init, (int, float)):
