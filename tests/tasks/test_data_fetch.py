@@ -224,3 +224,15 @@ def test_two_fetches_at_once_take_turns(tmp_path):
     assert sum(out.count("downloading") for out, _ in outs) == 1, outs
     assert (tmp_path / "cache" / "mnist" / "mnist_5k.csv.gz").read_bytes() == b"digits" * 1000
     assert not _leftovers(tmp_path / "cache")
+
+
+def test_a_registered_fetchers_failure_is_one_line(tmp_path, monkeypatch, capsys):
+    from qkv.cli import main
+
+    def fails(cache_dir, force):
+        raise RuntimeError("the articles do not match the pinned digest")
+
+    monkeypatch.setitem(data._FETCHERS, "bbc", fails)
+    assert main(["data", "fetch", "bbc", "--cache-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "qkv: error: data set 'bbc': the articles do not match the pinned digest"

@@ -345,7 +345,8 @@ def _download(package: Package, workdir: Path) -> Path:
         last = lines[-1][:300] if lines else "no message"
         if "No space left" in result.stderr:
             raise FetchError(f"no space left on the device of {workdir} while downloading {package.requirement}")
-        raise FetchError(f"`{' '.join(cmd[-2:] if package.registry == 'debian' else cmd[2:4] + cmd[-1:])}` failed "
+        shown = cmd if package.registry == "debian" else cmd[2:4] + cmd[-1:]  # apt-get download X; pip download X
+        raise FetchError(f"`{' '.join(shown)}` failed "
                          f"(exit {result.returncode}: {last}); check the network and the registry, then retry")
     files = [p for p in workdir.iterdir() if p.is_file()]
     if len(files) != 1:
@@ -583,7 +584,12 @@ def fetch(
         # one fetch of a data set at a time; the lock sits beside the data (<cache>/.locks/NAME/.lock)
         with RunLock(cache_root(cache_dir) / ".locks" / name, command=f"qkv data fetch {name}", wait=True):
             if isinstance(dataset, str):
-                folders[name] = _FETCHERS[name](cache_dir, force)
+                try:
+                    folders[name] = _FETCHERS[name](cache_dir, force)
+                except FetchError:
+                    raise
+                except RuntimeError as err:  # a registered fetcher's download or digest failure: one line too
+                    raise FetchError(f"data set {name!r}: {err}") from err
             else:
                 root.mkdir(parents=True, exist_ok=True)
                 _fetch_dataset(dataset, root, force)
