@@ -119,9 +119,9 @@ QUICK_PLAN: Dict[str, TaskPlan] = {
 SPEED_LENGTHS = (1024, 2048, 3072, 4096)  # LRA Table 2's lengths
 #: the longest input a cell or a speed point may have: LRA's longest, Path-X's 128 x 128 pixels
 MAX_LENGTH = 128 * 128
-#: the most tokens one training batch (or one timed step) may hold: 256 sequences of 4K, 64 x LRA's Text batch
+#: the most tokens one training batch (or one timed step) may hold: 256 sequences of 4K, 8 x LRA's Text batch (32 x 4K)
 MAX_BATCH_TOKENS = 1 << 20
-#: the most held-out examples a task may generate (LRA's largest test set: Pathfinder's 20,000)
+#: the most held-out examples a task may generate (the plan's: 1,000; each is generated and kept in memory)
 MAX_EVAL_SIZE = 100_000
 QUICK_SPEED_LENGTHS = (64, 128)
 RESULTS_FILE = "lra-results.json"
@@ -414,7 +414,7 @@ def _check(args: argparse.Namespace, device: torch.device) -> _Checked:
     if not args.no_speed:
         for L in lengths:
             _bounded(f"--speed-lengths {L}", L, speed_batch, f"--speed-batch {speed_batch}")
-    default_report = args.out + "/lra.md" if args.quick else "docs/reproductions/lra.md"
+    default_report = Path(args.out) / "lra.md" if args.quick else Path("docs/reproductions/lra.md")
     try:
         report = output_file(args.report or default_report, (".md",), ".md")
     except UserError as err:
