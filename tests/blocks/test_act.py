@@ -60,6 +60,9 @@ def test_the_loop_stops_when_all_halted_unless_asked():
     assert len(seen) == 1
     act(step, torch.zeros(1, 2, dtype=torch.float64), run_all_steps=True)
     assert len(seen) == 1 + 3
+    out = act(step, torch.zeros(1, 2, dtype=torch.float64), min_steps=2)  # incremental decoding's floor
+    assert len(seen) == 1 + 3 + 2 and out.n_steps.tolist() == [1]
+    torch.testing.assert_close(out.final_state, seen[-1])  # frozen after its halt at step 1
 
 
 @settings(max_examples=25, deadline=None)

@@ -41,6 +41,7 @@ import torch
 
 from .._errors import UserError
 from .._io import output_folder
+from .._values import parse_value
 from . import common, complexity, depth_memory, generation, gpt, kernels, lra, models, peers, throughput
 
 __all__ = ["BENCHMARKS", "build_parser", "main", "common"]
@@ -83,7 +84,31 @@ def build_parser(prog: str = "qkv bench") -> argparse.ArgumentParser:
         shared.add_argument("--out", default=f"bench-out/{name}",
                             help=f"directory for the results (default bench-out/{name})")
         module.add_arguments(p)
+        for action in p._actions:  # every number read by the one typed parser (finite floats: no nan, no inf)
+            if action.type in (int, float):
+                action.type = _number(action.type)
     return parser
+
+
+def _number(kind: type):
+    """An argparse ``type`` reading ``kind`` with ``qkv._values.parse_value`` (as ``qkv train --set``)."""
+
+    def parse(text: str):
+        try:
+            return parse_value(kind, text, "the value")
+        except UserError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    """An allocation the sizes asked for could not get (CPU or GPU)."""
+    if isinstance(err, MemoryError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -94,6 +119,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.command_line = "qkv bench " + shlex.join(argv)
     threads_before = torch.get_num_threads()
     try:
+        if args.seed < 0:
+            raise UserError(f"--seed must be >= 0, got {args.seed}")
         if args.threads is not None:
             if args.threads < 1:
                 raise UserError(f"--threads must be >= 1, got {args.threads}")
@@ -103,6 +130,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         BENCHMARKS[args.benchmark].run(args)
     except UserError as err:  # a bad value of the user's: one line; anything else is a bug and keeps its traceback
         parser.exit(2, f"qkv bench {args.benchmark}: error: {err}\n")
+    except (RuntimeError, MemoryError) as err:
+        if not _out_of_memory(err):
+            raise
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        parser.exit(2, f"qkv bench {args.benchmark}: error: out of memory with the sizes asked for ({first}); "
+                       "choose smaller sizes\n")
     finally:
         torch.set_num_threads(threads_before)  # main() may be called in-process (tests, notebooks)
     return 0

@@ -47,8 +47,12 @@ from .._values import guess_value
 __all__ = [
     "AllocationTracker", "Timing", "time_steps", "time_interleaved", "peak_memory", "describe_machine",
     "machine_line", "fit_loglog", "markdown_table", "write_json", "write_markdown", "plot_loglog",
-    "resolve_device", "synchronize", "timed_once", "parse_value", "now_iso",
+    "resolve_device", "synchronize", "timed_once", "parse_value", "now_iso", "MAX_LENGTH", "check_lengths",
+    "check_range",
 ]
+
+#: the longest sequence any benchmark is asked to measure (64 x the longest default, 16,384)
+MAX_LENGTH = 1 << 20
 
 
 # --------------------------------------------------------------------------------------------
@@ -345,6 +349,25 @@ def plot_loglog(path: Path, series: Mapping[str, Mapping[str, Sequence[float]]],
         ax.legend(fontsize=8)
     fig.suptitle(f"{title}\n{machine_line(machine)}", fontsize=8)
     return save_figure(fig, path, dpi=120)
+
+
+def check_lengths(flag: str, lengths: Sequence[int], minimum: int = 1, maximum: int = MAX_LENGTH) -> List[int]:
+    """``lengths`` as given, or a ``UserError`` naming ``flag`` when one is outside ``[minimum, maximum]``."""
+    for L in lengths:
+        if not minimum <= L <= maximum:
+            raise UserError(f"{flag} must be {minimum:,} to {maximum:,} tokens, got {L:,}")
+    return list(lengths)
+
+
+def check_range(flag: str, value: float, minimum: float, maximum: Optional[float] = None,
+                below_maximum: bool = False) -> float:
+    """``value``, or a ``UserError`` naming ``flag`` when it is below ``minimum`` or above ``maximum``
+    (``below_maximum``: ``maximum`` itself excluded)."""
+    too_big = maximum is not None and (value >= maximum if below_maximum else value > maximum)
+    if value < minimum or too_big:
+        upper = "" if maximum is None else f" and {'<' if below_maximum else '<='} {maximum}"
+        raise UserError(f"{flag} must be >= {minimum}{upper}, got {value}")
+    return value
 
 
 def parse_value(text: str) -> Any:

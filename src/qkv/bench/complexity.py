@@ -229,8 +229,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     if args.budget_seconds <= 0 or args.budget_memory_mb <= 0 or args.target_seconds < 0:
         raise UserError("--budget-seconds and --budget-memory-mb must be > 0 and --target-seconds >= 0")
     lengths = sorted(set(args.lengths or (QUICK_LENGTHS if args.quick else DEFAULT_LENGTHS)))
-    if lengths[0] < 1:
-        raise UserError(f"--lengths must be positive, got {args.lengths}")
+    common.check_lengths("--lengths", lengths)
+    if args.fit_min_length is not None:
+        common.check_lengths("--fit-min-length", [args.fit_min_length])
     registered = list_attention()
     names = args.attention or list(registered)
     for name in names:

@@ -56,6 +56,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     length = min(args.length, 256) if args.quick else args.length
     if min(depths) < 1 or length < 1 or args.batch < 1 or args.repeats < 1:
         raise UserError("--depths, --length, --batch and --repeats must be >= 1")
+    for flag in ("d_model", "heads", "d_ff", "bucket_size", "n_rounds", "ff_chunk_size"):
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.d_model % args.heads:
+        raise UserError(f"--d-model {args.d_model} must be divisible by --heads {args.heads}")
+    common.check_lengths("--length", [length])
+    common.check_range("--depths", max(depths), 1, 1024)
     machine = common.describe_machine(device)
     print(f"depth-memory on {common.machine_line(machine)}", flush=True)
     gen = torch.Generator().manual_seed(args.seed)

@@ -109,9 +109,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     contexts = sorted(set(args.contexts or (QUICK_CONTEXTS if args.quick else DEFAULT_CONTEXTS)))
     if contexts[0] < 1:
         raise UserError(f"--contexts must be positive, got {args.contexts}")
+    common.check_lengths("--contexts", contexts)
     for flag in ("d_model", "heads", "layers", "vocab", "batch"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.d_model % args.heads:
+        raise UserError(f"--d-model {args.d_model} must be divisible by --heads {args.heads}")
+    common.check_range("--target-seconds", args.target_seconds, 0.0)
     machine = common.describe_machine(device)
     print(f"generation on {common.machine_line(machine)}", flush=True)
     models = {name: m.to(device) for name, m in _models(args, max(contexts) + 1).items()}

@@ -85,12 +85,16 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     """Time both training steps; writes ``gpt.json`` and ``gpt.md`` into ``args.out``."""
     device = common.resolve_device(args.device)
     dtype = getattr(torch, args.dtype)
-    sizes = {k: getattr(args, k, None) or (SIZES_QUICK if args.quick else SIZES)[k] for k in SIZES}
+    sizes = {k: getattr(args, k, None) if getattr(args, k, None) is not None else (SIZES_QUICK if args.quick else SIZES)[k]
+             for k in SIZES}
     for k, v in sizes.items():
         if v < 1:
             raise UserError(f"--{k} must be >= 1, got {v}")
     if sizes["d_model"] % sizes["heads"]:
         raise UserError(f"--d-model {sizes['d_model']} must be divisible by --heads {sizes['heads']}")
+    common.check_lengths("--length", [sizes["length"]])
+    common.check_range("--dropout", args.dropout, 0.0, 1.0, below_maximum=True)
+    common.check_range("--target-seconds", args.target_seconds, 0.0)
     machine = common.describe_machine(device)
     print(f"gpt on {common.machine_line(machine)}", flush=True)
 

@@ -151,6 +151,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     cuda = device.type == "cuda" and not args.quick
     kernel_sizes = args.kernel_sizes or (KERNEL_SIZES_QUICK if args.quick else KERNEL_SIZES_CUDA if cuda else KERNEL_SIZES)
     mha_sizes = args.mha_sizes or (MHA_SIZES_QUICK if args.quick else MHA_SIZES_CUDA if cuda else MHA_SIZES)
+    common.check_lengths("--kernel-sizes (L of BxHxLxE)", [L for _, _, L, _ in kernel_sizes])
+    common.check_lengths("--mha-sizes (L of BxLxDxH)", [L for _, L, _, _ in mha_sizes])
     for B, L, D, H in mha_sizes:
         if D % H:
             raise UserError(f"--mha-sizes {B}x{L}x{D}x{H}: d_model {D} must be divisible by heads {H}")

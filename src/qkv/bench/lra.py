@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import shutil
 import statistics
 import time
@@ -116,6 +117,12 @@ QUICK_PLAN: Dict[str, TaskPlan] = {
     "pathfinder": TaskPlan({"size": 24, "contour_length": 4, "n_distractors": 1, "eval_size": 8}, 2, 4, 8, warmup=1),
 }
 SPEED_LENGTHS = (1024, 2048, 3072, 4096)  # LRA Table 2's lengths
+#: the longest input a cell or a speed point may have: LRA's longest, Path-X's 128 x 128 pixels
+MAX_LENGTH = 128 * 128
+#: the most tokens one training batch (or one timed step) may hold: 256 sequences of 4K, 8 x LRA's Text batch (32 x 4K)
+MAX_BATCH_TOKENS = 1 << 20
+#: the most held-out examples a task may generate (the plan's: 1,000; each is generated and kept in memory)
+MAX_EVAL_SIZE = 100_000
 QUICK_SPEED_LENGTHS = (64, 128)
 RESULTS_FILE = "lra-results.json"
 
@@ -150,16 +157,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> Dict[str, TaskPlan]:
-    """The plan after the command line's overrides, for the chosen tasks."""
+    """The plan after the command line's overrides, for the chosen tasks. ``--set`` values are read
+    as ``qkv train --set task.KEY=VALUE`` reads them: against the task's own option types."""
+    from ..runs import init_params, typed
+
     base = QUICK_PLAN if args.quick else PLAN
     tasks = list(args.tasks or [t for t, _ in TASKS])
-    overrides: Dict[str, Dict[str, Any]] = {}
+    given: Dict[str, Dict[str, str]] = {}
     for item in args.set:
         key, sep, value = item.partition("=")
         task, dot, option = key.partition(".")
-        if not sep or not dot or task not in base:
+        if not sep or not dot or not option or task not in base:
             raise UserError(f"--set must be TASK.OPTION=VALUE with TASK one of {sorted(base)}, got {item!r}")
-        overrides.setdefault(task, {})[option] = common.parse_value(value)
+        given.setdefault(task, {})[option] = value
+    overrides = {task: typed(options, init_params(lookup("task", task)), f"--set {task}")
+                 for task, options in given.items()}
     plan = {}
     for task in tasks:
         p = base[task]
@@ -180,7 +192,7 @@ def _models(args: argparse.Namespace) -> List[str]:
     return models
 
 
-class MissingData(ValueError):
+class MissingData(Exception):
     """A task's data set is not in the cache."""
 
 
@@ -238,13 +250,19 @@ def _jsonable(value: Any) -> Any:
 
 
 def _worker_pool(jobs: int):
-    """``jobs`` fresh worker processes (spawned: no state inherited from this one), or None for one job."""
+    """``jobs`` fresh worker processes (spawned: no state inherited from this one), or None for one
+    job. Each worker ends when this process ends, ``kill -9`` included (``die_with_parent``; the
+    cells it ran are checkpointed), and with them multiprocessing's resource tracker."""
     if jobs == 1:
         return None
     import multiprocessing
+    import os
     from concurrent.futures import ProcessPoolExecutor
 
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    from ..train.distributed import die_with_parent
+
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=die_with_parent, initargs=(os.getpid(),))
 
 
 def _test_set(task: Any, n: int) -> Dict[str, Any]:
@@ -355,22 +373,90 @@ def _measure_speed(models: Sequence[str], lengths: Sequence[int], batch: int, de
 # ============================================================================================ run
 
 
-def run(args: argparse.Namespace) -> Dict[str, Any]:
-    """Train and test every cell not yet done, measure the speed table, write the page."""
-    from tqdm.auto import tqdm
+@dataclass
+class _Checked:
+    """``run``'s command line after every check: nothing runs before all of it is known to be good."""
 
-    device = common.resolve_device(args.device)
+    plan: Dict[str, TaskPlan]
+    tasks: Dict[str, Any]  # task name -> built task (the ones whose data is cached)
+    missing: Dict[str, str]  # task name -> what to fetch
+    models: List[str]
+    seeds: List[int]
+    jobs: int
+    lengths: List[int]
+    speed_batch: int
+    report: Path
+
+
+def _check(args: argparse.Namespace, device: torch.device) -> _Checked:
+    """Every option of ``qkv bench lra`` checked, and every planned task built, before any cell runs:
+    a bad value is one ``UserError`` line naming it."""
+    from .._io import output_file
+
     with user_input():  # the command line's values: a bad one is one line, not a traceback
         plan = _plan(args)
+        jobs = _checks.positive_int("--jobs", args.jobs)
         if args.speed_batch is not None:
             _checks.positive_int("--speed-batch", args.speed_batch)
-        jobs = _checks.positive_int("--jobs", args.jobs)
+        lengths = list(args.speed_lengths or (QUICK_SPEED_LENGTHS if args.quick else SPEED_LENGTHS))
+        for L in lengths:
+            _checks.positive_int("--speed-lengths", L)
     if jobs > 1 and device.type != "cpu":
         raise UserError(f"--jobs {jobs}: several cells at once run on the CPU only; on {device.type} use --jobs 1")
+    cores = os.cpu_count() or 1
+    if jobs > max(4, cores):  # each job is a process with its own torch and data
+        raise UserError(f"--jobs {jobs}: at most {max(4, cores)} cells at once on this machine ({cores} CPU(s))")
     models = _models(args)
     seeds = list(args.seeds if args.seeds is not None else [args.seed])
     if any(s < 0 for s in seeds):
         raise UserError(f"--seeds must be >= 0, got {seeds}")
+    speed_batch = args.speed_batch or (1 if args.quick else (32 if device.type == "cuda" else 2))
+    if not args.no_speed:
+        for L in lengths:
+            _bounded(f"--speed-lengths {L}", L, speed_batch, f"--speed-batch {speed_batch}")
+    default_report = Path(args.out) / "lra.md" if args.quick else Path("docs/reproductions/lra.md")
+    try:
+        report = output_file(args.report or default_report, (".md",), ".md")
+    except UserError as err:
+        raise UserError(f"--report: {err}") from None
+    tasks: Dict[str, Any] = {}
+    missing: Dict[str, str] = {}
+    for name, p in plan.items():
+        try:
+            with user_input():
+                tasks[name] = _build_task(name, p.options)
+        except MissingData as err:  # the other tasks still run; the page says what to fetch
+            missing[name] = str(err)
+            continue
+        except UserError as err:
+            raise UserError(f"--set {name}: {err}") from None
+        rows = 2 if name == "bbc-match" else 1
+        _bounded(f"{name} (its inputs are {tasks[name].max_len:,} tokens)", tasks[name].max_len, p.batch_size * rows,
+                 f"--batch-size {p.batch_size}" + (" (x 2 articles)" if rows == 2 else ""))
+        eval_size = getattr(tasks[name], "eval_size", None)
+        if eval_size is not None and eval_size > MAX_EVAL_SIZE:
+            raise UserError(f"--set {name}.eval_size={eval_size:,}: at most {MAX_EVAL_SIZE:,} held-out examples")
+    return _Checked(plan, tasks, missing, models, seeds, jobs, lengths, speed_batch, report)
+
+
+def _bounded(what: str, length: int, batch: int, batch_what: str) -> None:
+    """Refuse an input longer than ``MAX_LENGTH`` or a batch of more than ``MAX_BATCH_TOKENS`` tokens."""
+    if length > MAX_LENGTH:
+        raise UserError(f"{what}: at most {MAX_LENGTH:,} tokens per input (LRA's longest, Path-X's 128 x 128), "
+                        f"got {length:,}")
+    if length * batch > MAX_BATCH_TOKENS:
+        raise UserError(f"{what} with {batch_what}: {length * batch:,} tokens per step, more than "
+                        f"{MAX_BATCH_TOKENS:,}; use a smaller batch")
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    """Check every option, then train and test every cell not yet done, measure the speed table, write the page."""
+    from tqdm.auto import tqdm
+
+    device = common.resolve_device(args.device)
+    checked = _check(args, device)
+    plan, models, seeds, jobs, tasks, missing = (checked.plan, checked.models, checked.seeds, checked.jobs,
+                                                 checked.tasks, checked.missing)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS_FILE
@@ -385,9 +471,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
           f"; results in {path}", flush=True)
     started = time.perf_counter()
     bar = tqdm(total=len(cells), desc="lra cells", dynamic_ncols=True, position=0)
-    tasks: Dict[str, Any] = {}
-    missing: Dict[str, str] = {}
+    for name, why in missing.items():
+        tqdm.write(f"lra: skipping {name}: {why}")
     ran = 0
+    described: set = set()
     pool = _worker_pool(jobs)
     pending = {}  # future -> key (--jobs)
 
@@ -407,21 +494,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                               "warmup": p.warmup, "eval_examples": p.eval_examples, "device": device.type,
                               "model": _model_defaults()})
         done = results["cells"].get(key)
-        if done is not None and done.get("settings") == settings:
+        if (done is not None and done.get("settings") == settings) or task_name in missing:
             bar.update(1)
             continue
-        if task_name in missing:
-            bar.update(1)
-            continue
-        if task_name not in tasks:
-            tasks.clear()  # one task's data in memory at a time
-            try:
-                tasks[task_name] = _build_task(task_name, p.options)
-            except MissingData as err:  # the other tasks still run; the page says what to fetch
-                missing[task_name] = str(err)
-                tqdm.write(f"lra: skipping {task_name}: {err}")
-                bar.update(1)
-                continue
+        if task_name not in described:  # once per invocation, for the first cell of the task that runs
+            described.add(task_name)
             results.setdefault("tasks", {})[task_name] = _test_set(tasks[task_name], p.eval_examples)
         run_dir = out / "runs" / task_name / kernel / f"seed{seed}"
         if pool is None:
@@ -439,9 +516,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 finish(pending[future], future.result())
     bar.close()
     if not args.no_speed:
-        lengths = list(args.speed_lengths or (QUICK_SPEED_LENGTHS if args.quick else SPEED_LENGTHS))
-        batch = args.speed_batch or (1 if args.quick else (32 if device.type == "cuda" else 2))
-        _measure_speed(models, lengths, _checks.positive_int("--speed-batch", batch), device, results, save)
+        _measure_speed(models, checked.lengths, checked.speed_batch, device, results, save)
     results["missing"] = missing
     results["last_run_seconds"] = time.perf_counter() - started
     results.setdefault("invocations", []).append(
@@ -449,7 +524,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
          "cells_run": ran, "machine": common.machine_line(results["machine"])})
     results["date"] = common.now_iso()
     save()
-    report = Path(args.report) if args.report else (out / "lra.md" if args.quick else Path("docs/reproductions/lra.md"))
+    report = checked.report
     write_report(results, report, plan, models, seeds, device)
     print(f"lra: wrote {report} and {path}", flush=True)
     return results

@@ -203,16 +203,16 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     """Compare, then time every pair at every length; writes ``models.json`` and ``models.md``."""
     _transformers()
     device = common.resolve_device(args.device)
-    sizes = {k: getattr(args, k, None) or (SIZES_QUICK if args.quick else SIZES)[k] for k in SIZES}
+    sizes = {k: getattr(args, k, None) if getattr(args, k, None) is not None else (SIZES_QUICK if args.quick else SIZES)[k]
+             for k in SIZES}
     for k, v in sizes.items():
         if v < 1:
             raise UserError(f"--{k.replace('_', '-')} must be >= 1, got {v}")
     if sizes["d_model"] % sizes["heads"]:
         raise UserError(f"--d-model {sizes['d_model']} must be divisible by --heads {sizes['heads']}")
     lengths = args.lengths or (LENGTHS_QUICK if args.quick else LENGTHS)
-    for L in lengths:
-        if L < 2:
-            raise UserError(f"--lengths must be >= 2, got {L}")
+    common.check_lengths("--lengths", lengths, minimum=2)
+    common.check_range("--target-seconds", args.target_seconds, 0.0)
     target = 0.2 if args.quick else args.target_seconds
     onednn = getattr(args, "onednn", True)
     machine = common.describe_machine(device)

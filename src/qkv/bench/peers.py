@@ -416,8 +416,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
     lengths = args.lengths or (LENGTHS_QUICK if args.quick else LENGTHS)
-    if min(lengths) < 1:
-        raise UserError(f"--lengths must be positive, got {lengths}")
+    common.check_lengths("--lengths", lengths)
+    common.check_range("--target-seconds", args.target_seconds, 0.0)
     selected = [PAIRS[p] for p in (args.pairs or list(PAIRS))]
     skipped = {p.name: reason for p in selected if (reason := available(p)) is not None}
     if args.list:

@@ -156,15 +156,16 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     dtype = getattr(torch, args.dtype)
     if args.target_seconds < 0:
         raise UserError(f"--target-seconds must be >= 0, got {args.target_seconds}")
-    args.matmul_size = args.matmul_size or (8192 if device.type == "cuda" else 2048)
+    if args.matmul_size is None:
+        args.matmul_size = 8192 if device.type == "cuda" else 2048
     if args.matmul_size < 1:
         raise UserError(f"--matmul-size must be >= 1, got {args.matmul_size}")
     cpu = device.type == "cpu"
     sizes = [_parse_size(s) for s in args.sizes] if args.sizes else (
         SIZES_QUICK if args.quick else SIZES_CPU if cpu else SIZES)
     lengths = args.pattern_lengths or (PATTERN_LENGTHS_QUICK if args.quick else PATTERN_LENGTHS_CPU if cpu else PATTERN_LENGTHS)
-    if min(lengths) < 4:
-        raise UserError(f"--pattern-lengths must be >= 4, got {lengths}")
+    common.check_lengths("--pattern-lengths", lengths, minimum=4)
+    common.check_lengths("--sizes (L of BxHxLxE)", [L for _, _, L, _ in sizes])
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 rows are float32, not TF32
     try:

@@ -24,6 +24,8 @@ class ACTOutput(NamedTuple):
     probabilities: ``(*P, T)`` ``p^n`` for the ``T <= M`` steps run (0 after ``N(t)``; the steps
                    never run, all 0, are not stored); each row sums to 1.
     states:        the step function's last auxiliary results, one per step (see ``forward``).
+    final_state:   ``(*P, d)`` each position's state when it halted, ``s^{N(t)}`` (what a later
+                   step would see of it: a halted position is frozen).
     """
 
     output: Tensor
@@ -32,6 +34,7 @@ class ACTOutput(NamedTuple):
     remainder: Tensor
     probabilities: Tensor
     states: list
+    final_state: Tensor
 
 
 class AdaptiveComputationTime(nn.Module):
@@ -78,16 +81,19 @@ class AdaptiveComputationTime(nn.Module):
         """``h = sigmoid(W_h s + b_h)``: ``(*P, d)`` -> ``(*P,)``."""
         return torch.sigmoid(self.halting(s)).squeeze(-1)
 
-    def forward(self, step, s: Tensor, run_all_steps: bool = False) -> ACTOutput:
+    def forward(self, step, s: Tensor, run_all_steps: bool = False, min_steps: int = 0) -> ACTOutput:
         """Run ``step`` under ACT from the state ``s (*P, d)``.
 
         ``step(s, n) -> s_new`` or ``(s_new, aux)`` (``n`` = 1 .. M; ``aux``, e.g. a cache or
         attention weights, is collected into ``ACTOutput.states``). The loop stops once every
-        position has halted, unless ``run_all_steps`` (incremental decoding needs every step's
-        state for the positions that follow). Time and memory follow the steps run, ``max N(t)``,
-        not ``M``.
+        position has halted and at least ``min_steps`` steps ran (incremental decoding: the steps
+        the earlier positions' caches already hold, so that every cached step holds every
+        position; the halted ones frozen); ``run_all_steps`` runs all ``M``. Time and memory
+        follow the steps run, ``max(max N(t), min_steps)``, not ``M``.
         """
         _checks.tensor("s", s, floating=True)
+        min_steps = self.max_steps if run_all_steps else min(_checks.positive_int("min_steps", min_steps, allow_zero=True),
+                                                              self.max_steps)
         P = s.shape[:-1]
         cum = s.new_zeros(P)  # sum_{n' < n} h^{n'} of the running positions
         running = torch.ones(P, dtype=torch.bool, device=s.device)
@@ -110,8 +116,8 @@ class AdaptiveComputationTime(nn.Module):
             cum = cum + torch.where(running & ~halts, h, torch.zeros_like(h))
             running = running & ~halts
             probabilities.append(p)
-            if not run_all_steps and not bool(running.any()):
+            if n >= min_steps and not bool(running.any()):
                 break
         # memory follows the steps run, not M: p^n = 0 for every step never run, and none is stored
         ponder = n_steps.to(remainder.dtype) + remainder  # N(t) + R(t)
-        return ACTOutput(output, ponder, n_steps, remainder, torch.stack(probabilities, dim=-1), states)
+        return ACTOutput(output, ponder, n_steps, remainder, torch.stack(probabilities, dim=-1), states, s)

@@ -20,23 +20,31 @@ Layout of the cache::
 from __future__ import annotations
 
 import bz2
+import contextlib
+import errno
 import fnmatch
 import gzip
 import hashlib
 import io
+import lzma
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import warnings
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
+from qkv._errors import UserError
+from qkv._lock import RunLock
 from qkv.tasks import sword
 
 __all__ = [
@@ -53,6 +61,7 @@ __all__ = [
     "load_mnist",
     "load_fashion_mnist",
     "minilm_dir",
+    "FetchError",
 ]
 
 PathLike = Union[str, Path]
@@ -295,12 +304,27 @@ def _require(name: str, relative: str, cache_dir: Optional[PathLike]) -> Path:
 # --------------------------------------------------------------------------- fetching
 
 
+class FetchError(UserError, RuntimeError):
+    """A data set could not be fetched (a download failed, a file differs from its pin, no space):
+    one line naming the data set, the file and what to do. A ``UserError`` (the ``qkv`` command
+    prints it without a traceback) and a ``RuntimeError`` (what ``fetch`` raised before)."""
+
+
+#: the most bytes one file taken from an archive may hold (the largest pinned file is 90 MB)
+MAX_MEMBER_BYTES = 1 << 30
+_CHUNK = 1 << 20
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _no_space(err: OSError) -> bool:
+    return err.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _download(package: Package, workdir: Path) -> Path:
@@ -312,88 +336,220 @@ def _download(package: Package, workdir: Path) -> Path:
         cmd = ["apt-get", "download", package.requirement]
     else:
         raise ValueError(f"package.registry must be 'pypi' or 'debian', got {package.registry!r}")
-    result = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+    try:
+        result = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise FetchError(f"cannot download {package.requirement}: `{cmd[0]}` is not installed here") from None
     if result.returncode != 0:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {result.returncode}):\n{result.stderr[-2000:]}")
+        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+        last = lines[-1][:300] if lines else "no message"
+        if "No space left" in result.stderr:
+            raise FetchError(f"no space left on the device of {workdir} while downloading {package.requirement}")
+        shown = cmd if package.registry == "debian" else cmd[2:4] + cmd[-1:]  # apt-get download X; pip download X
+        raise FetchError(f"`{' '.join(shown)}` failed "
+                         f"(exit {result.returncode}: {last}); check the network and the registry, then retry")
     files = [p for p in workdir.iterdir() if p.is_file()]
     if len(files) != 1:
-        raise RuntimeError(f"`{' '.join(cmd)}` left {len(files)} files in {workdir}, expected one")
+        raise FetchError(f"downloading {package.requirement} left {len(files)} files in {workdir}, expected one")
     return files[0]
 
 
-def _deb_data(path: Path) -> bytes:
-    """The ``data.tar.*`` member of a Debian package (an ``ar`` archive)."""
-    raw = path.read_bytes()
-    if not raw.startswith(b"!<arch>\n"):
-        raise ValueError(f"{path} is not a Debian package (no ar header)")
-    pos = 8
-    while pos + 60 <= len(raw):
-        header = raw[pos : pos + 60]
-        member = header[:16].decode().strip().rstrip("/")
-        size = int(header[48:58].decode().strip())
-        if member.startswith("data.tar"):
-            return raw[pos + 60 : pos + 60 + size]
-        pos += 60 + size + (size % 2)  # members are 2-byte aligned
-    raise ValueError(f"{path} has no data.tar member")
+class _Slice(io.RawIOBase):
+    """Bytes ``[start, start + size)`` of an open binary file, read in place (a member of an ``ar`` archive)."""
+
+    def __init__(self, f: Any, start: int, size: int) -> None:
+        super().__init__()
+        self._f, self._start, self._size, self._pos = f, start, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        n = max(0, min(len(buffer), self._size - self._pos))
+        self._f.seek(self._start + self._pos)
+        data = self._f.read(n)
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
 
 
-def _archive_members(path: Path) -> Iterator[Tuple[str, bytes]]:
-    """``(member path, content)`` for each regular file of a wheel/zip, tarball or .deb."""
+@contextlib.contextmanager
+def _deb_data(path: Path) -> Iterator[Any]:
+    """The ``data.tar.*`` member of a Debian package (an ``ar`` archive), as a file read in place."""
+    with open(path, "rb") as f:
+        if f.read(8) != b"!<arch>\n":
+            raise FetchError(f"{path.name} is not a Debian package (no ar header)")
+        end = os.fstat(f.fileno()).st_size
+        pos = 8
+        while pos + 60 <= end:
+            f.seek(pos)
+            header = f.read(60)
+            member = header[:16].decode("ascii", "replace").strip().rstrip("/")
+            try:
+                size = int(header[48:58].decode("ascii").strip())
+            except ValueError:
+                raise FetchError(f"{path.name}: a damaged ar header at byte {pos}") from None
+            if member.startswith("data.tar"):
+                if pos + 60 + size > end:
+                    raise FetchError(f"{path.name}: its {member} is cut short")
+                yield io.BufferedReader(_Slice(f, pos + 60, size), _CHUNK)
+                return
+            pos += 60 + size + (size % 2)  # members are 2-byte aligned
+    raise FetchError(f"{path.name} has no data.tar member")
+
+
+def _archive_members(path: Path, wanted: Callable[[str], bool]) -> Iterator[Tuple[str, int, Callable[[], Any]]]:
+    """``(member path, declared size, open)`` for each regular file of a wheel/zip, tarball or .deb
+    that ``wanted(member path)`` accepts; ``open()`` gives a stream of its content. No other member
+    is read (a tarball's are passed over, not extracted)."""
     name = path.name
     if name.endswith((".whl", ".zip")):
         with zipfile.ZipFile(path) as archive:
             for info in archive.infolist():
-                if not info.is_dir():
-                    yield info.filename, archive.read(info)
+                if not info.is_dir() and wanted(info.filename):
+                    yield info.filename, info.file_size, lambda info=info: archive.open(info)
         return
     if name.endswith(".deb"):
-        fileobj = io.BytesIO(_deb_data(path))
+        opened: Any = _deb_data(path)
     elif name.endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar")):
-        fileobj = open(path, "rb")
+        opened = contextlib.nullcontext(None)
     else:
-        raise ValueError(f"do not know how to read archive {path}")
-    with fileobj, tarfile.open(fileobj=fileobj, mode="r:*") as archive:
+        raise FetchError(f"do not know how to read the archive {name}")
+    with opened as fileobj, tarfile.open(path if fileobj is None else None, fileobj=fileobj, mode="r:*") as archive:
         for info in archive:
-            if info.isfile():
-                handle = archive.extractfile(info)
-                assert handle is not None
-                yield info.name.removeprefix("./"), handle.read()
+            member = info.name.removeprefix("./")
+            if info.isfile() and wanted(member):
+                yield member, info.size, lambda info=info: archive.extractfile(info)
+
+
+#: what reading a damaged archive raises
+_DAMAGED = (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, gzip.BadGzipFile)
+
+
+def _copy_bounded(src: Any, dst: Any, limit: int, what: str) -> None:
+    """Copy the stream ``src`` to ``dst`` in chunks; refuse more than ``limit`` bytes."""
+    copied = 0
+    for chunk in iter(lambda: src.read(_CHUNK), b""):
+        copied += len(chunk)
+        if copied > limit:
+            raise FetchError(f"{what} holds more than {limit:,} bytes; it is not the file qkv was written against")
+        dst.write(chunk)
 
 
 def _extract(archive: Path, package: Package, target: Path) -> List[str]:
-    """Write the members of ``archive`` that ``package.members`` selects under ``target``."""
+    """Write the members of ``archive`` that ``package.members`` selects under ``target`` (each
+    streamed to a temporary file of its own, at most ``MAX_MEMBER_BYTES``, then renamed)."""
+
+    def folder_of(member: str) -> Optional[str]:
+        return next((folder for pattern, folder in package.members if fnmatch.fnmatch(member, pattern)), None)
+
     written: List[str] = []
-    for member, content in _archive_members(archive):
-        for pattern, folder in package.members:
-            if fnmatch.fnmatch(member, pattern):
-                relative = os.path.normpath(os.path.join(folder, os.path.basename(member)))
-                out = target / relative
-                out.parent.mkdir(parents=True, exist_ok=True)
-                tmp = out.with_name(out.name + ".part")
-                tmp.write_bytes(content)
-                os.replace(tmp, out)
-                written.append(relative)
-                break
+    try:
+        for member, size, open_member in _archive_members(archive, lambda m: folder_of(m) is not None):
+            written.append(_extract_member(archive, member, size, open_member, folder_of(member), target))
+    except _DAMAGED as err:
+        raise FetchError(f"{archive.name} is damaged ({type(err).__name__}: {err}); retry the download") from None
     if not written:
-        raise RuntimeError(f"{archive.name} holds no file matching {[p for p, _ in package.members]}")
+        raise FetchError(f"{archive.name} holds no file matching {[p for p, _ in package.members]}")
     return written
 
 
-def _verify(name: str, root: Path, files: Iterable[str]) -> None:
-    """Compare every file of the data set with its pinned sha256; remove and raise on mismatch."""
+def _extract_member(archive: Path, member: str, size: int, open_member: Callable[[], Any], folder: str,
+                    target: Path) -> str:
+    """One member streamed to a temporary file of this writer's own next to its place, then renamed."""
+    what = f"{archive.name}'s {member}"
+    if size > MAX_MEMBER_BYTES:
+        raise FetchError(f"{what} declares {size:,} bytes, more than {MAX_MEMBER_BYTES:,}; "
+                         "it is not the file qkv was written against")
+    relative = os.path.normpath(os.path.join(folder, os.path.basename(member)))
+    out = target / relative
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent)  # unique per writer
+    try:
+        with os.fdopen(fd, "wb") as dst, open_member() as src:
+            _copy_bounded(src, dst, MAX_MEMBER_BYTES, what)
+        os.replace(tmp, out)
+    except BaseException as err:
+        Path(tmp).unlink(missing_ok=True)  # nothing half-written stays
+        if isinstance(err, OSError) and _no_space(err):
+            raise FetchError(f"no space left on the device of {target} while writing {relative}; free some "
+                             "space or set $QKV_DATA to another folder, then retry") from None
+        raise
+    return relative
+
+
+def _mismatched(root: Path, pinned: Mapping[str, str], files: Iterable[str]) -> List[str]:
+    """The files of ``files`` under ``root`` whose sha256 is not their pin."""
+    return [rel for rel in sorted(set(files)) if rel in pinned and _sha256(root / rel) != pinned[rel]]
+
+
+def _verify_download(name: str, staged: Path, written: Iterable[str], packages: str) -> None:
+    """The freshly downloaded files of data set ``name`` against their pins (nothing in the cache yet)."""
     pinned = CHECKSUMS[name]
-    files = sorted(set(files))
-    unexpected = sorted(set(files) - set(pinned))
-    missing = sorted(set(pinned) - set(files))
-    bad = [rel for rel in files if rel in pinned and _sha256(root / rel) != pinned[rel]]
-    if unexpected or missing or bad:
-        for rel in bad + unexpected:
-            (root / rel).unlink(missing_ok=True)
-        raise RuntimeError(
-            f"data set {name!r} does not match its pinned checksums: "
-            f"changed {bad}, not pinned {unexpected}, absent {missing}. "
-            "The package's content differs from the one qkv was written against."
-        )
+    written = sorted(set(written))
+    bad = _mismatched(staged, pinned, written)
+    missing = sorted(set(pinned) - set(written))
+    unexpected = sorted(set(written) - set(pinned))
+
+    def some(files: List[str]) -> str:
+        return ", ".join(files[:3]) + (" ..." if len(files) > 3 else "")
+
+    if bad or missing or unexpected:
+        problem = (f"its {some(bad)} differ(s) from the pinned sha256" if bad else
+                   f"it lacks {some(missing)}" if missing else f"it holds {some(unexpected)}, which no pin names")
+        raise FetchError(f"data set {name!r}: the downloaded {packages} does not match the pinned checksums: {problem}; "
+                         "the package on the registry is not the one qkv was written against (or the download was "
+                         "damaged: retry). The cache was left as it was")
+
+
+def _fetch_dataset(dataset: Dataset, root: Path, force: bool) -> None:
+    """Fetch ``dataset`` into ``root`` unless every file there is present and matches its pin.
+
+    The packages are downloaded and extracted into a folder of this process's own inside ``root``;
+    only once every file there matches its pin are they moved into place, so that a cached file
+    is never removed before its verified replacement exists. The caller holds ``root``'s lock."""
+    name, pinned = dataset.name, CHECKSUMS[dataset.name]
+    if not force and pinned and all((root / rel).is_file() for rel in pinned):
+        damaged = _mismatched(root, pinned, pinned)
+        if not damaged:
+            return
+        warnings.warn(f"data set {name!r}: the cached {', '.join(damaged[:3])}{' ...' if len(damaged) > 3 else ''} in "
+                      f"{root} do(es) not match the pinned sha256: the local copy is damaged (an interrupted write, a "
+                      "disk error or an edit), not the package; fetching it again", stacklevel=3)
+    staging = Path(tempfile.mkdtemp(prefix=f".fetch-{os.getpid()}-", dir=root))  # same file system as the cache
+    try:
+        written: List[str] = []
+        for package in dataset.packages:
+            downloads = staging / "download"
+            downloads.mkdir()
+            try:
+                archive = _download(package, downloads)
+                written += _extract(archive, package, staging / "files")
+            except FetchError as err:
+                raise FetchError(f"data set {name!r}: {err}") from None
+            shutil.rmtree(downloads)
+        _verify_download(name, staging / "files", written, dataset.package)
+        for rel in sorted(set(written)):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / "files" / rel, root / rel)  # a verified file replaces one (same pin)
+    except OSError as err:
+        if not _no_space(err):
+            raise
+        raise FetchError(f"data set {name!r}: no space left on the device of {root}; free some space or set "
+                         "$QKV_DATA to another folder, then retry (nothing was changed)") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def fetch(
@@ -402,6 +558,11 @@ def fetch(
     force: bool = False,
 ) -> Dict[str, Path]:
     """Download, extract and verify real data sets into the cache.
+
+    A data set present with every file matching its pin is not downloaded again (unless
+    ``force``); a damaged cached file is fetched again (with a warning). New files are verified
+    before any cached one is replaced; two processes fetching one data set take turns (a lock on
+    its folder), the second finding the first's files.
 
     Args:
         names: data set names (see :data:`DATASETS`); a single name; or None for all of them.
@@ -413,7 +574,8 @@ def fetch(
 
     Raises:
         ValueError: an unknown name.
-        RuntimeError: the download client failed, or a file's sha256 differs from the pinned one.
+        FetchError (a ``RuntimeError`` and a ``qkv.UserError``): the download client failed, a
+            downloaded file differs from its pin, an archive is damaged, or no space is left.
     """
     if names is None:
         names = list(_BY_NAME) + list(_FETCHERS)
@@ -422,24 +584,21 @@ def fetch(
     datasets = [n if n in _FETCHERS else _dataset(n) for n in names]
     folders: Dict[str, Path] = {}
     for dataset in datasets:
-        if isinstance(dataset, str):
-            folders[dataset] = _FETCHERS[dataset](cache_dir, force)
-            continue
-        root = dataset_dir(dataset.name, cache_dir)
-        pinned = CHECKSUMS[dataset.name]
-        present = bool(pinned) and all((root / rel).is_file() for rel in pinned)
-        if present and not force:
-            _verify(dataset.name, root, pinned)
-            folders[dataset.name] = root
-            continue
-        root.mkdir(parents=True, exist_ok=True)
-        written: List[str] = []
-        for package in dataset.packages:
-            with tempfile.TemporaryDirectory(prefix="qkv-fetch-") as tmp:
-                archive = _download(package, Path(tmp))
-                written += _extract(archive, package, root)
-        _verify(dataset.name, root, written)
-        folders[dataset.name] = root
+        name = dataset if isinstance(dataset, str) else dataset.name
+        root = cache_root(cache_dir) / name
+        # one fetch of a data set at a time; the lock sits beside the data (<cache>/.locks/NAME/.lock)
+        with RunLock(cache_root(cache_dir) / ".locks" / name, command=f"qkv data fetch {name}", wait=True):
+            if isinstance(dataset, str):
+                try:
+                    folders[name] = _FETCHERS[name](cache_dir, force)
+                except FetchError:
+                    raise
+                except RuntimeError as err:  # a registered fetcher's download or digest failure: one line too
+                    raise FetchError(f"data set {name!r}: {err}") from err
+            else:
+                root.mkdir(parents=True, exist_ok=True)
+                _fetch_dataset(dataset, root, force)
+                folders[name] = root
     return folders
 
 

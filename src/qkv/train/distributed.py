@@ -1,17 +1,57 @@
 """Process-group set-up for ``torchrun``: read ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, start
-gloo (CPU) or NCCL (CUDA) when ``WORLD_SIZE > 1``, and tear it down at the end."""
+gloo (CPU) or NCCL (CUDA) when ``WORLD_SIZE > 1``, and tear it down at the end.
+
+Also :func:`die_with_parent`: a worker process (a ``torchrun`` rank, a ``qkv bench lra --jobs``
+cell worker) that ends when the process that started it ends, ``kill -9`` included, instead of
+running on as an orphan."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
+import signal
+import sys
+import threading
+import time
 from dataclasses import dataclass
-from typing import Any, List
+from typing import Any, List, Optional
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistContext", "setup", "teardown", "all_gather_objects", "mean_across", "barrier"]
+__all__ = ["DistContext", "setup", "teardown", "all_gather_objects", "mean_across", "barrier", "die_with_parent"]
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: Optional[int] = None, poll_seconds: float = 1.0) -> None:
+    """End this process (SIGKILL) as soon as its parent process ``parent`` (default: the current
+    parent) ends, however it ends.
+
+    On Linux the kernel does it (``prctl(PR_SET_PDEATHSIG, SIGKILL)``); elsewhere a daemon thread
+    checks every ``poll_seconds`` whether the parent is still there. A parent that ended before
+    this call ends this process at once. Call it first thing in a worker; a worker's own state is
+    lost, so use it where work is checkpointed (training, benchmark cells).
+    """
+    parent = os.getppid() if parent is None else int(parent)
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+        if armed:
+            if os.getppid() != parent:  # the parent ended before the request: nobody would signal
+                os._exit(1)
+            return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="qkv-die-with-parent", daemon=True).start()
 
 
 @dataclass(frozen=True)
@@ -48,8 +88,12 @@ def setup(device: str = "auto") -> DistContext:
     """Join the ``torchrun`` process group when ``WORLD_SIZE > 1`` (else run alone).
 
     ``device="auto"`` picks ``cuda:<LOCAL_RANK>`` when CUDA is available, else the CPU; the backend
-    is NCCL for CUDA and gloo for the CPU.
+    is NCCL for CUDA and gloo for the CPU. A rank that ``torchrun`` started (``TORCHELASTIC_RUN_ID``
+    set) ends when ``torchrun`` ends (:func:`die_with_parent`): ``kill -9`` of ``torchrun`` leaves
+    no rank running; the checkpoints are what a resume reads.
     """
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # a rank that torchrun's agent started: end with the agent
+        die_with_parent()
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)

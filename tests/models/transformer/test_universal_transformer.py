@@ -83,7 +83,7 @@ def test_lm_stepwise_equals_parallel(act):
     for a, b in [(0, 1), (1, 5), (5, 6), (6, 11)]:
         out = m(x[:, a:b], state=state, return_state=True)
         state, parts = out.state, parts + [out.logits]
-    assert len(state.layers) == 4 and state.position == 11
+    assert len(state.layers) == (full.aux["act"].n_steps.max() if act else 4) and state.position == 11
     torch.testing.assert_close(torch.cat(parts, 1), full.logits, atol=1e-5, rtol=0)
 
 
@@ -152,9 +152,15 @@ def test_bad_config_is_named():
         UniversalTransformerLMConfig(max_steps=0)
     with pytest.raises(ValueError, match="act_eps"):
         UniversalTransformerConfig(act_eps=1.5)
+    with pytest.raises(ValueError, match="max_steps must be 1 to 1024 with act=False"):
+        UniversalTransformerConfig(act=False, max_steps=10 ** 9)  # a fixed depth of 10^9 steps: nothing halts it
+    with pytest.raises(ValueError, match="state has 3 steps"):
+        m = lm(max_steps=2)
+        state = lm(max_steps=3)(ids(1, 2), return_state=True).state
+        m(ids(1, 1), state=state)
     with pytest.raises(ValueError, match="state has 2 steps"):
-        m = lm(max_steps=3)
-        state = lm(max_steps=2)(ids(1, 2), return_state=True).state
+        m = lm(max_steps=3, act=False)
+        state = lm(max_steps=2, act=False)(ids(1, 2), return_state=True).state
         m(ids(1, 1), state=state)
 
 
@@ -184,3 +190,49 @@ def test_a_huge_max_steps_costs_only_the_steps_run():
     out = m(x, labels=x, return_act=True)
     out.loss.backward()
     assert out.aux["act"].probabilities.shape == (2, 8, 1) and float(out.aux["steps"]) == 1.0
+
+
+def _count_block_calls(model, limit):
+    """Count the shared block's calls; fail (instead of hanging) past ``limit``."""
+    calls = []
+
+    def hook(module, args, kwargs):
+        calls.append(1)
+        if len(calls) > limit:
+            raise AssertionError(f"the shared block ran more than {limit} times")
+
+    blocks = [s.layers[0] for s in (getattr(model, "decoder", None), getattr(model, "encoder", None),
+                                    getattr(model, "stack", None)) if s is not None]
+    for block in blocks:
+        block.register_forward_pre_hook(hook, with_kwargs=True)
+    return calls
+
+
+def test_huge_max_steps_decodes_as_far_as_halting_goes():
+    """Issue 37 item 8: `qkv train universal-transformer --task reverse --set max_steps=1000000000
+    --steps 1` hung in generation: incremental decoding ran every one of max_steps steps per token.
+    Decoding now runs the steps halting asks for; the cache of a step the earlier positions never
+    reached is computed from their halted states, so stepwise still equals parallel."""
+    m = lm(max_steps=10 ** 9)
+    with torch.no_grad():  # spread the halting times: 2 to 13 steps
+        m.stack.act.halting.weight.normal_(generator=torch.Generator().manual_seed(5)).mul_(0.5)
+        m.stack.act.halting.bias.fill_(0.5)
+    x = ids(2, 12)
+    full = m(x, return_act=True)
+    n = full.aux["act"].n_steps
+    assert n.max() <= 20 and len(set(n.flatten().tolist())) > 1
+    calls = _count_block_calls(m, limit=500)
+    state, parts = None, []
+    for a in range(12):  # one token at a time, as generation does
+        out = m(x[:, a:a + 1], state=state, return_state=True)
+        state, parts = out.state, parts + [out.logits]
+    torch.testing.assert_close(torch.cat(parts, 1), full.logits, atol=1e-5, rtol=0)
+    assert len(state.layers) == n.max() and len(calls) <= 12 * 2 * int(n.max())
+    assert m.generate(x[:, :3], max_new_tokens=6).shape == (2, 9)
+
+
+def test_huge_max_steps_beam_search_finishes():
+    m = seq2seq(max_steps=10 ** 9)
+    _count_block_calls(m, limit=2000)
+    out = m.generate(ids(2, 5, seed=2), max_new_tokens=8, beam_size=3)
+    assert out.shape[0] == 2 and out.shape[1] <= 8

@@ -14,7 +14,9 @@ The ponder cost ``tau * mean_i (N(i) + R(i))`` is added to the loss.
 
 The depth loop is ``UniversalStack.run_layers`` (the stack's depth hook); the models are the
 ``Transformer`` encoder–decoder and the ``GPT`` decoder-only LM with that stack in place of theirs
-(``stack_class``), plus the ponder cost. Incremental decoding keeps one ``BlockState`` per step.
+(``stack_class``), plus the ponder cost. Incremental decoding keeps one ``BlockState`` per step
+run so far and each position's halted state (``UniversalState``): a token runs the steps halting
+asks for (and those already cached), never ``max_steps`` for its own sake.
 Known failure (tensor2tensor #1723): with a positive halting bias every position halts after ~2
 steps at initialisation and ACT never learns to use more; ``halting_bias_init`` defaults to -1.
 """
@@ -35,11 +37,16 @@ from ...registry import lookup, register
 from ..base import ModelOutput
 from ..losses import check_labels, lm_loss
 from .gpt import GPT, GPTConfig
-from .stack import StackOutput, StackState, TransformerStack, _drop_if_full, token_scale
+from .stack import BlockState, StackOutput, StackState, TransformerStack, _drop_if_full, token_scale
 from .transformer import Transformer, TransformerConfig
 
 __all__ = ["UniversalStack", "UniversalTransformer", "UniversalTransformerConfig", "UniversalTransformerLM",
-           "UniversalTransformerLMConfig", "UniversalOptions"]
+           "UniversalTransformerLMConfig", "UniversalOptions", "UniversalState"]
+
+
+#: the most steps a fixed-depth (``act=False``) Universal Transformer may take: with ACT halting bounds the
+#: steps, without it nothing would (a 10^9-step depth is a hang, not a model)
+MAX_FIXED_STEPS = 1024
 
 
 @dataclass
@@ -56,6 +63,9 @@ class UniversalOptions:
         _checks.positive_int("max_steps", self.max_steps)
         if not isinstance(self.act, bool):
             raise TypeError(f"act must be a bool, got {self.act!r}")
+        if not self.act and self.max_steps > MAX_FIXED_STEPS:  # ACT's halting bounds the steps; nothing else would
+            raise ValueError(f"max_steps must be 1 to {MAX_FIXED_STEPS} with act=False (every position runs every "
+                             f"step: the depth), got {self.max_steps:,}; with act=True it is only a cap on halting")
         if isinstance(self.act_eps, bool) or not isinstance(self.act_eps, (int, float)) or not 0 <= self.act_eps < 1:
             raise ValueError(f"act_eps must be a float in [0, 1), got {self.act_eps!r}")
         if isinstance(self.halting_bias_init, bool) or not isinstance(self.halting_bias_init, (int, float)):
@@ -67,6 +77,17 @@ class UniversalOptions:
                              f"got {self.n_layers}")  # type: ignore[attr-defined]
 
 
+@dataclass(frozen=True)
+class UniversalState(StackState):
+    """A Universal Transformer stack's decoding state: one ``BlockState`` per step run so far (the
+    most any position needed, at most ``max_steps``) and, under ACT, ``hidden (B, position,
+    d_model)``, each earlier position's state when it halted: a later position that needs more
+    steps finds their caches for those steps computed from it (they are frozen, as in the full
+    sequence), so decoding runs the steps halting asks for, not ``max_steps``."""
+
+    hidden: Optional[Tensor] = None
+
+
 class UniversalStack(TransformerStack):
     """A ``TransformerStack`` with one block applied ``max_steps`` times, or under per-position ACT.
 
@@ -75,8 +96,8 @@ class UniversalStack(TransformerStack):
     instead of once to the embeddings. ``run_steps`` returns the ``StackOutput`` and the
     ``ACTOutput`` (None without ACT); ``run_layers``, the stack's depth hook, returns the former.
     With ``need_weights`` the per-layer lists hold one entry per step taken; with ``return_state``
-    the state holds one ``BlockState`` per step (every step runs, so that later positions find
-    the states of halted ones).
+    the state (``UniversalState``) holds one ``BlockState`` per step run so far and the halted
+    states of the positions seen, from which later positions' extra steps are served.
     """
 
     def __init__(self, config: Any, *, n_layers: Optional[int] = None, **kwargs: Any) -> None:
@@ -105,17 +126,15 @@ class UniversalStack(TransformerStack):
         """The shared block on embeddings ``x (B, L, d_model)``: ``T`` steps or ACT."""
         _checks.tensor("x", x, ndim=3, floating=True)
         mask, memory_mask = _drop_if_full(mask), _drop_if_full(memory_mask)
-        if state is not None and not isinstance(state, StackState):
-            raise TypeError(f"state must be the StackState a previous call returned, got {type(state).__name__}")
-        if state is not None and len(state.layers) != self.max_steps:
-            raise ValueError(f"state has {len(state.layers)} steps, the stack runs max_steps={self.max_steps}")
-        step_states = state.layers if state is not None else None  # no per-step list: memory follows the steps run
+        cached, earlier = self._check_state(state, x)
         offset = state.position if state is not None else 0
         block = self.layers[0]
 
         def step(h: Tensor, n: int):
+            if state is not None and n > len(cached):  # every earlier position had halted before step n
+                cached.append(self._frozen_step(earlier, n, mask, memory, memory_mask, cached))
             out = block(self.add_coordinates(h, offset, n), mask=mask, memory=memory, memory_mask=memory_mask,
-                        state=None if step_states is None else step_states[n - 1], need_weights=need_weights,
+                        state=None if state is None else cached[n - 1], need_weights=need_weights,
                         return_state=return_state)
             return out.hidden, out
 
@@ -126,16 +145,51 @@ class UniversalStack(TransformerStack):
                 x, out = step(x, n)
                 outs.append(out)
         else:
-            act = self.act(step, x, run_all_steps=return_state)
+            # incremental decoding runs at least the steps the earlier positions' caches hold, so that
+            # each cached step holds every position; beyond them only as far as halting goes
+            act = self.act(step, x, min_steps=len(cached) if return_state else 0)
             x, outs = act.output, act.states
         new_state = None
         if return_state:
-            new_state = StackState(tuple(o.state for o in outs), offset + x.shape[1])
+            final = None
+            if act is not None:  # what a later step sees of these positions: their state when they halted
+                final = act.final_state if earlier is None else torch.cat([earlier, act.final_state], dim=1)
+            new_state = UniversalState(tuple(o.state for o in outs), offset + x.shape[1], final)
         has_cross = block.cross_attn is not None
         output = StackOutput(self.final_norm(x), [o.self_weights for o in outs] if need_weights else None,
                              [o.cross_weights for o in outs] if need_weights and has_cross else None, new_state,
                              [o.hidden for o in outs] if return_hidden else None)
         return output, act
+
+    def _check_state(self, state: Optional[StackState], x: Tensor) -> Tuple[list, Optional[Tensor]]:
+        """``(per-step block states, the earlier positions' halted states (B, P, d) or None)`` of ``state``."""
+        if state is None:
+            return [], None
+        if not isinstance(state, StackState):
+            raise TypeError(f"state must be the StackState a previous call returned, got {type(state).__name__}")
+        steps = len(state.layers)
+        if self.act is None:
+            if steps != self.max_steps:
+                raise ValueError(f"state has {steps} steps, the stack runs max_steps={self.max_steps}")
+            return list(state.layers), None
+        earlier = state.hidden if isinstance(state, UniversalState) else None
+        if steps > self.max_steps or steps == 0 or earlier is None:
+            raise ValueError(f"state has {steps} steps{'' if earlier is not None else ' and no halted states'}: "
+                             f"not one this stack returned (ACT, at most max_steps={self.max_steps} steps)")
+        if earlier.shape != (x.shape[0], state.position, x.shape[2]):
+            raise ValueError(f"state holds halted states of shape {tuple(earlier.shape)}, expected "
+                             f"{(x.shape[0], state.position, x.shape[2])} (batch, positions seen, d_model)")
+        return list(state.layers), earlier
+
+    def _frozen_step(self, earlier: Tensor, n: int, mask: Optional[Tensor], memory: Optional[Tensor],
+                     memory_mask: Optional[Tensor], cached: list) -> Any:
+        """The block's state at step ``n`` for the earlier positions, all halted before it: the block
+        run on their frozen states (plus ``P^n``), as the full sequence's step ``n`` sees them."""
+        if mask is not None:
+            raise ValueError("incremental ACT decoding past the earlier positions' steps takes no self-attention mask")
+        seed = BlockState(cross_kv=cached[-1].cross_kv) if cached and cached[-1] is not None else None
+        return self.layers[0](self.add_coordinates(earlier, 0, n), memory=memory, memory_mask=memory_mask,
+                              state=seed, return_state=True).state
 
     def run_layers(self, x: Tensor, mask: Optional[Tensor] = None, memory: Optional[Tensor] = None,
                    memory_mask: Optional[Tensor] = None, state: Optional[StackState] = None,
