@@ -18,6 +18,7 @@ from here (downwards), never a helper from a sibling kernel's module (tests/test
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -32,7 +33,7 @@ from ..types import AttentionOutput, KVCache
 
 __all__ = ["accumulation_dtype", "append_cache", "check_cache", "unfold_band", "band_blocks", "scatter_band",
            "to_frame", "from_frame", "shift_queries", "empty_output", "fused_blocks", "blocked_attend", "gathered_attend",
-           "LinearState", "linear_attention", "split_key_mask", "finite_or_zero"]
+           "LinearState", "linear_attention", "split_key_mask", "finite_or_zero", "full_precision"]
 
 
 # ----------------------------------------------------------------------------- precision
@@ -42,6 +43,17 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for half types, else ``dtype``: the running sums add up to N terms, which float16
     overflows (max 65504) and bfloat16 rounds away (8 mantissa bits) — float64 stays float64."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def full_precision(device: torch.device):
+    """A context in which autocast is off on ``device``'s type (a null context when it is off
+    already): for sums the kernel keeps in float32 on purpose (``accumulation_dtype``), which
+    autocast would otherwise round back to bfloat16/float16 inside every product — and then a
+    custom backward would meet float32 gradients against half saved tensors."""
+    kind = device.type if isinstance(device, torch.device) else str(device)
+    if torch.is_autocast_enabled(kind):
+        return torch.autocast(device_type=kind, enabled=False)
+    return contextlib.nullcontext()
 
 
 def matmul_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -413,7 +425,18 @@ def linear_attention(
     Returns:
         ``(out (B, H, M, Ev) in v's dtype, weights or None, new LinearState (causal) or None)``.
     Cost: non-causal O(N F Ev); causal O(N C F + N F Ev) in ``ceil(M / C)`` chunk steps.
+    Under autocast the sums still run in the accumulation dtype (``full_precision``).
     """
+    with full_precision(v.device):
+        return _linear_attention(phi_q, phi_k, v, causal=causal, chunk_size=chunk_size, key_mask=key_mask,
+                                 state=state, log_keys=log_keys, eps=eps, need_weights=need_weights,
+                                 eps_scale=eps_scale)
+
+
+def _linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, causal: bool, chunk_size: int,
+                      key_mask: Optional[Tensor], state: Optional[LinearState], log_keys: bool, eps: float,
+                      need_weights: bool, eps_scale: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor], Optional[LinearState]]:
+    """``linear_attention`` with autocast off."""
     B, H, M, Fdim = phi_q.shape
     N, Ev = v.shape[-2], v.shape[-1]
     out_dtype = v.dtype
