@@ -50,7 +50,7 @@ def _select_away_masked(k: Tensor, v: Tensor, mask: Tensor, causal: bool = False
     A key-padding mask names the hidden keys at the cost of a look at the mask: then only their rows
     are summed (a batch padded at a few positions no longer reads all of ``k`` and ``v``)."""
     cols = mask[..., mask.shape[-1] - k.shape[-2]:]  # (B|1, H|1, M|1, N)
-    if k.device.type == "cpu":
+    if k.device.type == "cpu" and not torch.compiler.is_compiling():  # a traced graph takes the branch-free path
         if cols.shape[-2] == 1:  # key padding: (B|1, H|1, 1, N), O(B N) to read
             hidden_rows = ~cols[..., 0, :]
             if not bool(hidden_rows.any()):
