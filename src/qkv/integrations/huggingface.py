@@ -83,11 +83,10 @@ DEFAULT_SEED = 0
 #: encoder's output) — no such relation exists, so those layers run exact attention (``softmax``),
 #: and the pattern serves the self-attention layers only
 PATTERNED = frozenset({"window", "local-1d", "local-2d", "strided", "fixed", "lsh"})
-#: pattern kernels whose blocks are anchored to absolute positions (block boundaries at multiples of
-#: the block): a left-padded row would put them at other tokens than the same prompt alone, so its
-#: rows are shifted to start at their first real token before the kernel and back after (the
-#: others depend on distances only, which padding in front does not change)
-ANCHORED = frozenset({"local-1d", "local-2d", "fixed"})
+# Pattern kernels whose blocks are anchored to absolute positions (``AttentionKernel.anchored``:
+# local-1d, local-2d, fixed) would put a left-padded row's blocks at other tokens than the same
+# prompt alone: its rows are shifted to start at their first real token before the kernel and
+# back after (the others depend on distances only, which padding in front does not change).
 #: kernels that cannot serve a pretrained model, and why
 REFUSED: Dict[str, str] = {
     "linformer": "its learned projections E and F of the keys and values are in no pretrained checkpoint",
@@ -361,8 +360,8 @@ def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callab
                              f"window, packed sequences or a static cache), and attention {use!r} takes key-padding "
                              f"masks only; use qkv-softmax, or a dynamic cache without packing")
         need_weights = bool(kwargs.get("output_attentions", False))
-        lead = _leading_padding(mask) if use in ANCHORED else None
-        if lead is not None:  # ANCHORED: the blocks start at each row's first real token
+        lead = _leading_padding(mask) if built.anchored else None
+        if lead is not None:  # anchored blocks start at each row's first real token
             output, weights = _anchored_call(built, query, key, value, mask, lead, need_weights)
         else:
             out = built(query, key, value, mask=mask, need_weights=need_weights)
