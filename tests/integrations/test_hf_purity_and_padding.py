@@ -182,3 +182,40 @@ def test_names_that_cannot_serve_say_why_at_the_first_call():
     model.set_attn_implementation("qkv-linformer")
     with pytest.raises(ValueError, match="'qkv-linformer'.*learned projections E and F.*qkv-softmax"):
         model(input_ids=torch.ones(1, 3, dtype=torch.long))
+
+
+# ----------------------------------------------------------------------------- item 5: mixed precision
+
+
+def test_bert_classifier_trains_a_step_under_bf16_autocast_with_performer():
+    """BertForSequenceClassification with qkv-performer, one training step under
+    ``torch.autocast("cpu", dtype=torch.bfloat16)`` (backward failed: expected scalar type Float but
+    found BFloat16); loss and gradients close to float32's."""
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=24, max_position_embeddings=32, num_labels=3,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = transformers.BertForSequenceClassification(config)
+    model.set_attn_implementation("qkv-performer")
+    model.train()
+    ids = torch.randint(2, 40, (4, 10), generator=torch.Generator().manual_seed(7))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    labels = torch.tensor([0, 1, 2, 1])
+
+    def step(autocast):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        return loss.detach().float(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref_loss, ref_grads = step(False)
+    loss, grads = step(True)
+    assert abs(float(loss - ref_loss)) < 0.05 * abs(float(ref_loss))
+    assert grads.keys() == ref_grads.keys()
+    for name, g in grads.items():
+        r = ref_grads[name]
+        assert torch.isfinite(g).all(), name
+        assert float((g - r).abs().max()) <= 0.1 * float(r.abs().max()) + 1e-3, name
+    torch.optim.SGD(model.parameters(), lr=0.1).step()  # the step itself
