@@ -182,6 +182,21 @@ def test_names_that_cannot_serve_say_why_at_the_first_call():
     model.set_attn_implementation("qkv-linformer")
     with pytest.raises(ValueError, match="'qkv-linformer'.*learned projections E and F.*qkv-softmax"):
         model(input_ids=torch.ones(1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="'qkv-linformer'.*learned projections E and F"):
+        transformers.AutoModelForCausalLM.from_config(model.config, attn_implementation="qkv-linformer")(
+            input_ids=torch.ones(1, 3, dtype=torch.long))
+
+
+def test_an_unknown_qkv_name_gets_qkvs_message():
+    """transformers answers an unregistered name with its own list (eager, sdpa, flash...), which says
+    nothing of qkv's kernels; a ``qkv-`` name gets what is registered and how to register one."""
+    model = _gpt2()
+    with pytest.raises(ValueError, match="'qkv-nonexistent': no qkv kernel is registered.*qkv-softmax.*qkv's kernels"):
+        model.set_attn_implementation("qkv-nonexistent")
+    with pytest.raises(ValueError, match="qkv's 'linear' kernel: register\\('qkv-linear-transformer', 'linear'"):
+        transformers.AutoModelForCausalLM.from_config(model.config, attn_implementation="qkv-linear-transformer")
+    with pytest.raises(ValueError, match="not supported"):  # other names: transformers' own message
+        model.set_attn_implementation("nonexistent")
 
 
 # ----------------------------------------------------------------------------- item 5: mixed precision

@@ -173,7 +173,48 @@ def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: 
         if impl not in _registered:  # a name registered with knobs that fit (local-2d's image_size) stays
             AttentionInterface.register(impl, _refusing_function(impl, why))
             AttentionMaskInterface.register(impl, _refusing_function(impl, why))
+    _explain_unknown_names()
     return dict(wanted)
+
+
+def _unknown_name_message(impl: str) -> str:
+    """What to say of ``attn_implementation=impl`` (a ``qkv-`` name nothing was registered under)."""
+    registered = ", ".join(sorted(_registered)) or "none"
+    kernel = impl[len(PREFIX):]
+    hint = ""
+    try:
+        canonical = lookup("attention", kernel).registry_name  # a name or an alias
+    except (KeyError, ValueError):
+        canonical = None
+    if canonical is not None:
+        hint = (f"; {kernel!r} is qkv's {canonical!r} kernel: register({impl!r}, {canonical!r}, **knobs) "
+                f"registers it under this name")
+    return (f"attn_implementation={impl!r}: no qkv kernel is registered for transformers under that name "
+            f"(registered: {registered}){hint}; qkv's kernels: {', '.join(names('attention'))}")
+
+
+def _explain_unknown_names() -> None:
+    """Give an unknown ``qkv-`` name qkv's message: transformers refuses any name not registered with a
+    list of its own implementations (eager, sdpa, ...), which says nothing of qkv's. Its check is
+    wrapped once, for ``qkv-`` names only; every other name goes to it unchanged."""
+    try:
+        from transformers import PreTrainedModel
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    except ImportError:  # pragma: no cover - transformers without these names: its own message stays
+        return
+    check = getattr(PreTrainedModel, "get_correct_attn_implementation", None)
+    if check is None or getattr(check, "_qkv_wrapped", False):
+        return
+
+    def get_correct_attn_implementation(self, requested_attention, *args, **kwargs):
+        if (isinstance(requested_attention, str) and requested_attention.startswith(PREFIX)
+                and requested_attention not in ALL_ATTENTION_FUNCTIONS.valid_keys()):
+            raise ValueError(_unknown_name_message(requested_attention))
+        return check(self, requested_attention, *args, **kwargs)
+
+    get_correct_attn_implementation._qkv_wrapped = True
+    get_correct_attn_implementation.__doc__ = check.__doc__
+    PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
 
 
 def registered() -> Dict[str, Tuple[str, Dict[str, Any]]]:
