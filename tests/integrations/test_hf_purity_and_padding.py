@@ -168,10 +168,15 @@ def test_left_padded_encoder_rows_equal_the_sequence_alone(impl):
     lengths, L = (10, 6, 3), 10
     ids, mask = _left_padded(lengths, L, seed=6)
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    batch = _logits(model, impl, input_ids=ids, attention_mask=mask, position_ids=position_ids)
-    for b, n in enumerate(lengths):
-        alone = _logits(model, impl, input_ids=ids[b:b + 1, L - n:])
-        torch.testing.assert_close(batch[b:b + 1, L - n:], alone, atol=ATOL, rtol=0)
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        batch = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, output_attentions=True)
+        for b, n in enumerate(lengths):
+            alone = model(input_ids=ids[b:b + 1, L - n:], output_attentions=True)
+            torch.testing.assert_close(batch.last_hidden_state[b:b + 1, L - n:], alone.last_hidden_state, atol=ATOL, rtol=0)
+            for ours, theirs in zip(batch.attentions, alone.attentions):  # (B, H, L, L): the real block of each row
+                if ours is not None and theirs is not None:
+                    torch.testing.assert_close(ours[b:b + 1, :, L - n:, L - n:], theirs, atol=ATOL, rtol=0)
 
 
 # ----------------------------------------------------------------------------- names that cannot serve

@@ -42,6 +42,22 @@ def test_export_equals_eager(name):
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", [n for n in names("attention") if n not in DECODERS])
+def test_export_of_an_encoder_equals_eager(name):
+    """The kernels that cannot be causal (efficient, linformer) in qkv's BERT."""
+    from qkv.models import BERT
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = BERT(BERT.config_class(vocab_size=32, max_len=16, n_layers=1, d_model=16, n_heads=2, d_ff=32,
+                                       dropout=0.0, attention=name)).eval()
+    with torch.no_grad():
+        expected = model(IDS).logits
+        got = torch.export.export(model, (IDS,)).module()(IDS).logits
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["softmax", "window", "local-1d", "strided", "fixed", "linear"])
 def test_compile_in_training_has_no_graph_break(name):
     """``fullgraph=True`` raises at a graph break: the exact and pattern kernels and linear attention
