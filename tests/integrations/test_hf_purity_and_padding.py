@@ -116,6 +116,18 @@ def test_pattern_kernels_leave_cross_attention_whole():
     assert not torch.allclose(_logits(model, "qkv-window-1", input_ids=src, decoder_input_ids=tgt), eager, atol=1e-4)
 
 
+def test_every_kernel_with_a_positional_pattern_is_kept_out_of_cross_attention():
+    """A new kernel whose pattern relates positions (its non-causal ``pattern`` is not None) falls
+    under the cross-attention rule without a second list to update."""
+    from qkv.registry import names
+
+    for name in names("attention"):
+        cls = lookup("attention", name)
+        kernel = cls(**cls.default_knobs(16, 2, 8))
+        if kernel.pattern(4, 4) is not None:
+            assert name in hf.PATTERNED or name in hf.REFUSED, name
+
+
 def test_qkv_softmax_is_eager_on_bart_with_padding():
     model = _bart()
     src = torch.randint(3, 40, (2, 10), generator=torch.Generator().manual_seed(3))
