@@ -42,6 +42,20 @@ def test_export_equals_eager(name):
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["softmax", "window", "local-1d", "linear", "performer"])
+def test_export_with_padding_and_positions_equals_eager(name):
+    """A right-padded batch with ``attention_mask`` and ``position_ids`` exports too (the full-mask
+    shortcut and the masked-key cleanup read the mask's values)."""
+    model = _gpt(name).eval()
+    mask = torch.ones(2, 16, dtype=torch.bool)
+    mask[1, 11:] = False
+    kw = {"attention_mask": mask, "position_ids": (mask.long().cumsum(-1) - 1).clamp(min=0)}
+    with torch.no_grad():
+        expected = model(IDS, **kw).logits
+        got = torch.export.export(model, (IDS,), kw).module()(IDS, **kw).logits
+    torch.testing.assert_close(got[mask], expected[mask], atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", [n for n in names("attention") if n not in DECODERS])
 def test_export_of_an_encoder_equals_eager(name):
     """The kernels that cannot be causal (efficient, linformer) in qkv's BERT."""

@@ -507,6 +507,7 @@ def copy_torch_layer(block: TransformerBlock, layer: nn.Module) -> None:
 
 def _drop_if_full(mask: Optional[Tensor]) -> Optional[Tensor]:
     """A 2-D key-padding mask that lets every key through is no mask (keeps SDPA's fast paths)."""
-    if isinstance(mask, Tensor) and mask.dtype == torch.bool and mask.dim() == 2 and bool(mask.all()):
+    if (isinstance(mask, Tensor) and mask.dtype == torch.bool and mask.dim() == 2 and not torch.compiler.is_compiling()
+            and bool(mask.all())):
         return None
     return mask
