@@ -74,18 +74,22 @@ def test_export_of_an_encoder_equals_eager(name):
 
 @pytest.mark.parametrize("name", ["softmax", "window", "local-1d", "strided", "fixed", "linear"])
 def test_compile_in_training_has_no_graph_break(name):
-    """``fullgraph=True`` raises at a graph break: the exact and pattern kernels and linear attention
-    (``bool(top.min() < DIRECT_MIN)`` broke its graph) trace whole, forward and backward agree with eager."""
+    """``fullgraph=True`` raises at a graph break: a training step (padding mask, labels, loss,
+    backward) of the exact and pattern kernels and linear attention (``bool(top.min() < DIRECT_MIN)``
+    broke its graph; the label and mask checks read values) traces whole, and agrees with eager."""
     torch._dynamo.reset()
     model = _gpt(name).train()
+    mask = torch.ones(2, 16, dtype=torch.bool)
+    mask[1, 11:] = False
+    batch = {"attention_mask": mask, "labels": IDS.masked_fill(~mask, -100)}
     compiled = torch.compile(model, backend="eager", fullgraph=True)
-    out = compiled(IDS).logits
-    out.square().mean().backward()
+    loss = compiled(IDS, **batch).loss
+    loss.backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    expected = model(IDS).logits
-    expected.square().mean().backward()
-    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    expected = model(IDS, **batch).loss
+    expected.backward()
+    torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-5)
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g, p.grad, atol=1e-6, rtol=1e-4)
 
