@@ -20,7 +20,11 @@ Numerics: ``exp(w^T x)`` overflows for large inputs, so a maximum is subtracted 
 per query row for queries (a factor common to a row's numerator and denominator) and, for keys, the
 maximum over all keys (non-causal) or, causal, the running maximum over the keys up to each
 position (carried in the state), by which each query reads its sums — so no later key reaches it. Both cancel in ``D^{-1}(...)`` exactly,
-so they are detached from the graph. Deviations: no ``eps`` in ``D`` (the features are positive;
+so they are detached from the graph. The products ``w^T x`` and ``||x||^2`` are formed on each row
+divided by its largest entry and scaled back (``favor_log_features``): any finite input, up to the
+dtype's maximum, gives finite outputs (``||q||^2`` overflowed float32 from |q| ~ 1e19); the
+queries' own terms (``-||q||^2 / 2``, ``log m``), a factor per row, are left out. Features and
+sums run in float32 under ``torch.autocast`` too. Deviations: no ``eps`` in ``D`` (the features are positive;
 a row with no allowed key returns zeros); dropout must be 0 (none in the
 authors' FAVOR+; ``dropout > 0`` raises); ``redraw=True``
 redraws the features on every training-mode forward that does not continue a ``state`` (the
