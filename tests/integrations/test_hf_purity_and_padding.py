@@ -128,6 +128,43 @@ def test_every_kernel_with_a_positional_pattern_is_kept_out_of_cross_attention()
             assert name in hf.PATTERNED or name in hf.REFUSED, name
 
 
+def _family(name):
+    torch.manual_seed(0)
+    small = dict(num_hidden_layers=2, max_position_embeddings=40)
+    if name == "mistral":  # a sliding window: the full boolean mask reaches qkv-softmax
+        return transformers.MistralForCausalLM(transformers.MistralConfig(
+            vocab_size=40, hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+            sliding_window=4, **small)), "left"
+    if name == "distilbert":
+        return transformers.DistilBertModel(transformers.DistilBertConfig(
+            vocab_size=40, dim=16, n_layers=2, n_heads=2, hidden_dim=24, max_position_embeddings=40)), "right"
+    if name == "roberta":
+        return transformers.RobertaModel(transformers.RobertaConfig(
+            vocab_size=40, hidden_size=16, num_attention_heads=2, intermediate_size=24, pad_token_id=1, **small)), "right"
+    if name == "modernbert":  # alternating local (window 4) and global layers
+        return transformers.ModernBertModel(transformers.ModernBertConfig(
+            vocab_size=40, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=24,
+            max_position_embeddings=40, local_attention=4, pad_token_id=0, bos_token_id=2, eos_token_id=3,
+            cls_token_id=2, sep_token_id=3)), "right"
+    return transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=40, hidden_size=16, num_attention_heads=2, intermediate_size=24, **small)), "right"
+
+
+@pytest.mark.parametrize("name", ["mistral", "distilbert", "roberta", "modernbert", "bert-mlm"])
+def test_qkv_softmax_is_eager_on_more_families(name):
+    model, padding = _family(name)
+    model.eval()
+    ids = torch.randint(4, 40, (3, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    if padding == "right":
+        mask[1, 6:], mask[2, 3:] = 0, 0
+    else:
+        mask[1, :4], mask[2, :7] = 0, 0
+    eager = _logits(model, "eager", input_ids=ids, attention_mask=mask)
+    ours = _logits(model, "qkv-softmax", input_ids=ids, attention_mask=mask)
+    torch.testing.assert_close(ours[mask.bool()], eager[mask.bool()], atol=ATOL, rtol=0)
+
+
 def test_qkv_softmax_is_eager_on_bart_with_padding():
     model = _bart()
     src = torch.randint(3, 40, (2, 10), generator=torch.Generator().manual_seed(3))
