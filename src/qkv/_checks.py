@@ -48,11 +48,14 @@ def token_ids(name: str, ids: object, vocab_size: int) -> Tensor:
 
     The range needs the values (on an accelerator, one device sync for both ends). A model checks its
     ids at its boundary and its parts check them again; a tensor already found in range for this
-    ``vocab_size`` and not written since (its version counter, shared with its views) is not read again."""
+    ``vocab_size`` and not written since (its version counter, shared with its views) is not read again.
+    Under ``torch.compile``/``torch.export`` tracing the values are not read (shape and dtype still are)."""
     tensor(name, ids, ndim=2)
     if ids.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{name} must be an integer (torch.long) tensor of token ids, got dtype {ids.dtype}")
-    if not ids.numel():
+    if not ids.numel() or torch.compiler.is_compiling():
+        # A graph being traced (torch.compile, torch.export) must not branch on the values: the range
+        # is checked eagerly only (an out-of-range id in a compiled graph is the embedding's error).
         return ids
     tracked = not ids.is_inference()  # (inference tensors keep no version counter: always read)
     seen = _checked_ids.get(id(ids)) if tracked else None

@@ -6,7 +6,8 @@ oneDNN on the same thread), oneDNN's matmul — the kernel ``torch.compile`` put
 layers (``torch.ops.mkldnn._linear_pointwise``) — computes the same float32 products (float32
 accumulation; results differ by rounding only). That kernel has no backward, so it serves only
 when no gradient is recorded, and only from ``MIN_ROWS`` rows, below which its call costs more
-than MKL's (a decoding step's single row). ``torch.backends.mkldnn.flags(enabled=False)`` turns
+than MKL's (a decoding step's single row), and never inside a graph that ``torch.compile`` or
+``torch.export`` traces (Inductor cannot lower the op; it chooses its own kernels for ``F.linear``). ``torch.backends.mkldnn.flags(enabled=False)`` turns
 it off, as it does PyTorch's own oneDNN paths. An activation after the product (a feed-forward
 network's first layer) can be fused into it (``activation=``).
 """
@@ -42,6 +43,8 @@ def _onednn_fits(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
     rows = x.numel() // x.shape[-1] if x.dim() >= 2 and x.shape[-1] else 0
     if rows < MIN_ROWS:  # first, as the cheapest test: a decoding step's one row never goes to oneDNN
         return False
+    if torch.compiler.is_compiling():
+        return False  # Inductor cannot lower the op itself; it puts its own behind F.linear where it pays
     tensors = (x, weight) if bias is None else (x, weight, bias)
     if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
         return False

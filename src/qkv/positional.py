@@ -50,6 +50,20 @@ def sinusoid_table(positions: Tensor, d_model: int, dtype: Optional[torch.dtype]
     return table[..., :d_model]
 
 
+def _checked_positions(positions: object, x: Tensor, max_len: Optional[int]) -> Tensor:
+    """``positions``: integer ids ``(B, L)`` of ``x (B, L, d)``'s positions, in ``[0, max_len)`` when
+    the scheme has a table (its values are read eagerly, not while a graph is traced)."""
+    _checks.tensor("position_ids", positions, ndim=2)
+    _checks.same("position_ids", tuple(positions.shape), "(batch, length)", tuple(x.shape[:2]), "the shape")
+    if positions.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"position_ids must be an integer (torch.long) tensor, got dtype {positions.dtype}")
+    if max_len is not None:
+        return _checks.token_ids("position_ids", positions, max_len)
+    if positions.numel() and not torch.compiler.is_compiling() and int(positions.min()) < 0:
+        raise ValueError(f"position_ids must be >= 0, got min {int(positions.min())}")
+    return positions
+
+
 @register("positional", "sinusoidal", "sinusoid")
 class SinusoidalPositionalEncoding(nn.Module):
     """Fixed sinusoidal encoding added to ``x (B, L, d_model)`` (Vaswani et al. 2017).
@@ -77,9 +91,14 @@ class SinusoidalPositionalEncoding(nn.Module):
         positions = torch.arange(offset, offset + length, device=device or self.table.device)
         return sinusoid_table(positions, self.d_model, torch.float64).to(dtype)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int = 0, positions: Optional[Tensor] = None) -> Tensor:
+        """``x`` plus the encoding of positions ``offset ..``, or of ``positions (B, L)`` (ids, e.g.
+        counted from each row's first real token of a left-padded batch) when given."""
         _checks.tensor("x", x, ndim=3, floating=True)
         _checks.same("x", x.shape[-1], "d_model", self.d_model, "the feature size")
+        if positions is not None:
+            positions = _checked_positions(positions, x, None)
+            return self.dropout(x + sinusoid_table(positions, self.d_model, torch.float64).to(x.dtype))
         return self.dropout(x + self.encoding(x.shape[1], offset, x.device, x.dtype))
 
 
@@ -97,9 +116,12 @@ class LearnedPositionalEmbedding(nn.Module):
         nn.init.normal_(self.embedding.weight, std=0.02)
         self.dropout = nn.Dropout(_checks.probability("dropout", dropout))
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int = 0, positions: Optional[Tensor] = None) -> Tensor:
+        """``x`` plus the embeddings of positions ``offset ..``, or of ``positions (B, L)`` when given."""
         _checks.tensor("x", x, ndim=3, floating=True)
         _checks.same("x", x.shape[-1], "d_model", self.d_model, "the feature size")
+        if positions is not None:
+            return self.dropout(x + self.embedding(_checked_positions(positions, x, self.max_len)).to(x.dtype))
         L = x.shape[1]
         if offset + L > self.max_len:
             raise ValueError(f"positions up to {offset + L} exceed max_len={self.max_len} of the learned embedding")

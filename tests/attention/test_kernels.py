@@ -330,3 +330,46 @@ def test_kv_cache_appends_in_place_while_decoding_and_branches_stay_true():
     stepwise = torch.cat([first.output, a.output, b.output, rest.output], dim=2)
     torch.testing.assert_close(stepwise, full)
     assert first.state.length == 5 and rest.state.length == 9
+
+
+AUTOCAST = [pytest.param("cpu", torch.bfloat16, id="cpu-bf16")] + [
+    pytest.param("cuda", dtype, id=f"cuda-{name}",
+                 marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))
+    for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16))]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("device, dtype", AUTOCAST)
+def test_autocast_forward_and_backward_match_float32(name, causal, device, dtype):
+    """Under ``torch.autocast`` (bfloat16 on the CPU; bfloat16 and float16 on CUDA) — the inputs
+    coming out of an autocast linear layer in half precision — forward and backward run and agree
+    with float32 to half precision (the kernels keep their sums in float32; a custom backward must
+    meet its own dtypes)."""
+    if causal and not can_causal(name):
+        pytest.skip(f"{name} cannot be causal")
+    kernel = build(name, causal=causal).to(device)
+    torch.manual_seed(0)
+    proj = torch.nn.Linear(8, 8).to(device)
+    q, k, v = (x.to(device) for x in qkv_tensors(B=2, H=3, M=11, N=11))
+    upstream = torch.randn(2, 3, 11, 8, generator=torch.Generator().manual_seed(1)).to(device)
+
+    def run(autocast):
+        proj.zero_grad()
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        with torch.autocast(device, dtype=dtype, enabled=autocast):
+            out = kernel(*(proj(x) for x in leaves)).output
+        (out.float() * upstream).sum().backward()
+        return out, [x.grad for x in leaves] + [proj.weight.grad.clone()]
+
+    ref, ref_grads = run(False)
+    out, grads = run(True)
+    assert out.dtype == dtype
+    scale = lambda t: float(t.abs().max()) + 1e-3
+    assert float((out.detach().float() - ref.detach()).abs().max()) <= 0.05 * scale(ref.detach()), name
+    for g, r in zip(grads, ref_grads):
+        if r is None:  # an input the kernel does not read (shared-QK LSH's keys)
+            assert g is None
+            continue
+        assert g.dtype == torch.float32 and torch.isfinite(g).all()
+        assert float((g - r).abs().max()) <= 0.08 * scale(r), name

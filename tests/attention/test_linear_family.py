@@ -225,6 +225,24 @@ def test_performer_large_inputs_stay_finite():
         assert torch.isfinite(kernel(q * 30, k * 30, v).output).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_performer_is_finite_for_every_finite_input(dtype):
+    """|q| >= 1e19 squared overflows float32/bfloat16 (issue 37, item 9: NaN before): each row is
+    divided by its largest entry before the products, so any finite q and k, up to the dtype's
+    maximum, give finite outputs and gradients; at moderate sizes the result is unchanged."""
+    kernel = qkv.build_attention("performer", nb_features=16, seed=0, d_head=8)
+    q, k, v = (x.clamp(-1, 1) for x in tensors(M=6, N=6, E=8, dtype=torch.float32))
+    for causal in (False, True):
+        kernel.causal = causal
+        for size in (1e19, 1e30, 3e38):
+            for qs, ks in ((size, 1.0), (1.0, size), (size, size)):
+                qq = (q * qs).to(dtype).requires_grad_()
+                out = kernel(qq, (k * ks).to(dtype), v.to(dtype)).output
+                assert torch.isfinite(out).all(), (causal, size, qs, ks)
+                out.float().sum().backward()
+                assert torch.isfinite(qq.grad).all(), (causal, size, qs, ks)
+
+
 def test_linear_custom_feature_map():
     phi = lambda x: torch.cat([F.relu(x), F.relu(-x)], -1)  # E' = 2E
     q, k, v = tensors(M=5, N=5)

@@ -37,11 +37,15 @@ def _gpt2():
     return transformers.GPT2LMHeadModel(config).eval()
 
 
-def _llama():
+def _llama(kv_heads=1):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=32)
+                                      num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=32)
     return transformers.LlamaForCausalLM(config).eval()
+
+
+def _llama_gqa():
+    return _llama(kv_heads=2)  # grouped: two query heads per key/value head (MQA above: one for all)
 
 
 def _batch(padding="right"):
@@ -68,10 +72,13 @@ def test_register_puts_every_fitting_kernel_in_both_interfaces(registered):
     assert registered["qkv-lsh"][1]["shared_qk"] is False  # lsh fits encoders without shared QK
     for name in registered:
         assert name in AttentionInterface._global_mapping and name in AttentionMaskInterface._global_mapping
-    assert not {"qkv-linformer", "qkv-adaptive-span", "qkv-relative", "qkv-local-2d"} & set(AttentionInterface._global_mapping)
+    for refused in ("qkv-linformer", "qkv-adaptive-span", "qkv-relative", "qkv-local-2d"):
+        assert refused not in registered  # registered to say why, not to run
+        assert AttentionInterface._global_mapping[refused].__name__.startswith("qkv_refused_")
 
 
-@pytest.mark.parametrize("make, padding", [(_bert, "right"), (_gpt2, "right"), (_gpt2, "left"), (_llama, "left")])
+@pytest.mark.parametrize("make, padding", [(_bert, "right"), (_gpt2, "right"), (_gpt2, "left"), (_llama, "left"),
+                                           (_llama_gqa, "left")])
 def test_qkv_softmax_is_eager_attention(make, padding):
     model = make()
     ids, mask = _batch(padding)

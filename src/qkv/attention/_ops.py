@@ -18,6 +18,7 @@ from here (downwards), never a helper from a sibling kernel's module (tests/test
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -32,7 +33,7 @@ from ..types import AttentionOutput, KVCache
 
 __all__ = ["accumulation_dtype", "append_cache", "check_cache", "unfold_band", "band_blocks", "scatter_band",
            "to_frame", "from_frame", "shift_queries", "empty_output", "fused_blocks", "blocked_attend", "gathered_attend",
-           "LinearState", "linear_attention", "split_key_mask", "finite_or_zero"]
+           "LinearState", "linear_attention", "split_key_mask", "finite_or_zero", "full_precision"]
 
 
 # ----------------------------------------------------------------------------- precision
@@ -42,6 +43,17 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for half types, else ``dtype``: the running sums add up to N terms, which float16
     overflows (max 65504) and bfloat16 rounds away (8 mantissa bits) — float64 stays float64."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def full_precision(device: torch.device):
+    """A context in which autocast is off on ``device``'s type (a null context when it is off
+    already): for sums the kernel keeps in float32 on purpose (``accumulation_dtype``), which
+    autocast would otherwise round back to bfloat16/float16 inside every product — and then a
+    custom backward would meet float32 gradients against half saved tensors."""
+    kind = device.type if isinstance(device, torch.device) else str(device)
+    if torch.is_autocast_enabled(kind):
+        return torch.autocast(device_type=kind, enabled=False)
+    return contextlib.nullcontext()
 
 
 def matmul_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -306,6 +318,9 @@ class LinearState:
     log_scale: ``(B, H)`` or None. When the key features are given in log space (Performer),
         ``S`` and ``Z`` are stored divided by ``exp(log_scale)`` (the running maximum of the key
         log-features) so that they never overflow; the factor cancels in ``S / Z``.
+    summed: ``(B|1, H|1, length)`` bool or None: which of the keys were summed (a key masked when
+        it was fed was not); None when every key was. A mask given later over the cached keys must
+        say the same (``split_key_mask``): the sums cannot forget a key or take one back.
     S and Z are float32 for half-precision inputs (see ``accumulation_dtype``).
     """
 
@@ -313,6 +328,7 @@ class LinearState:
     Z: Tensor
     length: int = 0
     log_scale: Optional[Tensor] = None
+    summed: Optional[Tensor] = None
 
 
 class _NonCausalLinear(torch.autograd.Function):
@@ -413,7 +429,18 @@ def linear_attention(
     Returns:
         ``(out (B, H, M, Ev) in v's dtype, weights or None, new LinearState (causal) or None)``.
     Cost: non-causal O(N F Ev); causal O(N C F + N F Ev) in ``ceil(M / C)`` chunk steps.
+    Under autocast the sums still run in the accumulation dtype (``full_precision``).
     """
+    with full_precision(v.device):
+        return _linear_attention(phi_q, phi_k, v, causal=causal, chunk_size=chunk_size, key_mask=key_mask,
+                                 state=state, log_keys=log_keys, eps=eps, need_weights=need_weights,
+                                 eps_scale=eps_scale)
+
+
+def _linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, causal: bool, chunk_size: int,
+                      key_mask: Optional[Tensor], state: Optional[LinearState], log_keys: bool, eps: float,
+                      need_weights: bool, eps_scale: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor], Optional[LinearState]]:
+    """``linear_attention`` with autocast off."""
     B, H, M, Fdim = phi_q.shape
     N, Ev = v.shape[-2], v.shape[-1]
     out_dtype = v.dtype
@@ -511,8 +538,15 @@ def linear_attention(
     else:
         nd, P = _causal_chunks(phi_q, phi_k[:, :, off:], v1[:, :, off:], P, min(chunk_size, M),
                                None if m is None else (m[..., off:], mk_safe[..., off:]))
+    summed = None
+    if key_mask is not None or (state is not None and state.summed is not None):
+        before = (state.summed if state is not None and state.summed is not None
+                  else torch.ones(1, 1, length, dtype=torch.bool, device=v.device))
+        now = key_mask if key_mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=v.device)
+        lead = torch.broadcast_shapes(before.shape[:2], now.shape[:2])
+        summed = torch.cat([before.expand(*lead, -1), now.expand(*lead, -1)], dim=-1)  # (B|1, H|1, length + N)
     new_state = LinearState(S=P[..., :Ev], Z=P[..., Ev], length=length + N,
-                            log_scale=m[..., -1] if log_keys else None)
+                            log_scale=m[..., -1] if log_keys else None, summed=summed)
     return divide(nd).to(out_dtype), weights, new_state
 
 
@@ -569,11 +603,17 @@ def _causal_chunks(phi_q: Tensor, phi_k: Tensor, v1: Tensor, P: Tensor, C: int,
 
 def split_key_mask(mask: Optional[Tensor], state: Optional[LinearState], N: int, cached: int) -> Optional[Tensor]:
     """The key-padding mask ``(B|1, H|1, N)`` of the new keys from a validated ``(B|1, H|1, 1, cached + N)``
-    mask. Cached keys are already summed into the state, so the mask must allow all of them."""
+    mask. Cached keys are already summed into the state (or left out, masked when fed: ``state.summed``),
+    so the mask must say of them what it said then — a left-padded batch's mask, given again at
+    every decoding step, does."""
     if mask is None:
         return None
     kpm = mask[:, :, 0, :]  # (B|1, H|1, cached + N)
-    if cached and not bool(kpm[..., :cached].all()):
-        raise ValueError(f"mask masks some of the {cached} keys already summed into the state; a linear-attention "
-                         f"state cannot forget keys — mask them when they are first fed")
+    if cached and not torch.compiler.is_compiling():
+        summed = state.summed if state is not None else None
+        before = kpm[..., :cached]
+        if not bool((before.all() if summed is None else (before == summed).all())):
+            raise ValueError(f"mask changes which of the {cached} keys already summed into the state are masked; a "
+                             f"linear-attention state cannot forget a key or take one back — mask each key when it "
+                             f"is first fed, and the same way after")
     return kpm[..., cached:]

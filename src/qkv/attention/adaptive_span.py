@@ -255,11 +255,17 @@ class AdaptiveSpanAttention(AttentionKernel):
             weights = q.new_zeros(B, H, 0, N) if need_weights else None
             return AttentionOutput(q.new_zeros(B, H, 0, v.shape[-1]), weights, cache)
 
+        # A traced graph (torch.compile, torch.export) cannot size the band by the spans' values: it takes
+        # the widest band, S keys, where the soft mask gives the keys beyond a span weight 0 as well.
+        compiling = torch.compiler.is_compiling()
         if self.dynamic:
             # z_t = S sigmoid(v^T q_t + b)   (B, H, M)
             z = S * torch.sigmoid(torch.einsum("bhme,he->bhm", q, self.span_weight.to(q.dtype))
                                   + self.span_bias.to(q.dtype).view(-1, 1))
             self._last_spans = z.float().mean(dim=(0, 2))
+        if self.dynamic and compiling:
+            width = S
+        elif self.dynamic:
             z_max = float(z.detach().max()) if z.numel() else 0.0  # no query (B = 0): any width
             if math.isnan(z_max):
                 raise ValueError("q holds NaN: the dynamic span z_t = S sigmoid(v^T q_t + b) of some query is NaN, so "
@@ -267,8 +273,8 @@ class AdaptiveSpanAttention(AttentionKernel):
             width = self._width(z_max)
         else:
             z = self.spans().to(q.dtype).view(-1, 1, 1, 1)  # (H|1, 1, 1, 1)
-            width = self.current_span()
-        if (not self.dynamic and self.key_pe is None and not need_weights and M <= N <= S
+            width = S if compiling else self.current_span()
+        if (not compiling and not self.dynamic and self.key_pe is None and not need_weights and M <= N <= S
                 and float(z.detach().min()) > N - 1):
             # the span covers the whole context: m_z(x) = 1 for every distance x <= N - 1 (clamped,
             # so z has no gradient there either) and, without position embeddings, the renormalised

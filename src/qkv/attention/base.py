@@ -50,7 +50,7 @@ def _select_away_masked(k: Tensor, v: Tensor, mask: Tensor, causal: bool = False
     A key-padding mask names the hidden keys at the cost of a look at the mask: then only their rows
     are summed (a batch padded at a few positions no longer reads all of ``k`` and ``v``)."""
     cols = mask[..., mask.shape[-1] - k.shape[-2]:]  # (B|1, H|1, M|1, N)
-    if k.device.type == "cpu":
+    if k.device.type == "cpu" and not torch.compiler.is_compiling():  # a traced graph takes the branch-free path
         if cols.shape[-2] == 1:  # key padding: (B|1, H|1, 1, N), O(B N) to read
             hidden_rows = ~cols[..., 0, :]
             if not bool(hidden_rows.any()):
@@ -100,6 +100,11 @@ class AttentionKernel(nn.Module):
     #: knobs under which a kernel that draws random numbers on every call draws the same ones each
     #: time (contract tests that compare calls, stepwise with parallel, use them), or None.
     deterministic_kwargs: ClassVar[Optional[dict]] = None
+    #: the pattern's blocks sit at absolute positions (boundaries at multiples of a block or stride,
+    #: not at distances from the query): a row padded in front sees other blocks than the same tokens
+    #: alone, so callers with left-padded batches shift each row to its first token (the
+    #: transformers bridge) or refuse them (qkv's GPT).
+    anchored: ClassVar[bool] = False
     #: weights are returned only when they are computed anyway or asked for.
     registry_name: ClassVar[str] = ""
     #: applies ``dropout`` somewhere (the paper's or authors' practice); a kernel that forms no
@@ -183,6 +188,8 @@ class AttentionKernel(nn.Module):
         Args:
             mask: bool, True = may attend; ``(B, N)`` key padding or broadcastable to
                 ``(B, H, M, N_total)`` where ``N_total`` counts the cached keys when ``state`` is given.
+                A key-padding mask may also cover every position so far, those a bounded
+                ``KVCache`` dropped (its ``offset``) included: their columns go with them.
             state: what a previous call returned with ``return_state=True`` (causal kernels).
             need_weights: also return the ``(B, H, M, N)`` attention weights.
             return_state: return the state that continues the sequence.
@@ -204,6 +211,9 @@ class AttentionKernel(nn.Module):
             raise ValueError(f"state/return_state need causal=True (attention {self.registry_name!r} was built with causal=False)")
         n_total = k.shape[-2] + self._state_length(state)  # checks the state's type
         self._validate(q, k, v, state)
+        dropped = getattr(state, "offset", 0)  # positions a bounded KVCache no longer holds
+        if isinstance(mask, Tensor) and mask.dim() == 2 and dropped and mask.shape[-1] == dropped + n_total:
+            mask = mask[:, dropped:]  # a key-padding mask over every position so far: the cached ones' columns
         mask = normalize_mask(mask, B, H, M, n_total)
         if mask is not None:
             if self.supports_mask == "none":

@@ -96,8 +96,11 @@ def direct_features(x: Tensor, dims, keep_grad: bool = False) -> Optional[tuple]
     """``(phi(x), phi(max x))`` with ``phi = elu + 1`` and the maximum over ``dims`` (kept): dividing
     the features by their largest would scale ``eps`` by ``phi(max x)`` — ``eps * phi(max x)`` on
     the unscaled features is the same function, without the division — or None when a maximum is
-    below ``DIRECT_MIN`` (then the caller works in log space). ``-inf`` entries (masked keys) get 0.
+    below ``DIRECT_MIN`` or a graph is being traced (``torch.compile``/``torch.export``: no branch on
+    values; then the caller works in log space). ``-inf`` entries (masked keys) get 0.
     The maximum carries gradient when ``keep_grad`` (the caller's ``eps > 0``: the eps term depends on it)."""
+    if torch.compiler.is_compiling():
+        return None  # a traced graph cannot branch on values: the log-space path, right for every input
     top = finite_or_zero((x if keep_grad else x.detach()).amax(dim=dims, keepdim=True))  # -inf: no valid entry
     if top.numel() and bool(top.min() < DIRECT_MIN):
         return None

@@ -87,6 +87,7 @@ class Local1DAttention(AttentionKernel):
     what the next queries can still reach — so a token costs O((b + m) E), whatever its position.
     """
 
+    anchored = True  # blocks at multiples of the block length
     supports_mask = "key_padding"
     supports_state = True
     state_type = KVCache
@@ -215,6 +216,7 @@ class Local2DAttention(AttentionKernel):
     O((top + bh)(left + bw + right) E).
     """
 
+    anchored = True  # blocks at multiples of the block length
     supports_mask = "key_padding"
     supports_state = True
     state_type = KVCache

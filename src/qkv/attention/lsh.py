@@ -43,9 +43,12 @@ first call and the number of buckets fixed then (``n_buckets`` given, or derived
 call's length); each cached key keeps its bucket per round. Stepwise equals parallel when the
 parallel call hashes with the same rotations and bucket count (``seed`` and ``n_buckets`` given).
 
-Randomness: ``seed=None`` draws fresh rotations from torch's global generator on every call (the
-paper re-hashes every step); ``ReversibleSequence`` saves and restores that generator to replay a
-layer's hashing in backward. ``seed=int`` fixes them (tests, deterministic evaluation).
+Randomness: ``seed=None`` draws fresh rotations from torch's global generator on every
+training-mode call (the paper re-hashes every step); ``ReversibleSequence`` saves and restores that
+generator to replay a layer's hashing in backward. In eval mode the rotations come from
+``eval_seed`` (default 0, as transformers' ``hash_seed`` for evaluation), so that a model is a
+function of its weights there: two calls, a copy and a reloaded model agree (``eval_seed=None``
+draws fresh ones in eval too). ``seed=int`` fixes them in both modes (tests).
 
 Cost: one batched ``argsort`` of ``(B, H, n_rounds, L)`` keys, gathers, and ``(m, 2m)`` score
 blocks: O(n_rounds L (log L + m d)) time and O(n_rounds L m) memory — never an ``L x L`` matrix
@@ -249,7 +252,8 @@ class LSHAttention(AttentionKernel):
         score_scale: ``s`` of the scores ``s q_i . k_j``; None: ``1 / sqrt(d)``, the paper's scaled dot
             product. With shared-QK (unit keys) the authors' trax code and Hugging Face's port use
             ``1.0`` (the module docstring).
-        seed: fixes the rotations; None draws new ones every call.
+        seed: fixes the rotations; None draws new ones every training-mode call.
+        eval_seed: the rotations' seed in eval mode when ``seed`` is None (None: new ones every call).
         causal, dropout: as every kernel (dropout on each round's weights).
     Shapes: ``q (B, H, L, E)``, ``k (B, H, L, E)``, ``v (B, H, L, Ev)`` -> ``(B, H, L, Ev)``;
     weights ``(B, H, L, L)`` only when asked (built densely). Masks: key padding ``(B, L)``.
@@ -267,7 +271,8 @@ class LSHAttention(AttentionKernel):
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0, bucket_size: int = 64, n_rounds: int = 1,
                  n_buckets: Union[int, Tuple[int, ...], None] = None, shared_qk: bool = True, dedup: bool = False,
-                 score_scale: Optional[float] = None, seed: Optional[int] = None) -> None:
+                 score_scale: Optional[float] = None, seed: Optional[int] = None,
+                 eval_seed: Optional[int] = 0) -> None:
         super().__init__(causal=causal, dropout=dropout)
         self.bucket_size = _checks.positive_int("bucket_size", bucket_size)
         self.n_rounds = _checks.positive_int("n_rounds", n_rounds)
@@ -290,9 +295,10 @@ class LSHAttention(AttentionKernel):
                 raise ValueError(f"score_scale must be a positive finite number or None (1 / sqrt(d)), got {score_scale!r}")
             score_scale = float(score_scale)
         self.score_scale = score_scale
-        if seed is not None:
-            _checks.positive_int("seed", seed, allow_zero=True)
-        self.seed = seed
+        for name, value in (("seed", seed), ("eval_seed", eval_seed)):
+            if value is not None:
+                _checks.positive_int(name, value, allow_zero=True)
+        self.seed, self.eval_seed = seed, eval_seed
 
     @classmethod
     def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
@@ -331,6 +337,7 @@ class LSHAttention(AttentionKernel):
     def extra_repr(self) -> str:
         return (f"bucket_size={self.bucket_size}, n_rounds={self.n_rounds}, n_buckets={self.n_buckets}, "
                 f"shared_qk={self.shared_qk}, dedup={self.dedup}, score_scale={self.score_scale}, seed={self.seed}, "
+                f"eval_seed={self.eval_seed}, "
                 f"{super().extra_repr()}")
 
     def scale(self, dim: int) -> float:
@@ -338,9 +345,11 @@ class LSHAttention(AttentionKernel):
         return self.score_scale if self.score_scale is not None else 1.0 / math.sqrt(dim)
 
     def hashing(self, n_heads: int, dim: int, length: int, device: torch.device) -> LSHHashing:
-        """The rotations for a call on ``length`` positions (seeded, or drawn now; see ``draw_hashing``)."""
+        """The rotations for a call on ``length`` positions (seeded — ``seed``, or ``eval_seed`` in eval
+        mode — or drawn now; see ``draw_hashing``)."""
         factors = self.factors if self.factors is not None else derived_n_buckets(length, self.bucket_size)
-        return draw_hashing(n_heads, dim, self.n_rounds, factors, seed=self.seed, device=device)
+        seed = self.seed if self.seed is not None or self.training else self.eval_seed
+        return draw_hashing(n_heads, dim, self.n_rounds, factors, seed=seed, device=device)
 
     # ------------------------------------------------------------------------------------------
 

@@ -20,7 +20,11 @@ Numerics: ``exp(w^T x)`` overflows for large inputs, so a maximum is subtracted 
 per query row for queries (a factor common to a row's numerator and denominator) and, for keys, the
 maximum over all keys (non-causal) or, causal, the running maximum over the keys up to each
 position (carried in the state), by which each query reads its sums — so no later key reaches it. Both cancel in ``D^{-1}(...)`` exactly,
-so they are detached from the graph. Deviations: no ``eps`` in ``D`` (the features are positive;
+so they are detached from the graph. The products ``w^T x`` and ``||x||^2`` are formed on each row
+divided by its largest entry and scaled back (``favor_log_features``): any finite input, up to the
+dtype's maximum, gives finite outputs (``||q||^2`` overflowed float32 from |q| ~ 1e19); the
+queries' own terms (``-||q||^2 / 2``, ``log m``), a factor per row, are left out. Features and
+sums run in float32 under ``torch.autocast`` too. Deviations: no ``eps`` in ``D`` (the features are positive;
 a row with no allowed key returns zeros); dropout must be 0 (none in the
 authors' FAVOR+; ``dropout > 0`` raises); ``redraw=True``
 redraws the features on every training-mode forward that does not continue a ``state`` (the
@@ -38,10 +42,10 @@ from torch import Tensor
 from .. import _checks
 from ..registry import register
 from ..types import AttentionOutput
-from ._ops import LinearState, accumulation_dtype, linear_attention, split_key_mask
+from ._ops import LinearState, accumulation_dtype, full_precision, linear_attention, split_key_mask
 from .base import AttentionKernel, clamp_knob
 
-__all__ = ["PerformerAttention", "draw_projection", "favor_log_features"]
+__all__ = ["PerformerAttention", "draw_projection", "favor_log_features", "favor_query_features"]
 
 
 def draw_projection(nb_features: int, dim: int, orthogonal: bool = True,
@@ -72,11 +76,32 @@ def favor_log_features(x: Tensor, projection: Tensor) -> Tensor:
 
     ``phi(x) = exp(w^T x' - ||x'||^2 / 2) / sqrt(m)`` with ``x' = d^{-1/4} x``, so that
     ``E[phi(q) . phi(k)] = exp(q . k / sqrt(d))``. Returned in log space: the caller subtracts a
-    maximum before exponentiating.
+    maximum before exponentiating. Each row is divided by its largest entry ``s`` before the
+    products and the result scaled back, ``s (w^T u - s ||u||^2 / 2)`` with ``u = x' / s``: no
+    intermediate overflows, so a finite ``x`` gives a finite value or ``-inf`` (a feature of 0), never NaN.
     """
-    d = x.shape[-1]
-    x = x * d ** -0.25  # q . k / sqrt(d) = (d^{-1/4} q) . (d^{-1/4} k)
-    return x @ projection.T - 0.5 * (x * x).sum(-1, keepdim=True) - 0.5 * math.log(projection.shape[0])  # (..., m)
+    x, s = _row_scaled(x)
+    return s * (x @ projection.T - 0.5 * s * (x * x).sum(-1, keepdim=True)) - 0.5 * math.log(projection.shape[0])  # (..., m)
+
+
+def favor_query_features(x: Tensor, projection: Tensor) -> Tensor:
+    """``phi(x)`` of queries ``x (..., d)`` up to a factor per row: ``exp(log phi(x) - max_m log phi(x))``
+    ``(..., m)``, the largest feature of each row 1. The factor cancels between a query's numerator
+    and denominator, so the row's own terms (``||x'||^2 / 2``, ``log m``) are left out and only
+    ``w^T x'`` is formed, on the row divided by its largest entry (as ``favor_log_features``): finite
+    for every finite ``x``, however large (a row of huge queries gives a hard maximum, as softmax does)."""
+    x, s = _row_scaled(x)
+    u = x @ projection.T  # (..., m): w^T x' / s
+    return torch.exp(s * (u - u.detach().amax(dim=-1, keepdim=True)))
+
+
+def _row_scaled(x: Tensor) -> tuple:
+    """``(x' / s, s)``: ``x' = d^{-1/4} x`` divided by ``s (..., 1)``, each row's largest absolute
+    entry (1 for a zero row), detached (``s`` multiplies back what it divided: the gradient is ``x'``'s)."""
+    x = x * x.shape[-1] ** -0.25  # q . k / sqrt(d) = (d^{-1/4} q) . (d^{-1/4} k)
+    s = x.detach().abs().amax(dim=-1, keepdim=True)  # (..., 1)
+    s = torch.where((s > 0) & torch.isfinite(s), s, torch.ones_like(s))
+    return x / s, s
 
 
 @register("attention", "performer", "favor")
@@ -171,11 +196,11 @@ class PerformerAttention(AttentionKernel):
             self.projection = self._draw(d).to(q.device)
         key_mask = split_key_mask(mask, state, k.shape[-2], self._state_length(state))
         acc = accumulation_dtype(q.dtype)  # features and sums in float32 for half inputs
-        W = self.projection.to(device=q.device, dtype=acc)  # (m, d)
-        log_q = favor_log_features(q.to(acc), W)  # (B, H, M, m)
-        # A per-row constant cancels between the row's numerator and denominator.
-        phi_q = torch.exp(log_q - log_q.detach().amax(dim=-1, keepdim=True))  # (B, H, M, m)
-        log_k = favor_log_features(k.to(acc), W)  # (B, H, N, m): stabilised inside the core
+        with full_precision(q.device):  # under autocast too: exp() of bfloat16 log-features would lose ~3% each
+            W = self.projection.to(device=q.device, dtype=acc)  # (m, d)
+            # A per-row constant cancels between the row's numerator and denominator.
+            phi_q = favor_query_features(q.to(acc), W)  # (B, H, M, m)
+            log_k = favor_log_features(k.to(acc), W)  # (B, H, N, m): stabilised inside the core
         out, weights, new_state = linear_attention(
             phi_q, log_k, v, causal=self.causal, chunk_size=self.chunk_size, key_mask=key_mask, state=state,
             log_keys=True, eps=0.0, need_weights=need_weights)

@@ -395,6 +395,7 @@ class FixedAttention(_Factorized):
     O(N (l + c N / l)) memory.
     """
 
+    anchored = True  # blocks at multiples of the block length
     state_type = FixedState
     chunk_inference = True
 

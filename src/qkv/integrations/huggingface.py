@@ -72,6 +72,21 @@ PREFIX = "qkv-"
 DEFAULT_KNOBS: Dict[str, Dict[str, Any]] = {
     "lsh": {"shared_qk": False, "seed": 0},
 }
+#: a kernel with a ``seed`` knob that is not given one gets this seed under ``register``: its random
+#: features or rotations are then a function of the configuration (the seed, the head size), so that
+#: train and eval mode, a copy, and a model saved and loaded again give the same outputs; nothing is
+#: added to the checkpoint (which eager and sdpa still load)
+DEFAULT_SEED = 0
+#: kernels whose pattern relates a query's position to its keys' positions in one sequence (a band,
+#: blocks, strides; lsh's chunks of one sequence sorted by hash): in a cross-attention layer — the
+#: queries of one sequence reading the keys of another (an encoder-decoder's decoder reading the
+#: encoder's output) — no such relation exists, so those layers run exact attention (``softmax``),
+#: and the pattern serves the self-attention layers only
+PATTERNED = frozenset({"window", "local-1d", "local-2d", "strided", "fixed", "lsh"})
+# Pattern kernels whose blocks are anchored to absolute positions (``AttentionKernel.anchored``:
+# local-1d, local-2d, fixed) would put a left-padded row's blocks at other tokens than the same
+# prompt alone: its rows are shifted to start at their first real token before the kernel and
+# back after (the others depend on distances only, which padding in front does not change).
 #: kernels that cannot serve a pretrained model, and why
 REFUSED: Dict[str, str] = {
     "linformer": "its learned projections E and F of the keys and values are in no pretrained checkpoint",
@@ -111,7 +126,10 @@ def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: 
     ``name`` starting with ``qkv-``. Each goes into both ``AttentionInterface`` and
     ``AttentionMaskInterface``. Returns ``{attn_implementation: (kernel, knobs)}`` of what was
     registered. A kernel that cannot serve a pretrained model raises ``ValueError`` with the reason
-    (:data:`REFUSED`); unknown knobs raise ``TypeError``.
+    (:data:`REFUSED`); unknown knobs raise ``TypeError``. ``register()`` also registers the
+    kernels that cannot serve under their ``qkv-<kernel>`` names, as functions that raise that reason
+    and list the names that exist — a model set to ``attn_implementation="qkv-linformer"`` says why
+    at its first call. A kernel with a ``seed`` knob gets :data:`DEFAULT_SEED` unless given one.
     """
     try:
         from transformers import AttentionInterface
@@ -123,6 +141,8 @@ def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: 
             raise TypeError("knobs go with one kernel: register(name, kernel, **knobs)")
         wanted = {f"{PREFIX}{k}": (k, dict(DEFAULT_KNOBS.get(k, {}))) for k in names("attention")
                   if _refusal(k, DEFAULT_KNOBS.get(k, {})) is None}
+        refused = {f"{PREFIX}{k}": _refusal(k, DEFAULT_KNOBS.get(k, {})) for k in names("attention")
+                   if f"{PREFIX}{k}" not in wanted}
     else:
         if not isinstance(name, str) or not name.startswith(PREFIX) or len(name) == len(PREFIX):
             raise ValueError(f"name must be an attn_implementation starting with {PREFIX!r} (e.g. 'qkv-window-16'), got {name!r}")
@@ -141,11 +161,60 @@ def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: 
             raise TypeError(f"attention {cls.registry_name!r} needs {', '.join(needed)}: "
                             f"register({name!r}, {kernel!r}, {', '.join(f'{p}=...' for p in needed)})")
         wanted = {name: (cls.registry_name, dict(knobs))}
+        refused = {}
     for impl, (kernel_name, kernel_knobs) in wanted.items():
+        params = inspect.signature(lookup("attention", kernel_name).__init__).parameters
+        if "seed" in params and kernel_knobs.get("seed") is None:
+            kernel_knobs["seed"] = DEFAULT_SEED  # see DEFAULT_SEED: a function of the configuration
         AttentionInterface.register(impl, _attention_function(impl, kernel_name, kernel_knobs))
         AttentionMaskInterface.register(impl, _mask_function)
         _registered[impl] = (kernel_name, kernel_knobs)
+    for impl, why in refused.items():
+        if impl not in _registered:  # a name registered with knobs that fit (local-2d's image_size) stays
+            AttentionInterface.register(impl, _refusing_function(impl, why))
+            AttentionMaskInterface.register(impl, _refusing_function(impl, why))
+    _explain_unknown_names()
     return dict(wanted)
+
+
+def _unknown_name_message(impl: str) -> str:
+    """What to say of ``attn_implementation=impl`` (a ``qkv-`` name nothing was registered under)."""
+    registered = ", ".join(sorted(_registered)) or "none"
+    kernel = impl[len(PREFIX):]
+    hint = ""
+    try:
+        canonical = lookup("attention", kernel).registry_name  # a name or an alias
+    except (KeyError, ValueError):
+        canonical = None
+    if canonical is not None:
+        hint = (f"; {kernel!r} is qkv's {canonical!r} kernel: register({impl!r}, {canonical!r}, **knobs) "
+                f"registers it under this name")
+    return (f"attn_implementation={impl!r}: no qkv kernel is registered for transformers under that name "
+            f"(registered: {registered}){hint}; qkv's kernels: {', '.join(names('attention'))}")
+
+
+def _explain_unknown_names() -> None:
+    """Give an unknown ``qkv-`` name qkv's message: transformers refuses any name not registered with a
+    list of its own implementations (eager, sdpa, ...), which says nothing of qkv's. Its check is
+    wrapped once, for ``qkv-`` names only; every other name goes to it unchanged."""
+    try:
+        from transformers import PreTrainedModel
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    except ImportError:  # pragma: no cover - transformers without these names: its own message stays
+        return
+    check = getattr(PreTrainedModel, "get_correct_attn_implementation", None)
+    if check is None or getattr(check, "_qkv_wrapped", False):
+        return
+
+    def get_correct_attn_implementation(self, requested_attention, *args, **kwargs):
+        if (isinstance(requested_attention, str) and requested_attention.startswith(PREFIX)
+                and requested_attention not in ALL_ATTENTION_FUNCTIONS.valid_keys()):
+            raise ValueError(_unknown_name_message(requested_attention))
+        return check(self, requested_attention, *args, **kwargs)
+
+    get_correct_attn_implementation._qkv_wrapped = True
+    get_correct_attn_implementation.__doc__ = check.__doc__
+    PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
 
 
 def registered() -> Dict[str, Tuple[str, Dict[str, Any]]]:
@@ -186,6 +255,67 @@ def _mask_function(batch_size: int, q_length: int, kv_length: int, q_offset: Any
 # ----------------------------------------------------------------------------- the attention
 
 
+def _refusing_function(impl: str, why: str) -> Callable:
+    """An attention (and mask) function for a kernel that cannot serve a pretrained model: it raises
+    ``ValueError`` with the reason and the names that can, at the first call."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        usable = ", ".join(sorted(_registered)) or "none registered"
+        raise ValueError(f"attn_implementation={impl!r}: attention {impl[len(PREFIX):]!r} cannot serve a pretrained "
+                         f"transformers model: {why}. qkv kernels registered for transformers: {usable} "
+                         f"(qkv.integrations.huggingface.register(name, kernel, **knobs) adds one)")
+
+    refuse.__name__ = refuse.__qualname__ = f"qkv_refused_{impl[len(PREFIX):].replace('-', '_')}"
+    return refuse
+
+
+def is_cross_attention(module: torch.nn.Module) -> bool:
+    """Whether transformers calls ``module`` as cross-attention (queries of one sequence, keys and
+    values of another): an attention that says so (``is_cross_attention``, BERT's
+    ``BertCrossAttention`` class), or a decoder's attention that is not causal (BART, mBART, Marian,
+    Pegasus, Whisper and their kin build their decoder's cross-attention as ``is_decoder=True`` and
+    ``is_causal=False``, its self-attention causal)."""
+    if getattr(module, "is_cross_attention", False) is True or "CrossAttention" in type(module).__name__:
+        return True
+    return getattr(module, "is_decoder", False) is True and getattr(module, "is_causal", None) is False
+
+
+def _leading_padding(mask: Optional[Tensor]) -> Optional[Tensor]:
+    """``(B,)`` the number of masked keys before each row's first allowed key, for a key-padding
+    mask ``(B, 1, 1, N)`` with some row padded in front; None when no row is."""
+    if mask is None or mask.shape[-2] != 1 or mask.shape[1] != 1:
+        return None
+    row = mask[:, 0, 0, :]  # (B, N)
+    lead = torch.where(row.any(-1), row.to(torch.int8).argmax(-1), torch.zeros_like(row[:, 0], dtype=torch.long))
+    return lead if bool(lead.any()) else None
+
+
+def _roll_rows(x: Tensor, shift: Tensor) -> Tensor:
+    """Row ``b`` of ``x (B, H|1, L, E)`` rolled by ``-shift[b]`` along dim -2: position ``shift[b]`` to 0."""
+    L = x.shape[-2]
+    idx = (torch.arange(L, device=x.device) + shift.view(-1, 1)) % L  # (B, L)
+    return x.gather(-2, idx.view(-1, 1, L, 1).expand(x.shape[0], x.shape[1], L, x.shape[-1]))
+
+
+def _anchored_call(built: AttentionKernel, query: Tensor, key: Tensor, value: Tensor, mask: Tensor, lead: Tensor,
+                   need_weights: bool):
+    """``built`` on a left-padded batch as on each row alone: every row (queries placed in the keys'
+    frame, aligned to its end) rolled to start at its first real key, the kernel run on the whole
+    frame, the output rows rolled back and the queries' rows taken. Cost: a frame of ``N`` queries
+    when ``M < N`` (a cached decoding step), instead of ``M``."""
+    M, N = query.shape[-2], key.shape[-2]
+    frame_q = query if M == N else torch.nn.functional.pad(query, (0, 0, N - M, 0))  # (B, H, N, E)
+    out = built(_roll_rows(frame_q, lead), _roll_rows(key, lead), _roll_rows(value, lead),
+                mask=_roll_rows(mask[:, :, 0, :, None], lead)[..., 0][:, :, None, :], need_weights=need_weights)
+    back = (-lead) % N
+    output = _roll_rows(out.output, back)[:, :, N - M:]
+    weights = None
+    if out.weights is not None:  # (B, H, N, N): rows and columns back
+        w = _roll_rows(out.weights, back)[:, :, N - M:]
+        weights = _roll_rows(w.transpose(-1, -2), back).transpose(-1, -2)
+    return output, weights
+
+
 def _repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     """``(B, H_kv, N, E)`` -> ``(B, H_kv * n_rep, N, E)``: each key/value head serves ``n_rep`` query heads."""
     if n_rep == 1:
@@ -210,15 +340,15 @@ def _kernel(module: torch.nn.Module, impl: str, kernel: str, knobs: Dict[str, An
     fixed); the knobs not given are the kernel's own ``default_knobs`` for the model's length, as in
     qkv's own models."""
     per_module = _kernels.setdefault(module, {})
-    key = (impl, causal, dropout, heads, d_head, str(device), tuple(sorted((k, repr(v)) for k, v in knobs.items())))
+    cls = lookup("attention", kernel)
+    if dropout > 0 and not cls.applies_dropout:
+        if (impl, "dropout") not in _warned:
+            _warned.add((impl, "dropout"))
+            warnings.warn(f"attention {kernel!r} forms no attention-weight matrix and applies no dropout: the "
+                          f"model's attention dropout ({dropout}) is not applied", stacklevel=4)
+        dropout = 0.0  # before the key: training and eval share one kernel (and its random features)
+    key = (impl, kernel, causal, dropout, heads, d_head, str(device), tuple(sorted((k, repr(v)) for k, v in knobs.items())))
     if key not in per_module:
-        cls = lookup("attention", kernel)
-        if dropout > 0 and not cls.applies_dropout:
-            if (impl, "dropout") not in _warned:
-                _warned.add((impl, "dropout"))
-                warnings.warn(f"attention {kernel!r} forms no attention-weight matrix and applies no dropout: the "
-                              f"model's attention dropout ({dropout}) is not applied", stacklevel=4)
-            dropout = 0.0
         try:
             built = cls(causal=causal, dropout=dropout, **cls.knobs(_max_len(module, length), heads, d_head, knobs, with_heads=True))
         except ValueError as e:
@@ -251,20 +381,32 @@ def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callab
                 mask = allowed
             if mask.shape[-2] != 1:  # the full pattern (causality included) is in the mask
                 causal = False
-        own = dict(knobs)
-        if kernel == "softmax" and "scale" not in own:
+        use, own = kernel, dict(knobs)
+        if kernel in PATTERNED and is_cross_attention(module):
+            use, own = "softmax", {}  # PATTERNED: no pattern between two sequences
+            if (impl, "cross") not in _warned:
+                _warned.add((impl, "cross"))
+                warnings.warn(f"{impl}: {type(module).__name__} is cross-attention (queries of one sequence, keys of "
+                              f"another), where the {kernel!r} pattern has no meaning; it runs exact softmax attention "
+                              f"there, and {kernel!r} in the self-attention layers", stacklevel=2)
+        if use == "softmax" and "scale" not in own:
             own["scale"] = scaling  # transformers' own factor (None: 1/sqrt(E))
-        built = _kernel(module, impl, kernel, own, causal, float(dropout), H, E, query.device, key.shape[-2])
-        built.train(dropout > 0)
-        if kernel != "softmax" and kernel not in _UNSCALED and scaling is not None:
+        built = _kernel(module, impl, use, own, causal, float(dropout), H, E, query.device, key.shape[-2])
+        built.train(module.training)
+        if use != "softmax" and use not in _UNSCALED and scaling is not None:
             query = query * (scaling * math.sqrt(E))  # the kernel divides by sqrt(E): softmax(scaling q k^T)
         if mask is not None and mask.shape[-2] != 1 and built.supports_mask != "full":
             raise ValueError(f"{impl}: this model's attention pattern is not plain causal or bidirectional (a sliding "
-                             f"window, packed sequences or a static cache), and attention {kernel!r} takes key-padding "
+                             f"window, packed sequences or a static cache), and attention {use!r} takes key-padding "
                              f"masks only; use qkv-softmax, or a dynamic cache without packing")
         need_weights = bool(kwargs.get("output_attentions", False))
-        out = built(query, key, value, mask=mask, need_weights=need_weights)
-        return out.output.transpose(1, 2).contiguous(), out.weights  # (B, M, H, E)
+        lead = _leading_padding(mask) if built.anchored else None
+        if lead is not None:  # anchored blocks start at each row's first real token
+            output, weights = _anchored_call(built, query, key, value, mask, lead, need_weights)
+        else:
+            out = built(query, key, value, mask=mask, need_weights=need_weights)
+            output, weights = out.output, out.weights
+        return output.transpose(1, 2).contiguous(), weights  # (B, M, H, E)
 
     attention.__name__ = attention.__qualname__ = f"qkv_attention_{kernel.replace('-', '_')}"
     attention.__doc__ = f"qkv's {kernel!r} kernel ({knobs or 'default knobs'}) as a transformers attention function."

@@ -52,6 +52,10 @@ class ModelOutput:
     hidden: Optional[Tensor] = None
 
 
+# a pytree node, so that torch.export and torch.compile can return it from a traced graph
+torch.utils._pytree.register_dataclass(ModelOutput, serialized_type_name="qkv.models.base.ModelOutput")
+
+
 def config_from_dict(config_class: type, values: Dict[str, Any]) -> Any:
     """Build ``config_class`` from a dict, rejecting unknown keys with a clear message."""
     known = {f.name for f in dataclasses.fields(config_class)}

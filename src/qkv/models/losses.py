@@ -46,6 +46,8 @@ def check_labels(name: str, labels: Any, n_classes: int, shape: Sequence[int]) -
         raise TypeError(f"{name} must be an integer (torch.long) tensor, got dtype {labels.dtype}")
     if tuple(labels.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(labels.shape)}")
+    if torch.compiler.is_compiling():  # a traced graph does not read values (checked eagerly only)
+        return labels
     bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= n_classes))
     if bool(bad.any()):
         raise ValueError(f"{name} must lie in [0, {n_classes}) or be {IGNORE_INDEX} (ignored), "

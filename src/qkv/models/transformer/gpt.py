@@ -133,15 +133,20 @@ class GPT(QKVModel):
 
     def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, need_weights: bool = False,
                 state: Optional[StackState] = None, return_state: bool = False,
-                attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None) -> ModelOutput:
+                attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None,
+                position_ids: Optional[Tensor] = None) -> ModelOutput:
         """Next-token logits for every position of ``input_ids (B, L)``; ``labels (B, L)``: next-token
         targets (``-100`` ignored), ``loss`` their cross-entropy. ``state``/``return_state``:
         continue a sequence (KV caches of the kernels).
 
         ``attention_mask (B, L)`` bool, True = real token: padded keys are masked out (with
         ``state``, ``(B, positions so far + L)``); positions still count from 0 at the first
-        column, as in transformers' GPT-2. ``token_type_ids (B, L)``: ids in the token vocabulary
-        whose token embeddings are added (GPT-2's token types). ``hidden``: the final hidden states.
+        column, as in transformers' GPT-2, unless ``position_ids (B, L)`` say otherwise — for a
+        left-padded batch ``(attention_mask.cumsum(-1) - 1).clamp(min=0)`` gives each row the
+        positions of its tokens alone (what ``generate`` passes). A kernel whose blocks sit at
+        absolute positions (``anchored``: local-1d, local-2d, fixed) refuses a mask padded in front.
+        ``token_type_ids (B, L)``: ids in the token vocabulary whose token embeddings are added
+        (GPT-2's token types). ``hidden``: the final hidden states.
 
         ``head="classification"``: ``labels (B,)`` class ids (``-100`` ignored), ``logits (B, num_labels)``
         from the last position whose ``attention_mask`` is True (the last column without a mask),
@@ -163,14 +168,16 @@ class GPT(QKVModel):
                 raise TypeError(f"attention_mask must be a bool tensor (True = real token), got dtype {attention_mask.dtype}")
             _checks.same("attention_mask", tuple(attention_mask.shape), "(batch, positions so far + input length)",
                          (input_ids.shape[0], seen + input_ids.shape[1]), "the shape")
+            self._check_left_padding(attention_mask)
         last = None
         if classify:
             _checks.tensor("input_ids", input_ids, ndim=2)
             last = last_real_position(attention_mask, input_ids)
             if labels is not None:
                 check_labels("labels", labels, c.num_labels, (input_ids.shape[0],))
+        extra = {} if position_ids is None else {"position_ids": position_ids}  # (a stack without them: Universal Transformer)
         out = self.stack(input_ids, token_type_ids, mask=attention_mask, state=state, need_weights=need_weights,
-                         return_state=return_state)
+                         return_state=return_state, **extra)
         if classify:
             return self._classify(out, input_ids, attention_mask, last, labels)
         logits = self.lm_head(out.hidden)  # (B, L, V)
@@ -202,43 +209,107 @@ class GPT(QKVModel):
                 aux["lm_loss"] = l_1.detach()
         return ModelOutput(loss=loss, logits=logits, weights=out.weights, aux=aux, hidden=h)
 
+    def _check_left_padding(self, attention_mask: Tensor) -> None:
+        """Refuse a mask padded in front (some row's first column False) when a kernel's blocks sit at
+        absolute positions (``AttentionKernel.anchored``): that row would see other blocks than its
+        tokens alone (not read while a graph is traced)."""
+        if torch.compiler.is_compiling() or not attention_mask.numel() or bool(attention_mask[:, 0].all()):
+            return
+        anchored = sorted({m.registry_name for m in self.modules() if getattr(m, "anchored", False) is True
+                           and isinstance(getattr(m, "registry_name", None), str)})
+        if anchored:
+            raise ValueError(f"attention_mask pads some rows in front (left padding), but attention {anchored[0]!r} "
+                             f"anchors its blocks at absolute positions (multiples of its block length), so a padded "
+                             f"row would see other blocks than its tokens alone; pad on the right, or run such rows "
+                             f"one at a time")
+
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
                  top_p: Optional[float] = None, use_cache: bool = True,
-                 generator: Optional[torch.Generator] = None) -> Tensor:
+                 generator: Optional[torch.Generator] = None, attention_mask: Optional[Tensor] = None,
+                 do_sample: Optional[bool] = None, eos_token_id: Optional[int] = None,
+                 pad_token_id: Optional[int] = None) -> Tensor:
         """Extend ``input_ids (B, L)`` by ``max_new_tokens`` sampled tokens -> ``(B, L + max_new_tokens)``.
 
         ``temperature = 0`` decodes greedily; ``top_k``/``top_p`` restrict sampling (``sample_logits``).
-        ``use_cache=True`` feeds one token at a time with the kernels' state (KV cache);
-        ``use_cache=False`` re-reads the whole sequence each step — same tokens, slower. With
-        learned positions a sequence longer than ``max_len`` is continued from its last ``max_len``
-        tokens, re-read each step (a sliding context, as in nanoGPT). Runs in the module's current
-        mode: call ``model.eval()`` first to turn dropout off.
+        ``do_sample=False`` decodes greedily whatever the temperature, ``True`` samples (temperature
+        > 0), None: as the temperature says. ``use_cache=True`` feeds one token at a time with the
+        kernels' state (KV cache); ``use_cache=False`` re-reads the whole sequence each step — same
+        tokens, slower. With learned positions a sequence longer than ``max_len`` is continued from
+        its last ``max_len`` tokens, re-read each step (a sliding context, as in nanoGPT). Runs in
+        the module's current mode: call ``model.eval()`` first to turn dropout off.
+
+        A batch of prompts of different lengths: pad them on the left and give ``attention_mask (B,
+        L)`` (bool or 0/1, True = real token); positions then count from each row's first real
+        token, so that every row continues as its prompt alone would (a kernel with ``anchored``
+        blocks refuses left padding). ``eos_token_id``: a row that drew it is finished — later
+        columns hold ``pad_token_id`` (default ``eos_token_id``) — and generation stops early, with
+        fewer columns, once every row is.
         """
         c = self.config
         _checks.token_ids("input_ids", input_ids, c.vocab_size)
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids must hold at least one token (the prompt), got length 0")
         _checks.positive_int("max_new_tokens", max_new_tokens, allow_zero=True)
+        if do_sample is not None and not isinstance(do_sample, bool):
+            raise TypeError(f"do_sample must be a bool or None, got {do_sample!r}")
+        if do_sample is False:
+            temperature = 0.0
+        elif do_sample and (isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature == 0):
+            raise ValueError("do_sample=True needs temperature > 0 (temperature=0 is greedy decoding)")
+        for name, token in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
+            if token is not None and (isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < c.vocab_size):
+                raise ValueError(f"{name} must be a token id in [0, {c.vocab_size}), got {token!r}")
+        pad = eos_token_id if pad_token_id is None else pad_token_id
         window = c.max_len if c.positional == "learned" else None
         B, L = input_ids.shape
+        mask = positions = None
+        if attention_mask is not None:
+            _checks.tensor("attention_mask", attention_mask, ndim=2)
+            _checks.same("attention_mask", tuple(attention_mask.shape), "input_ids", (B, L), "the shape")
+            if attention_mask.dtype != torch.bool:
+                if attention_mask.is_floating_point() or bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+                    raise ValueError("attention_mask must be bool or hold 0/1 (1 = real token)")
+            mask = attention_mask.new_ones(B, L + max_new_tokens, dtype=torch.bool)
+            mask[:, :L] = attention_mask != 0
+            if not bool(mask[:, :L].any(-1).all()):
+                raise ValueError("attention_mask: every row needs at least one real token (its prompt)")
+            self._check_left_padding(mask[:, :L])
+            positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L + new): each row's own positions
         ids = input_ids.new_empty(B, L + max_new_tokens)  # filled in place: no per-token copy of the sequence
         ids[:, :L] = input_ids
+        finished = torch.zeros(B, dtype=torch.bool, device=ids.device)
         state = None
         for n in range(L, L + max_new_tokens):
             seq = ids[:, :n]  # (B, n): the sequence so far (a view)
             if window is not None and n > window:
                 # past the learned positions: the context slides, its positions restart at 0, so re-read it
-                out, state = self(seq[:, -window:]), None
+                kw = {} if mask is None else _window_inputs(mask[:, n - window:n])
+                out, state = self(seq[:, -window:], **kw), None
             elif use_cache:
                 # after the prompt, one token drawn from vocab_size logits: in range, not read again
                 step = seq if state is None else _checks.ids_in_range(seq[:, -1:], c.vocab_size)
-                out = self(step, state=state, return_state=True)
+                kw = {} if mask is None else {"attention_mask": mask[:, :n],
+                                              "position_ids": positions[:, n - step.shape[1]:n]}
+                out = self(step, state=state, return_state=True, **kw)
                 state = out.state
             else:
-                out = self(seq)
-            ids[:, n] = sample_logits(out.logits[:, -1], temperature, top_k, top_p, generator).to(ids.dtype)  # (B,)
+                kw = {} if mask is None else {"attention_mask": mask[:, :n], "position_ids": positions[:, :n]}
+                out = self(seq, **kw)
+            token = sample_logits(out.logits[:, -1], temperature, top_k, top_p, generator).to(ids.dtype)  # (B,)
+            if eos_token_id is not None:
+                token = token.masked_fill(finished, pad)
+                finished |= token == eos_token_id
+            ids[:, n] = token
+            if eos_token_id is not None and bool(finished.all()):
+                return ids[:, :n + 1]
         return ids
+
+
+def _window_inputs(mask: Tensor) -> Dict[str, Tensor]:
+    """The mask and positions of a sliding context's ``(B, window)`` columns: positions from each
+    row's first real token in the window."""
+    return {"attention_mask": mask, "position_ids": (mask.long().cumsum(-1) - 1).clamp(min=0)}
 
 
 def last_real_position(attention_mask: Optional[Tensor], input_ids: Tensor) -> Tensor:

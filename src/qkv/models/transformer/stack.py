@@ -41,6 +41,7 @@ Hooks for the variants (each a name in a registry or one overridable method, nev
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -246,8 +247,10 @@ class Embeddings(nn.Module):
         self.norm = nn.LayerNorm(d_model, eps=eps) if norm else nn.Identity()
         self.dropout = nn.Dropout(_checks.probability("dropout", dropout))
 
-    def forward(self, ids: Tensor, token_type_ids: Optional[Tensor] = None, offset: int = 0) -> Tensor:
-        """``ids (B, L)`` -> ``(B, L, d_model)``; positions start at ``offset``."""
+    def forward(self, ids: Tensor, token_type_ids: Optional[Tensor] = None, offset: int = 0,
+                position_ids: Optional[Tensor] = None) -> Tensor:
+        """``ids (B, L)`` -> ``(B, L, d_model)``; positions start at ``offset``, or are ``position_ids
+        (B, L)`` when given (schemes ``learned`` and ``sinusoidal``)."""
         _checks.token_ids("input_ids", ids, self.vocab_size)
         x = self.token(ids)  # (B, L, d_model)
         if self.scale != 1.0:
@@ -264,7 +267,12 @@ class Embeddings(nn.Module):
             x = x + self.token(token_type_ids)  # GPT-2: token types through the token table
         elif token_type_ids is not None:
             raise ValueError("token_type_ids given, but the embeddings have no segments (n_segments=0)")
-        return self.dropout(self.norm(self.positional(x, offset)))
+        if position_ids is None:
+            return self.dropout(self.norm(self.positional(x, offset)))
+        if "positions" not in inspect.signature(self.positional.forward).parameters:
+            raise ValueError(f"position_ids given, but the positional scheme {type(self.positional).__name__} takes "
+                             f"none (learned and sinusoidal positions do)")
+        return self.dropout(self.norm(self.positional(x, offset, positions=position_ids)))
 
 
 # ----------------------------------------------------------------------------- one block
@@ -412,8 +420,9 @@ class TransformerStack(nn.Module):
     def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, mask: Optional[Tensor] = None,
                 memory: Optional[Tensor] = None, memory_mask: Optional[Tensor] = None,
                 state: Optional[StackState] = None, need_weights: bool = False, return_state: bool = False,
-                return_hidden: bool = False) -> StackOutput:
-        """Embed ``input_ids (B, L)`` at positions following ``state.position`` and run the layers."""
+                return_hidden: bool = False, position_ids: Optional[Tensor] = None) -> StackOutput:
+        """Embed ``input_ids (B, L)`` at positions following ``state.position`` (or at ``position_ids
+        (B, L)``, e.g. counted from each row's first real token) and run the layers."""
         offset = 0
         if state is not None:
             if not isinstance(state, StackState):
@@ -421,10 +430,10 @@ class TransformerStack(nn.Module):
             offset = state.position
         _checks.token_ids("input_ids", input_ids, self.embed.vocab_size)
         max_len = self.config.max_len
-        if self.config.positional == "learned" and offset + input_ids.shape[1] > max_len:
+        if self.config.positional == "learned" and offset + input_ids.shape[1] > max_len and position_ids is None:
             raise ValueError(f"input_ids reach position {offset + input_ids.shape[1]}, beyond max_len={max_len} "
                              f"of the learned positional embedding")
-        x = self.embed(input_ids, token_type_ids, offset=offset)
+        x = self.embed(input_ids, token_type_ids, offset=offset, position_ids=position_ids)
         return self.run_layers(x, mask=mask, memory=memory, memory_mask=memory_mask, state=state,
                                need_weights=need_weights, return_state=return_state, return_hidden=return_hidden)
 
@@ -495,6 +504,7 @@ def copy_torch_layer(block: TransformerBlock, layer: nn.Module) -> None:
 
 def _drop_if_full(mask: Optional[Tensor]) -> Optional[Tensor]:
     """A 2-D key-padding mask that lets every key through is no mask (keeps SDPA's fast paths)."""
-    if isinstance(mask, Tensor) and mask.dtype == torch.bool and mask.dim() == 2 and bool(mask.all()):
+    if (isinstance(mask, Tensor) and mask.dtype == torch.bool and mask.dim() == 2 and not torch.compiler.is_compiling()
+            and bool(mask.all())):
         return None
     return mask

@@ -1,0 +1,134 @@
+"""qkv's GPT under PyTorch's own tools (issue 36, item 8): ``torch.export`` for every kernel,
+``torch.compile`` without graph breaks in training for the exact, pattern and linear kernels, no
+private oneDNN op inside a traced graph (Inductor cannot lower it), and models that are functions
+of their weights in eval — LSH's rotations and Performer's features — across calls, copies and a
+reload. Tiny one-layer models; the compile tests use the ``eager`` backend (Dynamo's tracing, where
+graph breaks happen, without Inductor's code generation, which takes tens of seconds on the CPU)."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+from qkv import _linear
+from qkv.models import GPT, QKVModel
+from qkv.models.transformer.gpt import GPTConfig
+from qkv.registry import lookup, names
+
+
+def _gpt(attention, **kw):
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return GPT(GPTConfig(vocab_size=32, max_len=16, n_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.0,
+                             attention=attention, **kw))
+
+
+DECODERS = [n for n in names("attention") if lookup("attention", n).supports_causal and n != "linformer"]
+IDS = torch.randint(0, 32, (2, 16), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_export_equals_eager(name):
+    """``torch.export.export(gpt, (ids,))`` works for every kernel (the token-id range check read the
+    values: GuardOnDataDependentSymNode) and the exported program gives eager's logits."""
+    model = _gpt(name).eval()
+    with torch.no_grad():
+        expected = model(IDS).logits
+    program = torch.export.export(model, (IDS,))
+    with torch.no_grad():
+        got = program.module()(IDS).logits
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["softmax", "window", "local-1d", "linear", "performer"])
+def test_export_with_padding_and_positions_equals_eager(name):
+    """A right-padded batch with ``attention_mask`` and ``position_ids`` exports too (the full-mask
+    shortcut and the masked-key cleanup read the mask's values)."""
+    model = _gpt(name).eval()
+    mask = torch.ones(2, 16, dtype=torch.bool)
+    mask[1, 11:] = False
+    kw = {"attention_mask": mask, "position_ids": (mask.long().cumsum(-1) - 1).clamp(min=0)}
+    with torch.no_grad():
+        expected = model(IDS, **kw).logits
+        got = torch.export.export(model, (IDS,), kw).module()(IDS, **kw).logits
+    torch.testing.assert_close(got[mask], expected[mask], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", [n for n in names("attention") if n not in DECODERS])
+def test_export_of_an_encoder_equals_eager(name):
+    """The kernels that cannot be causal (efficient, linformer) in qkv's BERT."""
+    from qkv.models import BERT
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = BERT(BERT.config_class(vocab_size=32, max_len=16, n_layers=1, d_model=16, n_heads=2, d_ff=32,
+                                       dropout=0.0, attention=name)).eval()
+    with torch.no_grad():
+        expected = model(IDS).logits
+        got = torch.export.export(model, (IDS,)).module()(IDS).logits
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["softmax", "window", "local-1d", "strided", "fixed", "linear"])
+def test_compile_in_training_has_no_graph_break(name):
+    """``fullgraph=True`` raises at a graph break: a training step (padding mask, labels, loss,
+    backward) of the exact and pattern kernels and linear attention (``bool(top.min() < DIRECT_MIN)``
+    broke its graph; the label and mask checks read values) traces whole, and agrees with eager."""
+    torch._dynamo.reset()
+    model = _gpt(name).train()
+    mask = torch.ones(2, 16, dtype=torch.bool)
+    mask[1, 11:] = False
+    batch = {"attention_mask": mask, "labels": IDS.masked_fill(~mask, -100)}
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    loss = compiled(IDS, **batch).loss
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    expected = model(IDS, **batch).loss
+    expected.backward()
+    torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-5)
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_no_private_onednn_op_inside_a_traced_graph():
+    """``qkv._linear.linear`` calls ``mkldnn._linear_pointwise`` in eager inference, which Inductor
+    cannot lower (``torch.compile`` of any qkv GPT in eval under no_grad failed): while tracing it
+    is ``F.linear``."""
+    ops = []
+
+    def recording(gm, example_inputs):
+        ops.extend(node.target for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    x, w, b = torch.randn(32, 16), torch.randn(8, 16), torch.randn(8)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(_linear.linear, backend=recording, fullgraph=True)(x, w, b, "gelu")
+        torch.testing.assert_close(got, torch.nn.functional.gelu(x @ w.T + b), atol=1e-5, rtol=1e-5)
+    assert ops and not [op for op in ops if "mkldnn" in str(op)], ops
+
+
+@pytest.mark.parametrize("name", ["lsh", "performer"])
+def test_eval_is_a_function_of_the_weights(name, tmp_path):
+    """Two eval calls, a deepcopy and a reloaded model give the same logits (LSH drew fresh rotations
+    every call: 0.53 apart, 0.60 after a reload); training mode without dropout gives them too for
+    Performer (its features change only when asked: ``redraw_features``)."""
+    model = _gpt(name).eval()
+    with torch.no_grad():
+        first = model(IDS).logits
+        torch.testing.assert_close(model(IDS).logits, first, atol=0, rtol=0)
+        torch.testing.assert_close(copy.deepcopy(model)(IDS).logits, first, atol=0, rtol=0)
+        model.save_pretrained(tmp_path / "m")
+        again = QKVModel.from_pretrained(tmp_path / "m").eval()
+        torch.testing.assert_close(again(IDS).logits, first, atol=0, rtol=0)
+        if name == "performer":
+            torch.testing.assert_close(model.train()(IDS).logits, first, atol=0, rtol=0)
+            model.stack.layers[0].self_attn.kernel.redraw_features()  # asked: new features
+            assert not torch.allclose(model.eval()(IDS).logits, first)
+        else:  # training re-hashes, as the Reformer does
+            model.train()
+            assert not torch.allclose(model(IDS).logits, model(IDS).logits)
