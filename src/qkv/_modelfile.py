@@ -272,16 +272,19 @@ def check_layout(path: Union[str, os.PathLike], expected: Mapping[str, Tuple[int
     path = Path(path)
     layout = read_layout(path)
     extra = [n for n in layout if n not in expected and not optional(n)]
-    if extra:
-        raise CheckpointError(f"{str(path)!r} holds {len(extra)} tensor(s) the model has no place for: {_list(extra)}")
     wrong = [n for n in layout if n in expected and tuple(layout[n][1]) != tuple(expected[n])]
+    missing = [n for n in (required or []) if n not in layout]
+    mixed = "; the weights and the config beside them come from different models (written by hand, or half-written by an older qkv)"
     if wrong:
         first = wrong[0]
         more = f" (and {len(wrong) - 1} more tensors)" if len(wrong) > 1 else ""
         raise CheckpointError(f"{str(path)!r}: {first} has shape {tuple(layout[first][1])}, expected "
-                              f"{tuple(expected[first])} (from config.json){more}; the weights and the config beside "
-                              f"them come from different models (written by hand, or half-written by an older qkv)")
-    missing = [n for n in (required or []) if n not in layout]
+                              f"{tuple(expected[first])} (from config.json){more}{mixed}")
+    if extra and missing:
+        raise CheckpointError(f"{str(path)!r} holds {len(extra)} tensor(s) the model has no place for ({_list(extra)}) "
+                              f"and lacks {len(missing)} it needs ({_list(missing)}){mixed}")
+    if extra:
+        raise CheckpointError(f"{str(path)!r} holds {len(extra)} tensor(s) the model has no place for: {_list(extra)}")
     if missing:
         raise CheckpointError(f"{str(path)!r} lacks {len(missing)} tensor(s) the model needs: {_list(missing)}")
     return layout
