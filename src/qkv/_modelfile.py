@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -226,18 +227,31 @@ def read_config(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     unreadable, larger than ``MAX_CONFIG_BYTES``, not UTF-8 JSON, nested too deeply for the parser,
     an integer of more digits than Python converts, or not a JSON object."""
     path = Path(path)
+    text = ""
     try:
         size = path.stat().st_size
         if size > MAX_CONFIG_BYTES:
             raise CheckpointError(f"config file {str(path)!r} is {size} bytes; a model config is at most {MAX_CONFIG_BYTES}")
-        value = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        value = json.loads(text)
     except RecursionError:
-        raise CheckpointError(f"config file {str(path)!r} is nested too deeply to be a model config") from None
-    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError, a 5,000-digit integer
+        field = _field_before(text, r"(?:[\[{]\s*){500}")
+        raise CheckpointError(f"config file {str(path)!r}: {field}is nested too deeply to be a model config") from None
+    except json.JSONDecodeError as e:
         raise CheckpointError(f"config file {str(path)!r} is not valid JSON: {_first_line(e)}") from None
+    except (OSError, ValueError) as e:  # UnicodeDecodeError; an integer of more digits than Python converts
+        field = _field_before(text, r"-?\d{4000}")
+        raise CheckpointError(f"config file {str(path)!r} is not valid JSON: {field}{_first_line(e)}") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"config file {str(path)!r} must hold a JSON object, got {type(value).__name__}")
     return value
+
+
+def _field_before(text: str, value: str) -> str:
+    """``"field NAME: "`` for the first ``"NAME": <value>`` in ``text`` (to name what a parser
+    that stopped without a position refused), else ``""``."""
+    found = re.search(r'"((?:[^"\\]|\\.){1,100})"\s*:\s*' + value, text[:MAX_CONFIG_BYTES])
+    return f"field {found.group(1)!r}: " if found else ""
 
 
 def read_layout(path: Union[str, os.PathLike]) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
