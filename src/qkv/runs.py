@@ -433,8 +433,8 @@ def _read_run(run: Path) -> Dict[str, Any]:
         raise UserError(f"{run} is not a qkv run directory (no {RUN_FILE}); create one with `qkv train MODEL --task TASK --out {run}`")
     try:
         info = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} is corrupt: {e}") from None
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deeply, a 5,000-digit integer
+        raise UserError(f"{path} is corrupt: {str(e).splitlines()[0] if str(e) else 'nested too deeply'}") from None
     if not isinstance(info, dict):
         raise UserError(f"{path} is corrupt: expected a JSON object")
     missing = [k for k in _RUN_KEYS if k not in info]
@@ -451,8 +451,8 @@ def _run_train_settings(run: Path, info: Dict[str, Any]) -> Dict[str, Any]:
     if path.is_file():
         try:
             values = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path} is corrupt: {e}") from None
+        except (ValueError, RecursionError) as e:
+            raise UserError(f"{path} is corrupt: {str(e).splitlines()[0] if str(e) else 'nested too deeply'}") from None
         if isinstance(values, dict):
             return values
     return {}

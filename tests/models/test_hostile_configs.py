@@ -103,6 +103,13 @@ def test_hostile_init_through_the_command_line_is_one_line_and_writes_nothing(sh
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and str(directory) in err and field in err, err
         assert not out.exists()
+    # a run directory as --init, its run.json 100,000 deep
+    source = shakespeare_cache / "source"
+    source.mkdir()
+    (source / "run.json").write_text('{"model": "gpt", "task": ' + "[" * DEEP + "]" * DEEP + "}")
+    assert main(train_argv("gpt", "shakespeare-char", out, "--init", str(source), "--threads", "1")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "run.json is corrupt" in err and not out.exists()
 
 
 def _spoil_weights(directory, change):

@@ -7,7 +7,9 @@ older nested layout ``{"model": "gpt", "config": {...}}`` still loads.
 
 Sizes are checked before anything is allocated: ``from_config`` first builds the model on PyTorch's
 ``meta`` device (shapes only, no memory) and refuses a configuration whose parameters and buffers
-would not fit in the memory this machine has available (``estimate_bytes``).
+would not fit in the memory this machine has available (``estimate_bytes``), or whose size cannot
+be estimated there (a width too large for PyTorch to address): an estimate that cannot be made is
+a refusal, never a pass.
 """
 
 from __future__ import annotations
@@ -348,8 +350,10 @@ class QKVModel(nn.Module):
                              f"({_size_fields(config)})")
 
     def save_pretrained(self, directory: Union[str, os.PathLike], format: str = "qkv") -> Path:
-        """Write ``config.json`` and ``model.safetensors`` into ``directory`` (each atomically;
-        tied parameters stored once). Another ``format`` writes that format's checkpoint
+        """Write ``config.json`` and ``model.safetensors`` into ``directory`` (tied parameters stored
+        once), the directory replaced as a whole: a reader, or a process killed at any moment, finds
+        the old model or the new one, never a mix (``qkv._io.atomic_directory``; other files in it are
+        kept). Another ``format`` writes that format's checkpoint
         (``CHECKPOINT_FORMATS``): ``"huggingface"`` one that transformers' ``AutoModel...from_pretrained``
         loads (BERT and GPT; ``models/transformer/hf_checkpoints.py``)."""
         if format != "qkv":
@@ -366,10 +370,17 @@ class QKVModel(nn.Module):
         ``QKVModel``; this class otherwise), or a Hugging Face checkpoint of an architecture qkv
         represents (``bert``, ``gpt2``: ``models/transformer/hf_checkpoints.py``). ``overrides``:
         config fields that do not change the weights' shapes (e.g. ``attention="window",
-        attention_kwargs={"radius": 16}``, ``dropout``). A model saved in one floating dtype (after
-        ``.double()``) loads in it; a missing, corrupt or truncated file, a tensor of another dtype
-        than the model's other weights or one holding NaN or inf raises ``CheckpointError`` (a
-        ``ValueError``) naming it; nothing is unpickled."""
+        attention_kwargs={"radius": 16}``, ``dropout``).
+
+        Both formats are checked alike, in this order (``qkv._modelfile``): ``config.json`` parses
+        into an object; every value is of its field's type and range (a finite number, an int, a
+        name; ``from_config``) and the model fits in memory, or its size could not be estimated
+        (``check_size``), before any tensor is built; the weights file's header names no tensor the
+        model has no place for and gives each the shape the config makes, before any tensor is read;
+        the weights have one floating dtype (a model saved in one, e.g. after ``.double()``, loads in
+        it) and hold no NaN or inf. Anything else raises ``CheckpointError`` (a ``ValueError``,
+        printed as one line by ``qkv``) naming the file and the field or tensor; nothing is unpickled.
+        A directory whose save was killed mid-swap is finished first (``qkv._io.settle_directory``)."""
         directory = Path(directory)
         if not directory.is_dir() and not any(directory.parent.glob(f".{directory.name}.old-*")):
             raise FileNotFoundError(f"{directory} is not a model directory (config.json + model.safetensors, written by "

@@ -223,8 +223,9 @@ def _parse_meta(metadata: Mapping[str, str], path: Path) -> Dict[str, Any]:
         raise CheckpointError(f"checkpoint file {str(path)!r} is not a qkv training checkpoint (no {_META_KEY!r} header)")
     try:
         meta = json.loads(metadata[_META_KEY])
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"checkpoint file {str(path)!r} has a corrupt header: {e}") from e
+    except (ValueError, RecursionError) as e:  # not JSON, nested too deeply, a 5,000-digit integer
+        raise CheckpointError(f"checkpoint file {str(path)!r} has a corrupt header: "
+                              f"{str(e).splitlines()[0] if str(e) else 'nested too deeply'}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else meta
         raise CheckpointError(f"checkpoint file {str(path)!r} has format {found!r}; expected {FORMAT!r}")
