@@ -225,6 +225,11 @@ def atomic_directory(path: Union[str, os.PathLike]) -> Iterator[Path]:
         if path.is_dir():
             _carry_over(path, new)
         _fsync_tree(new)
+        try:
+            cwd = os.getcwd()
+        except OSError:
+            cwd = ""
+        inside = cwd == str(path) or cwd.startswith(str(path) + os.sep)
         if not path.exists():
             os.rename(new, path)
         elif not _exchange(new, path):  # two renames; settle_directory finishes them after a kill
@@ -236,6 +241,8 @@ def atomic_directory(path: Union[str, os.PathLike]) -> Iterator[Path]:
                 if not path.is_dir():
                     raise
         _fsync_dir(path.parent)
+        if inside and os.path.isdir(cwd):  # the process stood in the old directory: stand in the new one
+            os.chdir(cwd)
     finally:
         # after an exchange ``new`` holds the old directory; after two renames ``.old-TOKEN`` does
         shutil.rmtree(new, ignore_errors=True)

@@ -73,6 +73,8 @@ HOSTILE = {
     "attention_kwargs-list": ("qkv", lambda p: _set(p, attention_kwargs=[1]), "attention_kwargs"),
     "d_model-1e9-qkv": ("qkv", lambda p: _set(p, d_model=10**9), "d_model=1000000000"),
     "n_layers-1e4000": ("qkv", lambda p: _set(p, n_layers=10**4000), "n_layers"),
+    "dropout-1e400-qkv": ("qkv", lambda p: _set(p, dropout=10**400), "dropout"),
+    "layer_norm_eps-1e400-hf": ("hf", lambda p: _set(p, layer_norm_eps=10**400), "layer_norm_eps"),
     "unknown-field": ("qkv", lambda p: _set(p, bogus=1), "bogus"),
     "nested-layout": ("qkv", lambda p: _raw(p, json.dumps({"model": "gpt", "config": {**TINY, "d_ff": -1}})), "d_ff"),
 }

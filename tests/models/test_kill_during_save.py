@@ -143,3 +143,13 @@ def test_a_half_written_directory_of_an_older_qkv_is_one_line(tmp_path):
         QKVModel.from_pretrained(tmp_path / "a")
     message = str(e.value)
     assert "\n" not in message and "has shape" in message and "come from different models" in message
+
+
+def test_saving_into_the_working_directory_keeps_the_process_in_it(tmp_path, monkeypatch):
+    old, new = _models()
+    directory = tmp_path / "model"
+    old.save_pretrained(directory)
+    monkeypatch.chdir(directory)
+    new.save_pretrained(".")
+    assert os.getcwd() == str(directory) and os.path.samefile(".", directory)
+    assert _which(QKVModel.from_pretrained("."), (old, new)) == 1

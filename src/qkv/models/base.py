@@ -83,6 +83,14 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def finite(value: Any) -> bool:
+    """Whether a number is finite as a float (an integer too large for one is not)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def _type_ok(annotation: Any, value: Any) -> bool:
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if annotation is Any:
@@ -98,7 +106,7 @@ def _type_ok(annotation: Any, value: Any) -> bool:
     if annotation is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
     if annotation is str:
         return isinstance(value, str)
     if origin in (tuple, list) or annotation in (tuple, list):
@@ -381,11 +389,10 @@ class QKVModel(nn.Module):
         it) and hold no NaN or inf. Anything else raises ``CheckpointError`` (a ``ValueError``,
         printed as one line by ``qkv``) naming the file and the field or tensor; nothing is unpickled.
         A directory whose save was killed mid-swap is finished first (``qkv._io.settle_directory``)."""
-        directory = Path(directory)
-        if not directory.is_dir() and not any(directory.parent.glob(f".{directory.name}.old-*")):
+        directory = settle_directory(directory)  # a save killed mid-swap: finish it
+        if not directory.is_dir():
             raise FileNotFoundError(f"{directory} is not a model directory (config.json + model.safetensors, written by "
                                     f"save_pretrained or a Hugging Face checkpoint)")
-        directory = settle_directory(directory)  # a save killed mid-swap: finish it
         for reader in CHECKPOINT_FORMATS.values():  # another library's checkpoint (e.g. Hugging Face)
             if reader.recognizes(directory):
                 return reader.load(None if cls is QKVModel else cls, directory, map_location, **overrides)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from torch import Tensor
 from ..._io import settle_directory
 from ..._modelfile import CheckpointError, check_layout, check_weights, load_dtype, read_config
 from ...registry import lookup, names
-from ..base import CHECKPOINT_FORMATS, CheckpointFormat
+from ..base import CHECKPOINT_FORMATS, CheckpointFormat, finite
 from .bert import BERT
 from .gpt import GPT
 
@@ -215,7 +214,7 @@ def _get(config: Dict[str, Any], key: str, default: Any, kind: type = int) -> An
     if kind is bool:
         ok = isinstance(value, bool)
     elif kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
     else:
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
     if not ok:
