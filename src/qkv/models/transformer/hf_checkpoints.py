@@ -458,8 +458,10 @@ def _check_header(weights: Path, model: Any, model_type: str) -> Dict[str, Any]:
         tied = {"lm_head.weight": f"{base}wte.weight"} if c.tie_embeddings else {}
     expected = {r.hf: tuple(r.to_hf([mine[o] for o in r.ours]).shape) for r in rules if all(o in mine for o in r.ours)}
     expected.update({name: expected[target] for name, target in tied.items() if target in expected})
-    # a rule for a tensor this configuration of the model lacks (no token types): the file may hold it
+    # a tensor this configuration of the model has no place for (a head it does not build, no token
+    # types), or a tied copy of one: the file may hold it, and it is not read
     optional = {r.hf for r in rules if not all(o in mine for o in r.ours)}
+    optional |= {name for name, target in tied.items() if target in optional}
     check_layout(weights, expected, optional=lambda n: n in optional or _ignorable(n, model_type))
     return layout
 
