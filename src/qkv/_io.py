@@ -199,10 +199,10 @@ def _fsync_dir(directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_directory(path: Union[str, os.PathLike]) -> Iterator[Path]:
+def atomic_directory(path: Union[str, os.PathLike], keep_others: bool = True) -> Iterator[Path]:
     """Yield an empty temporary directory beside ``path`` to fill; when the block ends without an
-    exception, what ``path`` held and the block did not write is carried over (hard links), and the
-    new directory replaces ``path`` as a whole (see the module's docstring): a reader, or a process
+    exception, what ``path`` held and the block did not write is carried over (hard links; not with
+    ``keep_others=False``), and the new directory replaces ``path`` as a whole (see the module's docstring): a reader, or a process
     killed at any point, finds the old directory or the new one, never a mix. If the block fails,
     ``path`` is untouched and the temporary directory removed. A file at ``path`` is a ``UserError``.
     """
@@ -222,7 +222,7 @@ def atomic_directory(path: Union[str, os.PathLike]) -> Iterator[Path]:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(new, (path.stat().st_mode & 0o7777) if path.is_dir() else 0o777 & ~umask)
-        if path.is_dir():
+        if keep_others and path.is_dir():
             _carry_over(path, new)
         _fsync_tree(new)
         try:

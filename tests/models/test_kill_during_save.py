@@ -117,6 +117,9 @@ def test_a_failed_save_leaves_the_directory_as_it_was(tmp_path):
     new.save_pretrained(directory)
     assert (directory / "vocab.json").read_text() == "{}\n"
     assert _which(QKVModel.from_pretrained(directory), (old, new)) == 1
+    with atomic_directory(directory, keep_others=False) as tmp:  # a folder replaced by exactly what was written
+        (tmp / "only.txt").write_text("x")
+    assert [p.name for p in directory.iterdir()] == ["only.txt"]
 
 
 def test_a_dead_writers_temporary_directory_is_removed_and_a_live_ones_kept(tmp_path):
