@@ -30,8 +30,8 @@ from .._io import settle_directory
 from .._modelfile import CheckpointError, check_weights, load_dtype, load_model_tensors, read_model_config, save_model
 from ..registry import lookup
 
-__all__ = ["ModelOutput", "QKVModel", "config_from_dict", "check_field", "load_pretrained", "available_memory",
-           "MODEL_TYPE_KEY"]
+__all__ = ["ModelOutput", "QKVModel", "config_from_dict", "check_field", "short_repr", "load_pretrained",
+           "available_memory", "MODEL_TYPE_KEY"]
 
 #: the key of ``config.json`` naming the registered model (Hugging Face's ``model_type``)
 MODEL_TYPE_KEY = "model_type"
@@ -75,10 +75,11 @@ def config_from_dict(config_class: type, values: Dict[str, Any]) -> Any:
     return config_class(**{k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in values.items()})
 
 
-def _shown(value: Any) -> str:
-    """``repr(value)``, cut to one short line (a 4,000-digit integer, a long list)."""
+def short_repr(value: Any) -> str:
+    """``repr(value)`` for an error message, cut to one short line (a 4,000-digit integer, whose
+    ``repr`` may even be refused, a long list)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
-        return f"an integer of {len(str(abs(value)))} digits"
+        return f"an integer of {int(abs(value).bit_length() * 0.30103) + 1} digits"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -149,7 +150,7 @@ def check_field(name: str, annotation: Any, value: Any) -> None:
     field, what it must be and what it is. Every model's config goes through this when built from
     a dict, whatever file or format the dict came from."""
     if not _type_ok(annotation, value):
-        raise TypeError(f"{name} must be {_describe(annotation)}, got {_shown(value)}")
+        raise TypeError(f"{name} must be {_describe(annotation)}, got {short_repr(value)}")
 
 
 class CheckpointFormat(abc.ABC):
@@ -406,7 +407,7 @@ class QKVModel(nn.Module):
         else:
             raise CheckpointError(f"{config_path} is not a qkv model config (no {MODEL_TYPE_KEY!r} field)")
         if not isinstance(name, str):
-            raise CheckpointError(f"{config_path}: {MODEL_TYPE_KEY} must be a model name, got {_shown(name)}")
+            raise CheckpointError(f"{config_path}: {MODEL_TYPE_KEY} must be a model name, got {short_repr(name)}")
         if cls is not QKVModel and name != cls.registry_name:
             raise ValueError(f"{directory} holds a {name!r} model, not {cls.registry_name!r}")
         try:
@@ -475,7 +476,7 @@ def _human_bytes(n: float) -> str:
 def _size_fields(config: Any) -> str:
     values = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
     big = sorted(((v, k) for k, v in values.items() if isinstance(v, int) and not isinstance(v, bool)), reverse=True)[:3]
-    return ", ".join(f"{k}={v if v < 10**30 else _shown(v)}" for v, k in big)
+    return ", ".join(f"{k}={v if v < 10**30 else short_repr(v)}" for v, k in big)
 
 
 def load_pretrained(directory: Union[str, os.PathLike], map_location: str = "cpu") -> QKVModel:

@@ -45,7 +45,7 @@ from torch import Tensor
 from ..._io import settle_directory
 from ..._modelfile import CheckpointError, check_layout, check_weights, load_dtype, read_config
 from ...registry import lookup, names
-from ..base import CHECKPOINT_FORMATS, CheckpointFormat, finite
+from ..base import CHECKPOINT_FORMATS, CheckpointFormat, finite, short_repr
 from .bert import BERT
 from .gpt import GPT
 
@@ -219,27 +219,27 @@ def _get(config: Dict[str, Any], key: str, default: Any, kind: type = int) -> An
         ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
     if not ok:
         want = {bool: "a bool", float: "a finite number"}.get(kind, "an int >= 1")
-        raise _error(f"{key} must be {want}, got {_shown(value)}")
+        raise _error(f"{key} must be {want}, got {short_repr(value)}")
     return value
 
 
 def _activation(config: Dict[str, Any], key: str, default: str) -> str:
     name = config.get(key, default)
     if not isinstance(name, str) or name not in HF_ACTIVATIONS:
-        raise _error(f"{key}={_shown(name)} is not an activation qkv represents; expected one of {sorted(HF_ACTIVATIONS)}")
+        raise _error(f"{key}={short_repr(name)} is not an activation qkv represents; expected one of {sorted(HF_ACTIVATIONS)}")
     return HF_ACTIVATIONS[name]
 
 
 def _architecture(config: Dict[str, Any], known: Sequence[str], default: str) -> str:
     names = config.get("architectures") or [default]
     if not isinstance(names, list) or len(names) != 1 or not isinstance(names[0], str) or names[0] not in known:
-        raise _error(f"architectures={_shown(names)}; qkv reads one of {sorted(known)}")
+        raise _error(f"architectures={short_repr(names)}; qkv reads one of {sorted(known)}")
     return names[0]
 
 
 def _refuse(config: Dict[str, Any], key: str, allowed: Any, what: str) -> None:
     if key in config and config[key] not in allowed:
-        raise _error(f"{key}={_shown(config[key])} is not supported ({what}); expected {allowed[0]!r}")
+        raise _error(f"{key}={short_repr(config[key])} is not supported ({what}); expected {allowed[0]!r}")
 
 
 def _bert_config(config: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
@@ -262,7 +262,7 @@ def _bert_config(config: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
     if arch == "BertForSequenceClassification":
         labels = config.get("id2label")
         if labels is not None and not isinstance(labels, dict):
-            raise _error(f"id2label must be an object of class names, got {_shown(labels)}")
+            raise _error(f"id2label must be an object of class names, got {short_repr(labels)}")
         values["num_labels"] = len(labels) if isinstance(labels, dict) and labels else _get(config, "num_labels", 2)
     return arch, values
 
@@ -349,7 +349,7 @@ def _model_class(model_type: str, cls: Optional[type]) -> type:
 
     wanted = {"bert": BERT, "gpt2": GPT}.get(model_type) if isinstance(model_type, str) else None
     if wanted is None:
-        raise _error(f"model_type={_shown(model_type)} is not an architecture qkv represents; expected 'bert' or 'gpt2'")
+        raise _error(f"model_type={short_repr(model_type)} is not an architecture qkv represents; expected 'bert' or 'gpt2'")
     if cls is not None and cls is not wanted:
         raise _error(f"a Hugging Face {model_type!r} checkpoint loads into qkv.models.{wanted.__name__}, not "
                      f"{cls.__name__} (choose its kernel with {wanted.__name__}.from_pretrained(dir, attention=...))")
@@ -404,14 +404,6 @@ def load(cls: Optional[type], directory: PathLike, map_location: str = "cpu", **
         warnings.warn(f"{directory} ({arch}) has no {', '.join(_HEAD_NAMES[g] for g in fresh)}: "
                       f"{'it starts' if len(fresh) == 1 else 'they start'} fresh", stacklevel=3)
     return model.to(map_location)
-
-
-def _shown(value: Any) -> str:
-    """``repr(value)`` cut to one short line (a 4,000-digit integer, a long list)."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
-        return f"an integer of {len(str(abs(value)))} digits"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _checked_config(config: Dict[str, Any], path: Path, cls: Optional[type]) -> Tuple[str, type, str, Dict[str, Any]]:
