@@ -275,28 +275,32 @@ def _list(names: List[str], limit: int = 4) -> str:
     return ", ".join(names[:limit]) + more
 
 
+#: what a model directory whose weights do not fit its config.json most likely is
+_MIXED = (" (from config.json); the weights and the config beside them come from different models (written by hand, "
+          "or half-written by an older qkv)")
+
+
 def check_layout(path: Union[str, os.PathLike], expected: Mapping[str, Tuple[int, ...]],
                  optional: Callable[[str], bool] = lambda name: False,
-                 required: Optional[List[str]] = None) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+                 required: Optional[List[str]] = None, mismatch: str = _MIXED) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
     """Check a safetensors file's header against the tensors a model expects (``{name: shape}``),
     before anything is read: a tensor it has no place for (unless ``optional(name)``), one of
     another shape, or one of ``required`` missing is a one-line ``CheckpointError`` naming the
-    file and the tensors. A 4 GiB tensor that does not belong is refused without reading it.
-    Returns the layout (``read_layout``)."""
+    file and the tensors (and ``mismatch``: what a wrong shape means). A 4 GiB tensor that does not
+    belong is refused without reading it. Returns the layout (``read_layout``)."""
     path = Path(path)
     layout = read_layout(path)
     extra = [n for n in layout if n not in expected and not optional(n)]
     wrong = [n for n in layout if n in expected and tuple(layout[n][1]) != tuple(expected[n])]
     missing = [n for n in (required or []) if n not in layout]
-    mixed = "; the weights and the config beside them come from different models (written by hand, or half-written by an older qkv)"
     if wrong:
         first = wrong[0]
         more = f" (and {len(wrong) - 1} more tensors)" if len(wrong) > 1 else ""
         raise CheckpointError(f"{str(path)!r}: {first} has shape {tuple(layout[first][1])}, expected "
-                              f"{tuple(expected[first])} (from config.json){more}{mixed}")
+                              f"{tuple(expected[first])}{more}{mismatch}")
     if extra and missing:
         raise CheckpointError(f"{str(path)!r} holds {len(extra)} tensor(s) the model has no place for ({_list(extra)}) "
-                              f"and lacks {len(missing)} it needs ({_list(missing)}){mixed}")
+                              f"and lacks {len(missing)} it needs ({_list(missing)}){mismatch}")
     if extra:
         raise CheckpointError(f"{str(path)!r} holds {len(extra)} tensor(s) the model has no place for: {_list(extra)}")
     if missing:
