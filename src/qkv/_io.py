@@ -1,17 +1,34 @@
-"""Atomic file writes: a reader never sees a half-written file, and a crash mid-write leaves the
-previous version in place (temp file in the same directory, fsync, ``os.replace``)."""
+"""Atomic writes: a reader never sees a half-written file or directory, and a crash mid-write
+leaves the previous version in place.
+
+A file: a temporary file in the same directory, fsynced, ``os.replace``-d over it (``atomic_path``).
+A directory of files that belong together (a model's ``config.json`` and ``model.safetensors``):
+a sibling directory ``.NAME.new-TOKEN`` is filled and fsynced, then swapped with ``NAME`` in one
+step (Linux ``renameat2(RENAME_EXCHANGE)``; elsewhere two renames, ``NAME`` to ``.NAME.old-TOKEN``
+then the new one to ``NAME``), and the old one removed (``atomic_directory``). A process killed
+between the two renames leaves ``NAME`` absent and a complete new directory beside it:
+``settle_directory``, called before every read and write of such a directory, finishes that swap,
+and removes what writers that died left (their ``.NAME.new-*`` / ``.NAME.old-*`` siblings).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import hashlib
 import os
+import secrets
+import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Union
 
 from ._errors import UserError
 
-__all__ = ["atomic_path", "atomic_write", "atomic_write_text", "output_file", "output_folder"]
+__all__ = ["atomic_path", "atomic_write", "atomic_write_text", "atomic_directory", "settle_directory", "output_file",
+           "output_folder"]
 
 
 @contextlib.contextmanager
@@ -55,6 +72,181 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[str], None]) ->
 def atomic_write_text(path: Union[str, os.PathLike], text: str) -> Path:
     """Write a UTF-8 text file atomically (see ``atomic_write``)."""
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+# ----------------------------------------------------------------------------- whole directories
+
+
+def _sibling_token() -> str:
+    """``HOST-PID-RANDOM``: who made a temporary sibling, so that only a dead writer's is removed."""
+    host = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+    return f"{host}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _writer_is_dead(token: str) -> bool:
+    """Whether the writer that named a sibling ``token`` (``_sibling_token``) has died (on this host)."""
+    host, _, rest = token.partition("-")
+    pid = rest.partition("-")[0]
+    if host != hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8] or not pid.isdigit():
+        return False  # another machine's (a shared file system), or not ours: leave it
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
+
+
+def _siblings(path: Path, kind: str) -> Iterator[tuple]:
+    """``(sibling path, token)`` for every ``.NAME.<kind>-TOKEN`` beside ``path``."""
+    prefix = f".{path.name}.{kind}-"
+    try:
+        entries = os.listdir(path.parent)
+    except OSError:
+        return
+    for entry in entries:
+        if entry.startswith(prefix):
+            yield path.parent / entry, entry[len(prefix):]
+
+
+def settle_directory(path: Union[str, os.PathLike]) -> Path:
+    """Finish what a writer of ``atomic_directory(path)`` killed mid-swap left, and return ``path``:
+    when ``path`` is absent beside a ``.NAME.old-TOKEN`` (killed between the two renames), its
+    complete ``.NAME.new-TOKEN`` becomes ``path`` (or, lacking it, the old one goes back); the old
+    directories of finished swaps and the temporary ones of dead writers are removed. Where the
+    parent cannot be written, the complete new directory is returned to be read as it is."""
+    path = Path(path)
+    for old, token in list(_siblings(path, "old")):
+        new = old.with_name(f".{path.name}.new-{token}")
+        if not path.exists():
+            try:
+                os.rename(new if new.is_dir() else old, path)
+            except FileNotFoundError:  # the writer (or another reader) finished it meanwhile
+                pass
+            except OSError:  # a read-only place: read the complete new directory where it is
+                return new if new.is_dir() else old
+        if path.exists() and old.exists():
+            shutil.rmtree(old, ignore_errors=True)
+    for new, token in list(_siblings(path, "new")):
+        if _writer_is_dead(token):
+            shutil.rmtree(new, ignore_errors=True)
+    return path
+
+
+def _fsync_tree(directory: Path) -> None:
+    for root, dirs, files in os.walk(directory):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _carry_over(old: Path, new: Path) -> None:
+    """Hard-link (else copy) into ``new`` the entries of ``old`` that ``new`` does not have: the
+    files a directory held beside what its writer rewrites (a run's ``vocab.json``) are kept."""
+    def link(source: str, target: str) -> None:
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copy2(source, target)
+
+    for entry in os.listdir(old):
+        if entry.endswith(".tmp") and entry.startswith("."):  # a dead atomic_path writer's temporary file
+            continue
+        source, target = old / entry, new / entry
+        if os.path.lexists(target):
+            continue
+        if source.is_symlink():
+            os.symlink(os.readlink(source), target)
+        elif source.is_dir():
+            shutil.copytree(source, target, symlinks=True, copy_function=link)
+        else:
+            link(str(source), str(target))
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux ``renameat2``); False where the system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: Union[str, os.PathLike], keep_others: bool = True) -> Iterator[Path]:
+    """Yield an empty temporary directory beside ``path`` to fill; when the block ends without an
+    exception, what ``path`` held and the block did not write is carried over (hard links; not with
+    ``keep_others=False``), and the new directory replaces ``path`` as a whole (see the module's docstring): a reader, or a process
+    killed at any point, finds the old directory or the new one, never a mix. If the block fails,
+    ``path`` is untouched and the temporary directory removed. A file at ``path`` is a ``UserError``.
+    """
+    path = Path(path)
+    if path.is_symlink() and path.is_dir():
+        path = Path(os.path.realpath(path))  # replace what the link points to, keep the link
+    path = Path(os.path.abspath(path))
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{path} is a file, not a directory")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    settle_directory(path)
+    token = _sibling_token()
+    new = path.with_name(f".{path.name}.new-{token}")
+    new.mkdir()
+    try:
+        yield new
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(new, (path.stat().st_mode & 0o7777) if path.is_dir() else 0o777 & ~umask)
+        if keep_others and path.is_dir():
+            _carry_over(path, new)
+        _fsync_tree(new)
+        try:
+            cwd = os.getcwd()
+        except OSError:
+            cwd = ""
+        inside = cwd == str(path) or cwd.startswith(str(path) + os.sep)
+        if not path.exists():
+            os.rename(new, path)
+        elif not _exchange(new, path):  # two renames; settle_directory finishes them after a kill
+            old = path.with_name(f".{path.name}.old-{token}")
+            os.rename(path, old)
+            try:
+                os.rename(new, path)
+            except FileNotFoundError:  # a reader's settle_directory finished the swap
+                if not path.is_dir():
+                    raise
+        _fsync_dir(path.parent)
+        if inside and os.path.isdir(cwd):  # the process stood in the old directory: stand in the new one
+            os.chdir(cwd)
+    finally:
+        # after an exchange ``new`` holds the old directory; after two renames ``.old-TOKEN`` does
+        shutil.rmtree(new, ignore_errors=True)
+        shutil.rmtree(path.with_name(f".{path.name}.old-{token}"), ignore_errors=True)
 
 
 def output_file(path: Union[str, os.PathLike], suffixes: Iterable[str], default: str) -> Path:

@@ -12,6 +12,15 @@ Every file written here carries a SHA-256 of its tensors (names, dtypes, shapes 
 header (key ``"qkv_sha256"``); reading verifies it, so a flipped bit is a ``CheckpointError``, not
 silently wrong weights.
 
+A model directory changes as a whole (``qkv._io.atomic_directory``): a process killed while
+saving leaves the old model or the new one, never new weights beside an old ``config.json``.
+
+What every format's loading checks, in this order, is here once: the config file parses into a
+JSON object (``read_config``: one line naming the file, whatever it holds); the weights file's
+header names no tensor the model has no place for and gives every one the shape the config
+makes (``check_layout``, before any tensor is read); the tensors have the model's dtype and hold
+no NaN or inf (``check_weights``).
+
 Nothing here calls ``torch.load``: a file cannot execute code when it is read.
 """
 
@@ -20,8 +29,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
-from typing import Any, Dict, Mapping, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 from safetensors import SafetensorError
@@ -29,11 +39,15 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from ._errors import UserError
-from ._io import atomic_write, atomic_write_text
+from ._io import atomic_directory, atomic_write, settle_directory
 
 __all__ = [
     "CheckpointError",
+    "read_config",
+    "read_layout",
+    "check_layout",
     "check_weights",
+    "load_dtype",
     "tensors_checksum",
     "read_header",
     "read_tensors",
@@ -47,6 +61,8 @@ __all__ = [
 
 _ALIASES_KEY = "qkv_aliases"
 _CHECKSUM_KEY = "qkv_sha256"
+#: a config.json larger than this is not a model's configuration
+MAX_CONFIG_BYTES = 64 * 2**20
 
 
 class CheckpointError(UserError):
@@ -111,7 +127,7 @@ def read_header(path: Path) -> Dict[str, str]:
         with safe_open(str(path), framework="pt") as f:
             return dict(f.metadata() or {})
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {e}") from e
+        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {_first_line(e)}") from None
 
 
 def read_tensors(path: Path) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
@@ -121,7 +137,7 @@ def read_tensors(path: Path) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {e}") from e
+        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {_first_line(e)}") from None
     expected = metadata.get(_CHECKSUM_KEY)
     if expected is not None and tensors_checksum(tensors) != expected:
         raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt: its tensors do not match the checksum in its header")
@@ -136,11 +152,18 @@ def write_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: Dict[str,
     return atomic_write(path, lambda tmp: save_file(unique, tmp, metadata=metadata))
 
 
-def expand_aliases(tensors: Dict[str, Tensor], metadata: Mapping[str, str], path: Path) -> Dict[str, Tensor]:
+def _alias_table(metadata: Mapping[str, str], path: Path) -> Dict[str, str]:
     try:
         aliases = json.loads(metadata.get(_ALIASES_KEY, "{}"))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"checkpoint file {str(path)!r} has a corrupt alias table: {e}") from e
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"checkpoint file {str(path)!r} has a corrupt alias table: {_first_line(e)}") from None
+    if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
+        raise CheckpointError(f"checkpoint file {str(path)!r} has a corrupt alias table: expected names to names")
+    return aliases
+
+
+def expand_aliases(tensors: Dict[str, Tensor], metadata: Mapping[str, str], path: Path) -> Dict[str, Tensor]:
+    aliases = _alias_table(metadata, path)
     for alias, canonical in aliases.items():
         if canonical not in tensors:
             raise CheckpointError(f"checkpoint file {str(path)!r}: alias {alias!r} names missing tensor {canonical!r}")
@@ -154,7 +177,8 @@ def expand_aliases(tensors: Dict[str, Tensor], metadata: Mapping[str, str], path
 
 
 def save_model(model: torch.nn.Module, config: Mapping[str, Any], directory: Union[str, os.PathLike]) -> Path:
-    """Write ``directory/config.json`` and ``directory/model.safetensors`` (each atomically).
+    """Write ``directory/config.json`` and ``directory/model.safetensors``, the directory replaced
+    as a whole (``qkv._io.atomic_directory``; the other files it held are kept).
 
     ``config`` is a JSON-serialisable dict (e.g. ``dataclasses.asdict(model.config)``); tied
     weights are stored once and re-tied by ``load_model_state`` + ``load_state_dict``.
@@ -168,8 +192,10 @@ def save_model(model: torch.nn.Module, config: Mapping[str, Any], directory: Uni
         text = json.dumps(dict(config), indent=2, sort_keys=True)
     except TypeError as e:
         raise TypeError(f"config is not JSON-serialisable: {e}") from e
-    write_tensors(directory / "model.safetensors", model.state_dict(), {"format": "pt"})
-    atomic_write_text(directory / "config.json", text + "\n")
+    state = model.state_dict()
+    with atomic_directory(directory) as tmp:
+        write_tensors(tmp / "model.safetensors", state, {"format": "pt"})
+        (tmp / "config.json").write_text(text + "\n", encoding="utf-8")
     return directory
 
 
@@ -179,41 +205,152 @@ def load_model_state(directory: Union[str, os.PathLike]) -> Tuple[Dict[str, Any]
     The state dict has every name the model had (tied names share one tensor), so
     ``model.load_state_dict(state)`` works with ``strict=True``.
     """
-    directory = Path(directory)
+    directory = settle_directory(directory)
     return read_model_config(directory), load_model_tensors(directory)
 
 
-def read_model_config(directory: Union[str, os.PathLike]) -> Any:
+def read_model_config(directory: Union[str, os.PathLike]) -> Dict[str, Any]:
     """The parsed ``config.json`` of a model directory (read before any weight is)."""
     config_path = Path(directory) / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"model directory {str(directory)!r} has no config.json")
+    return read_config(config_path)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def read_config(path: Union[str, os.PathLike]) -> Dict[str, Any]:
+    """A JSON config file as a dict, or one ``CheckpointError`` line naming the file: missing,
+    unreadable, larger than ``MAX_CONFIG_BYTES``, not UTF-8 JSON, nested too deeply for the parser,
+    an integer of more digits than Python converts, or not a JSON object."""
+    path = Path(path)
+    text = ""
     try:
-        return json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"config file {str(config_path)!r} is not valid JSON: {e}") from e
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise CheckpointError(f"config file {str(path)!r} is {size} bytes; a model config is at most {MAX_CONFIG_BYTES}")
+        text = path.read_text(encoding="utf-8")
+        value = json.loads(text)
+    except RecursionError:
+        field = _field_before(text, r"(?:[\[{]\s*){500}")
+        raise CheckpointError(f"config file {str(path)!r}: {field}is nested too deeply to be a model config") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"config file {str(path)!r} is not valid JSON: {_first_line(e)}") from None
+    except (OSError, ValueError) as e:  # UnicodeDecodeError; an integer of more digits than Python converts
+        field = _field_before(text, r"-?\d{4000}")
+        raise CheckpointError(f"config file {str(path)!r} is not valid JSON: {field}{_first_line(e)}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"config file {str(path)!r} must hold a JSON object, got {type(value).__name__}")
+    return value
 
 
-def load_model_tensors(directory: Union[str, os.PathLike]) -> Dict[str, Tensor]:
-    """The state dict in a model directory's ``model.safetensors`` (tied names share one tensor)."""
+def _field_before(text: str, value: str) -> str:
+    """``"field NAME: "`` for the first ``"NAME": <value>`` in ``text`` (to name what a parser
+    that stopped without a position refused), else ``""``."""
+    found = re.search(r'"((?:[^"\\]|\\.){1,100})"\s*:\s*' + value, text[:MAX_CONFIG_BYTES])
+    return f"field {found.group(1)!r}: " if found else ""
+
+
+def read_layout(path: Union[str, os.PathLike]) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+    """``{name: (dtype, shape)}`` of a safetensors file, from its header: no tensor is read."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {str(path)!r} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {name: (str(f.get_slice(name).get_dtype()), tuple(f.get_slice(name).get_shape())) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint file {str(path)!r} is not a safetensors file (corrupt, truncated or another "
+                              f"format): {_first_line(e)}") from None
+
+
+def _list(names: List[str], limit: int = 4) -> str:
+    names = sorted(names)
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+#: what a model directory whose weights do not fit its config.json most likely is
+_MIXED = (" (from config.json); the weights and the config beside them come from different models (written by hand, "
+          "or half-written by an older qkv)")
+
+
+def check_layout(path: Union[str, os.PathLike], expected: Mapping[str, Tuple[int, ...]],
+                 optional: Callable[[str], bool] = lambda name: False,
+                 required: Optional[List[str]] = None, mismatch: str = _MIXED) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+    """Check a safetensors file's header against the tensors a model expects (``{name: shape}``),
+    before anything is read: a tensor it has no place for (unless ``optional(name)``), one of
+    another shape, or one of ``required`` missing is a one-line ``CheckpointError`` naming the
+    file and the tensors (and ``mismatch``: what a wrong shape means). A 4 GiB tensor that does not
+    belong is refused without reading it. Returns the layout (``read_layout``)."""
+    path = Path(path)
+    layout = read_layout(path)
+    extra = [n for n in layout if n not in expected and not optional(n)]
+    wrong = [n for n in layout if n in expected and tuple(layout[n][1]) != tuple(expected[n])]
+    missing = [n for n in (required or []) if n not in layout]
+    if wrong:
+        first = wrong[0]
+        more = f" (and {len(wrong) - 1} more tensors)" if len(wrong) > 1 else ""
+        raise CheckpointError(f"{str(path)!r}: {first} has shape {tuple(layout[first][1])}, expected "
+                              f"{tuple(expected[first])}{more}{mismatch}")
+    if extra and missing:
+        raise CheckpointError(f"{str(path)!r} holds {len(extra)} tensor(s) the model has no place for ({_list(extra)}) "
+                              f"and lacks {len(missing)} it needs ({_list(missing)}){mismatch}")
+    if extra:
+        raise CheckpointError(f"{str(path)!r} holds {len(extra)} tensor(s) the model has no place for: {_list(extra)}")
+    if missing:
+        raise CheckpointError(f"{str(path)!r} lacks {len(missing)} tensor(s) the model needs: {_list(missing)}")
+    return layout
+
+
+def load_model_tensors(directory: Union[str, os.PathLike], model: Optional[torch.nn.Module] = None) -> Dict[str, Tensor]:
+    """The state dict in a model directory's ``model.safetensors`` (tied names share one tensor);
+    with ``model``, the file's header is first checked against it (``check_layout``: every name
+    and shape, aliases included), so that a file that does not fit is refused before it is read."""
     weights = Path(directory) / "model.safetensors"
+    if model is not None:
+        expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        aliases = _alias_table(read_header(weights), weights)
+        stray = [a for a, c in aliases.items() if a not in expected or c not in expected]
+        if stray:
+            raise CheckpointError(f"{str(weights)!r}: its alias table names tensor(s) the model has no place for: {_list(stray)}")
+        check_layout(weights, expected, required=[n for n in expected if n not in aliases])
     tensors, metadata = read_tensors(weights)
     return expand_aliases(tensors, metadata, weights)
 
 
-def check_weights(path: Union[str, os.PathLike], state: Mapping[str, Tensor], model: "torch.nn.Module") -> None:
+def load_dtype(state: Mapping[str, Tensor], model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` in the floating dtype of the weights in ``state`` when they all have one and the
+    model all another (saved after ``.double()`` / ``.half()``: it loads so); else ``model`` as it
+    is, and ``check_weights`` refuses a tensor of another dtype than the model's."""
+    stored = {t.dtype for t in state.values() if t.is_floating_point()}
+    built = {t.dtype for t in model.state_dict().values() if t.is_floating_point()}
+    if len(stored) == 1 and len(built) == 1 and stored != built:
+        return model.to(stored.pop())
+    return model
+
+
+def check_weights(path: Union[str, os.PathLike], state: Mapping[str, Tensor], model: "torch.nn.Module",
+                  names: Optional[Mapping[str, str]] = None) -> None:
     """Refuse weights that would load silently wrong: a tensor whose dtype is not the model's
     (``load_state_dict`` would cast it) or a parameter holding NaN or inf. A ``CheckpointError`` names the
-    file, the first such tensor and, for a dtype, the expected and the actual one."""
+    file, the first such tensor (as the file names it: ``names`` maps the model's names to the
+    file's, for another library's layout) and, for a dtype, the expected and the actual one."""
     expected = model.state_dict()
+    names = names or {}
     for name, tensor in state.items():
         want = expected.get(name)
         if want is not None and tensor.dtype != want.dtype:
-            raise CheckpointError(f"{str(path)!r}: tensor {name!r} is {str(tensor.dtype).replace('torch.', '')}, "
+            raise CheckpointError(f"{str(path)!r}: tensor {names.get(name, name)!r} is {str(tensor.dtype).replace('torch.', '')}, "
                                   f"the model expects {str(want.dtype).replace('torch.', '')}")
     parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     for name, tensor in state.items():  # weights only: a buffer may hold inf on purpose (a best-so-far loss)
         if name in parameters and (tensor.is_floating_point() or tensor.is_complex()) and not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
-            raise CheckpointError(f"{str(path)!r}: tensor {name!r} holds {bad} non-finite value(s) (NaN or inf) "
+            raise CheckpointError(f"{str(path)!r}: tensor {names.get(name, name)!r} holds {bad} non-finite value(s) (NaN or inf) "
                                   f"of {tensor.numel()}; these weights cannot be used")

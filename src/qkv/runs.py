@@ -83,11 +83,19 @@ def _keep_tokenizer(out: Path, options: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def _task_options_at(run: Path, options: Mapping[str, Any]) -> Dict[str, Any]:
-    """The task options of a run in ``run`` with its own tokenizer copy's path made whole."""
+    """The task options of a run in ``run`` with its own tokenizer copy's path made whole. The
+    path must stay inside the run (a run keeps its own copy, ``_keep_tokenizer``): one that leads
+    out of it (``../../etc/passwd``, an absolute path, a link) is a ``UserError`` naming run.json."""
     path = options.get("tokenizer")
-    if path is not None and not Path(str(path)).expanduser().is_absolute():
-        return {**options, "tokenizer": str(run / path)}
-    return dict(options)
+    if not isinstance(path, (str, os.PathLike)):
+        return dict(options)
+    full = run / Path(str(path))  # an absolute path stays itself
+    try:
+        full.resolve().relative_to(run.resolve())
+    except ValueError:
+        raise UserError(f"{run / RUN_FILE}: task option tokenizer={str(path)!r} leads outside the run directory; a run "
+                        f"reads only its own copy ({TOKENIZER_FILE} in the run)") from None
+    return {**options, "tokenizer": str(full)}
 
 
 Say = Callable[[str], None]
@@ -425,8 +433,8 @@ def _read_run(run: Path) -> Dict[str, Any]:
         raise UserError(f"{run} is not a qkv run directory (no {RUN_FILE}); create one with `qkv train MODEL --task TASK --out {run}`")
     try:
         info = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} is corrupt: {e}") from None
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deeply, a 5,000-digit integer
+        raise UserError(f"{path} is corrupt: {str(e).splitlines()[0] if str(e) else 'nested too deeply'}") from None
     if not isinstance(info, dict):
         raise UserError(f"{path} is corrupt: expected a JSON object")
     missing = [k for k in _RUN_KEYS if k not in info]
@@ -443,8 +451,8 @@ def _run_train_settings(run: Path, info: Dict[str, Any]) -> Dict[str, Any]:
     if path.is_file():
         try:
             values = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path} is corrupt: {e}") from None
+        except (ValueError, RecursionError) as e:
+            raise UserError(f"{path} is corrupt: {str(e).splitlines()[0] if str(e) else 'nested too deeply'}") from None
         if isinstance(values, dict):
             return values
     return {}

@@ -59,7 +59,6 @@ def _saved(tmp_path, change):
     GPT.from_config(TINY).save_pretrained(tmp_path / "m")
     weights = tmp_path / "m" / "model.safetensors"
     tensors = load_model_tensors(tmp_path / "m")
-    tensors.pop("lm_head.weight", None)  # tied to the token embedding: stored once
     name = "stack.layers.0.ff.w1.weight"
     tensors[name] = change(tensors[name])
     _write(weights, tensors, {"format": "pt"})
@@ -98,7 +97,6 @@ def test_generate_on_nan_weights_is_one_line(shakespeare_cache, train_argv, caps
     assert main(train_argv("gpt", "shakespeare-char", run, "--set", "n_layers=1", "--set", "d_model=16", "--set",
                            "n_heads=2", "--set", "d_ff=32", "--set", "task.block_size=8", "--threads", "1")) == 0
     tensors = load_model_tensors(run / "model")
-    tensors.pop("lm_head.weight", None)
     tensors["stack.layers.0.ff.w1.weight"] = torch.full_like(tensors["stack.layers.0.ff.w1.weight"], float("nan"))
     _write(run / "model" / "model.safetensors", tensors, {"format": "pt"})
     capsys.readouterr()
@@ -115,3 +113,43 @@ def test_reformer_hashing_too_large_is_refused_at_the_config(knob):
     with pytest.raises(ValueError, match=rf"{name}={value}.*more than the .* of memory available"):
         ReformerConfig(**knob)
     ReformerConfig(n_rounds=8)  # the paper's largest
+
+
+# ----------------------------------------------------------------------------- estimates that cannot be made (issue 37, item 4)
+
+
+def test_a_size_that_cannot_be_estimated_is_refused_not_passed(deadline):
+    """d_model=10**9 overflows PyTorch's size arithmetic even on the meta device: the estimate is
+    None, and that is a refusal (it used to pass, and the real allocation was attempted)."""
+    deadline(60)
+    config = GPTConfig(**{**TINY, "d_model": 10**9})
+    assert GPT.estimate_bytes(config) is None
+    with pytest.raises(ValueError, match=r"cannot be estimated before allocating.*too large.*d_model=1000000000"):
+        GPT.from_config(config)
+
+
+def test_train_with_a_billion_wide_model_is_one_line_and_writes_nothing(tmp_path, capsys, deadline):
+    deadline(60)
+    out = tmp_path / "run"
+    code = main(["train", "transformer", "--task", "reverse", "--set", "d_model=1000000000", "--out", str(out),
+                 "--threads", "1", "--progress", "false", "--tensorboard", "false"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "d_model=1000000000" in err and "cannot be estimated" in err
+    assert not out.exists()
+
+
+def test_every_registered_model_can_be_sized_on_the_meta_device():
+    """A model that cannot be built on the meta device would now be refused by the size guard:
+    every registered model, at its defaults and its default preset, must be estimable."""
+    from qkv.models.base import config_from_dict
+    from qkv.registry import names
+
+    for name in names("model"):
+        cls = lookup("model", name)
+        for preset in {None, cls.default_preset}:
+            values = cls.preset(preset) if preset else {}
+            values.pop("train", None)
+            values.pop("task", None)
+            config = config_from_dict(cls.config_class, values)
+            need, why = cls._estimate(config)
+            assert need is not None and need > 0, f"{name} (preset {preset}): {why}"

@@ -7,14 +7,18 @@ older nested layout ``{"model": "gpt", "config": {...}}`` still loads.
 
 Sizes are checked before anything is allocated: ``from_config`` first builds the model on PyTorch's
 ``meta`` device (shapes only, no memory) and refuses a configuration whose parameters and buffers
-would not fit in the memory this machine has available (``estimate_bytes``).
+would not fit in the memory this machine has available (``estimate_bytes``), or whose size cannot
+be estimated there (a width too large for PyTorch to address): an estimate that cannot be made is
+a refusal, never a pass.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
@@ -22,10 +26,12 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .._modelfile import CheckpointError, check_weights, load_model_tensors, read_model_config, save_model
+from .._io import settle_directory
+from .._modelfile import CheckpointError, check_weights, load_dtype, load_model_tensors, read_model_config, save_model
 from ..registry import lookup
 
-__all__ = ["ModelOutput", "QKVModel", "config_from_dict", "load_pretrained", "available_memory", "MODEL_TYPE_KEY"]
+__all__ = ["ModelOutput", "QKVModel", "config_from_dict", "check_field", "short_repr", "load_pretrained",
+           "available_memory", "MODEL_TYPE_KEY"]
 
 #: the key of ``config.json`` naming the registered model (Hugging Face's ``model_type``)
 MODEL_TYPE_KEY = "model_type"
@@ -57,13 +63,98 @@ torch.utils._pytree.register_dataclass(ModelOutput, serialized_type_name="qkv.mo
 
 
 def config_from_dict(config_class: type, values: Dict[str, Any]) -> Any:
-    """Build ``config_class`` from a dict, rejecting unknown keys with a clear message."""
+    """Build ``config_class`` from a dict (e.g. a parsed ``config.json``), rejecting unknown keys
+    and values not of their field's declared type (``check_field``) with a clear message, before the
+    config's own range checks run."""
+    if not isinstance(values, dict):
+        raise TypeError(f"a {config_class.__name__} is built from a dict, got {type(values).__name__}")
     known = {f.name for f in dataclasses.fields(config_class)}
-    unknown = sorted(set(values) - known)
+    unknown = sorted(str(k) for k in set(values) - known)
     if unknown:
         raise ValueError(f"unknown {config_class.__name__} field(s) {unknown}; known: {sorted(known)}")
+    hints = typing.get_type_hints(config_class)
+    for name, value in values.items():
+        check_field(name, hints.get(name, Any), value)
     tuples = {f.name for f in dataclasses.fields(config_class) if "tuple" in str(f.type).lower()}
     return config_class(**{k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in values.items()})
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` for an error message, cut to one short line (a 4,000-digit integer, whose
+    ``repr`` may even be refused, a long list)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"an integer of {int(abs(value).bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def finite(value: Any) -> bool:
+    """Whether a number is finite as a float (an integer too large for one is not)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _type_ok(annotation: Any, value: Any) -> bool:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is Any:
+        return True
+    if origin is Union:
+        return any(_type_ok(arg, value) for arg in args)
+    if annotation is type(None):
+        return value is None
+    if origin is typing.Literal:
+        return any(value == arg and type(value) is type(arg) for arg in args)
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
+    if annotation is str:
+        return isinstance(value, str)
+    if origin in (tuple, list) or annotation in (tuple, list):
+        if not isinstance(value, (tuple, list)):
+            return False
+        if not args:
+            return True
+        if args[-1] is Ellipsis:
+            return all(_type_ok(args[0], v) for v in value)
+        if origin is list:
+            return all(_type_ok(args[0], v) for v in value)
+        return len(args) == len(value) and all(_type_ok(a, v) for a, v in zip(args, value))
+    if origin is dict or annotation is dict:
+        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+    return True  # another declared type: the config's own checks judge it
+
+
+def _describe(annotation: Any) -> str:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Union:
+        return " or ".join(_describe(a) for a in args)
+    if annotation is type(None):
+        return "null"
+    if annotation is float:
+        return "a finite number"
+    if annotation in (int, str, bool):
+        return f"a{'n' if annotation is int else ''} {annotation.__name__}"
+    if origin in (tuple, list) or annotation in (tuple, list):
+        return "a list" + (f" of {_describe(args[0])}" if args else "")
+    if origin is dict or annotation is dict:
+        return "an object with string keys"
+    if origin is typing.Literal:
+        return f"one of {list(args)}"
+    return str(annotation)
+
+
+def check_field(name: str, annotation: Any, value: Any) -> None:
+    """Refuse a config value that is not of its field's declared type (``int``, ``float``: a finite
+    number, ``str``, ``bool``, ``Optional``/``Tuple``/``Dict`` of them): a ``TypeError`` naming the
+    field, what it must be and what it is. Every model's config goes through this when built from
+    a dict, whatever file or format the dict came from."""
+    if not _type_ok(annotation, value):
+        raise TypeError(f"{name} must be {_describe(annotation)}, got {short_repr(value)}")
 
 
 class CheckpointFormat(abc.ABC):
@@ -212,14 +303,21 @@ class QKVModel(nn.Module):
     @classmethod
     def estimate_bytes(cls, config: Any) -> Optional[int]:
         """Bytes of parameters and buffers of ``cls(config)``, found by building it on the ``meta``
-        device (no memory is allocated); None when the model cannot be built there.
+        device (no memory is allocated); None when the model cannot be built there (too large for
+        PyTorch to address, or an ``__init__`` that needs real data), which ``check_size`` refuses.
 
         The time this takes does not grow with the repeat counts (``n_layers``, ``n_decoder_layers``,
         ``n_targets``, ...: :func:`_repeat_fields`): a count above ``_EXACT_REPEATS`` is estimated
         from models built with 1 and 2 repeats, extrapolated linearly (each repeat adds the same
         parameters), so ``n_layers=10**9`` is refused at once instead of building 10**9 modules."""
+        return cls._estimate(config)[0]
+
+    @classmethod
+    def _estimate(cls, config: Any) -> Tuple[Optional[int], str]:
+        """``(bytes, "")``, or ``(None, why it cannot be estimated)``."""
         large = {k: v for k, v in _repeat_fields(config).items() if v > _EXACT_REPEATS}
         if large and dataclasses.is_dataclass(config):
+            failure: Optional[BaseException] = None
             for low in (1, 2):  # a model may need more than one repeat
                 try:
                     base = cls._meta_bytes(dataclasses.replace(config, **{k: low for k in large}))
@@ -227,13 +325,14 @@ class QKVModel(nn.Module):
                     for name, count in large.items():
                         more = cls._meta_bytes(dataclasses.replace(config, **{**{k: low for k in large}, name: low + 1}))
                         total += (more - base) * (count - low)
-                    return total
-                except Exception:  # noqa: BLE001 - that many repeats is not a valid model: try the next
-                    continue
+                    return total, ""
+                except Exception as e:  # noqa: BLE001 - that many repeats is not a valid model: try the next
+                    failure = e
+            return None, _why_not(failure)
         try:
-            return cls._meta_bytes(config)
-        except Exception:  # noqa: BLE001 - an __init__ that needs real data (e.g. .item()) on meta
-            return None  # then the real construction is the check
+            return cls._meta_bytes(config), ""
+        except Exception as e:  # noqa: BLE001 - too large to address, or an __init__ that needs real data
+            return None, _why_not(e)
 
     @classmethod
     def _meta_bytes(cls, config: Any) -> int:
@@ -250,17 +349,24 @@ class QKVModel(nn.Module):
 
     @classmethod
     def check_size(cls, config: Any) -> None:
-        """Refuse a config whose model would not fit in the available memory, before allocating."""
-        need = cls.estimate_bytes(config)
+        """Refuse a config whose model would not fit in the available memory, or whose size cannot
+        be estimated (``estimate_bytes``: an estimate that cannot be made is a refusal, never a
+        pass), before allocating."""
+        need, why = cls._estimate(config)
+        if need is None:
+            raise ValueError(f"{type(config).__name__} describes a model whose size cannot be estimated before "
+                             f"allocating it ({why}); check its sizes ({_size_fields(config)})")
         have = available_memory()
-        if need is not None and have is not None and need > have:
+        if have is not None and need > have:
             raise ValueError(f"{type(config).__name__} describes a model of {_human_bytes(need)} of parameters and "
                              f"buffers, more than the {_human_bytes(have)} of memory available; check its sizes "
                              f"({_size_fields(config)})")
 
     def save_pretrained(self, directory: Union[str, os.PathLike], format: str = "qkv") -> Path:
-        """Write ``config.json`` and ``model.safetensors`` into ``directory`` (each atomically;
-        tied parameters stored once). Another ``format`` writes that format's checkpoint
+        """Write ``config.json`` and ``model.safetensors`` into ``directory`` (tied parameters stored
+        once), the directory replaced as a whole: a reader, or a process killed at any moment, finds
+        the old model or the new one, never a mix (``qkv._io.atomic_directory``; other files in it are
+        kept). Another ``format`` writes that format's checkpoint
         (``CHECKPOINT_FORMATS``): ``"huggingface"`` one that transformers' ``AutoModel...from_pretrained``
         loads (BERT and GPT; ``models/transformer/hf_checkpoints.py``)."""
         if format != "qkv":
@@ -277,40 +383,51 @@ class QKVModel(nn.Module):
         ``QKVModel``; this class otherwise), or a Hugging Face checkpoint of an architecture qkv
         represents (``bert``, ``gpt2``: ``models/transformer/hf_checkpoints.py``). ``overrides``:
         config fields that do not change the weights' shapes (e.g. ``attention="window",
-        attention_kwargs={"radius": 16}``, ``dropout``). A model saved in one floating dtype (after
-        ``.double()``) loads in it; a missing, corrupt or truncated file, a tensor of another dtype
-        than the model's other weights or one holding NaN or inf raises ``CheckpointError`` (a
-        ``ValueError``) naming it; nothing is unpickled."""
-        directory = Path(directory)
+        attention_kwargs={"radius": 16}``, ``dropout``).
+
+        Both formats are checked alike, in this order (``qkv._modelfile``): ``config.json`` parses
+        into an object; every value is of its field's type and range (a finite number, an int, a
+        name; ``from_config``) and the model fits in memory, or its size could not be estimated
+        (``check_size``), before any tensor is built; the weights file's header names no tensor the
+        model has no place for and gives each the shape the config makes, before any tensor is read;
+        the weights have one floating dtype (a model saved in one, e.g. after ``.double()``, loads in
+        it) and hold no NaN or inf. Anything else raises ``CheckpointError`` (a ``ValueError``,
+        printed as one line by ``qkv``) naming the file and the field or tensor; nothing is unpickled.
+        A directory whose save was killed mid-swap is finished first (``qkv._io.settle_directory``)."""
+        directory = settle_directory(directory)  # a save killed mid-swap: finish it
         if not directory.is_dir():
             raise FileNotFoundError(f"{directory} is not a model directory (config.json + model.safetensors, written by "
                                     f"save_pretrained or a Hugging Face checkpoint)")
         for reader in CHECKPOINT_FORMATS.values():  # another library's checkpoint (e.g. Hugging Face)
             if reader.recognizes(directory):
                 return reader.load(None if cls is QKVModel else cls, directory, map_location, **overrides)
+        config_path = directory / "config.json"
         meta = read_model_config(directory)  # the sizes are checked (from_config) before the weights are read
-        if isinstance(meta, dict) and isinstance(meta.get("config"), dict) and "model" in meta:
+        if isinstance(meta.get("config"), dict) and "model" in meta:
             name, values = meta["model"], meta["config"]  # the older nested layout
-        elif isinstance(meta, dict) and MODEL_TYPE_KEY in meta:
+        elif MODEL_TYPE_KEY in meta:
             values = dict(meta)
             name = values.pop(MODEL_TYPE_KEY)
         else:
-            raise CheckpointError(f"{directory / 'config.json'} is not a qkv model config (no {MODEL_TYPE_KEY!r} field)")
+            raise CheckpointError(f"{config_path} is not a qkv model config (no {MODEL_TYPE_KEY!r} field)")
         if not isinstance(name, str):
-            raise CheckpointError(f"{directory / 'config.json'}: {MODEL_TYPE_KEY} must be a model name, got {name!r}")
+            raise CheckpointError(f"{config_path}: {MODEL_TYPE_KEY} must be a model name, got {short_repr(name)}")
         if cls is not QKVModel and name != cls.registry_name:
             raise ValueError(f"{directory} holds a {name!r} model, not {cls.registry_name!r}")
-        model = (lookup("model", name) if cls is QKVModel else cls).from_config({**values, **overrides})
-        state = load_model_tensors(directory)
-        stored = {t.dtype for t in state.values() if t.is_floating_point()}
-        built = {t.dtype for t in model.state_dict().values() if t.is_floating_point()}
-        if len(stored) == 1 and len(built) == 1 and stored != built:  # saved after .double() / .half(): load so
-            model = model.to(stored.pop())
+        try:
+            model_cls = lookup("model", name) if cls is QKVModel else cls
+            model = model_cls.from_config({**values, **overrides})
+        except (ValueError, TypeError) as e:  # a value of the file (or an override) refused: one line naming both
+            raise CheckpointError(f"{config_path}: {e}") from None
+        state = load_model_tensors(directory, model)  # the header is checked against the model before reading
+        model = load_dtype(state, model)  # saved after .double() / .half(): load so
         check_weights(directory / "model.safetensors", state, model)  # no silent cast, no NaN or inf
         try:
             model.load_state_dict(state, strict=True)
         except RuntimeError as e:
-            raise CheckpointError(f"{directory / 'model.safetensors'} does not fit a {name!r} model: {e}") from None
+            first = str(e).strip().splitlines()
+            raise CheckpointError(f"{directory / 'model.safetensors'} does not fit a {name!r} model: "
+                                  f"{' '.join(line.strip() for line in first[:3])[:300]}") from None
         return model.to(map_location)
 
 
@@ -342,7 +459,17 @@ def _repeat_fields(config: Any) -> Dict[str, int]:
             and isinstance(getattr(config, f.name), int) and not isinstance(getattr(config, f.name), bool)}
 
 
+def _why_not(error: Optional[BaseException]) -> str:
+    """Why building a model on the meta device failed, in a few words."""
+    text = str(error).strip().splitlines()[0] if error is not None and str(error).strip() else type(error).__name__
+    if isinstance(error, OverflowError) or "overflow" in text.lower():
+        return "its tensors would be too large for PyTorch to address"
+    return f"building it on the meta device failed: {type(error).__name__}: {text[:200]}"
+
+
 def _human_bytes(n: float) -> str:
+    if n >= 10**18:
+        return "over 1000 PB"
     for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
         if n < 1000 or unit == "PB":
             return f"{n:.3g} {unit}"
@@ -353,7 +480,7 @@ def _human_bytes(n: float) -> str:
 def _size_fields(config: Any) -> str:
     values = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
     big = sorted(((v, k) for k, v in values.items() if isinstance(v, int) and not isinstance(v, bool)), reverse=True)[:3]
-    return ", ".join(f"{k}={v}" for v, k in big)
+    return ", ".join(f"{k}={v if v < 10**30 else short_repr(v)}" for v, k in big)
 
 
 def load_pretrained(directory: Union[str, os.PathLike], map_location: str = "cpu") -> QKVModel:

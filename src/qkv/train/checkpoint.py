@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from .._io import atomic_write, atomic_write_text
-from .._modelfile import (CheckpointError, check_weights, expand_aliases, load_model_state, load_model_tensors, read_model_config,
-                          read_header, read_tensors, save_model, write_tensors)
+from .._modelfile import (CheckpointError, check_layout, check_weights, expand_aliases, load_model_state, load_model_tensors,
+                          read_model_config, read_header, read_tensors, save_model, write_tensors)
 
 __all__ = [
     "CheckpointError",
@@ -223,8 +223,9 @@ def _parse_meta(metadata: Mapping[str, str], path: Path) -> Dict[str, Any]:
         raise CheckpointError(f"checkpoint file {str(path)!r} is not a qkv training checkpoint (no {_META_KEY!r} header)")
     try:
         meta = json.loads(metadata[_META_KEY])
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"checkpoint file {str(path)!r} has a corrupt header: {e}") from e
+    except (ValueError, RecursionError) as e:  # not JSON, nested too deeply, a 5,000-digit integer
+        raise CheckpointError(f"checkpoint file {str(path)!r} has a corrupt header: "
+                              f"{str(e).splitlines()[0] if str(e) else 'nested too deeply'}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else meta
         raise CheckpointError(f"checkpoint file {str(path)!r} has format {found!r}; expected {FORMAT!r}")
@@ -256,6 +257,8 @@ def load_checkpoint(
     whose contents do not fit the model/optimizer.
     """
     path = Path(path)
+    _parse_meta(read_header(path), path)
+    _check_layout_fits(path, model, strict)  # from the header, before any tensor is read
     tensors, metadata = read_tensors(path)
     meta = _parse_meta(metadata, path)
     tensors = expand_aliases(tensors, metadata, path)
@@ -264,6 +267,16 @@ def load_checkpoint(
     except (KeyError, TypeError, IndexError) as e:
         raise CheckpointError(f"checkpoint file {str(path)!r} lacks a field it needs: {e}") from None
     return meta
+
+
+def _check_layout_fits(path: Path, model: torch.nn.Module, strict: bool) -> None:
+    """Refuse, from the file's header (``qkv._modelfile.check_layout``), a tensor outside a training
+    checkpoint's families (``model/``, ``optim/``, ``rng/``, ``carry/``) or a ``model/`` tensor the
+    model has no place for (``strict``) or of another shape: a sparse 4 GiB stray tensor costs nothing."""
+    expected = {f"model/{name}": tuple(t.shape) for name, t in model.state_dict().items()}
+    others = ("optim/", "rng/", "carry/") + (() if strict else ("model/",))
+    check_layout(path, expected, optional=lambda name: name.startswith(others),
+                 mismatch="; the checkpoint does not fit the model (another architecture or size)")
 
 
 def _load_into(path: Path, tensors: Dict[str, Tensor], meta: Dict[str, Any], model: torch.nn.Module,

@@ -42,9 +42,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..._modelfile import CheckpointError
+from ..._io import settle_directory
+from ..._modelfile import CheckpointError, check_layout, check_weights, load_dtype, read_config
 from ...registry import lookup, names
-from ..base import CHECKPOINT_FORMATS, CheckpointFormat
+from ..base import CHECKPOINT_FORMATS, CheckpointFormat, finite, short_repr
 from .bert import BERT
 from .gpt import GPT
 
@@ -183,13 +184,7 @@ _HEAD_NAMES = {"pooler": "pooler (pooler.dense)", "mlm": "masked-LM head (cls.pr
 
 
 def _read_json(path: Path) -> Dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _error(f"{path} is not a readable JSON config: {e}") from None
-    if not isinstance(value, dict):
-        raise _error(f"{path} must hold a JSON object, got {type(value).__name__}")
-    return value
+    return read_config(path)  # one line naming the file, whatever it holds (qkv._modelfile)
 
 
 def is_huggingface(directory: PathLike) -> bool:
@@ -199,10 +194,10 @@ def is_huggingface(directory: PathLike) -> bool:
     if not path.is_file():
         return False
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        config = read_config(path)
+    except CheckpointError:  # the qkv format's reader says what is wrong with it
         return False
-    if not isinstance(config, dict) or "model_type" not in config:
+    if "model_type" not in config or not isinstance(config["model_type"], str):
         return False
     if "transformers_version" in config or "architectures" in config:
         return True
@@ -213,36 +208,38 @@ def is_huggingface(directory: PathLike) -> bool:
 
 
 def _get(config: Dict[str, Any], key: str, default: Any, kind: type = int) -> Any:
-    """``config[key]`` (transformers' default when absent), type-checked."""
+    """``config[key]`` (transformers' default when absent), checked: an int is >= 1 (every int
+    qkv reads is a size or a count), a float a finite number (its range is the config's check)."""
     value = config.get(key, default)
     if kind is bool:
         ok = isinstance(value, bool)
     elif kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
     else:
-        ok = isinstance(value, int) and not isinstance(value, bool)
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
     if not ok:
-        raise _error(f"config.json: {key} must be {'a number' if kind is float else kind.__name__}, got {value!r}")
+        want = {bool: "a bool", float: "a finite number"}.get(kind, "an int >= 1")
+        raise _error(f"{key} must be {want}, got {short_repr(value)}")
     return value
 
 
 def _activation(config: Dict[str, Any], key: str, default: str) -> str:
     name = config.get(key, default)
-    if name not in HF_ACTIVATIONS:
-        raise _error(f"config.json: {key}={name!r} is not an activation qkv represents; expected one of {sorted(HF_ACTIVATIONS)}")
+    if not isinstance(name, str) or name not in HF_ACTIVATIONS:
+        raise _error(f"{key}={short_repr(name)} is not an activation qkv represents; expected one of {sorted(HF_ACTIVATIONS)}")
     return HF_ACTIVATIONS[name]
 
 
 def _architecture(config: Dict[str, Any], known: Sequence[str], default: str) -> str:
     names = config.get("architectures") or [default]
-    if not isinstance(names, list) or len(names) != 1 or names[0] not in known:
-        raise _error(f"config.json: architectures={names!r}; qkv reads one of {sorted(known)}")
+    if not isinstance(names, list) or len(names) != 1 or not isinstance(names[0], str) or names[0] not in known:
+        raise _error(f"architectures={short_repr(names)}; qkv reads one of {sorted(known)}")
     return names[0]
 
 
 def _refuse(config: Dict[str, Any], key: str, allowed: Any, what: str) -> None:
     if key in config and config[key] not in allowed:
-        raise _error(f"config.json: {key}={config[key]!r} is not supported ({what}); expected {allowed[0]!r}")
+        raise _error(f"{key}={short_repr(config[key])} is not supported ({what}); expected {allowed[0]!r}")
 
 
 def _bert_config(config: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
@@ -264,6 +261,8 @@ def _bert_config(config: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
     }
     if arch == "BertForSequenceClassification":
         labels = config.get("id2label")
+        if labels is not None and not isinstance(labels, dict):
+            raise _error(f"id2label must be an object of class names, got {short_repr(labels)}")
         values["num_labels"] = len(labels) if isinstance(labels, dict) and labels else _get(config, "num_labels", 2)
     return arch, values
 
@@ -348,9 +347,9 @@ def _names(names: Sequence[str], limit: int = 6) -> str:
 
 def _model_class(model_type: str, cls: Optional[type]) -> type:
 
-    wanted = {"bert": BERT, "gpt2": GPT}.get(model_type)
+    wanted = {"bert": BERT, "gpt2": GPT}.get(model_type) if isinstance(model_type, str) else None
     if wanted is None:
-        raise _error(f"config.json: model_type={model_type!r} is not an architecture qkv represents; expected 'bert' or 'gpt2'")
+        raise _error(f"model_type={short_repr(model_type)} is not an architecture qkv represents; expected 'bert' or 'gpt2'")
     if cls is not None and cls is not wanted:
         raise _error(f"a Hugging Face {model_type!r} checkpoint loads into qkv.models.{wanted.__name__}, not "
                      f"{cls.__name__} (choose its kernel with {wanted.__name__}.from_pretrained(dir, attention=...))")
@@ -371,11 +370,10 @@ def load(cls: Optional[type], directory: PathLike, map_location: str = "cpu", **
         CheckpointError (a ``ValueError``): an unsupported ``model_type``, architecture or option;
         a pickle instead of safetensors; missing or unexpected tensors; a wrong shape.
     """
-    directory = Path(directory)
-    config = _read_json(directory / "config.json")
-    model_type = config.get("model_type")
-    model_cls = _model_class(model_type, cls)
-    arch, values = (_bert_config if model_type == "bert" else _gpt2_config)(config)
+    directory = settle_directory(directory)  # a save killed mid-swap: finish it
+    config_path = directory / "config.json"
+    config = _read_json(config_path)
+    model_type, model_cls, arch, values = _checked_config(config, config_path, cls)
     fixed = sorted(set(overrides) & set(_FIXED))
     if fixed:
         raise ValueError(f"{fixed} are fixed by the checkpoint in {directory}; override only fields that keep the "
@@ -385,8 +383,9 @@ def load(cls: Optional[type], directory: PathLike, map_location: str = "cpu", **
     if not kernel.applies_dropout and "attention_dropout" not in overrides:
         values["attention_dropout"] = 0.0  # a kernel that forms no weight matrix takes no attention dropout
     weights = _check_files(directory)
-    model = model_cls.from_config(values)  # sizes are checked before anything is allocated
+    model = _checked_model(model_cls, values, config_path, overrides)  # sizes are checked before anything is allocated
     _refuse_kernel(model)
+    _check_header(weights, model, model_type)  # names and shapes, before a tensor is read
     tensors = _read_tensors(weights)
     if model_type == "bert":
         base = "bert." if any(k.startswith("bert.") for k in tensors) else ""
@@ -397,6 +396,7 @@ def load(cls: Optional[type], directory: PathLike, map_location: str = "cpu", **
         base = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
         rules = _gpt2_rules(model.config.n_layers, base, model.config.tie_embeddings)
         tied = {"lm_head.weight": f"{base}wte.weight"} if model.config.tie_embeddings else {}
+    model = _checked_weights(model, rules, tensors, weights)  # one dtype (the model's), no NaN or inf
     fresh = _copy(model, rules, tensors, tied, model_type, weights)
     if model_type == "bert":  # name the heads this head setting uses; the others are idle
         fresh = [g for g in fresh if g in _BERT_GROUPS[model.config.head]]
@@ -404,6 +404,73 @@ def load(cls: Optional[type], directory: PathLike, map_location: str = "cpu", **
         warnings.warn(f"{directory} ({arch}) has no {', '.join(_HEAD_NAMES[g] for g in fresh)}: "
                       f"{'it starts' if len(fresh) == 1 else 'they start'} fresh", stacklevel=3)
     return model.to(map_location)
+
+
+def _checked_config(config: Dict[str, Any], path: Path, cls: Optional[type]) -> Tuple[str, type, str, Dict[str, Any]]:
+    """``(model_type, qkv class, architecture, config fields)`` of a transformers config, or one
+    ``CheckpointError`` line naming the file and the field: every value qkv reads is checked for its
+    type and range here and by ``QKVModel.from_config`` (the checks of the qkv format) before any
+    tensor is built."""
+    try:
+        model_type = config.get("model_type")
+        model_cls = _model_class(model_type, cls)
+        arch, values = (_bert_config if model_type == "bert" else _gpt2_config)(config)
+    except CheckpointError as e:
+        raise _error(f"{path}: {e}") from None
+    return model_type, model_cls, arch, values
+
+
+def _checked_model(model_cls: type, values: Dict[str, Any], path: Path, overrides: Dict[str, Any]) -> Any:
+    """``model_cls.from_config(values)``; a value it refuses (a NaN epsilon, a size beyond memory or
+    beyond what can be estimated) is a ``CheckpointError`` naming the file (and the overrides)."""
+    try:
+        return model_cls.from_config(values)
+    except (ValueError, TypeError) as e:
+        given = f" with {', '.join(sorted(overrides))} given" if overrides else ""
+        raise _error(f"{path}{given}: {e}") from None
+
+
+def _check_header(weights: Path, model: Any, model_type: str) -> Dict[str, Any]:
+    """The file's layout, checked from its header against every tensor any head of ``model`` can
+    take (``qkv._modelfile.check_layout``): a tensor with no place or of another shape is refused
+    before anything is read (a sparse 4 GiB extra tensor costs nothing)."""
+    from ..._modelfile import read_layout
+
+    layout = read_layout(weights)
+    c = model.config
+    mine = model.state_dict()
+    if model_type == "bert":
+        base = "bert." if any(k.startswith("bert.") for k in layout) else ""
+        rules = _bert_rules(c.n_layers, base)
+        tied = {"cls.predictions.decoder.weight": f"{base}embeddings.word_embeddings.weight",
+                "cls.predictions.decoder.bias": "cls.predictions.bias"}
+    else:
+        base = "transformer." if any(k.startswith("transformer.") for k in layout) else ""
+        rules = _gpt2_rules(c.n_layers, base, c.tie_embeddings)
+        tied = {"lm_head.weight": f"{base}wte.weight"} if c.tie_embeddings else {}
+    expected = {r.hf: tuple(r.to_hf([mine[o] for o in r.ours]).shape) for r in rules if all(o in mine for o in r.ours)}
+    expected.update({name: expected[target] for name, target in tied.items() if target in expected})
+    # a tensor this configuration of the model has no place for (a head it does not build, no token
+    # types), or a tied copy of one: the file may hold it, and it is not read
+    optional = {r.hf for r in rules if not all(o in mine for o in r.ours)}
+    optional |= {name for name, target in tied.items() if target in optional}
+    check_layout(weights, expected, optional=lambda n: n in optional or _ignorable(n, model_type))
+    return layout
+
+
+def _checked_weights(model: Any, rules: List[Rule], tensors: Dict[str, Tensor], weights: Path) -> Any:
+    """``model`` in the dtype of the file's weights when they all have one (as the qkv format
+    loads), after the qkv format's own check (``qkv._modelfile.check_weights``): a tensor of another
+    dtype than the others (one float16 among float32) or holding NaN or inf is refused, named as
+    the file names it."""
+    state, names = {}, {}
+    for rule in rules:
+        if rule.hf in tensors and tensors[rule.hf].is_floating_point():
+            for ours, part in zip(rule.ours, rule.to_qkv(tensors[rule.hf])):
+                state[ours], names[ours] = part, rule.hf
+    model = load_dtype(state, model)
+    check_weights(weights, state, model, names=names)
+    return model
 
 
 def _refuse_kernel(model: Any) -> None:
@@ -507,10 +574,11 @@ def _check_representable(model: Any) -> str:
 def save(model: Any, directory: PathLike) -> Path:
     """Write ``model`` (qkv's ``BERT`` or ``GPT``) as a Hugging Face checkpoint: ``config.json``
     and ``model.safetensors`` with transformers' names and layouts (``BertForPreTraining`` or
-    ``BertForSequenceClassification``; ``GPT2LMHeadModel``). Each file is written atomically."""
+    ``BertForSequenceClassification``; ``GPT2LMHeadModel``). The directory is replaced as a whole
+    (``qkv._io.atomic_directory``): transformers, like qkv, finds the old model or the new one."""
     from safetensors.torch import save_file
 
-    from ..._io import atomic_write, atomic_write_text
+    from ..._io import atomic_directory
 
     kind = _check_representable(model)
     c = model.config
@@ -529,9 +597,9 @@ def save(model: Any, directory: PathLike) -> Path:
     if kind == "bert" and c.n_segments == 0:  # one all-zero token type: transformers' default ids add nothing
         tensors[token_types] = torch.zeros(1, c.d_model, dtype=mine["stack.embed.token.weight"].dtype)
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    atomic_write(directory / WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    atomic_write_text(directory / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    with atomic_directory(directory) as tmp:
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return directory
 
 
