@@ -11,7 +11,7 @@ from typing import Callable, Iterable, Iterator, Union
 
 from ._errors import UserError
 
-__all__ = ["atomic_path", "atomic_write", "atomic_write_text", "output_file", "output_folder"]
+__all__ = ["atomic_folder", "atomic_path", "atomic_write", "atomic_write_text", "output_file", "output_folder"]
 
 
 @contextlib.contextmanager
@@ -84,3 +84,47 @@ def output_folder(path: Union[str, os.PathLike], name: str = "") -> Path:
     if not folder.is_dir():
         raise UserError(f"{name}: {folder} is a file, not a folder")
     return folder
+
+
+@contextlib.contextmanager
+def atomic_folder(path: Union[str, os.PathLike], replaceable: Callable[[Path], bool] = lambda p: False) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``path`` to fill; on success it becomes ``path`` in
+    one rename, so ``path`` appears only complete. An existing ``path`` must be an empty folder, or
+    one that ``replaceable(path)`` accepts (e.g. an earlier export of the same kind), which is
+    then replaced (renamed aside, the new one renamed in, the old one removed); anything else is a
+    ``UserError`` raised before anything is written. On failure the temporary folder is removed
+    and ``path`` is as it was."""
+    import shutil
+
+    path = Path(path)
+    output_folder(path, str(path))
+    if path.exists() and any(path.iterdir()) and not replaceable(path):
+        shown = sorted(p.name for p in path.iterdir())
+        listed = ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
+        raise UserError(f"{path} already holds other files ({listed}); choose a new or empty folder")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())
+        old = None
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            os.replace(path, old / path.name)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            if old is not None:  # put the previous folder back
+                os.replace(old / path.name, path)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask

@@ -1,4 +1,4 @@
-"""The ``qkv`` command: list, data, train, eval, generate, translate, viz, bench.
+"""The ``qkv`` command: list, data, train, eval, generate, translate, viz, export, bench.
 
 A thin face over the library: each command parses its arguments, calls ``qkv.runs`` (a run's
 settings, directory, training and evaluation; its docstring describes the run directory, where a
@@ -254,6 +254,14 @@ def _cmd_viz(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from qkv.integrations.export import export_run
+
+    set_threads(args.threads)
+    print(f"wrote {export_run(args.run, args.out, args.format)}")
+    return 0
+
+
 def _cmd_data(args: argparse.Namespace) -> int:
     from qkv.tasks import DATASETS, fetch
     from qkv.tasks.data import cache_root
@@ -453,6 +461,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --html: more runs of the same task, selectable on the page")
     _add_threads(p)
     p.set_defaults(func=_cmd_viz)
+
+    p = sub.add_parser("export", help="write a run's model where other tools read it (a Hugging Face pipeline)",
+                       description="Write a run's model, tokenizer and labels into OUT (a new or empty folder, or "
+                                   "an earlier export, replaced; OUT appears only complete). Example: qkv export "
+                                   "runs/bbc out/bbc, then transformers.pipeline('text-classification', model='out/bbc')")
+    p.add_argument("run")
+    p.add_argument("out")
+    p.add_argument("--format", default="huggingface", choices=["huggingface", "qkv"],
+                   help="huggingface (default): config.json, model.safetensors, tokenizer.json, tokenizer_config.json, "
+                        "generation_config.json for LMs; qkv: the run's model/ with its vocabulary")
+    _add_threads(p)
+    p.set_defaults(func=_cmd_export)
 
     # `qkv bench ...` is handed to qkv.bench.main whole (see main()); listed here for `qkv --help`
     p = sub.add_parser("bench", help="benchmarks (qkv bench --help)", add_help=False)

@@ -330,6 +330,8 @@ class BBCNewsTokens(TensorTask):
     Metrics: ``accuracy``, ``loss``.
     """
 
+    class_names = CLASSES  # label i is CLASSES[i] (an export's id2label)
+
     def __init__(self, *, max_len: int = 64, min_count: int = 3, max_vocab: int = 5000, cache_dir: Optional[str] = None,
                  articles: Optional[List[Tuple[str, str]]] = None, tokenizer: Optional[str] = None) -> None:
         _check_options(max_len=max_len, min_count=min_count, max_vocab=max_vocab)
