@@ -23,8 +23,9 @@ GPT-2's ``Conv1D`` stores ``W`` as     transposed to ``nn.Linear``'s ``(out, in)
 =====================================  ========================================================
 
 ``load`` maps the tensors and checks every one (names, shapes, nothing missing, nothing left
-over) before any weight is copied; the heads a checkpoint lacks (a plain ``BertModel`` has no
-MLM, NSP or classification head) start fresh and are named in one warning. ``save`` writes the
+over) before any weight is copied. A plain ``BertModel`` (no MLM, NSP or classification head)
+loads as a BERT with ``head="encoder"``, which builds no head; asked for a head it lacks
+(``head="classification"``), that head starts fresh and is named in one warning. ``save`` writes the
 inverse, which ``transformers``' ``AutoModelFor...from_pretrained`` loads with equal outputs.
 Neither needs transformers installed.
 """
@@ -62,7 +63,7 @@ HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu-tanh", "gelu
 _QKV_TO_HF_ACTIVATION = {"gelu": "gelu", "relu": "relu", "gelu-tanh": "gelu_new"}
 
 # the architectures (config.json "architectures") whose tensors qkv represents, and BERT's head for each
-_BERT_HEADS = {"BertModel": "pretraining", "BertForPreTraining": "pretraining", "BertForMaskedLM": "pretraining",
+_BERT_HEADS = {"BertModel": "encoder", "BertForPreTraining": "pretraining", "BertForMaskedLM": "pretraining",
                "BertForNextSentencePrediction": "pretraining", "BertForSequenceClassification": "classification"}
 _GPT2_ARCHITECTURES = ("GPT2Model", "GPT2LMHeadModel")
 #: config fields a checkpoint fixes (they shape the weights or the function); overrides may set the others
@@ -173,7 +174,8 @@ def _ignorable(name: str, model_type: str) -> bool:
 
 
 #: the head groups each BERT head setting uses (the pooled [CLS] feeds NSP and the classifier)
-_BERT_GROUPS = {"pretraining": ("pooler", "mlm", "nsp"), "classification": ("pooler", "classifier")}
+_BERT_GROUPS = {"pretraining": ("pooler", "mlm", "nsp"), "classification": ("pooler", "classifier"),
+                "encoder": ("pooler",)}
 _HEAD_NAMES = {"pooler": "pooler (pooler.dense)", "mlm": "masked-LM head (cls.predictions)",
                "nsp": "next-sentence head (cls.seq_relationship)", "classifier": "classifier",
                "lm_head": "LM head (lm_head)"}
@@ -289,8 +291,13 @@ def _gpt2_config(config: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
     return arch, values
 
 
+#: the transformers class qkv's BERT saves as, for each head
+_BERT_SAVED_AS = {"classification": "BertForSequenceClassification", "pretraining": "BertForPreTraining",
+                  "encoder": "BertModel"}
+
+
 def _hf_bert_config(c: Any) -> Dict[str, Any]:
-    arch = "BertForSequenceClassification" if c.head == "classification" else "BertForPreTraining"
+    arch = _BERT_SAVED_AS[c.head]
     config = {"architectures": [arch], "model_type": "bert", "vocab_size": c.vocab_size, "hidden_size": c.d_model,
               "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads, "intermediate_size": c.d_ff,
               "hidden_act": _QKV_TO_HF_ACTIVATION[c.activation], "hidden_dropout_prob": c.dropout,
@@ -397,6 +404,7 @@ def load(cls: Optional[type], directory: PathLike, map_location: str = "cpu", **
         base = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
         rules = _gpt2_rules(model.config.n_layers, base, model.config.tie_embeddings)
         tied = {"lm_head.weight": f"{base}wte.weight"} if model.config.tie_embeddings else {}
+    rules, tensors, tied = _without_absent_heads(model, rules, tensors, tied)
     fresh = _copy(model, rules, tensors, tied, model_type, weights)
     if model_type == "bert":  # name the heads this head setting uses; the others are idle
         fresh = [g for g in fresh if g in _BERT_GROUPS[model.config.head]]
@@ -404,6 +412,22 @@ def load(cls: Optional[type], directory: PathLike, map_location: str = "cpu", **
         warnings.warn(f"{directory} ({arch}) has no {', '.join(_HEAD_NAMES[g] for g in fresh)}: "
                       f"{'it starts' if len(fresh) == 1 else 'they start'} fresh", stacklevel=3)
     return model.to(map_location)
+
+
+def _without_absent_heads(model: Any, rules: List[Rule], tensors: Dict[str, Tensor],
+                          tied: Dict[str, str]) -> Tuple[List[Rule], Dict[str, Tensor], Dict[str, str]]:
+    """The rules, tensors and tied names left when ``model`` has no place for some heads (a BERT
+    with ``head="encoder"`` builds none): the checkpoint's tensors of those heads are not read, as
+    transformers' ``BertModel`` reads a ``BertForPreTraining`` checkpoint."""
+    mine = model.state_dict()
+    absent = [r for r in rules if r.group != "base" and not all(o in mine for o in r.ours)]
+    if not absent:
+        return rules, tensors, tied
+    dropped = {r.hf for r in absent}
+    if not hasattr(model, "mlm_decoder"):  # the MLM decoder's tied copies go with its head
+        dropped |= {name for name in tied if name.startswith("cls.predictions.")}
+    return ([r for r in rules if r not in absent], {k: v for k, v in tensors.items() if k not in dropped},
+            {k: v for k, v in tied.items() if k not in dropped})
 
 
 def _refuse_kernel(model: Any) -> None:
@@ -516,14 +540,14 @@ def save(model: Any, directory: PathLike) -> Path:
     c = model.config
     mine = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     if kind == "bert":
-        rules = _bert_rules(c.n_layers, "bert.")
-        skip = {"classifier"} if c.head == "pretraining" else {"mlm", "nsp"}
+        rules = _bert_rules(c.n_layers, "" if c.head == "encoder" else "bert.")  # BertModel's names have no prefix
+        skip = {"pretraining": {"classifier"}, "classification": {"mlm", "nsp"}, "encoder": {"mlm", "nsp", "classifier"}}[c.head]
         config = _hf_bert_config(c)
     else:
         rules = _gpt2_rules(c.n_layers, "transformer.", c.tie_embeddings)
         skip = set()
         config = _hf_gpt2_config(c)
-    token_types = "bert.embeddings.token_type_embeddings.weight"
+    token_types = f"{'' if c.head == 'encoder' else 'bert.'}embeddings.token_type_embeddings.weight" if kind == "bert" else ""
     tensors = {r.hf: r.to_hf([mine[o] for o in r.ours]).contiguous().clone() for r in rules
                if r.group not in skip and not (r.hf == token_types and kind == "bert" and c.n_segments == 0)}
     if kind == "bert" and c.n_segments == 0:  # one all-zero token type: transformers' default ids add nothing
