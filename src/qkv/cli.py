@@ -109,6 +109,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         threads = set_threads(args.threads, warn_load=True, say=announce)
         n_params = sum(p.numel() for p in run.model.parameters())
         preset_note = f", preset {run.settings.preset}" if run.settings.preset else ""
+        if run.settings.init:  # the architecture is the checkpoint's or the run's, not a preset's
+            preset_note += f", from {run.settings.init}"
         print(f"qkv: training {run.settings.model} ({parameter_count(n_params)}{preset_note}) on {run.settings.task} "
               f"-> {run.directory} [{run.config.steps} steps, batch {run.config.batch_size}, {threads} thread(s)]", flush=True)
         metrics = run.train()

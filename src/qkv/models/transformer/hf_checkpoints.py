@@ -49,7 +49,7 @@ from ..base import CHECKPOINT_FORMATS, CheckpointFormat
 from .bert import BERT
 from .gpt import GPT
 
-__all__ = ["is_huggingface", "load", "save", "HF_ACTIVATIONS", "PICKLE_FILES"]
+__all__ = ["is_huggingface", "load", "save", "refuse_kernel", "HF_ACTIVATIONS", "PICKLE_FILES"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -428,6 +428,13 @@ def _without_absent_heads(model: Any, rules: List[Rule], tensors: Dict[str, Tens
         dropped |= {name for name in tied if name.startswith("cls.predictions.")}
     return ([r for r in rules if r not in absent], {k: v for k, v in tensors.items() if k not in dropped},
             {k: v for k, v in tied.items() if k not in dropped})
+
+
+def refuse_kernel(model: Any) -> None:
+    """Raise ``ValueError`` when ``model``'s attention kernel cannot take a pretrained model's
+    attention weights (shared queries and keys; learned parameters of its own), with the reason:
+    what ``from_pretrained(dir, attention=...)`` refuses (``qkv train --init`` says the same)."""
+    _refuse_kernel(model)
 
 
 def _refuse_kernel(model: Any) -> None:
