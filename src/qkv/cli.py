@@ -248,7 +248,8 @@ def _cmd_viz(args: argparse.Namespace) -> int:
         print(view.caption)
     path = view.plot(path, max_panels=args.max_panels)
     if len(view.panels) > args.max_panels:
-        print(f"showing {args.max_panels} of {len(view.panels)} panels (cross-attention first); --max-panels to see more")
+        first = " (cross-attention first)" if any("cross" in name for name, _ in view.panels) else ""
+        print(f"showing {args.max_panels} of {len(view.panels)} panels{first}; --max-panels to see more")
     print(f"wrote {path}")
     own = model.visualize(path.with_name(path.stem + "-model.png"))  # a model's own picture (e.g. learned spans)
     if own is not None:
