@@ -115,3 +115,19 @@ def test_out_appears_only_complete_and_a_foreign_folder_is_refused(shakespeare_c
     assert main(["export", str(window), str(tmp_path / "w-out")]) == 2
     assert "attention='window' has no counterpart" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".w-out", "w-out"))) == []
+
+
+def test_a_word_vocabulary_is_refused_with_the_reason(byte_data, tmp_path, train_argv, capsys):
+    """bbc-news for BERT without --init builds a word vocabulary split by qkv's own rules: no
+    tokenizers tokenizer reproduces it, so the huggingface format says so; the qkv format works."""
+    run = tmp_path / "run"
+    tiny = ["--set", "n_layers=1", "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32",
+            "--set", "task.max_len=12", "--threads", "1"]
+    assert main(train_argv("bert", "bbc-news", run, *tiny)) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["export", str(run), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "a BertVocab splits text by qkv's own rules" in err and "--format qkv" in err
+    assert not (tmp_path / "hf").exists() and not any(p.name.startswith(".hf.") for p in tmp_path.iterdir())
+    assert main(["export", str(run), str(tmp_path / "mine"), "--format", "qkv"]) == 0
+    assert json.loads((tmp_path / "mine" / "vocab.json").read_text())["type"] == "word"
