@@ -1,13 +1,14 @@
 # qkv — set up and run on a fresh machine.
 #   make test   create .venv, install torch 2.13.0 (CPU wheel), qkv and its dev tools; run the tests
 #   make run    the same set-up, then the main job
+#   make docs   the same set-up plus pdoc (the docs extra), then the API reference in docs-out/api
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.qkv-installed
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup browser test run bench clean
+.PHONY: setup browser test run bench docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -69,5 +70,17 @@ bench: setup
 	$(BIN)/qkv bench peers --threads 1
 	$(BIN)/qkv bench models --threads 1
 
+# The Python API reference: every public module's docstrings as a static site (open
+# docs-out/api/index.html). pdoc is the docs extra, installed here only (not by `make test`).
+DOCS_OUT ?= docs-out/api
+DOCS_MODULES = $$(cd src && find qkv -name '*.py' \( -name '__init__.py' -o ! -name '_*' \) | \
+	sed -e 's|/__init__.py$$||' -e 's|\.py$$||' -e 's|/|.|g' | sort)
+docs: setup
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e ".[docs]"
+	rm -rf $(DOCS_OUT)
+	$(BIN)/python -W "ignore:The module specification" -W "ignore:Error parsing type annotation" -m pdoc \
+	    --docformat restructuredtext --no-show-source -o $(DOCS_OUT) $(DOCS_MODULES)
+	@echo "qkv: the API reference is in $(DOCS_OUT)/index.html"
+
 clean:
-	rm -rf $(VENV) bench-out runs
+	rm -rf $(VENV) bench-out runs docs-out

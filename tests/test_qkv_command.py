@@ -307,7 +307,7 @@ def test_cli_surface(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0 and qkv.__version__ in capsys.readouterr().out
-    for command in ("list", "data", "train", "eval", "generate", "translate", "viz", "bench"):
+    for command in ("list", "data", "train", "eval", "generate", "translate", "viz", "export", "bench"):
         with pytest.raises(SystemExit) as exit_:
             main([command, "--help"])
         assert exit_.value.code == 0, command

@@ -27,8 +27,8 @@ from typing import Callable, Iterable, Iterator, Union
 
 from ._errors import UserError
 
-__all__ = ["atomic_path", "atomic_write", "atomic_write_text", "atomic_directory", "settle_directory", "output_file",
-           "output_folder"]
+__all__ = ["atomic_path", "atomic_write", "atomic_write_text", "atomic_directory", "atomic_folder", "settle_directory",
+           "output_file", "output_folder"]
 
 
 @contextlib.contextmanager
@@ -276,3 +276,19 @@ def output_folder(path: Union[str, os.PathLike], name: str = "") -> Path:
     if not folder.is_dir():
         raise UserError(f"{name}: {folder} is a file, not a folder")
     return folder
+
+
+@contextlib.contextmanager
+def atomic_folder(path: Union[str, os.PathLike], replaceable: Callable[[Path], bool] = lambda p: False) -> Iterator[Path]:
+    """``atomic_directory(path, keep_others=False)`` for an output folder that must be new, empty,
+    or one that ``replaceable(path)`` accepts (e.g. an earlier export of the same kind): anything
+    else is a ``UserError`` raised before anything is written. ``path`` appears only complete, and
+    on failure it is as it was."""
+    path = Path(path)
+    output_folder(path, str(path))
+    if path.exists() and any(path.iterdir()) and not replaceable(path):
+        shown = sorted(p.name for p in path.iterdir())
+        listed = ", ".join(shown[:5]) + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
+        raise UserError(f"{path} already holds other files ({listed}); choose a new or empty folder")
+    with atomic_directory(path, keep_others=False) as new:
+        yield new

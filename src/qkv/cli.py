@@ -1,4 +1,4 @@
-"""The ``qkv`` command: list, data, train, eval, generate, translate, viz, bench.
+"""The ``qkv`` command: list, data, train, eval, generate, translate, viz, export, bench.
 
 A thin face over the library: each command parses its arguments, calls ``qkv.runs`` (a run's
 settings, directory, training and evaluation; its docstring describes the run directory, where a
@@ -109,6 +109,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         threads = set_threads(args.threads, warn_load=True, say=announce)
         n_params = sum(p.numel() for p in run.model.parameters())
         preset_note = f", preset {run.settings.preset}" if run.settings.preset else ""
+        if run.settings.init:  # the architecture is the checkpoint's or the run's, not a preset's
+            preset_note += f", from {run.settings.init}"
         print(f"qkv: training {run.settings.model} ({parameter_count(n_params)}{preset_note}) on {run.settings.task} "
               f"-> {run.directory} [{run.config.steps} steps, batch {run.config.batch_size}, {threads} thread(s)]", flush=True)
         metrics = run.train()
@@ -249,11 +251,20 @@ def _cmd_viz(args: argparse.Namespace) -> int:
         print(view.caption)
     path = view.plot(path, max_panels=args.max_panels)
     if len(view.panels) > args.max_panels:
-        print(f"showing {args.max_panels} of {len(view.panels)} panels (cross-attention first); --max-panels to see more")
+        first = " (cross-attention first)" if any("cross" in name for name, _ in view.panels) else ""
+        print(f"showing {args.max_panels} of {len(view.panels)} panels{first}; --max-panels to see more")
     print(f"wrote {path}")
     own = model.visualize(path.with_name(path.stem + "-model.png"))  # a model's own picture (e.g. learned spans)
     if own is not None:
         print(f"wrote {own}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from qkv.integrations.export import export_run
+
+    set_threads(args.threads)
+    print(f"wrote {export_run(args.run, args.out, args.format)}")
     return 0
 
 
@@ -456,6 +467,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --html: more runs of the same task, selectable on the page")
     _add_threads(p)
     p.set_defaults(func=_cmd_viz)
+
+    p = sub.add_parser("export", help="write a run's model where other tools read it (a Hugging Face pipeline)",
+                       description="Write a run's model, tokenizer and labels into OUT (a new or empty folder, or "
+                                   "an earlier export, replaced; OUT appears only complete). Example: qkv export "
+                                   "runs/bbc out/bbc, then transformers.pipeline('text-classification', model='out/bbc')")
+    p.add_argument("run")
+    p.add_argument("out")
+    p.add_argument("--format", default="huggingface", choices=["huggingface", "qkv"],
+                   help="huggingface (default): config.json, model.safetensors, tokenizer.json, tokenizer_config.json, "
+                        "generation_config.json for LMs; qkv: the run's model/ with its vocabulary")
+    _add_threads(p)
+    p.set_defaults(func=_cmd_export)
 
     # `qkv bench ...` is handed to qkv.bench.main whole (see main()); listed here for `qkv --help`
     p = sub.add_parser("bench", help="benchmarks (qkv bench --help)", add_help=False)

@@ -347,6 +347,9 @@ def resolve(model: str, task: str, *, preset: Optional[str] = None, overrides: O
     preset_name = preset or model_cls.default_preset
     with user_input():
         values = model_cls.preset(preset_name) if preset_name else {}
+    if init and not preset:  # the architecture is --init's: the default preset gives its training recipe only
+        values = {k: v for k, v in values.items() if k in ("train", "task")}
+        preset_name = None
     preset_train = values.pop("train", {})
     task_options = {**values.pop("task", {}), **user_task}
     train_values = {**model_cls.train_defaults, **preset_train, **user_train}
@@ -389,7 +392,7 @@ def _init_config(init: str, model: str, model_cls: Any, values: Dict[str, Any], 
     head = {k: v for k, v in values.items() if k in model_cls.init_task_fields}
     if pretrained.is_checkpoint_dir(init):  # a Hugging Face checkpoint or a save_pretrained directory
         with user_input():
-            return pretrained.init_config(init, model_cls, head, user, say=say)
+            return pretrained.init_config(init, model_cls, head, user, say=say, task=task)
     source = load(init)
     if source.settings.model != model:
         raise UserError(f"--init {init} holds a {source.settings.model!r} model, not {model!r}")
@@ -398,7 +401,10 @@ def _init_config(init: str, model: str, model_cls: Any, values: Dict[str, Any], 
     if theirs is not None and ours is not None and (sizes[0] != sizes[1] or vocab_to_dict(theirs) != vocab_to_dict(ours)):
         raise UserError(f"--init {init}: its vocabulary ({source.settings.task}, {sizes[0]} tokens) is not that of task "
                         f"{task_name!r} ({sizes[1]} tokens); fine-tune on a task with the pre-training vocabulary")
-    return {**source.settings.model_config, **head, **user}, source.model
+    values = {**source.settings.model_config, **head, **user}
+    with user_input():
+        pretrained.check_kernel(init, model_cls, values, source.model)
+    return values, source.model
 
 
 def _build_model(model_cls: Any, values: Dict[str, Any], seed: int) -> Any:

@@ -92,6 +92,10 @@ def plot_attention(weights: Tensor, path: PathLike, x_labels: Optional[Sequence[
     return save_figure(fig, path, dpi=120)
 
 
+#: the largest side of one heat map in a grid, in inches (its cells shrink beyond 62 rows or columns)
+PANEL_INCHES = 10.0
+
+
 def _plot_panels(panels: Sequence[Tuple[str, Tensor]], path: PathLike,
                  labels_for: Any, heading: str = "", dpi: int = 110,
                  axis_names: Tuple[str, str] = ("key", "query")) -> Path:
@@ -106,7 +110,8 @@ def _plot_panels(panels: Sequence[Tuple[str, Tensor]], path: PathLike,
     # a panel's size: its cells, plus its tick labels (the key labels stand on end below it)
     key_labels = max(_label_inches(labels_for(name)[0], w.shape[1]) for name, w in panels)
     query_labels = max(_label_inches(labels_for(name)[1], w.shape[0]) for name, w in panels)
-    cell = (max(2.5, N * 0.16 + 1) + query_labels, max(2.2, M * 0.16 + 1) + key_labels)
+    # a cell per 0.16 inch up to 10 inches a panel (a long input's cells shrink rather than grow the figure)
+    cell = (max(2.5, min(N * 0.16, PANEL_INCHES) + 1) + query_labels, max(2.2, min(M * 0.16, PANEL_INCHES) + 1) + key_labels)
     width = max(cell[0] * cols + 1.0, 4.5 if heading else 0.0)  # + the colour bar; room for a heading
     heading = _wrap(heading, width, fontsize=9) if heading else ""
     heading_inches = (heading.count("\n") + 1) * 9 * 1.3 / 72 + 0.1 if heading else 0.0

@@ -135,6 +135,8 @@ class BBCNews(TensorTask):
         articles: ``[(text, class)]`` to use instead of the cache (tests use small fixtures).
     """
 
+    class_names = CLASSES  # label i is CLASSES[i] (an export's id2label)
+
     input_key = "doc"  # what a model reads from this task's batches
     variants = {"input_ids": "bbc-news-tokens"}  # the task for models that read token ids instead
 

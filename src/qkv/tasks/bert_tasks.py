@@ -320,6 +320,8 @@ class BBCNewsTokens(TensorTask):
     Metrics: ``accuracy``, ``loss``.
     """
 
+    class_names = CLASSES  # label i is CLASSES[i] (an export's id2label)
+
     def __init__(self, *, max_len: int = 64, min_count: int = 3, max_vocab: int = 5000, cache_dir: Optional[str] = None,
                  articles: Optional[List[Tuple[str, str]]] = None, tokenizer: Optional[str] = None) -> None:
         _check_options(max_len=max_len, min_count=min_count, max_vocab=max_vocab)
@@ -349,9 +351,24 @@ class BBCNewsTokens(TensorTask):
         return {"head": "classification", "max_len": self.max_len}
 
     def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
-        """Self-attention on the first held-out article's tokens (``qkv viz``)."""
+        """Self-attention on ``text`` (``qkv viz --text``; default: the first held-out article),
+        framed ``[CLS] .. [SEP]`` as the task frames articles and cut to ``max_len`` tokens, specials
+        included (the view's ``cut`` says when it was longer); the axes are its tokens."""
         from .views import token_view
 
-        batch = self._take("test", torch.arange(1))
-        return token_view(model, batch, lambda i: self.vocab.words[i],
-                          caption=f"a held-out article: {CLASSES[int(batch['labels'][0])]}", meta_keys=("labels",))
+        v = self.vocab
+        if text is not None:
+            pieces, caption = v.encode(text), "the given text"
+        else:
+            row = self._take("test", torch.arange(1))
+            n = int(row["attention_mask"][0].sum())
+            pieces = row["input_ids"][0, 1 : n - 1].tolist()
+            caption = f"a held-out article: {CLASSES[int(row['labels'][0])]}"
+        limit = min(max_len, getattr(getattr(model, "config", None), "max_len", max_len))
+        kept = pieces[: max(limit - 2, 1)]
+        ids = torch.tensor([[v.cls_id, *kept, v.sep_id]])
+        view = token_view(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids, dtype=torch.bool)},
+                          lambda i: v.words[i], caption=caption)
+        if len(kept) < len(pieces):
+            view.cut = (len(kept) + 2, len(pieces) + 2)
+        return view

@@ -117,15 +117,17 @@ def _positive(name: str, value: object, allow_zero: bool = False) -> None:
         raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
-def _count_tokens(batch: Dict[str, Any]) -> int:
-    """Target tokens in a batch (labels other than -100), else the first tensor's elements."""
+def _count_tokens(batch: Dict[str, Any]) -> Tuple[int, str]:
+    """What a batch trains on and its unit: ``"examples"`` when ``labels`` has one per example
+    (classification: ``(B,)``), else ``"tokens"`` (target tokens: labels other than -100; without
+    labels the first tensor's elements)."""
     labels = batch.get("labels")
     if isinstance(labels, Tensor):
-        return int((labels != -100).sum())
+        return int((labels != -100).sum()), "examples" if labels.dim() == 1 else "tokens"
     for value in batch.values():
         if isinstance(value, Tensor):
-            return value.numel()
-    return 0
+            return value.numel(), "tokens"
+    return 0, "tokens"
 
 
 class Trainer:
@@ -141,7 +143,7 @@ class Trainer:
         metrics = trainer.fit()            # or fit(resume=True) after an interruption
 
     Run directory: ``metrics.jsonl`` (one JSON object per event: ``{"event": "train", "step",
-    "loss", "lr", "grad_norm", "tokens_per_s", "time"}`` or ``{"event": "eval", "step",
+    "loss", "lr", "grad_norm", "tokens_per_s" (or "examples_per_s": one label per example), "time"}`` or ``{"event": "eval", "step",
     "valid_loss", <task metrics>}`` or ``{"event": "resume", "step", "checkpoint"}``), ``train_config.json``, ``checkpoints/step-*.safetensors`` +
     ``checkpoints/latest``, and ``.lock``: ``fit`` holds the directory's writer lock (``RunLock``), so
     a second writer is refused. Under ``torchrun`` only rank 0 writes, logs and evaluates.
@@ -350,11 +352,11 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and ctx.is_main), dynamic_ncols=True)
         last: Dict[str, float] = {}
         eval_metrics: Dict[str, float] = {}
-        window_tokens, window_start = 0, time.perf_counter()
+        window_tokens, window_start, unit = 0, time.perf_counter(), "tokens"
         eval_every, save_every = cfg.eval_every, cfg.save_every
         for step in range(start, cfg.steps):
             step_start = time.perf_counter()
-            loss, tokens = self._update(net, optimizer, scheduler, ctx, step)
+            loss, tokens, unit = self._update(net, optimizer, scheduler, ctx, step)
             if ctx.is_main and step - start == 1:  # the second update: past the first one's warm-up
                 self._announce_speed(time.perf_counter() - step_start, cfg.steps - step - 1, eval_every)
             window_tokens += tokens
@@ -375,7 +377,7 @@ class Trainer:
                     "loss": loss_value,
                     "lr": self._lr,
                     "grad_norm": float(self._grad_norm),
-                    "tokens_per_s": window_tokens * ctx.world_size / elapsed,
+                    f"{unit}_per_s": window_tokens * ctx.world_size / elapsed,
                     "time": time.time(),
                 }
                 window_tokens, window_start = 0, time.perf_counter()
@@ -419,17 +421,19 @@ class Trainer:
         tqdm.write(f"qkv: {seconds:.3g} s per update; about {_duration(seconds * remaining)} for the "
                    f"remaining {remaining} update(s){note}", file=sys.stderr)
 
-    def _update(self, net, optimizer, scheduler, ctx, step: int) -> Tuple[Tensor, int]:
-        """One optimizer update from ``grad_accum`` micro-batches; the mean loss and tokens seen."""
+    def _update(self, net, optimizer, scheduler, ctx, step: int) -> Tuple[Tensor, int, str]:
+        """One optimizer update from ``grad_accum`` micro-batches; the mean loss, and the tokens
+        (or examples: the unit) seen."""
         cfg = self.config
         device = ctx.device
         total = torch.zeros((), device=device)
-        tokens = 0
+        tokens, unit = 0, "tokens"
         self.model.set_step(step, cfg.steps)  # losses scheduled over training (e.g. Al-Rfou's intermediate layers)
         for micro in range(cfg.grad_accum):
             batch = self.task.get_batch("train", cfg.batch_size, step * cfg.grad_accum + micro,
                                         seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size)
-            tokens += _count_tokens(batch)
+            count, unit = _count_tokens(batch)
+            tokens += count
             batch = _to_device(batch, device)
             # DDP all-reduces gradients on the last micro-batch only.
             sync = micro == cfg.grad_accum - 1 or not ctx.distributed
@@ -451,7 +455,7 @@ class Trainer:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
-        return total / cfg.grad_accum, tokens
+        return total / cfg.grad_accum, tokens, unit
 
     def _save(self, ctx: distributed.DistContext, step: int, optimizer, scheduler) -> None:
         rng_states = distributed.all_gather_objects(ctx, capture_rng_state())
@@ -493,6 +497,8 @@ def _postfix(record: Dict[str, Any], eval_metrics: Dict[str, float]) -> Dict[str
     shown = {"loss": f"{record['loss']:.4f}"}
     if "tokens_per_s" in record:
         shown["tok/s"] = f"{record['tokens_per_s']:.0f}"
+    if "examples_per_s" in record:
+        shown["ex/s"] = f"{record['examples_per_s']:.0f}"
     if "valid_loss" in eval_metrics:
         shown["val_loss"] = f"{eval_metrics['valid_loss']:.4f}"
     for key, value in eval_metrics.items():

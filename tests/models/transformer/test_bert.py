@@ -100,7 +100,9 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="token_type_ids"):
         model(ids, token_type_ids=torch.full_like(ids, 2))
     with pytest.raises(TypeError, match="attention_mask"):
-        model(ids, attention_mask=torch.ones(2, 6, dtype=torch.long))
+        model(ids, attention_mask=torch.ones(2, 6))  # float: not a padding mask
+    with pytest.raises(ValueError, match="attention_mask must hold 0 .* got 2"):
+        model(ids, attention_mask=torch.full((2, 6), 2))
     with pytest.raises(ValueError, match="attention_mask"):
         model(ids, attention_mask=torch.ones(2, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="max_len"):

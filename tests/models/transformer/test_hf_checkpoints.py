@@ -69,18 +69,45 @@ def test_bert_for_pretraining_gives_transformers_mlm_and_nsp_logits(tmp_path):
     assert said == []  # every head it uses came from the checkpoint
 
 
-def test_plain_bert_model_gives_last_hidden_states_and_says_which_heads_start_fresh(tmp_path):
+def test_plain_bert_model_is_an_encoder_without_heads(tmp_path):
+    """A BertModel checkpoint loads as head="encoder": no MLM/NSP/classifier is built or computed
+    (all-MiniLM-L6-v2 computed a random 30,522-token MLM head on every call), no warning, and the
+    output has transformers' last_hidden_state and pooler_output; 0/1 integer masks are taken."""
     hf = _hf("BertModel", _bert_config(hidden_act="relu"), tmp_path)
     ours, said = _load(BERT, tmp_path)
+    assert ours.config.head == "encoder" and said == []
+    assert not any(n.startswith(("mlm_", "nsp_", "classifier")) for n, _ in ours.named_parameters())
     ids, types, mask = _inputs()
     with torch.no_grad():
         theirs = hf(input_ids=ids, token_type_ids=types, attention_mask=mask.long())
-        out = ours(ids, types, mask)
-    torch.testing.assert_close(out.hidden, theirs.last_hidden_state, atol=ATOL, rtol=0)
-    pooled = torch.tanh(ours.pooler(out.hidden[:, 0]))
-    torch.testing.assert_close(pooled, theirs.pooler_output, atol=ATOL, rtol=0)
+        out = ours(ids, types, mask.long())
+    assert out.logits is None and out.last_hidden_state is out.hidden
+    torch.testing.assert_close(out.last_hidden_state, theirs.last_hidden_state, atol=ATOL, rtol=0)
+    torch.testing.assert_close(out.pooler_output, theirs.pooler_output, atol=ATOL, rtol=0)
+    ours.save_pretrained(tmp_path / "back", format="huggingface")  # and back: a BertModel again
+    again = transformers.AutoModel.from_pretrained(tmp_path / "back").eval()
+    assert type(again).__name__ == "BertModel"
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=ids, token_type_ids=types, attention_mask=mask.long()).pooler_output,
+                                   theirs.pooler_output, atol=ATOL, rtol=0)
+
+
+def test_plain_bert_model_asked_for_pretraining_heads_says_which_start_fresh(tmp_path):
+    _hf("BertModel", _bert_config(hidden_act="relu"), tmp_path)
+    ours, said = _load(BERT, tmp_path, head="pretraining")
     assert len(said) == 1 and "\n" not in said[0]
     assert "masked-LM head" in said[0] and "next-sentence head" in said[0] and "pooler" not in said[0]
+
+
+def test_a_checkpoint_with_heads_loads_as_an_encoder_when_asked(tmp_path):
+    hf = _hf("BertForPreTraining", _bert_config(), tmp_path)
+    ours, said = _load(BERT, tmp_path, head="encoder")
+    ids, types, mask = _inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, types, mask).hidden,
+                                   hf.bert(input_ids=ids, token_type_ids=types, attention_mask=mask.long()).last_hidden_state,
+                                   atol=ATOL, rtol=0)
+    assert said == []
 
 
 def test_bert_without_pooler_loads_it_fresh(tmp_path):

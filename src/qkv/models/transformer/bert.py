@@ -7,6 +7,10 @@ Transformers for Language Understanding", arXiv:1810.04805), on the shared stack
     MLM: P(w | h_i) = softmax(LN(gelu(h_i W_t + b_t)) E^T + b)   (output tied to the token embeddings)
     pooled = tanh(h_[CLS] W_p + b_p); NSP: softmax(pooled W_nsp); classification: softmax(pooled W_c)
 
+``head="encoder"`` is the encoder alone (a checkpoint without heads, e.g. all-MiniLM-L6-v2, loads
+as one): no MLM, NSP or classification layers are built or computed, and the output carries
+transformers' names beside qkv's: ``last_hidden_state`` (``hidden``) and ``pooler_output``.
+
 The masked LM's 80/10/10 corruption of §3.1 (Task #1) is done to the data, by the task:
 ``qkv.tasks.bert_tasks.mask_tokens``.
 """
@@ -14,7 +18,7 @@ The masked LM's 80/10/10 corruption of §3.1 (Task #1) is done to the data, by t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +31,34 @@ from ..base import ModelOutput, QKVModel
 from ..losses import IGNORE_INDEX, check_labels, float32_at_least, lm_loss
 from .stack import init_normal, StackConfig, TransformerStack, check_token_mask
 
-__all__ = ["BERT", "BERTConfig"]
+__all__ = ["BERT", "BERTConfig", "BERTOutput", "attention_mask_bool"]
 
-HEADS = ("pretraining", "classification")
+HEADS = ("pretraining", "classification", "encoder")
+
+
+@dataclass
+class BERTOutput(ModelOutput):
+    """``ModelOutput`` with transformers' names for the encoder's results: ``last_hidden_state``
+    (the same tensor as ``hidden``, ``(B, L, d_model)``) and ``pooler_output``
+    (``tanh(h_[CLS] W_p + b_p)``, ``(B, d_model)``). With ``head="encoder"`` ``logits`` is None."""
+
+    pooler_output: Optional[Tensor] = None
+
+    @property
+    def last_hidden_state(self) -> Optional[Tensor]:
+        return self.hidden
+
+
+def attention_mask_bool(name: str, mask: Any, ids: Tensor) -> Optional[Tensor]:
+    """A ``(B, L)`` padding mask as bool (True = real token): a bool mask as it is, or an integer
+    one of 0s and 1s as transformers takes it (``tokenizer(...)["attention_mask"]``); other values
+    (a float mask, a 2) are refused naming ``name``."""
+    if isinstance(mask, Tensor) and mask.dtype != torch.bool and not mask.is_floating_point() and not mask.is_complex():
+        if mask.numel() and bool(((mask != 0) & (mask != 1)).any()):
+            bad = mask[(mask != 0) & (mask != 1)][0].item()
+            raise ValueError(f"{name} must hold 0 (padding) and 1 (real token), got {bad}")
+        mask = mask.bool()
+    return check_token_mask(name, mask, ids)
 
 
 class Activation(nn.Module):
@@ -65,7 +94,7 @@ class BERTConfig(StackConfig):
     positional: str = "learned"  # learned absolute positions
     layer_norm_eps: float = 1e-12  # BERT's LayerNorm epsilon
     num_labels: int = 2  # classes of the sequence-classification head
-    head: str = "pretraining"  # "pretraining": logits = MLM (B, L, V), loss = MLM + NSP | "classification": logits (B, num_labels)
+    head: str = "pretraining"  # "pretraining": logits = MLM (B, L, V), loss = MLM + NSP | "classification": logits (B, num_labels) | "encoder": no head
     mlm_logits: str = "all"  # "all": MLM logits at every position | "selected": with labels, only at the selected positions (M, V)
 
     def __post_init__(self) -> None:
@@ -89,7 +118,9 @@ class BERT(QKVModel):
     labels: ``(M, V)`` at the ``M`` labelled positions in row-major order, as the original
     implementation gathers ``masked_lm_positions``), ``aux["nsp_logits"] (B, 2)``; with
     ``head="classification"``: ``labels (B,)``, ``logits (B, num_labels)``. ``weights``: per layer
-    ``(B, H, L, L)``.
+    ``(B, H, L, L)``. With ``head="encoder"`` (no head is built): ``logits`` None, no labels.
+    Every head returns a ``BERTOutput``: ``hidden``/``last_hidden_state (B, L, d_model)``,
+    ``pooler_output (B, d_model)``. ``attention_mask`` may be bool or 0/1 integers.
     """
 
     suggested_tasks = ("bert-pretrain", "bbc-news-tokens")  # `qkv list model`
@@ -106,29 +137,37 @@ class BERT(QKVModel):
         super().__init__(config)
         c = config
         self.stack = TransformerStack(c, vocab_size=c.vocab_size, n_segments=c.n_segments, embedding_norm=True)
-        # MLM head: transform, then the output projection tied to the token embeddings, plus a bias
-        self.mlm_transform = nn.Sequential(nn.Linear(c.d_model, c.d_model), Activation(c.activation),
-                                           nn.LayerNorm(c.d_model, eps=c.layer_norm_eps))
-        self.mlm_decoder = nn.Linear(c.d_model, c.vocab_size)
+        heads = c.head != "encoder"  # an encoder alone builds (and computes) none of the heads
+        if heads:  # MLM head: transform, then the output projection tied to the token embeddings, plus a bias
+            self.mlm_transform = nn.Sequential(nn.Linear(c.d_model, c.d_model), Activation(c.activation),
+                                               nn.LayerNorm(c.d_model, eps=c.layer_norm_eps))
+            self.mlm_decoder = nn.Linear(c.d_model, c.vocab_size)
         self.pooler = nn.Linear(c.d_model, c.d_model)  # pooled = tanh(h_[CLS] W_p + b_p)
-        self.nsp_head = nn.Linear(c.d_model, 2)  # IsNext / NotNext
-        self.classifier_dropout = nn.Dropout(c.dropout)
-        self.classifier = nn.Linear(c.d_model, c.num_labels)
+        if heads:
+            self.nsp_head = nn.Linear(c.d_model, 2)  # IsNext / NotNext
+            self.classifier_dropout = nn.Dropout(c.dropout)
+            self.classifier = nn.Linear(c.d_model, c.num_labels)
         self.apply(init_normal)  # N(0, 0.02) weights, zero biases (BERT)
-        self.mlm_decoder.weight = self.stack.embed.token.weight
+        if heads:
+            self.mlm_decoder.weight = self.stack.embed.token.weight
 
     def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None,
                 attention_mask: Optional[Tensor] = None, labels: Optional[Tensor] = None,
-                next_sentence_label: Optional[Tensor] = None, need_weights: bool = False) -> ModelOutput:
-        """``attention_mask (B, L)`` bool: True = real token (padding keys are masked out)."""
+                next_sentence_label: Optional[Tensor] = None, need_weights: bool = False) -> BERTOutput:
+        """``attention_mask (B, L)`` bool or 0/1 integers: True/1 = real token (padding keys are masked out)."""
         c = self.config
         _checks.token_ids("input_ids", input_ids, c.vocab_size)
-        check_token_mask("attention_mask", attention_mask, input_ids)
+        attention_mask = attention_mask_bool("attention_mask", attention_mask, input_ids)
         out = self.stack(input_ids, token_type_ids, mask=attention_mask, need_weights=need_weights)
         h = out.hidden  # (B, L, d_model)
         pooled = torch.tanh(self.pooler(h[:, 0]))  # (B, d_model): the [CLS] position
-        loss, aux = None, {}
-        if c.head == "classification":
+        loss, aux, logits = None, {}, None
+        if c.head == "encoder":
+            given = [n for n, v in (("labels", labels), ("next_sentence_label", next_sentence_label)) if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} given to a BERT with head='encoder' (no head to train); "
+                                 "build it with head='classification' or 'pretraining'")
+        elif c.head == "classification":
             if next_sentence_label is not None:
                 raise ValueError("next_sentence_label is a pre-training target; this BERT has head='classification'")
             logits = self.classifier(self.classifier_dropout(pooled))  # (B, num_labels)
@@ -157,4 +196,4 @@ class BERT(QKVModel):
                 terms.append(F.cross_entropy(float32_at_least(nsp_logits), next_sentence_label, ignore_index=IGNORE_INDEX))
                 aux["nsp_loss"] = terms[-1].detach()
             loss = sum(terms[1:], terms[0]) if terms else None
-        return ModelOutput(loss=loss, logits=logits, weights=out.weights, aux=aux, hidden=h)
+        return BERTOutput(loss=loss, logits=logits, weights=out.weights, aux=aux, hidden=h, pooler_output=pooled)

@@ -23,8 +23,9 @@ GPT-2's ``Conv1D`` stores ``W`` as     transposed to ``nn.Linear``'s ``(out, in)
 =====================================  ========================================================
 
 ``load`` maps the tensors and checks every one (names, shapes, nothing missing, nothing left
-over) before any weight is copied; the heads a checkpoint lacks (a plain ``BertModel`` has no
-MLM, NSP or classification head) start fresh and are named in one warning. ``save`` writes the
+over) before any weight is copied. A plain ``BertModel`` (no MLM, NSP or classification head)
+loads as a BERT with ``head="encoder"``, which builds no head; asked for a head it lacks
+(``head="classification"``), that head starts fresh and is named in one warning. ``save`` writes the
 inverse, which ``transformers``' ``AutoModelFor...from_pretrained`` loads with equal outputs.
 Neither needs transformers installed.
 """
@@ -49,7 +50,7 @@ from ..base import CHECKPOINT_FORMATS, CheckpointFormat, finite, short_repr
 from .bert import BERT
 from .gpt import GPT
 
-__all__ = ["is_huggingface", "load", "save", "HF_ACTIVATIONS", "PICKLE_FILES"]
+__all__ = ["is_huggingface", "load", "save", "refuse_kernel", "HF_ACTIVATIONS", "PICKLE_FILES"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -63,7 +64,7 @@ HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu-tanh", "gelu
 _QKV_TO_HF_ACTIVATION = {"gelu": "gelu", "relu": "relu", "gelu-tanh": "gelu_new"}
 
 # the architectures (config.json "architectures") whose tensors qkv represents, and BERT's head for each
-_BERT_HEADS = {"BertModel": "pretraining", "BertForPreTraining": "pretraining", "BertForMaskedLM": "pretraining",
+_BERT_HEADS = {"BertModel": "encoder", "BertForPreTraining": "pretraining", "BertForMaskedLM": "pretraining",
                "BertForNextSentencePrediction": "pretraining", "BertForSequenceClassification": "classification"}
 _GPT2_ARCHITECTURES = ("GPT2Model", "GPT2LMHeadModel")
 #: config fields a checkpoint fixes (they shape the weights or the function); overrides may set the others
@@ -174,7 +175,8 @@ def _ignorable(name: str, model_type: str) -> bool:
 
 
 #: the head groups each BERT head setting uses (the pooled [CLS] feeds NSP and the classifier)
-_BERT_GROUPS = {"pretraining": ("pooler", "mlm", "nsp"), "classification": ("pooler", "classifier")}
+_BERT_GROUPS = {"pretraining": ("pooler", "mlm", "nsp"), "classification": ("pooler", "classifier"),
+                "encoder": ("pooler",)}
 _HEAD_NAMES = {"pooler": "pooler (pooler.dense)", "mlm": "masked-LM head (cls.predictions)",
                "nsp": "next-sentence head (cls.seq_relationship)", "classifier": "classifier",
                "lm_head": "LM head (lm_head)"}
@@ -288,8 +290,13 @@ def _gpt2_config(config: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
     return arch, values
 
 
+#: the transformers class qkv's BERT saves as, for each head
+_BERT_SAVED_AS = {"classification": "BertForSequenceClassification", "pretraining": "BertForPreTraining",
+                  "encoder": "BertModel"}
+
+
 def _hf_bert_config(c: Any) -> Dict[str, Any]:
-    arch = "BertForSequenceClassification" if c.head == "classification" else "BertForPreTraining"
+    arch = _BERT_SAVED_AS[c.head]
     config = {"architectures": [arch], "model_type": "bert", "vocab_size": c.vocab_size, "hidden_size": c.d_model,
               "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads, "intermediate_size": c.d_ff,
               "hidden_act": _QKV_TO_HF_ACTIVATION[c.activation], "hidden_dropout_prob": c.dropout,
@@ -396,6 +403,7 @@ def load(cls: Optional[type], directory: PathLike, map_location: str = "cpu", **
         base = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
         rules = _gpt2_rules(model.config.n_layers, base, model.config.tie_embeddings)
         tied = {"lm_head.weight": f"{base}wte.weight"} if model.config.tie_embeddings else {}
+    rules, tensors, tied = _without_absent_heads(model, rules, tensors, tied)
     model = _checked_weights(model, rules, tensors, weights)  # one dtype (the model's), no NaN or inf
     fresh = _copy(model, rules, tensors, tied, model_type, weights)
     if model_type == "bert":  # name the heads this head setting uses; the others are idle
@@ -471,6 +479,29 @@ def _checked_weights(model: Any, rules: List[Rule], tensors: Dict[str, Tensor], 
     model = load_dtype(state, model)
     check_weights(weights, state, model, names=names)
     return model
+
+
+def _without_absent_heads(model: Any, rules: List[Rule], tensors: Dict[str, Tensor],
+                          tied: Dict[str, str]) -> Tuple[List[Rule], Dict[str, Tensor], Dict[str, str]]:
+    """The rules, tensors and tied names left when ``model`` has no place for some heads (a BERT
+    with ``head="encoder"`` builds none): the checkpoint's tensors of those heads are not read, as
+    transformers' ``BertModel`` reads a ``BertForPreTraining`` checkpoint."""
+    mine = model.state_dict()
+    absent = [r for r in rules if r.group != "base" and not all(o in mine for o in r.ours)]
+    if not absent:
+        return rules, tensors, tied
+    dropped = {r.hf for r in absent}
+    if not hasattr(model, "mlm_decoder"):  # the MLM decoder's tied copies go with its head
+        dropped |= {name for name in tied if name.startswith("cls.predictions.")}
+    return ([r for r in rules if r not in absent], {k: v for k, v in tensors.items() if k not in dropped},
+            {k: v for k, v in tied.items() if k not in dropped})
+
+
+def refuse_kernel(model: Any) -> None:
+    """Raise ``ValueError`` when ``model``'s attention kernel cannot take a pretrained model's
+    attention weights (shared queries and keys; learned parameters of its own), with the reason:
+    what ``from_pretrained(dir, attention=...)`` refuses (``qkv train --init`` says the same)."""
+    _refuse_kernel(model)
 
 
 def _refuse_kernel(model: Any) -> None:
@@ -584,14 +615,14 @@ def save(model: Any, directory: PathLike) -> Path:
     c = model.config
     mine = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     if kind == "bert":
-        rules = _bert_rules(c.n_layers, "bert.")
-        skip = {"classifier"} if c.head == "pretraining" else {"mlm", "nsp"}
+        rules = _bert_rules(c.n_layers, "" if c.head == "encoder" else "bert.")  # BertModel's names have no prefix
+        skip = {"pretraining": {"classifier"}, "classification": {"mlm", "nsp"}, "encoder": {"mlm", "nsp", "classifier"}}[c.head]
         config = _hf_bert_config(c)
     else:
         rules = _gpt2_rules(c.n_layers, "transformer.", c.tie_embeddings)
         skip = set()
         config = _hf_gpt2_config(c)
-    token_types = "bert.embeddings.token_type_embeddings.weight"
+    token_types = f"{'' if c.head == 'encoder' else 'bert.'}embeddings.token_type_embeddings.weight" if kind == "bert" else ""
     tensors = {r.hf: r.to_hf([mine[o] for o in r.ours]).contiguous().clone() for r in rules
                if r.group not in skip and not (r.hf == token_types and kind == "bert" and c.n_segments == 0)}
     if kind == "bert" and c.n_segments == 0:  # one all-zero token type: transformers' default ids add nothing

@@ -1,0 +1,133 @@
+"""``qkv export RUN OUT``: a run as transformers' pipelines read it (its tokenizer, its class names,
+its generation settings) or as qkv reads it; OUT appears only complete. Tiny models trained a few
+steps on the fake BBC articles and the one-play Shakespeare of the fixtures."""
+
+import json
+
+import pytest
+import torch
+
+from qkv.cli import main
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+
+@pytest.fixture
+def bert_checkpoint(wordpiece_dir):
+    """A tiny BertModel beside its WordPiece tokenizer.json (as all-MiniLM-L6-v2's directory is)."""
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=24, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=24, max_position_embeddings=64)
+    transformers.BertModel(config).save_pretrained(wordpiece_dir)
+    return wordpiece_dir
+
+
+def _test_texts(n):
+    """The first ``n`` articles of the bbc-news test split and their texts, in the task's order."""
+    from qkv.tasks.classify import split_indices
+    from qkv.tasks.bbc import load_bbc
+
+    articles = load_bbc()
+    index = split_indices(len(articles), key="bbc-news")["test"][:n]
+    return [articles[i][0] for i in index.tolist()]
+
+
+def test_a_bert_classifier_in_a_text_classification_pipeline(byte_data, bert_checkpoint, tmp_path, train_argv, capsys):
+    run, out = tmp_path / "run", tmp_path / "out"
+    assert main(train_argv("bert", "bbc-news", run, "--init", str(bert_checkpoint), "--threads", "1", "--steps", "3",
+                           "--set", "task.max_len=12")) == 0, capsys.readouterr().err
+    assert main(["export", str(run), str(out), "--threads", "1"]) == 0, capsys.readouterr().err
+    assert {"tokenizer.json", "tokenizer_config.json", "config.json", "model.safetensors"} <= {p.name for p in out.iterdir()}
+    from qkv import runs
+
+    trained = runs.load(run)
+    rows = next(trained.task.eval_batches("test", 8))
+    with torch.no_grad():
+        ours = trained.model(rows["input_ids"], attention_mask=rows["attention_mask"]).logits.softmax(-1)  # (8, 5)
+    pipe = transformers.pipeline("text-classification", model=str(out))
+    theirs = pipe(_test_texts(8), truncation=True, top_k=None)  # truncation: the task's max_len tokens
+    names = list(trained.task.class_names)
+    for p, scores in zip(ours, theirs):
+        by_name = {s["label"]: s["score"] for s in scores}
+        assert set(by_name) == set(names)  # the classes by name, not LABEL_i
+        assert scores[0]["label"] == names[int(p.argmax())]
+        torch.testing.assert_close(torch.tensor([by_name[n] for n in names]), p, atol=1e-5, rtol=0)
+
+
+def test_a_char_gpt_in_a_text_generation_pipeline(shakespeare_cache, tmp_path, train_argv, capsys):
+    run, out = tmp_path / "run", tmp_path / "out"
+    tiny = ["--set", "n_layers=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64",
+            "--set", "task.block_size=32", "--lr", "1e-2", "--threads", "1"]
+    assert main(train_argv("gpt", "shakespeare-char", run, *tiny, steps=40, batch_size=8)) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["generate", str(run), "--prompt", "To be", "--max-new-tokens", "24", "--temperature", "0",
+                 "--threads", "1"]) == 0
+    ours = capsys.readouterr().out.splitlines()[0]
+    assert main(["export", str(run), str(out)]) == 0, capsys.readouterr().err
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["do_sample"] is False and generation["pad_token_id"] == 0
+    pipe = transformers.pipeline("text-generation", model=str(out))
+    theirs = pipe("To be", max_new_tokens=24)[0]["generated_text"]
+    assert theirs == ours and len(ours) > len("To be")
+
+
+@pytest.mark.parametrize("kind", ["char", "byte"])
+def test_an_exported_tokenizer_gives_qkvs_ids_and_text(kind, tmp_path):
+    from qkv.integrations.export import write_hf_tokenizer
+    from qkv.tasks.vocab import ByteVocab, CharVocab
+
+    vocab = CharVocab("To be, or not to be:\nthat is the question?") if kind == "char" else ByteVocab()
+    write_hf_tokenizer(vocab, tmp_path, model_max_length=64)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    # (a literal "<pad>" in a text is the special token, as in any transformers tokenizer: not tried)
+    for text in ("To be, or not", "  two  spaces\nand a newline", "unknown: Zürich ✓ <p>x", ""):
+        ids = tok(text)["input_ids"]
+        assert ids == vocab.encode(text), text
+        assert tok.decode(ids, skip_special_tokens=True) == vocab.decode(ids)
+    assert (tok.pad_token_id, tok.eos_token_id) == (vocab.pad_id, vocab.eos_id)
+
+
+def test_out_appears_only_complete_and_a_foreign_folder_is_refused(shakespeare_cache, tmp_path, train_argv, capsys):
+    run = tmp_path / "run"
+    tiny = ["--set", "n_layers=1", "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32",
+            "--set", "task.block_size=16", "--threads", "1"]
+    assert main(train_argv("gpt", "shakespeare-char", run, *tiny)) == 0, capsys.readouterr().err
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert main(["export", str(run), str(foreign)]) == 2
+    assert "already holds other files (notes.txt)" in capsys.readouterr().err
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+    out = tmp_path / "out"
+    assert main(["export", str(run), str(out), "--format", "qkv"]) == 0
+    from qkv.models import load_pretrained
+
+    assert json.loads((out / "vocab.json").read_text())["type"] == "char"
+    assert isinstance(load_pretrained(out), type(__import__("qkv").runs.load(run).model))
+    assert main(["export", str(run), str(out)]) == 0  # an earlier export is replaced, whole
+    assert (out / "tokenizer.json").is_file() and not (out / "vocab.json").exists()
+    # a model transformers has no counterpart for is refused, and nothing is left behind
+    window = tmp_path / "window"
+    assert main(train_argv("gpt", "shakespeare-char", window, *tiny, "--attention", "window",
+                           "--set", "attention_kwargs.radius=4")) == 0
+    capsys.readouterr()
+    assert main(["export", str(window), str(tmp_path / "w-out")]) == 2
+    assert "attention='window' has no counterpart" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".w-out", "w-out"))) == []
+
+
+def test_a_word_vocabulary_is_refused_with_the_reason(byte_data, tmp_path, train_argv, capsys):
+    """bbc-news for BERT without --init builds a word vocabulary split by qkv's own rules: no
+    tokenizers tokenizer reproduces it, so the huggingface format says so; the qkv format works."""
+    run = tmp_path / "run"
+    tiny = ["--set", "n_layers=1", "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32",
+            "--set", "task.max_len=12", "--threads", "1"]
+    assert main(train_argv("bert", "bbc-news", run, *tiny)) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["export", str(run), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "a BertVocab splits text by qkv's own rules" in err and "--format qkv" in err
+    assert not (tmp_path / "hf").exists() and not any(p.name.startswith(".hf.") for p in tmp_path.iterdir())
+    assert main(["export", str(run), str(tmp_path / "mine"), "--format", "qkv"]) == 0
+    assert json.loads((tmp_path / "mine" / "vocab.json").read_text())["type"] == "word"
