@@ -88,6 +88,7 @@ class Local1DAttention(AttentionKernel):
     """
 
     supports_mask = "key_padding"
+    context_parallel = "halo"  # qkv.parallel: the memory keys before a shard from the neighbour
     supports_state = True
     state_type = KVCache
 

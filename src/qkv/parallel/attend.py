@@ -1,0 +1,426 @@
+"""Any registered kernel on sequence shards: ``attend(kernel, q, k, v, mask=..., group=...)``.
+
+Each rank holds ``q, k, v (B, H, L/P, E)`` — its shard of a self-attention sequence of ``L``
+positions in a layout (``qkv.parallel.layout``) — and gets its shard of the output; backward gives
+each rank the gradients of its shard (the communication's backward is the same communication the
+other way, ``qkv.parallel.comm``). Each kernel class declares how it splits
+(``AttentionKernel.context_parallel``):
+
+==============  ===================================================================================
+``ring``        softmax (Liu et al. 2023, Ring Attention): the key/value shards travel around the
+                group in ``P - 1`` steps; each step's block ``softmax`` partials (numerator,
+                denominator, row maximum) are merged by their log-sum-exp — exact. Causal blocks
+                wholly after a query piece are skipped; the zigzag layout balances them.
+``halo``        window, local-1d: a shard needs only the keys within the band beyond its ends —
+                ``r`` (window) or ``memory`` rounded up to whole blocks (local-1d) before it, and
+                ``r`` after it (non-causal window) — fetched from the neighbours; the kernel then
+                runs unchanged on the shard plus its halo, positions outside the sequence masked.
+``state``       linear, performer (Katharopoulos et al. 2020; Choromanski et al. 2020): the sums
+                ``[S, Z] = sum_j phi(k_j) [v_j, 1]^T`` of each shard; non-causal one all-reduce,
+                causal an exclusive scan over the ranks (each rank continues the kernel from the
+                sums of the ranks before it, as incremental decoding does). Communication
+                ``O(F Ev)`` per head, independent of ``L``.
+``projection``  linformer (Wang et al. 2020): ``E K`` and ``F V`` are sums over positions — each
+                rank projects its own columns, one all-reduce.
+``ulysses``     everything else (DeepSpeed-Ulysses, Jacobs et al. 2023): an all-to-all turns
+                sequence shards of all ``B H`` rows into whole sequences of ``B H / P`` rows, the
+                kernel runs unchanged, a second all-to-all returns the output. ``ulysses-batch``:
+                kernels with per-head parameters or draws (lsh, relative, adaptive-span) get whole
+                batch rows (all heads of ``B / P`` examples), so that every head meets its own.
+==============  ===================================================================================
+
+A strategy that does not fit the call (a zigzag layout for halo or causal state passing, a shard
+that is not a whole number of local-1d blocks, linear attention with ``eps > 0``) falls back to
+Ulysses; ``strategy_for`` says which runs. Masks: key padding ``(B, L/P)`` (this rank's keys)
+under every strategy. Dropout runs as the kernel's (halo, Ulysses, projection) or on the ring's
+block weights (equal in distribution to dropout on the whole weights), with the ranks' own draws.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention import AttentionKernel
+from ..attention._ops import LinearState, accumulation_dtype, finite_or_zero, matmul_dtype
+from ..attention.linear import elu_plus_one, log_elu_plus_one
+from ..attention.performer import favor_log_features
+from ..types import AttentionOutput
+from .comm import Group, all_gather, all_reduce_max, all_reduce_sum, exchange
+from .layout import check_length, gather, pieces, positions
+
+__all__ = ["STRATEGIES", "attend", "strategy_for", "halo_widths", "ContextParallel"]
+
+STRATEGIES = ("ring", "halo", "state", "projection", "ulysses", "ulysses-batch")
+
+
+def _group(group) -> Group:
+    return group if isinstance(group, Group) else Group.of(group)
+
+
+def halo_widths(kernel: AttentionKernel) -> Tuple[int, int]:
+    """``(left, right)``: the keys before and after a shard that a halo kernel's queries reach."""
+    if hasattr(kernel, "radius"):  # window: |i - j| <= r
+        return kernel.radius, 0 if kernel.causal else kernel.radius
+    if hasattr(kernel, "memory") and isinstance(kernel.block, int):  # local-1d: whole blocks of memory before
+        return -(-kernel.memory // kernel.block) * kernel.block, 0
+    raise TypeError(f"attention {kernel.registry_name!r} declares context_parallel='halo' but has no radius or "
+                    f"(block, memory) to size the halo")
+
+
+def strategy_for(kernel: AttentionKernel, L: int, P: int, layout: str = "contiguous") -> str:
+    """The strategy ``attend`` runs for ``kernel`` on ``L`` positions over ``P`` ranks: the kernel's
+    declared one, or Ulysses where the declared one does not fit (see the module docstring)."""
+    declared = getattr(type(kernel), "context_parallel", "ulysses")
+    if declared not in STRATEGIES:
+        raise ValueError(f"attention {kernel.registry_name!r} declares context_parallel={declared!r}; expected one of {STRATEGIES}")
+    if declared == "halo":
+        if layout != "contiguous":
+            return "ulysses"
+        block = getattr(kernel, "block", None)
+        if not hasattr(kernel, "radius") and isinstance(block, int) and (L // P) % block:
+            return "ulysses"  # local-1d: a shard must start at a block boundary
+    if declared == "state" and (getattr(kernel, "eps", 0.0) > 0 or (kernel.causal and layout != "contiguous")):
+        return "ulysses"
+    return declared
+
+
+def attend(kernel: AttentionKernel, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
+           group: Union[None, Group, dist.ProcessGroup] = None, layout: str = "contiguous",
+           strategy: Optional[str] = None) -> AttentionOutput:
+    """Run ``kernel`` on this rank's shard ``q, k, v (B, H, L/P, E)`` of a self-attention sequence.
+
+    Args:
+        mask: key padding of this rank's keys, bool ``(B, L/P)`` or ``(B, 1, 1, L/P)``, True = may attend.
+        group: the process group the sequence is split over (default: the world).
+        layout: ``"contiguous"`` or ``"zigzag"`` (``qkv.parallel.layout``): which positions each rank holds.
+        strategy: force one of ``STRATEGIES`` (default ``strategy_for``; any kernel runs under Ulysses).
+    Returns:
+        ``AttentionOutput(out (B, H, L/P, Ev), None, None)``: this rank's shard of what ``kernel``
+        computes on the whole sequence.
+    """
+    if not isinstance(kernel, AttentionKernel):
+        raise TypeError(f"kernel must be a qkv attention kernel (AttentionKernel), got {type(kernel).__name__}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor) or x.dim() != 4 or not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating (B, H, L/P, E) tensor, got "
+                             f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
+    B, H, n, E = q.shape
+    if k.shape[:3] != (B, H, n) or v.shape[:3] != (B, H, n) or k.shape[-1] != E:
+        raise ValueError(f"q, k and v must be shards of one self-attention sequence: (B, H, L/P) equal and q, k "
+                         f"of one head size; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    g = _group(group)
+    L = n * g.size
+    check_length(L, g.size, layout, f"the sequence length (L/P = {n} positions per rank times {g.size} ranks)")
+    if mask is not None:
+        if mask.dim() == 4 and mask.shape[1:3] == (1, 1):
+            mask = mask[:, 0, 0]
+        if mask.dtype != torch.bool or mask.shape != (B, n):
+            raise ValueError(f"mask must be this rank's key padding, bool (B, L/P) = {(B, n)}, got "
+                             f"{mask.dtype} {tuple(mask.shape)}")
+    chosen = strategy or strategy_for(kernel, L, g.size, layout)
+    if chosen not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {chosen!r}")
+    if g.size == 1:
+        out = kernel(q, k, v, mask=mask).output
+    else:
+        out = _RUN[chosen](kernel, q, k, v, mask, g, L, layout)
+    return AttentionOutput(out, None, None)
+
+
+def _touch(out: Tensor, received: Sequence[Tensor]) -> Tensor:
+    """``out`` plus zero from every received tensor: a tensor received and not otherwise used (a
+    causal block wholly in a shard's future) still joins the graph, so that the ranks' backward
+    exchanges meet."""
+    for t in received:
+        if t.is_floating_point() and t.requires_grad:
+            out = out + t.reshape(-1)[:0].sum().to(out.dtype)
+    return out
+
+
+# ----------------------------------------------------------------------------- ring (softmax)
+
+
+def _block(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], scale: float, p: float):
+    """One block of softmax attention as mergeable partials: ``(num (B, H, m, Ev), den (B, H, m, 1),
+    row max (B, H, m, 1))``, ``num = sum_j e_j v_j``, ``den = sum_j e_j``, ``e_j = exp(s_j - max)``;
+    a row with no allowed key has ``max = -inf`` and zero sums."""
+    s = (q @ k.transpose(-1, -2)) * scale  # (B, H, m, n)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    top = s.detach().amax(-1, keepdim=True)  # (B, H, m, 1): a constant that cancels in num / den
+    e = torch.exp(s - finite_or_zero(top))  # masked: exp(-inf) = 0
+    den = e.sum(-1, keepdim=True)
+    if p > 0:
+        e = F.dropout(e, p)  # dropout of the normalised weights: the common row factor commutes with it
+    return e @ v, den, top
+
+
+def _merge(parts: List[Tuple[Tensor, Tensor, Tensor]]) -> Tensor:
+    """Merge block partials by their maxima (log-sum-exp): ``sum_b exp(m_b - M) num_b / sum_b exp(m_b - M) den_b``."""
+    M = finite_or_zero(torch.stack([top for _, _, top in parts]).amax(0))  # (B, H, m, 1)
+    num = sum(n * torch.exp(top - M) for n, _, top in parts)
+    den = sum(d * torch.exp(top - M) for _, d, top in parts)
+    return num / torch.where(den > 0, den, torch.ones_like(den))  # no allowed key: 0
+
+
+def _ring(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
+    B, H, n, E = q.shape
+    acc = accumulation_dtype(q.dtype)
+    scale = getattr(kernel, "scale", None) or 1.0 / math.sqrt(E)
+    p = kernel.dropout if kernel.training else 0.0
+    q_runs = pieces(L, g.size, g.rank, layout)
+    parts: List[List[Tuple[Tensor, Tensor, Tensor]]] = [[] for _ in q_runs]
+    nxt, prv = (g.rank + 1) % g.size, (g.rank - 1) % g.size
+    k_cur, v_cur, m_cur = k, v, mask
+    received: List[Tensor] = []
+    for step in range(g.size):
+        src = (g.rank - step) % g.size  # whose keys this rank holds now
+        k_at = 0
+        for k_start, k_len in pieces(L, g.size, src, layout):
+            kb, vb = k_cur[:, :, k_at:k_at + k_len].to(acc), v_cur[:, :, k_at:k_at + k_len].to(acc)
+            kpm = None if m_cur is None else m_cur[:, None, None, k_at:k_at + k_len]  # (B, 1, 1, kl)
+            k_at += k_len
+            q_at = 0
+            for i, (q_start, q_len) in enumerate(q_runs):
+                qb = q[:, :, q_at:q_at + q_len].to(acc)
+                q_at += q_len
+                allowed = kpm
+                if kernel.causal:
+                    if k_start > q_start + q_len - 1:
+                        continue  # every key after every query
+                    if k_start + k_len - 1 > q_start:  # the diagonal crosses the block
+                        qpos = torch.arange(q_start, q_start + q_len, device=q.device).view(-1, 1)
+                        kpos = torch.arange(k_start, k_start + k_len, device=q.device).view(1, -1)
+                        allowed = kpos <= qpos if allowed is None else allowed & (kpos <= qpos)
+                parts[i].append(_block(qb, kb, vb, allowed, scale, p))
+        if step < g.size - 1:  # pass the keys on: to the next rank, from the previous one
+            got = exchange(g, {nxt: [k_cur, v_cur]}, {prv: [k_cur.shape, v_cur.shape]}, like=k)[prv]
+            k_cur, v_cur = got
+            received += got
+            if mask is not None:
+                m_cur = exchange(g, {nxt: [m_cur]}, {prv: [m_cur.shape]}, like=mask)[prv][0]
+    outs = []
+    for i, (_, q_len) in enumerate(q_runs):
+        outs.append(_merge(parts[i]) if parts[i] else q.new_zeros(B, H, q_len, v.shape[-1], dtype=acc))
+    return _touch(torch.cat(outs, dim=2).to(v.dtype), received)
+
+
+# ----------------------------------------------------------------------------- halo (window, local-1d)
+
+
+def _fetch(g: Group, xs: List[Tensor], n: int, ranges: List[Tuple[int, int]], like: Tensor) -> List[List[Tensor]]:
+    """For each global range ``[a, b)`` a rank needs (the same list on every rank, shifted by its
+    start), the rows of each ``x (B, H, n, *)`` inside ``[0, L)``, fetched from the ranks that hold
+    them (contiguous layout). Returns, per range, one tensor per ``x``, in position order."""
+    def need(rank: int) -> List[Tuple[int, int]]:
+        start = rank * n
+        return [(max(0, start + a), min(g.size * n, start + b)) for a, b in ranges]
+
+    def overlap(r: Tuple[int, int], owner: int) -> Tuple[int, int]:
+        return max(r[0], owner * n), min(r[1], owner * n + n)
+
+    sends: Dict[int, List[Tensor]] = {}
+    expect: Dict[int, List[torch.Size]] = {}
+    for peer in range(g.size):
+        if peer == g.rank:
+            continue
+        sends[peer], expect[peer] = [], []
+        for r in need(peer):  # what peer needs from me
+            a, b = overlap(r, g.rank)
+            sends[peer] += [x[:, :, a - g.rank * n:a - g.rank * n + max(0, b - a)] for x in xs]
+        for r in need(g.rank):  # what I need from peer
+            a, b = overlap(r, peer)
+            expect[peer] += [torch.Size((*x.shape[:2], max(0, b - a), *x.shape[3:])) for x in xs]
+    got = exchange(g, sends, expect, like)
+    out = []
+    for j, r in enumerate(need(g.rank)):
+        per_x = []
+        for i, x in enumerate(xs):
+            rows = [got[peer][j * len(xs) + i] for peer in sorted(got)]  # peers in rank order = position order
+            per_x.append(torch.cat(rows, dim=2) if rows else x[:, :, :0])
+        out.append(per_x)
+    return out
+
+
+def _halo(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
+    B, H, n, E = q.shape
+    left, right = halo_widths(kernel)
+    start = g.rank * n
+    ranges = [(-left, 0), (n, n + right)]  # relative to the shard's start
+    (kl, vl), (kr, vr) = _fetch(g, [k, v], n, ranges, like=k)
+    keep = mask if mask is not None else torch.ones(B, n, dtype=torch.bool, device=q.device)
+    (ml,), (mr,) = _fetch(g, [keep[:, None, :, None]], n, ranges, like=keep)
+    pad_l, pad_r = left - kl.shape[2], right - kr.shape[2]  # positions outside [0, L)
+    zeros = lambda x, m: x.new_zeros(B, H, m, x.shape[-1])
+    kf = torch.cat([zeros(k, pad_l), kl, k, kr, zeros(k, pad_r)], dim=2)  # (B, H, left + n + right, E)
+    vf = torch.cat([zeros(v, pad_l), vl, v, vr, zeros(v, pad_r)], dim=2)
+    off = torch.zeros(B, 1, dtype=torch.bool, device=q.device)
+    maskf = torch.cat([off.expand(B, pad_l), ml[:, 0, :, 0], keep, mr[:, 0, :, 0], off.expand(B, pad_r)], dim=1)
+    qf = torch.cat([q, zeros(q, right)], dim=2)  # queries aligned to the end of the keys: query i at left + i
+    out = kernel(qf, kf, vf, mask=maskf).output[:, :, :n]
+    return _touch(out, [kl, vl, kr, vr])
+
+
+# ----------------------------------------------------------------------------- state passing (linear, performer)
+
+
+def _log_features(kernel, x: Tensor) -> Tuple[Tensor, bool]:
+    """The kernel's features of ``x`` in log space (True) or directly (False, a callable feature map)."""
+    acc = accumulation_dtype(x.dtype)
+    if kernel.registry_name == "performer":
+        if kernel.projection is None or (kernel.redraw and kernel.training):
+            kernel.redraw_features(x.shape[-1])
+        return favor_log_features(x.to(acc), kernel.projection.to(device=x.device, dtype=acc)), True
+    if kernel.feature_map is elu_plus_one:
+        return log_elu_plus_one(x.to(acc)), True
+    return kernel.feature_map(x.to(acc)), False
+
+
+def _state(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
+    B, H, n, E = q.shape
+    Ev = v.shape[-1]
+    if kernel.registry_name == "performer" and (kernel.projection is None or (kernel.redraw and kernel.training)):
+        kernel.redraw_features(E)  # drawn once here: the causal path's kernel call must not draw again
+    lk, log = _log_features(kernel, k)  # (B, H, n, F)
+    acc = lk.dtype
+    v1 = torch.cat([v.to(acc), v.new_ones(B, H, n, 1, dtype=acc)], dim=-1)  # [v, 1]
+    if mask is not None:
+        keep = mask[:, None, :, None]
+        lk = lk.masked_fill(~keep, float("-inf")) if log else lk * keep
+    if not kernel.causal:
+        if log:
+            top = all_reduce_max(g, lk.detach().amax((-2, -1)))  # (B, H): the largest key feature anywhere
+            lk = torch.exp(lk - finite_or_zero(top)[..., None, None])
+        SZ = all_reduce_sum(g, lk.transpose(-1, -2) @ v1)  # (B, H, F, Ev + 1): [S, Z] of every key
+        lq, _ = _log_features(kernel, q)
+        phi_q = torch.exp(lq - lq.detach().amax(-1, keepdim=True)) if log else lq
+        nd = phi_q @ SZ  # (B, H, n, Ev + 1)
+        out = nd[..., :Ev] / nd[..., Ev:].clamp(min=torch.finfo(acc).tiny)
+        return out.to(v.dtype)
+    # causal: each rank's [S, Z] (at its own scale), sent to the ranks after it; rank p continues from
+    # the sums of ranks 0 .. p-1 as from a decoding state
+    top = lk.detach().amax((-2, -1)) if log else lk.new_zeros(B, H)  # (B, H)
+    ek = torch.exp(lk - finite_or_zero(top)[..., None, None]) if log else lk
+    SZ = ek.transpose(-1, -2) @ v1  # (B, H, F, Ev + 1)
+    later, earlier = range(g.rank + 1, g.size), range(g.rank)
+    empty = SZ[..., :0, :]
+    sends = {p: [SZ, top] for p in later} | {p: [empty, top[..., :0]] for p in earlier}
+    expect = {p: [SZ.shape, top.shape] for p in earlier} | {p: [empty.shape, top[..., :0].shape] for p in later}
+    got = exchange(g, sends, expect, like=SZ)
+    state = None
+    if g.rank > 0:
+        tops = torch.stack([got[p][1] for p in earlier])  # (p, B, H)
+        M = finite_or_zero(tops.amax(0)) if log else tops[0]
+        total = sum(got[p][0] * torch.exp(got[p][1] - M)[..., None, None] for p in earlier)
+        state = LinearState(S=total[..., :Ev], Z=total[..., Ev], length=0,
+                            log_scale=tops.amax(0) if log else None)
+    out = kernel(q, k, v, mask=mask, state=state).output
+    return _touch(out, [t for p in got for t in got[p]])
+
+
+# ----------------------------------------------------------------------------- projection (linformer)
+
+
+def _projection(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
+    if L > kernel.seq_len:
+        raise ValueError(f"linformer was built for seq_len={kernel.seq_len} keys, got a sequence of {L}")
+    dtype, acc = q.dtype, matmul_dtype(q.dtype)
+    pos = positions(L, layout=layout, rank=g.rank, size=g.size, device=q.device)
+    E = kernel.E[:, pos].to(acc)  # (k, n): this rank's columns
+    Fp = E if kernel.F is None else kernel.F[:, pos].to(acc)
+    k, v = k.to(acc), v.to(acc)
+    if mask is not None:
+        keep = mask[:, None, :, None]
+        k = torch.where(keep, k, torch.zeros((), dtype=acc))
+        v = torch.where(keep, v, torch.zeros((), dtype=acc))
+    kp = torch.cat([E @ k, Fp @ v], dim=-1)  # (B, H, k, E + Ev): this rank's part of [E K, F V]
+    kp = all_reduce_sum(g, kp)
+    p = kernel.dropout if kernel.training else 0.0
+    out = F.scaled_dot_product_attention(q.to(acc), kp[..., :q.shape[-1]], kp[..., q.shape[-1]:], dropout_p=p)
+    return out.to(dtype)
+
+
+# ----------------------------------------------------------------------------- Ulysses
+
+
+def _ulysses(kernel, q, k, v, mask, g: Group, L: int, layout: str, whole_batch: bool = False) -> Tensor:
+    B, H, n, E = q.shape
+    Ev = v.shape[-1]
+    P = g.size
+    if whole_batch and B % P:
+        raise ValueError(f"attention {kernel.registry_name!r} splits over whole batch rows under context parallelism "
+                         f"(its heads differ: per-head parameters or draws), so the batch ({B}) must be a multiple of "
+                         f"the {P} ranks")
+    if (B * H) % P:
+        raise ValueError(f"Ulysses context parallelism splits the batch x heads rows ({B} x {H}) over {P} ranks: "
+                         f"their product must be a multiple of {P}")
+    R = B * H // P  # rows per rank
+    rows = lambda x: x.reshape(B * H, n, x.shape[-1])
+    qr, kr, vr = rows(q), rows(k), rows(v)
+    own = lambda x, r: x[r * R:(r + 1) * R]
+    others = [r for r in range(P) if r != g.rank]
+    got = exchange(g, {r: [own(qr, r), own(kr, r), own(vr, r)] for r in others},
+                   {r: [torch.Size((R, n, E)), torch.Size((R, n, E)), torch.Size((R, n, Ev))] for r in others}, like=q)
+    runs = []  # (global start, (q, k, v) rows of that run)
+    for r in range(P):
+        parts = [own(x, g.rank) for x in (qr, kr, vr)] if r == g.rank else got[r]
+        at = 0
+        for start, length in pieces(L, P, r, layout):
+            runs.append((start, [x[:, at:at + length] for x in parts]))
+            at += length
+    runs.sort(key=lambda run: run[0])
+    qs, ks, vs = (torch.cat([run[1][i] for run in runs], dim=1) for i in range(3))  # (R, L, *)
+    full_mask = None
+    if mask is not None:
+        full_mask = gather(mask, g, layout, dim=-1)  # (B, L)
+    if whole_batch:
+        b = R // H
+        shape = (b, H, L)
+        kmask = None if full_mask is None else full_mask[g.rank * b:(g.rank + 1) * b]
+    else:
+        shape = (R, 1, L)
+        kmask = None if full_mask is None else full_mask[torch.arange(g.rank * R, (g.rank + 1) * R, device=q.device) // H]
+    out = kernel(qs.reshape(*shape, E), ks.reshape(*shape, E), vs.reshape(*shape, Ev), mask=kmask).output
+    out = out.reshape(R, L, Ev)
+    back = {r: [torch.cat([out[:, s:s + length] for s, length in pieces(L, P, r, layout)], dim=1)] for r in others}
+    got_back = exchange(g, back, {r: [torch.Size((R, n, Ev))] for r in others}, like=out)
+    mine = torch.cat([out[:, s:s + length] for s, length in pieces(L, P, g.rank, layout)], dim=1)
+    rows_out = [mine if r == g.rank else got_back[r][0] for r in range(P)]
+    return torch.cat(rows_out, dim=0).view(B, H, n, Ev)
+
+
+_RUN = {
+    "ring": _ring, "halo": _halo, "state": _state, "projection": _projection, "ulysses": _ulysses,
+    "ulysses-batch": lambda *args: _ulysses(*args, whole_batch=True),
+}
+
+
+class ContextParallel(nn.Module):
+    """A kernel that runs through ``attend`` on sequence shards — a drop-in for the kernel inside a
+    ``MultiHeadAttention`` (``layer.kernel = ContextParallel(layer.kernel, group, layout)``) when
+    every rank feeds its shard of the sequence. Keeps the wrapped kernel as ``.kernel`` (its
+    parameters keep their place in the model's state dict under ``kernel.kernel.*``; use
+    ``unwrap`` before saving)."""
+
+    def __init__(self, kernel: AttentionKernel, group: Union[None, Group, dist.ProcessGroup] = None,
+                 layout: str = "contiguous") -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.group = group
+        self.layout = layout
+
+    @property
+    def causal(self) -> bool:
+        return self.kernel.causal
+
+    def forward(self, q, k, v, mask=None, state=None, need_weights=False, return_state=False) -> AttentionOutput:
+        if state is not None or return_state or need_weights:
+            raise ValueError("a context-parallel kernel returns outputs only: no state, return_state or need_weights "
+                             "(decode and inspect weights on one process)")
+        return attend(self.kernel, q, k, v, mask=mask, group=self.group, layout=self.layout)
