@@ -32,7 +32,7 @@ other way, ``qkv.parallel.comm``). Each kernel class declares how it splits
 A strategy that does not fit the call (a zigzag layout for halo or causal state passing, a shard
 that is not a whole number of local-1d blocks, linear attention with ``eps > 0``) falls back to
 Ulysses; ``strategy_for`` says which runs. Masks: key padding ``(B, L/P)`` (this rank's keys)
-under every strategy. Dropout runs as the kernel's (halo, Ulysses, projection) or on the ring's
+under every strategy; ranks may differ in passing one or None (a shard without padding). Dropout runs as the kernel's (halo, Ulysses, projection) or on the ring's
 block weights (equal in distribution to dropout on the whole weights), with the ranks' own draws.
 """
 
@@ -177,14 +177,18 @@ def _ring(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
     q_runs = pieces(L, g.size, g.rank, layout)
     parts: List[List[Tuple[Tensor, Tensor, Tensor]]] = [[] for _ in q_runs]
     nxt, prv = (g.rank + 1) % g.size, (g.rank - 1) % g.size
-    k_cur, v_cur, m_cur = k, v, mask
+    # the key padding always travels (all True without one): a rank whose shard has no padding and
+    # passes no mask makes the same exchanges as one that does
+    m_cur = mask if mask is not None else torch.ones(B, n, dtype=torch.bool, device=q.device)
+    k_cur, v_cur = k, v
     received: List[Tensor] = []
     for step in range(g.size):
         src = (g.rank - step) % g.size  # whose keys this rank holds now
         k_at = 0
         for k_start, k_len in pieces(L, g.size, src, layout):
             kb, vb = k_cur[:, :, k_at:k_at + k_len].to(acc), v_cur[:, :, k_at:k_at + k_len].to(acc)
-            kpm = None if m_cur is None else m_cur[:, None, None, k_at:k_at + k_len]  # (B, 1, 1, kl)
+            kpm = m_cur[:, None, None, k_at:k_at + k_len]  # (B, 1, 1, kl)
+            kpm = None if bool(kpm.all()) else kpm
             k_at += k_len
             q_at = 0
             for i, (q_start, q_len) in enumerate(q_runs):
@@ -203,8 +207,7 @@ def _ring(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
             got = exchange(g, {nxt: [k_cur, v_cur]}, {prv: [k_cur.shape, v_cur.shape]}, like=k)[prv]
             k_cur, v_cur = got
             received += got
-            if mask is not None:
-                m_cur = exchange(g, {nxt: [m_cur]}, {prv: [m_cur.shape]}, like=mask)[prv][0]
+            m_cur = exchange(g, {nxt: [m_cur]}, {prv: [m_cur.shape]}, like=m_cur)[prv][0]
     outs = []
     for i, (_, q_len) in enumerate(q_runs):
         outs.append(_merge(parts[i]) if parts[i] else q.new_zeros(B, H, q_len, v.shape[-1], dtype=acc))
@@ -376,16 +379,16 @@ def _ulysses(kernel, q, k, v, mask, g: Group, L: int, layout: str, whole_batch: 
             at += length
     runs.sort(key=lambda run: run[0])
     qs, ks, vs = (torch.cat([run[1][i] for run in runs], dim=1) for i in range(3))  # (R, L, *)
-    full_mask = None
-    if mask is not None:
-        full_mask = gather(mask, g, layout, dim=-1)  # (B, L)
+    keep = mask if mask is not None else torch.ones(B, n, dtype=torch.bool, device=q.device)
+    full_mask = gather(keep, g, layout, dim=-1)  # (B, L): gathered on every rank, padded or not (the same exchanges)
     if whole_batch:
         b = R // H
         shape = (b, H, L)
-        kmask = None if full_mask is None else full_mask[g.rank * b:(g.rank + 1) * b]
+        kmask = full_mask[g.rank * b:(g.rank + 1) * b]
     else:
         shape = (R, 1, L)
-        kmask = None if full_mask is None else full_mask[torch.arange(g.rank * R, (g.rank + 1) * R, device=q.device) // H]
+        kmask = full_mask[torch.arange(g.rank * R, (g.rank + 1) * R, device=q.device) // H]
+    kmask = None if bool(kmask.all()) else kmask  # no padding: the kernel's fast path
     out = kernel(qs.reshape(*shape, E), ks.reshape(*shape, E), vs.reshape(*shape, Ev), mask=kmask).output
     out = out.reshape(R, L, Ev)
     back = {r: [torch.cat([out[:, s:s + length] for s, length in pieces(L, P, r, layout)], dim=1)] for r in others}

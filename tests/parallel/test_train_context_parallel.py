@@ -1,0 +1,94 @@
+"""``qkv train gpt ... --context-parallel 2``: two gloo processes that each hold half of every
+sequence log the losses of one process (float32, 1e-5), for kernels of every strategy; models that
+cannot be split are refused with the reason. The ranks run ``qkv.cli.main`` in processes spawned
+here (as ``torchrun`` would start them: RANK, WORLD_SIZE, MASTER_ADDR/PORT), one spawn for all kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import traceback
+
+import pytest
+import torch.multiprocessing as mp
+
+KERNELS = {  # kernel -> its --set options (lsh: fixed rotations, the same on every rank and in the reference)
+    "softmax": [],
+    "window": ["--set", "attention_kwargs.radius=3"],
+    "linear": [],
+    "performer": [],
+    "lsh": ["--set", "attention_kwargs.seed=0", "--set", "attention_kwargs.bucket_size=4"],
+}
+TINY = ["--set", "n_layers=2", "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32", "--set", "dropout=0.0",
+        "--set", "task.block_size=16", "--threads", "1", "--log-every", "1"]
+
+
+def _argv(kernel: str, out, *extra: str):
+    return ["train", "gpt", "--task", "shakespeare-char", "--out", str(out), "--steps", "3", "--batch-size", "2",
+            "--warmup", "1", "--eval-batches", "1", "--eval-max-examples", "2", "--progress", "false",
+            "--tensorboard", "false", "--attention", kernel, *TINY, *KERNELS[kernel], *extra]
+
+
+def _losses(run) -> list:
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
+
+
+def _rank(rank: int, world: int, port: int, data: str, root: str, errors) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), QKV_DATA=data)
+    from pathlib import Path
+
+    from qkv.cli import main
+
+    try:
+        for kernel in KERNELS:
+            code = main(_argv(kernel, Path(root) / f"{kernel}-cp", "--context-parallel", str(world)))
+            assert code == 0, f"{kernel}: exit status {code}"
+    except Exception:
+        errors.append(f"rank {rank}: {traceback.format_exc()}")
+        raise
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_gpt_on_two_context_parallel_ranks_has_the_one_process_losses(shakespeare_cache, tmp_path, monkeypatch):
+    from qkv.cli import main
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for kernel in KERNELS:  # the reference: one process, whole sequences
+        assert main(_argv(kernel, tmp_path / f"{kernel}-one")) == 0
+    errors = mp.Manager().list()
+    try:
+        mp.spawn(_rank, args=(2, _free_port(), os.environ["QKV_DATA"], str(tmp_path), errors), nprocs=2)
+    except Exception as error:
+        raise AssertionError("\n".join(errors) or str(error)) from None
+    for kernel in KERNELS:
+        one, split = _losses(tmp_path / f"{kernel}-one"), _losses(tmp_path / f"{kernel}-cp")
+        assert len(one) == len(split) == 3, kernel
+        assert max(abs(a - b) for a, b in zip(one, split)) <= 1e-5, (kernel, one, split)
+
+
+def test_models_that_cannot_be_split_are_refused_with_the_reason():
+    import torch
+
+    from qkv._errors import UserError
+    from qkv.train.distributed import refuse_unsplittable
+
+    class Recurrent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = torch.nn.LSTM(4, 4)
+
+    with pytest.raises(UserError, match="recurrent"):
+        refuse_unsplittable(Recurrent(), carries_state=False)
+    with pytest.raises(UserError, match="memory across segments"):
+        refuse_unsplittable(Recurrent(), carries_state=True)
+    with pytest.raises(UserError, match="no self-attention"):
+        refuse_unsplittable(torch.nn.Linear(2, 2), carries_state=False)
