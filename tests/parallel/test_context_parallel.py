@@ -22,9 +22,12 @@ from qkv.registry import lookup, names
 B, H, L, E = 4, 2, 16, 4
 
 
+VARIANTS = ("softmax/written", "softmax/dropout")  # the ring's blocks written out (off the fused CPU kernel), its autograd form
+
+
 def _cases():
-    for name in names("attention"):
-        cls = lookup("attention", name)
+    for name in (*names("attention"), *VARIANTS):
+        cls = lookup("attention", name.partition("/")[0])
         for causal in ((False, True) if cls.supports_causal else (False,)):
             for padded in (False, True):
                 for layout in (("contiguous", "zigzag") if causal else ("contiguous",)):
@@ -32,8 +35,11 @@ def _cases():
 
 
 def _kernel(name: str, causal: bool):
+    name, _, variant = name.partition("/")
     cls = lookup("attention", name)
     kwargs = {**cls.default_knobs(L, H, E), **(cls.deterministic_kwargs or {})}
+    if variant == "dropout":  # > 0 takes the autograd path; so small that every weight is kept, times exactly 1
+        kwargs["dropout"] = 1e-300
     if "causal" in cls.__init__.__code__.co_varnames:
         kwargs["causal"] = causal
     torch.manual_seed(1)
@@ -48,8 +54,12 @@ def _kernel(name: str, causal: bool):
 
 def _compare(name: str, causal: bool, padded: bool, layout: str, world: int, rank: int) -> float:
     from qkv import parallel
+    from qkv.parallel import strategies as attend_module
 
     kernel = _kernel(name, causal)
+    fused = attend_module._fused
+    if name == "softmax/written":
+        attend_module._fused = lambda x: False
     torch.manual_seed(2)
     q, k, v, g = (torch.randn(B, H, L, E, dtype=torch.float64) for _ in range(4))
     mask = torch.rand(B, L) > 0.3 if padded else None
@@ -72,6 +82,7 @@ def _compare(name: str, causal: bool, padded: bool, layout: str, world: int, ran
         summed = p.grad.clone()
         dist.all_reduce(summed)
         errors.append((summed - r).abs().max())
+    attend_module._fused = fused
     err = torch.stack(errors).max().detach().reshape(1)
     dist.all_reduce(err, op=dist.ReduceOp.MAX)
     return float(err)

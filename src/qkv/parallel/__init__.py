@@ -10,7 +10,7 @@ communication, ``layout`` the sharding. docs/design.md §1: this floor sits abov
 and below the models.
 """
 
-from .attend import STRATEGIES, ContextParallel, attend, halo_widths, strategy_for
+from .strategies import STRATEGIES, ContextParallel, attend, halo_widths, strategy_for
 from .comm import TRAFFIC, Group, all_gather, all_reduce_sum, exchange
 from .layout import LAYOUTS, gather, pieces, positions, shard
 from .model import Sharding, enable, layout_for, shard_batch

@@ -4,7 +4,7 @@ Every function here is differentiable: its backward is the matching communicatio
 (what a rank sent comes back to it as the gradient of what its peers received), so a loss summed
 over the ranks has the gradients of the same loss computed on one process.
 
-- ``exchange``: point-to-point messages, one per pair of ranks (``torch.distributed.batch_isend_irecv``
+- ``exchange``: point-to-point messages, each tensor sent as it lies (``torch.distributed.batch_isend_irecv``
   on any backend — gloo on the CPU, NCCL on CUDA); a ring shift, a halo, an all-to-all and an
   all-gather are all one exchange.
 - ``all_reduce_sum``: ``torch.distributed.all_reduce``; backward all-reduces the gradient.
@@ -17,13 +17,13 @@ read what a strategy costs on the wire against its formula.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["Group", "TRAFFIC", "Traffic", "exchange", "all_reduce_sum", "all_reduce_max", "all_gather"]
+__all__ = ["Group", "TRAFFIC", "Traffic", "exchange", "send_receive", "all_reduce_sum", "all_reduce_max", "all_gather"]
 
 
 @dataclass
@@ -61,56 +61,58 @@ class Group:
 
 
 _TAGS = [0]  # exchanges are numbered in the order they are made, the same on every rank
+_PER_EXCHANGE = 64  # tags an exchange may use: one per tensor in a message
 
 
-def _transfer(group: Group, sends: Dict[int, Tensor], recvs: Dict[int, Tensor], tag: int) -> int:
-    """Send ``sends[peer]`` to each peer and receive into ``recvs[peer]`` (flat buffers), every message
-    tagged ``tag`` (a message can only meet the receive it was meant for); returns the bytes sent."""
-    ops = [dist.P2POp(dist.isend, buf, group.global_rank(peer), group.group, tag) for peer, buf in sends.items() if buf.numel()]
-    ops += [dist.P2POp(dist.irecv, buf, group.global_rank(peer), group.group, tag) for peer, buf in recvs.items() if buf.numel()]
+def _next_tag() -> int:
+    """The first tag of a new exchange (its backward uses the next block of tags)."""
+    _TAGS[0] = (_TAGS[0] + 2) % (1 << 24)
+    return _TAGS[0] * _PER_EXCHANGE
+
+
+def _transfer(group: Group, sends: Dict[int, List[Tensor]], recvs: Dict[int, List[Tensor]], tag: int) -> int:
+    """Send each tensor of ``sends[peer]`` to its peer and receive into ``recvs[peer]``, the ``i``-th
+    tensor of a message tagged ``tag + i`` (a message can only meet the receive it was meant for; no
+    tensor is copied into one buffer first); returns the bytes sent."""
+    ops = []
+    for op, plan in ((dist.isend, sends), (dist.irecv, recvs)):
+        for peer, tensors in plan.items():
+            if len(tensors) > _PER_EXCHANGE:
+                raise ValueError(f"one message carries at most {_PER_EXCHANGE} tensors, got {len(tensors)}")
+            ops += [dist.P2POp(op, t, group.global_rank(peer), group.group, tag + i)
+                    for i, t in enumerate(tensors) if t.numel()]
     if ops:
         for request in dist.batch_isend_irecv(ops):
             request.wait()
-    return sum(buf.numel() * buf.element_size() for buf in sends.values())
+    return sum(t.numel() * t.element_size() for tensors in sends.values() for t in tensors)
 
 
-def _pack(tensors: Sequence[Tensor]) -> Tensor:
-    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
-
-
-def _unpack(flat: Tensor, shapes: Sequence[torch.Size]) -> List[Tensor]:
-    out, at = [], 0
-    for shape in shapes:
-        n = int(torch.Size(shape).numel())
-        out.append(flat[at:at + n].view(shape))
-        at += n
-    return out
+def _wire(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` as it can be sent: contiguous, in ``dtype`` (a copy only where it is neither)."""
+    return t.to(dtype).contiguous()
 
 
 class _Exchange(torch.autograd.Function):
-    """Forward: each ``(peer, tensors)`` of ``plan_send`` goes to ``peer`` as one message; returns what
-    ``plan_recv`` expects from each peer. Backward: the same messages the other way, gradients
-    summed where a tensor was sent to several peers."""
+    """Forward: the tensors of each ``send_peers[i]`` (``send_counts[i]`` of them) go to that peer;
+    returns what ``recv_plan`` expects from each peer. Backward: the same messages the other way,
+    gradients summed where a tensor was sent to several peers."""
 
     @staticmethod
     def forward(ctx, group: Group, send_peers: Tuple[int, ...], send_counts: Tuple[int, ...],
                 recv_plan: Tuple[Tuple[int, Tuple[torch.Size, ...]], ...], like: Tensor, *tensors: Tensor):
         dtype, device = like.dtype, like.device
-        _TAGS[0] = tag = (_TAGS[0] + 2) % (1 << 30)  # forward: tag; backward: tag + 1
-        ctx.tag = tag + 1
+        tag = _next_tag()
+        ctx.tag = tag + _PER_EXCHANGE
         sends, at = {}, 0
         for peer, count in zip(send_peers, send_counts):
-            sends[peer] = _pack(tensors[at:at + count]).to(dtype=dtype, device=device)
+            sends[peer] = [_wire(t, dtype) for t in tensors[at:at + count]]
             at += count
-        recvs = {peer: torch.empty(sum(int(torch.Size(s).numel()) for s in shapes), dtype=dtype, device=device)
-                 for peer, shapes in recv_plan}
+        recvs = {peer: [torch.empty(s, dtype=dtype, device=device) for s in shapes] for peer, shapes in recv_plan}
         TRAFFIC.forward += _transfer(group, sends, recvs, tag)
         ctx.group, ctx.send_peers, ctx.recv_plan = group, send_peers, recv_plan
         ctx.send_shapes = [t.shape for t in tensors]
         ctx.send_counts, ctx.dtype, ctx.device = send_counts, dtype, device
-        received = []
-        for peer, shapes in recv_plan:
-            received += _unpack(recvs[peer], shapes)
+        received = [t for peer, _ in recv_plan for t in recvs[peer]]
         ctx.mark_non_differentiable(*[r for r in received if not r.is_floating_point()])
         return tuple(received)
 
@@ -118,21 +120,28 @@ class _Exchange(torch.autograd.Function):
     def backward(ctx, *grads: Optional[Tensor]):
         sends, at = {}, 0
         for peer, shapes in ctx.recv_plan:  # the gradients of what came from peer go back to it
-            parts = [g if g is not None else torch.zeros(s, dtype=ctx.dtype, device=ctx.device)
-                     for g, s in zip(grads[at:at + len(shapes)], shapes)]
-            sends[peer] = _pack(parts).to(dtype=ctx.dtype, device=ctx.device)
+            sends[peer] = [_wire(g, ctx.dtype) if g is not None else torch.zeros(s, dtype=ctx.dtype, device=ctx.device)
+                           for g, s in zip(grads[at:at + len(shapes)], shapes)]
             at += len(shapes)
         recvs, at = {}, 0
         for peer, count in zip(ctx.send_peers, ctx.send_counts):
-            shapes = ctx.send_shapes[at:at + count]
-            recvs[peer] = torch.empty(sum(int(s.numel()) for s in shapes), dtype=ctx.dtype, device=ctx.device)
+            recvs[peer] = [torch.empty(s, dtype=ctx.dtype, device=ctx.device) for s in ctx.send_shapes[at:at + count]]
             at += count
         TRAFFIC.backward += _transfer(ctx.group, sends, recvs, ctx.tag)
-        out, at = [], 0
-        for peer, count in zip(ctx.send_peers, ctx.send_counts):
-            out += _unpack(recvs[peer], ctx.send_shapes[at:at + count])
-            at += count
-        return (None, None, None, None, None, *out)
+        return (None, None, None, None, None, *[t for peer in ctx.send_peers for t in recvs[peer]])
+
+
+def send_receive(group: Group, sends: Dict[int, List[Tensor]], expect: Dict[int, List[torch.Size]], like: Tensor,
+                 phase: str = "forward") -> Dict[int, List[Tensor]]:
+    """``exchange`` without gradient, for code that writes its own backward (the ring's): the bytes
+    count toward ``TRAFFIC.<phase>``."""
+    dtype = torch.uint8 if like.dtype == torch.bool else like.dtype  # bool travels as bytes
+    buffers = {p: [_wire(t, dtype) for t in ts] for p, ts in sends.items() if p != group.rank}
+    recvs = {p: [torch.empty(s, dtype=dtype, device=like.device) for s in shapes]
+             for p, shapes in expect.items() if p != group.rank}
+    sent = _transfer(group, buffers, recvs, _next_tag())
+    setattr(TRAFFIC, phase, getattr(TRAFFIC, phase) + sent)
+    return {p: [x.to(like.dtype) for x in recvs[p]] for p in recvs}
 
 
 def exchange(group: Group, sends: Dict[int, List[Tensor]], expect: Dict[int, List[torch.Size]],

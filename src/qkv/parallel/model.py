@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ..attention import AttentionKernel
 from ..registry import lookup, names
-from .attend import attend, strategy_for
+from .strategies import attend, strategy_for
 from .comm import Group
 from .layout import check_length, pieces
 

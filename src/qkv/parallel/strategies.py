@@ -1,4 +1,4 @@
-"""Any registered kernel on sequence shards: ``attend(kernel, q, k, v, mask=..., group=...)``.
+"""Any registered kernel on sequence shards: ``qkv.parallel.attend(kernel, q, k, v, mask=..., group=...)``.
 
 Each rank holds ``q, k, v (B, H, L/P, E)`` — its shard of a self-attention sequence of ``L``
 positions in a layout (``qkv.parallel.layout``) — and gets its shard of the output; backward gives
@@ -51,7 +51,7 @@ from ..attention._ops import LinearState, accumulation_dtype, finite_or_zero, ma
 from ..attention.linear import elu_plus_one, log_elu_plus_one
 from ..attention.performer import favor_log_features
 from ..types import AttentionOutput
-from .comm import Group, all_gather, all_reduce_max, all_reduce_sum, exchange
+from .comm import Group, all_reduce_max, all_reduce_sum, exchange, send_receive
 from .layout import check_length, gather, pieces, positions
 
 __all__ = ["STRATEGIES", "attend", "strategy_for", "halo_widths", "ContextParallel"]
@@ -169,48 +169,185 @@ def _merge(parts: List[Tuple[Tensor, Tensor, Tensor]]) -> Tensor:
     return num / torch.where(den > 0, den, torch.ones_like(den))  # no allowed key: 0
 
 
+def _ring_blocks(L: int, g: Group, src: int, layout: str, causal: bool, m_cur: Tensor):
+    """The (query run, key run) blocks of one ring step — this rank's queries against the keys of rank
+    ``src`` — as ``(query run index, query slice, key slice, key padding (B, 1, 1, kl) or None,
+    diagonal)``. Runs are aligned and of one length, so a causal block is wholly before its queries
+    (all keys visible), wholly after them (left out) or on the diagonal (the same positions)."""
+    q_at = 0
+    for i, (q_start, q_len) in enumerate(pieces(L, g.size, g.rank, layout)):
+        k_at = 0
+        for k_start, k_len in pieces(L, g.size, src, layout):
+            kpm = m_cur[:, None, None, k_at:k_at + k_len]  # (B, 1, 1, kl)
+            ks = slice(k_at, k_at + k_len)
+            k_at += k_len
+            if causal and k_start > q_start:
+                continue  # every key after every query
+            yield i, slice(q_at, q_at + q_len), ks, (None if bool(kpm.all()) else kpm), causal and k_start == q_start
+        q_at += q_len
+
+
+def _allowed(kpm: Optional[Tensor], diagonal: bool, m: int, device) -> Optional[Tensor]:
+    """The block's mask: key padding and, on the diagonal, the causal cut."""
+    if not diagonal:
+        return kpm
+    tri = torch.ones(m, m, dtype=torch.bool, device=device).tril()
+    return tri if kpm is None else kpm & tri
+
+
+def _fused(x: Tensor) -> bool:
+    """Whether blocks run through PyTorch's fused CPU attention (flash, O(block) memory, with its
+    log-sum-exp and its backward); elsewhere the blocks are computed as written (``_block``)."""
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+
+
+def _block_forward(q: Tensor, k: Tensor, v: Tensor, kpm: Optional[Tensor], diagonal: bool, scale: float):
+    """One block's ``(out (B, H, m, Ev), lse (B, H, m, 1))``, ``lse = -inf`` on rows with no allowed key."""
+    if not _fused(q):
+        num, den, top = _block(q, k, v, _allowed(kpm, diagonal, q.shape[-2], q.device), scale, 0.0)
+        has = den > 0
+        return num / torch.where(has, den, torch.ones_like(den)), torch.where(
+            has, finite_or_zero(top) + torch.log(den.clamp(min=torch.finfo(den.dtype).tiny)), float("-inf"))
+    bias = None if kpm is None else torch.zeros(kpm.shape, dtype=q.dtype, device=q.device).masked_fill(~kpm, float("-inf"))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, diagonal, attn_mask=bias, scale=scale)
+    lse = lse.unsqueeze(-1)  # (B, H, m, 1)
+    if kpm is not None:  # the fused kernel gives a row with no allowed key lse 0: make it -inf (it weighs nothing)
+        has = kpm[..., 0, :]  # (B, 1, kl)
+        has = (has.cumsum(-1) > 0) if diagonal else has.any(-1, keepdim=True)  # (B, 1, m | 1): a key at or before the row
+        lse = lse.masked_fill(~has.unsqueeze(-1), float("-inf"))
+    return out, lse
+
+
+def _block_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, D: Tensor,
+                    kpm: Optional[Tensor], diagonal: bool, scale: float):
+    """One block's ``(dq, dk, dv)`` from the *global* output rows ``out`` and log-sum-exp ``lse``
+    (``p = exp(s - lse)`` are then the block's entries of the whole softmax): exact block gradients."""
+    lse0 = finite_or_zero(lse)  # a row with no allowed key anywhere has only -inf scores: p = 0 there
+    if not _fused(q):
+        p = torch.exp(_scores(q, k, _allowed(kpm, diagonal, q.shape[-2], q.device), scale) - lse0)  # (B, H, m, kl)
+        ds = p * (do @ v.transpose(-1, -2) - D)  # d loss / d scores
+        return (ds @ k) * scale, (ds.transpose(-1, -2) @ q) * scale, p.transpose(-1, -2) @ do
+    bias = None if kpm is None else torch.zeros(kpm.shape, dtype=q.dtype, device=q.device).masked_fill(~kpm, float("-inf"))
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        do, q, k, v, out, lse0.squeeze(-1), 0.0, diagonal, attn_mask=bias, scale=scale)
+
+
+def _scores(q: Tensor, k: Tensor, allowed: Optional[Tensor], scale: float) -> Tensor:
+    s = (q @ k.transpose(-1, -2)) * scale  # (B, H, m, n)
+    return s if allowed is None else s.masked_fill(~allowed, float("-inf"))
+
+
+def _fold(acc: Optional[Tuple[Tensor, Tensor]], out: Tensor, lse: Tensor) -> Tuple[Tensor, Tensor]:
+    """A block's ``(out, lse)`` folded into the running ``acc`` (online softmax): ``(w_a out_a + w_b out_b)
+    / (w_a + w_b)``, ``w = exp(lse - max)``, and ``lse = log(exp(lse_a) + exp(lse_b))`` — one block's
+    output alive at a time, not ``P``."""
+    if acc is None:
+        return out, lse
+    M = finite_or_zero(torch.maximum(acc[1], lse))  # (B, H, m, 1)
+    wa, wb = torch.exp(acc[1] - M), torch.exp(lse - M)
+    den = wa + wb
+    merged = (wa * acc[0] + wb * out) / torch.where(den > 0, den, torch.ones_like(den))
+    return merged, torch.where(den > 0, M + torch.log(den.clamp(min=torch.finfo(den.dtype).tiny)), float("-inf"))
+
+
+class _Ring(torch.autograd.Function):
+    """Ring attention with its backward written out (the memory-efficient form of Liu et al. 2023,
+    as in ring-flash-attention): forward keeps only this rank's ``q, k, v``, the output and the rows'
+    log-sum-exp; backward sends the key/value shards around again, computes each block's gradients
+    from the global output and log-sum-exp, and sends each shard's key/value gradients along with
+    it, home after ``P`` steps. Blocks run through PyTorch's fused CPU attention where it applies
+    (``_fused``), so that per-rank memory is O(L/P), not the ``(L/P, L/P)`` scores of a block."""
+
+    @staticmethod
+    def forward(ctx, g: Group, L: int, layout: str, causal: bool, scale: float, q: Tensor, k: Tensor, v: Tensor,
+                mask: Tensor):
+        B, H, n, _ = q.shape
+        nxt, prv = (g.rank + 1) % g.size, (g.rank - 1) % g.size
+        runs = pieces(L, g.size, g.rank, layout)
+        running: List[Optional[Tuple[Tensor, Tensor]]] = [None for _ in runs]  # (out, lse) of each query run
+        k_cur, v_cur, m_cur = k, v, mask
+        for step in range(g.size):
+            src = (g.rank - step) % g.size
+            for i, qs, ks, kpm, diagonal in _ring_blocks(L, g, src, layout, causal, m_cur):
+                running[i] = _fold(running[i], *_block_forward(q[:, :, qs], k_cur[:, :, ks], v_cur[:, :, ks], kpm,
+                                                                diagonal, scale))
+            if step < g.size - 1:
+                k_cur, v_cur = send_receive(g, {nxt: [k_cur, v_cur]}, {prv: [k.shape, v.shape]}, like=k)[prv]
+                m_cur = send_receive(g, {nxt: [m_cur]}, {prv: [mask.shape]}, like=mask)[prv][0]
+        merged = [r if r is not None else (q.new_zeros(B, H, length, v.shape[-1]), q.new_full((B, H, length, 1), float("-inf")))
+                  for r, (_, length) in zip(running, runs)]
+        out = torch.cat([o for o, _ in merged], dim=2)  # (B, H, n, Ev)
+        lse = torch.cat([s for _, s in merged], dim=2)  # (B, H, n, 1)
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.setup = (g, L, layout, causal, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        g, L, layout, causal, scale = ctx.setup
+        nxt, prv = (g.rank + 1) % g.size, (g.rank - 1) % g.size
+        dout = dout.contiguous()
+        D = (dout * out).sum(-1, keepdim=True)  # (B, H, n, 1): sum_j p_j dp_j of every row
+        dq = torch.zeros_like(q)
+        k_cur, v_cur, m_cur = k, v, mask
+        dk_cur, dv_cur = torch.zeros_like(k), torch.zeros_like(v)
+        for step in range(g.size):
+            src = (g.rank - step) % g.size
+            for _, qs, ks, kpm, diagonal in _ring_blocks(L, g, src, layout, causal, m_cur):
+                dq_b, dk_b, dv_b = _block_backward(dout[:, :, qs].contiguous(), q[:, :, qs].contiguous(),
+                                                   k_cur[:, :, ks].contiguous(), v_cur[:, :, ks].contiguous(),
+                                                   out[:, :, qs].contiguous(), lse[:, :, qs].contiguous(),
+                                                   D[:, :, qs], kpm, diagonal, scale)
+                dq[:, :, qs] += dq_b
+                dk_cur[:, :, ks] += dk_b
+                dv_cur[:, :, ks] += dv_b
+            # pass the shard and its gradients on; after the last step the gradients go home (to src + 1 = next)
+            if step < g.size - 1:
+                k_cur, v_cur, dk_cur, dv_cur = send_receive(
+                    g, {nxt: [k_cur, v_cur, dk_cur, dv_cur]}, {prv: [k.shape, v.shape, k.shape, v.shape]}, like=k,
+                    phase="backward")[prv]
+                m_cur = send_receive(g, {nxt: [m_cur]}, {prv: [mask.shape]}, like=mask, phase="backward")[prv][0]
+            else:
+                dk_cur, dv_cur = send_receive(g, {nxt: [dk_cur, dv_cur]}, {prv: [k.shape, v.shape]}, like=k,
+                                              phase="backward")[prv]
+        return None, None, None, None, None, dq, dk_cur, dv_cur, None
+
+
 def _ring(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
     B, H, n, E = q.shape
     acc = accumulation_dtype(q.dtype)
     scale = getattr(kernel, "scale", None) or 1.0 / math.sqrt(E)
-    p = kernel.dropout if kernel.training else 0.0
-    q_runs = pieces(L, g.size, g.rank, layout)
-    parts: List[List[Tuple[Tensor, Tensor, Tensor]]] = [[] for _ in q_runs]
-    nxt, prv = (g.rank + 1) % g.size, (g.rank - 1) % g.size
     # the key padding always travels (all True without one): a rank whose shard has no padding and
     # passes no mask makes the same exchanges as one that does
-    m_cur = mask if mask is not None else torch.ones(B, n, dtype=torch.bool, device=q.device)
-    k_cur, v_cur = k, v
+    keep = mask if mask is not None else torch.ones(B, n, dtype=torch.bool, device=q.device)
+    p = kernel.dropout if kernel.training else 0.0
+    if p == 0:
+        return _Ring.apply(g, L, layout, kernel.causal, scale, q.to(acc), k.to(acc), v.to(acc), keep).to(v.dtype)
+    return _ring_autograd(q, k, v, keep, g, L, layout, kernel.causal, scale, p)
+
+
+def _ring_autograd(q, k, v, keep, g: Group, L: int, layout: str, causal: bool, scale: float, p: float) -> Tensor:
+    """Ring attention with dropout on the block weights, differentiated by autograd (the dropout masks
+    are kept for backward, with every block's weights: O(L^2 / P) memory per rank)."""
+    B, H, n, _ = q.shape
+    acc = accumulation_dtype(q.dtype)
+    runs = pieces(L, g.size, g.rank, layout)
+    parts: List[List[Tuple[Tensor, Tensor, Tensor]]] = [[] for _ in runs]
+    nxt, prv = (g.rank + 1) % g.size, (g.rank - 1) % g.size
+    k_cur, v_cur, m_cur = k, v, keep
     received: List[Tensor] = []
     for step in range(g.size):
         src = (g.rank - step) % g.size  # whose keys this rank holds now
-        k_at = 0
-        for k_start, k_len in pieces(L, g.size, src, layout):
-            kb, vb = k_cur[:, :, k_at:k_at + k_len].to(acc), v_cur[:, :, k_at:k_at + k_len].to(acc)
-            kpm = m_cur[:, None, None, k_at:k_at + k_len]  # (B, 1, 1, kl)
-            kpm = None if bool(kpm.all()) else kpm
-            k_at += k_len
-            q_at = 0
-            for i, (q_start, q_len) in enumerate(q_runs):
-                qb = q[:, :, q_at:q_at + q_len].to(acc)
-                q_at += q_len
-                allowed = kpm
-                if kernel.causal:
-                    if k_start > q_start + q_len - 1:
-                        continue  # every key after every query
-                    if k_start + k_len - 1 > q_start:  # the diagonal crosses the block
-                        qpos = torch.arange(q_start, q_start + q_len, device=q.device).view(-1, 1)
-                        kpos = torch.arange(k_start, k_start + k_len, device=q.device).view(1, -1)
-                        allowed = kpos <= qpos if allowed is None else allowed & (kpos <= qpos)
-                parts[i].append(_block(qb, kb, vb, allowed, scale, p))
+        for i, qs, ks, kpm, diagonal in _ring_blocks(L, g, src, layout, causal, m_cur):
+            allowed = _allowed(kpm, diagonal, qs.stop - qs.start, q.device)
+            parts[i].append(_block(q[:, :, qs].to(acc), k_cur[:, :, ks].to(acc), v_cur[:, :, ks].to(acc), allowed, scale, p))
         if step < g.size - 1:  # pass the keys on: to the next rank, from the previous one
             got = exchange(g, {nxt: [k_cur, v_cur]}, {prv: [k_cur.shape, v_cur.shape]}, like=k)[prv]
             k_cur, v_cur = got
             received += got
             m_cur = exchange(g, {nxt: [m_cur]}, {prv: [m_cur.shape]}, like=m_cur)[prv][0]
-    outs = []
-    for i, (_, q_len) in enumerate(q_runs):
-        outs.append(_merge(parts[i]) if parts[i] else q.new_zeros(B, H, q_len, v.shape[-1], dtype=acc))
+    outs = [_merge(part) if part else q.new_zeros(B, H, length, v.shape[-1], dtype=acc) for part, (_, length) in zip(parts, runs)]
     return _touch(torch.cat(outs, dim=2).to(v.dtype), received)
 
 
