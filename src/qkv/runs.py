@@ -61,7 +61,8 @@ RUN_FILE = "run.json"
 VOCAB_FILE = "vocab.json"
 #: training settings a resumed run may change (they do not alter the updates it computes)
 RESUME_MAY_CHANGE = frozenset({"steps", "eval_every", "eval_batches", "eval_max_examples", "save_every", "keep_last",
-                               "log_every", "device", "progress", "tensorboard"})
+                               "log_every", "device", "progress", "tensorboard",
+                               "context_parallel"})  # a checkpoint written under one P resumes under another
 _RUN_KEYS = ("model", "task", "task_options", "model_config")
 #: a checkpoint's tokenizer (task option ``tokenizer``), copied into the run directory
 TOKENIZER_FILE = "tokenizer.json"

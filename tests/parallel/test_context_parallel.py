@@ -8,7 +8,6 @@ One spawn per world size; the workers loop over every kernel (spawning costs sec
 
 from __future__ import annotations
 
-import socket
 import traceback
 
 import pytest
@@ -105,18 +104,12 @@ def _worker(rank: int, world: int, init: str, results):
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("world", [2, 4])
-def test_every_kernel_is_exact_on_shards(world):
+def test_every_kernel_is_exact_on_shards(world, tmp_path):
     manager = mp.Manager()
     results = manager.dict()
     try:
-        mp.spawn(_worker, args=(world, f"tcp://127.0.0.1:{_free_port()}", results), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, f"file://{tmp_path}/store", results), nprocs=world, join=True)
     except Exception as error:  # a worker's traceback says which kernel failed
         failed = {case: r for case, r in results.items() if isinstance(r, str)}
         raise AssertionError(f"world {world}: {failed or error}") from None
