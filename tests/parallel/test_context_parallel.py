@@ -21,7 +21,8 @@ from qkv.registry import lookup, names
 B, H, L, E = 4, 2, 16, 4
 
 
-VARIANTS = ("softmax/written", "softmax/dropout")  # the ring's blocks written out (off the fused CPU kernel), its autograd form
+# the ring's blocks written out (off the fused CPU kernel) and its autograd form; fixed's two parts alone
+VARIANTS = ("softmax/written", "softmax/dropout", "fixed/blocks", "fixed/summaries")
 
 
 def _cases():
@@ -39,6 +40,8 @@ def _kernel(name: str, causal: bool):
     kwargs = {**cls.default_knobs(L, H, E), **(cls.deterministic_kwargs or {})}
     if variant == "dropout":  # > 0 takes the autograd path; so small that every weight is kept, times exactly 1
         kwargs["dropout"] = 1e-300
+    if variant in ("blocks", "summaries"):
+        kwargs["subsets"] = (1,) if variant == "blocks" else (2,)
     if "causal" in cls.__init__.__code__.co_varnames:
         kwargs["causal"] = causal
     torch.manual_seed(1)
@@ -135,7 +138,9 @@ def test_each_kernel_runs_its_declared_strategy():
     assert strategy("linear", causal=True) == strategy("performer") == "state"
     assert strategy("linformer") == "projection"
     assert strategy("lsh") == strategy("relative") == strategy("adaptive-span") == "ulysses-batch"
-    assert strategy("strided") == strategy("fixed") == strategy("efficient") == strategy("local-2d") == "ulysses"
+    assert strategy("fixed") == strategy("fixed", causal=True) == "summary"
+    assert strategy("strided") == strategy("efficient") == strategy("local-2d") == "ulysses"
+    assert strategy("fixed", stride=4, c=1, L=24, P=4) == "ulysses"  # shards of 6 positions cut blocks of 4
     # where the declared strategy does not fit, Ulysses
     assert strategy("window", causal=True, layout="zigzag") == "ulysses"
     assert strategy("linear", causal=True, layout="zigzag") == "ulysses"

@@ -19,6 +19,7 @@ KERNELS = {  # kernel -> its --set options (lsh: fixed rotations, the same on ev
     "linear": [],
     "performer": [],
     "lsh": ["--set", "attention_kwargs.seed=0", "--set", "attention_kwargs.bucket_size=4"],
+    "strided": ["--set", "attention_kwargs.stride=4"],
 }
 TINY = ["--set", "n_layers=2", "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32", "--set", "dropout=0.0",
         "--set", "task.block_size=16", "--threads", "1", "--log-every", "1"]

@@ -54,6 +54,7 @@ def expected_bytes(strategy: str, kernel: Any, B: int, H: int, L: int, P: int, E
 
     ring ``(P - 1) B n ((E + Ev) H s + 1)`` (key/value shards and the key padding, ``P - 1`` steps);
     halo ``(left + right) B ((E + Ev) H s + 1)`` (an interior rank, halos within one shard);
+    summary ``(P - 1) B (n / l) c ((E + Ev) H s + 1)`` (fixed: the shard's summaries to every rank);
     state ``2 (P - 1) / P B H (F (Ev + 1) + 1) s`` (non-causal: two all-reduces) or
     ``(P - 1) B H (F (Ev + 1) + 1) s`` (causal: rank 0's sums to every later rank);
     projection ``2 (P - 1) / P B H k (E + Ev) s``; Ulysses ``(P - 1) / P B H n (2E + 2Ev) s + (P - 1) B n``
@@ -69,6 +70,9 @@ def expected_bytes(strategy: str, kernel: Any, B: int, H: int, L: int, P: int, E
     if strategy == "halo":
         left, right = halo_widths(kernel)
         return (left + right) * B * ((E + Ev) * H * itemsize + 1)
+    if strategy == "summary":
+        summaries = n // kernel.stride * kernel.c if 2 in kernel.subsets else 0
+        return (P - 1) * B * summaries * ((E + Ev) * H * itemsize + 1)
     if strategy == "state":
         F = kernel.nb_features if kernel.registry_name == "performer" else E
         per_rank = B * H * (F * (Ev + 1) + 1) * itemsize

@@ -15,6 +15,11 @@ other way, ``qkv.parallel.comm``). Each kernel class declares how it splits
                 ``r`` (window) or ``memory`` rounded up to whole blocks (local-1d) before it, and
                 ``r`` after it (non-causal window) — fetched from the neighbours; the kernel then
                 runs unchanged on the shard plus its halo, positions outside the sequence masked.
+``summary``     fixed (Child et al. 2019): with shards of whole blocks of ``l`` the own block is
+                local; the summaries (the last ``c`` positions of every block, ``c L / l`` keys)
+                are all-gathered; the two parts merged by log-sum-exp. ``strided``'s second part
+                (every ``l``-th earlier key, a different residue class for every query) needs
+                every key: it runs under Ulysses.
 ``state``       linear, performer (Katharopoulos et al. 2020; Choromanski et al. 2020): the sums
                 ``[S, Z] = sum_j phi(k_j) [v_j, 1]^T`` of each shard; non-causal one all-reduce,
                 causal an exclusive scan over the ranks (each rank continues the kernel from the
@@ -29,8 +34,8 @@ other way, ``qkv.parallel.comm``). Each kernel class declares how it splits
                 batch rows (all heads of ``B / P`` examples), so that every head meets its own.
 ==============  ===================================================================================
 
-A strategy that does not fit the call (a zigzag layout for halo or causal state passing, a shard
-that is not a whole number of local-1d blocks, linear attention with ``eps > 0``) falls back to
+A strategy that does not fit the call (a zigzag layout for halo, summary or causal state passing,
+a shard that is not a whole number of local-1d or fixed blocks, linear attention with ``eps > 0``) falls back to
 Ulysses; ``strategy_for`` says which runs. Masks: key padding ``(B, L/P)`` (this rank's keys)
 under every strategy; ranks may differ in passing one or None (a shard without padding). Dropout runs as the kernel's (halo, Ulysses, projection) or on the ring's
 block weights (equal in distribution to dropout on the whole weights), with the ranks' own draws.
@@ -45,6 +50,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ..attention import AttentionKernel
 from ..attention._ops import LinearState, accumulation_dtype, finite_or_zero, matmul_dtype
@@ -56,7 +62,7 @@ from .layout import check_length, gather, pieces, positions
 
 __all__ = ["STRATEGIES", "attend", "strategy_for", "halo_widths", "ContextParallel"]
 
-STRATEGIES = ("ring", "halo", "state", "projection", "ulysses", "ulysses-batch")
+STRATEGIES = ("ring", "halo", "summary", "state", "projection", "ulysses", "ulysses-batch")
 
 
 def _group(group) -> Group:
@@ -85,6 +91,8 @@ def strategy_for(kernel: AttentionKernel, L: int, P: int, layout: str = "contigu
         block = getattr(kernel, "block", None)
         if not hasattr(kernel, "radius") and isinstance(block, int) and (L // P) % block:
             return "ulysses"  # local-1d: a shard must start at a block boundary
+    if declared == "summary" and (layout != "contiguous" or (L // P) % kernel.stride):
+        return "ulysses"  # the own blocks must lie inside the shards
     if declared == "state" and (getattr(kernel, "eps", 0.0) > 0 or (kernel.causal and layout != "contiguous")):
         return "ulysses"
     return declared
@@ -464,6 +472,60 @@ def _state(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
     return _touch(out, [t for p in got for t in got[p]])
 
 
+# ----------------------------------------------------------------------------- summary (fixed)
+
+
+def _summary(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
+    """Sparse Transformer fixed attention (Child et al. 2019) on whole blocks of ``l``: the own block
+    ``A1`` lies inside the shard (``L/P`` a multiple of ``l``), the summaries ``A2`` — the last ``c``
+    positions of every block — are all-gathered (``c L / l`` keys); one softmax over ``A1 ∪ A2``, its
+    two parts merged by log-sum-exp, a key in both counted once (in ``A1``)."""
+    B, H, n, E = q.shape
+    Ev = v.shape[-1]
+    l, c = kernel.stride, kernel.c
+    acc = accumulation_dtype(q.dtype)
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    scale = 1.0 / math.sqrt(E)
+    p = kernel.dropout if kernel.training else 0.0
+    keep = mask if mask is not None else torch.ones(B, n, dtype=torch.bool, device=q.device)
+    start = g.rank * n
+    qpos = torch.arange(start, start + n, device=q.device)
+    parts: List[Tuple[Tensor, Tensor, Tensor]] = []
+    received: List[Tensor] = []
+    if 1 in kernel.subsets:  # A1: dense attention inside each block of l
+        nb = n // l
+        blocks = lambda x: x.reshape(B, H, nb, l, x.shape[-1])
+        allowed = keep.view(B, 1, nb, 1, l)  # (B, 1, nb, 1, l)
+        if kernel.causal:
+            allowed = allowed & torch.ones(l, l, dtype=torch.bool, device=q.device).tril()
+        num, den, top = _block(blocks(q), blocks(k), blocks(v), allowed, scale, p)  # (B, H, nb, l, *)
+        parts.append((num.reshape(B, H, n, Ev), den.reshape(B, H, n, 1), top.reshape(B, H, n, 1)))
+    if 2 in kernel.subsets:  # A2: every block's last c positions, from every rank
+        cols = (torch.arange(n, device=q.device) % l) >= l - c  # this shard's summary positions
+        others = [r for r in range(g.size) if r != g.rank]
+        ks, vs, ms = k[:, :, cols], v[:, :, cols], keep[:, cols]
+        got = exchange(g, {r: [ks, vs] for r in others}, {r: [ks.shape, vs.shape] for r in others}, like=k)
+        got_mask = exchange(g, {r: [ms] for r in others}, {r: [ms.shape] for r in others}, like=ms)
+        received += [t for r in others for t in got[r]]
+        k_all = torch.cat([ks if r == g.rank else got[r][0] for r in range(g.size)], dim=2)  # (B, H, c L / l, E)
+        v_all = torch.cat([vs if r == g.rank else got[r][1] for r in range(g.size)], dim=2)
+        m_all = torch.cat([ms if r == g.rank else got_mask[r][0] for r in range(g.size)], dim=1)  # (B, c L / l)
+        kpos = (torch.arange(L, device=q.device).view(-1, l)[:, l - c:]).reshape(-1)  # their global positions
+        chunk = -(-n // 8)  # query rows per chunk, each recomputed in backward (as the kernel's own
+        # recompute): one chunk's (rows, c L / l) scores alive at a time, none kept for backward
+        chunks = []
+        for at in range(0, n, chunk):
+            rows = qpos[at:at + chunk].view(-1, 1)
+            allowed = m_all[:, None, None, :]  # (B, 1, 1, S)
+            if kernel.causal:
+                allowed = allowed & (kpos.view(1, -1) <= rows)
+            if 1 in kernel.subsets:  # counted in A1 already
+                allowed = allowed & ((kpos.view(1, -1) // l) != (rows // l))
+            chunks.append(checkpoint(_block, q[:, :, at:at + chunk], k_all, v_all, allowed, scale, p, use_reentrant=False))
+        parts.append(tuple(torch.cat(x, dim=2) for x in zip(*chunks)))
+    return _touch(_merge(parts).to(v.dtype), received)
+
+
 # ----------------------------------------------------------------------------- projection (linformer)
 
 
@@ -536,7 +598,7 @@ def _ulysses(kernel, q, k, v, mask, g: Group, L: int, layout: str, whole_batch: 
 
 
 _RUN = {
-    "ring": _ring, "halo": _halo, "state": _state, "projection": _projection, "ulysses": _ulysses,
+    "ring": _ring, "halo": _halo, "summary": _summary, "state": _state, "projection": _projection, "ulysses": _ulysses,
     "ulysses-batch": lambda *args: _ulysses(*args, whole_batch=True),
 }
 
