@@ -97,3 +97,16 @@ def test_models_that_cannot_be_split_are_refused_with_the_reason():
         refuse_unsplittable(Recurrent(), carries_state=True)
     with pytest.raises(UserError, match="no self-attention"):
         refuse_unsplittable(torch.nn.Linear(2, 2), carries_state=False)
+
+
+def test_context_parallel_is_refused_before_anything_is_written(shakespeare_cache, tmp_path, monkeypatch, capsys):
+    from qkv.cli import main
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(_argv("softmax", tmp_path / "one-process", "--context-parallel", "2")) == 2
+    assert "must divide the number of processes (1)" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")  # the check reads torchrun's world size; the sequences of 15 do not cut
+    assert main(_argv("softmax", tmp_path / "odd", "--context-parallel", "2", "--set", "task.block_size=15")) == 2
+    assert "do not cut into 2 equal shards" in capsys.readouterr().err
+    assert not (tmp_path / "one-process").exists() and not (tmp_path / "odd").exists()

@@ -49,7 +49,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ..attention import AttentionKernel
@@ -60,7 +60,7 @@ from ..types import AttentionOutput
 from .comm import Group, all_reduce_max, all_reduce_sum, exchange, send_receive
 from .layout import check_length, gather, pieces, positions
 
-__all__ = ["STRATEGIES", "attend", "strategy_for", "halo_widths", "ContextParallel"]
+__all__ = ["STRATEGIES", "attend", "strategy_for", "halo_widths"]
 
 STRATEGIES = ("ring", "halo", "summary", "state", "projection", "ulysses", "ulysses-batch")
 
@@ -601,28 +601,3 @@ _RUN = {
     "ring": _ring, "halo": _halo, "summary": _summary, "state": _state, "projection": _projection, "ulysses": _ulysses,
     "ulysses-batch": lambda *args: _ulysses(*args, whole_batch=True),
 }
-
-
-class ContextParallel(nn.Module):
-    """A kernel that runs through ``attend`` on sequence shards — a drop-in for the kernel inside a
-    ``MultiHeadAttention`` (``layer.kernel = ContextParallel(layer.kernel, group, layout)``) when
-    every rank feeds its shard of the sequence. Keeps the wrapped kernel as ``.kernel`` (its
-    parameters keep their place in the model's state dict under ``kernel.kernel.*``; use
-    ``unwrap`` before saving)."""
-
-    def __init__(self, kernel: AttentionKernel, group: Union[None, Group, dist.ProcessGroup] = None,
-                 layout: str = "contiguous") -> None:
-        super().__init__()
-        self.kernel = kernel
-        self.group = group
-        self.layout = layout
-
-    @property
-    def causal(self) -> bool:
-        return self.kernel.causal
-
-    def forward(self, q, k, v, mask=None, state=None, need_weights=False, return_state=False) -> AttentionOutput:
-        if state is not None or return_state or need_weights:
-            raise ValueError("a context-parallel kernel returns outputs only: no state, return_state or need_weights "
-                             "(decode and inspect weights on one process)")
-        return attend(self.kernel, q, k, v, mask=mask, group=self.group, layout=self.layout)
