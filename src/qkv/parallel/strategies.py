@@ -311,14 +311,13 @@ class _Ring(torch.autograd.Function):
                 dk_cur[:, :, ks] += dk_b
                 dv_cur[:, :, ks] += dv_b
             # pass the shard and its gradients on; after the last step the gradients go home (to src + 1 = next)
+            # (the shards first, then their gradients: two buffers in flight, not four)
             if step < g.size - 1:
-                k_cur, v_cur, dk_cur, dv_cur = send_receive(
-                    g, {nxt: [k_cur, v_cur, dk_cur, dv_cur]}, {prv: [k.shape, v.shape, k.shape, v.shape]}, like=k,
-                    phase="backward")[prv]
+                k_cur, v_cur = send_receive(g, {nxt: [k_cur, v_cur]}, {prv: [k.shape, v.shape]}, like=k,
+                                            phase="backward")[prv]
                 m_cur = send_receive(g, {nxt: [m_cur]}, {prv: [mask.shape]}, like=mask, phase="backward")[prv][0]
-            else:
-                dk_cur, dv_cur = send_receive(g, {nxt: [dk_cur, dv_cur]}, {prv: [k.shape, v.shape]}, like=k,
-                                              phase="backward")[prv]
+            dk_cur, dv_cur = send_receive(g, {nxt: [dk_cur, dv_cur]}, {prv: [k.shape, v.shape]}, like=k,
+                                          phase="backward")[prv]
         return None, None, None, None, None, dq, dk_cur, dv_cur, None
 
 
