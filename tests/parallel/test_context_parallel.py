@@ -90,6 +90,24 @@ def _compare(name: str, causal: bool, padded: bool, layout: str, world: int, ran
     return float(err)
 
 
+def _with_dropout(name: str, world: int, rank: int) -> float:
+    """Training with dropout 0.5 runs under every strategy (each rank draws its own masks, so only
+    this is checked, not equality): finite outputs and gradients; returns 0.0, or inf if not finite."""
+    from qkv import parallel
+
+    cls = lookup("attention", name)
+    torch.manual_seed(3)
+    kernel = build_attention(name, **{**cls.default_knobs(L, H, E), **(cls.deterministic_kwargs or {}),
+                                      **({"causal": True} if cls.supports_causal else {}), "dropout": 0.5}).double()
+    layout = parallel.layout_for([kernel], L, world)
+    mine = [parallel.shard(torch.randn(B, H, L, E, dtype=torch.float64), layout=layout).requires_grad_() for _ in range(3)]
+    mask = parallel.shard(torch.rand(B, L) > 0.3, layout=layout, dim=-1)
+    out = parallel.attend(kernel.train(), *mine, mask=mask, layout=layout).output
+    out.sum().backward()
+    finite = all(bool(x.isfinite().all()) for x in (out, *(m.grad for m in mine)))
+    return 0.0 if finite else float("inf")
+
+
 def _worker(rank: int, world: int, init: str, results):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -101,6 +119,9 @@ def _worker(rank: int, world: int, init: str, results):
             except Exception:
                 found[case] = traceback.format_exc()
                 raise  # a rank that fails leaves its peers waiting: stop the whole group
+        for name in names("attention"):
+            if lookup("attention", name).applies_dropout:
+                found[("dropout", name)] = _with_dropout(name, world, rank)
     finally:
         if rank == 0:
             results.update(found)
@@ -116,7 +137,7 @@ def test_every_kernel_is_exact_on_shards(world, tmp_path):
     except Exception as error:  # a worker's traceback says which kernel failed
         failed = {case: r for case, r in results.items() if isinstance(r, str)}
         raise AssertionError(f"world {world}: {failed or error}") from None
-    expected = set(_cases())
+    expected = set(_cases()) | {("dropout", n) for n in names("attention") if lookup("attention", n).applies_dropout}
     assert set(results.keys()) == expected
     bad = {case: err for case, err in results.items() if not err <= 1e-10}
     assert not bad, f"world {world}: shards differ from one process (max abs error) in {bad}"
