@@ -22,7 +22,8 @@ B, H, L, E = 4, 2, 16, 4
 
 
 # the ring's blocks written out (off the fused CPU kernel) and its autograd form; fixed's two parts alone
-VARIANTS = ("softmax/written", "softmax/dropout", "fixed/blocks", "fixed/summaries")
+# and a performer that draws its features at every training forward (from its seeded generator)
+VARIANTS = ("softmax/written", "softmax/dropout", "fixed/blocks", "fixed/summaries", "performer/redraw")
 
 
 def _cases():
@@ -42,6 +43,8 @@ def _kernel(name: str, causal: bool):
         kwargs["dropout"] = 1e-300
     if variant in ("blocks", "summaries"):
         kwargs["subsets"] = (1,) if variant == "blocks" else (2,)
+    if variant == "redraw":
+        kwargs.update(redraw=True, seed=5)
     if "causal" in cls.__init__.__code__.co_varnames:
         kwargs["causal"] = causal
     torch.manual_seed(1)
@@ -71,6 +74,8 @@ def _compare(name: str, causal: bool, padded: bool, layout: str, world: int, ran
     (out * g).sum().backward()
     ref_params = [p.grad.clone() for p in kernel.parameters()]
     kernel.zero_grad()
+    if name.endswith("/redraw"):  # the same draw as the reference's: a fresh kernel from the same seeds
+        kernel = _kernel(name, causal)
     # this rank's shards
     cut = lambda x, dim=-2: parallel.shard(x, layout=layout, dim=dim)
     mine = [cut(x).requires_grad_() for x in (q, k, v)]

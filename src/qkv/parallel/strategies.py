@@ -420,9 +420,7 @@ def _halo(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
 def _log_features(kernel, x: Tensor) -> Tuple[Tensor, bool]:
     """The kernel's features of ``x`` in log space (True) or directly (False, a callable feature map)."""
     acc = accumulation_dtype(x.dtype)
-    if kernel.registry_name == "performer":
-        if kernel.projection is None or (kernel.redraw and kernel.training):
-            kernel.redraw_features(x.shape[-1])
+    if kernel.registry_name == "performer":  # features drawn by _state, the same on every rank
         return favor_log_features(x.to(acc), kernel.projection.to(device=x.device, dtype=acc)), True
     if kernel.feature_map is elu_plus_one:
         return log_elu_plus_one(x.to(acc)), True
@@ -432,8 +430,10 @@ def _log_features(kernel, x: Tensor) -> Tuple[Tensor, bool]:
 def _state(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
     B, H, n, E = q.shape
     Ev = v.shape[-1]
-    if kernel.registry_name == "performer" and (kernel.projection is None or (kernel.redraw and kernel.training)):
-        kernel.redraw_features(E)  # drawn once here: the causal path's kernel call must not draw again
+    redraw = kernel.registry_name == "performer" and (kernel.projection is None or (kernel.redraw and kernel.training))
+    if redraw:  # drawn once per call, here, and rank 0's draw broadcast: every rank sums with the same features
+        kernel.redraw_features(E)
+        dist.broadcast(kernel.projection, g.global_rank(0), group=g.group)
     lk, log = _log_features(kernel, k)  # (B, H, n, F)
     acc = lk.dtype
     v1 = torch.cat([v.to(acc), v.new_ones(B, H, n, 1, dtype=acc)], dim=-1)  # [v, 1]
@@ -467,7 +467,14 @@ def _state(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
         total = sum(got[p][0] * torch.exp(got[p][1] - M)[..., None, None] for p in earlier)
         state = LinearState(S=total[..., :Ev], Z=total[..., Ev], length=0,
                             log_scale=tops.amax(0) if log else None)
-    out = kernel(q, k, v, mask=mask, state=state).output
+    if redraw and kernel.redraw:  # a performer that redraws in training must not draw again (rank 0 has no state)
+        kernel.redraw = False
+        try:
+            out = kernel(q, k, v, mask=mask, state=state).output
+        finally:
+            kernel.redraw = True
+    else:
+        out = kernel(q, k, v, mask=mask, state=state).output
     return _touch(out, [t for p in got for t in got[p]])
 
 
