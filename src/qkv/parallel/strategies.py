@@ -35,10 +35,12 @@ other way, ``qkv.parallel.comm``). Each kernel class declares how it splits
 ==============  ===================================================================================
 
 A strategy that does not fit the call (a zigzag layout for halo, summary or causal state passing,
-a shard that is not a whole number of local-1d or fixed blocks, linear attention with ``eps > 0``) falls back to
-Ulysses; ``strategy_for`` says which runs. Masks: key padding ``(B, L/P)`` (this rank's keys)
-under every strategy; ranks may differ in passing one or None (a shard without padding). Dropout runs as the kernel's (halo, Ulysses, projection) or on the ring's
-block weights (equal in distribution to dropout on the whole weights), with the ranks' own draws.
+a shard that is not a whole number of local-1d or fixed blocks, linear attention with ``eps > 0``)
+falls back to Ulysses; ``strategy_for`` says which runs. Masks: key padding ``(B, L/P)`` (this
+rank's keys) under every strategy; ranks may differ in passing one or None (a shard without
+padding). Dropout runs as the kernel's (halo, Ulysses, projection) or on the block weights of the
+ring and of fixed's summary (equal in distribution to dropout on the whole weights; the ring then
+keeps its blocks for autograd), with each rank's own draws.
 """
 
 from __future__ import annotations
