@@ -21,6 +21,7 @@ FLOORS: List[Dict[str, List[str]]] = [
     {"low": ["qkv._", "qkv.types", "qkv.registry"]},  # "qkv._": every qkv._name module
     {"parts": ["qkv.functional", "qkv.masks", "qkv.scores", "qkv.positional", "qkv.blocks"]},
     {"attention": ["qkv.attention"]},
+    {"parallel": ["qkv.parallel"]},  # context parallelism: kernels on sequence shards
     {"pictures": ["qkv.viz", "qkv.viz_html"]},
     {"models": ["qkv.models"], "tasks": ["qkv.tasks"]},
     {"train": ["qkv.train"]},

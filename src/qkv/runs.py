@@ -61,7 +61,8 @@ RUN_FILE = "run.json"
 VOCAB_FILE = "vocab.json"
 #: training settings a resumed run may change (they do not alter the updates it computes)
 RESUME_MAY_CHANGE = frozenset({"steps", "eval_every", "eval_batches", "eval_max_examples", "save_every", "keep_last",
-                               "log_every", "device", "progress", "tensorboard"})
+                               "log_every", "device", "progress", "tensorboard",
+                               "context_parallel"})  # a checkpoint written under one P resumes under another
 _RUN_KEYS = ("model", "task", "task_options", "model_config")
 #: a checkpoint's tokenizer (task option ``tokenizer``), copied into the run directory
 TOKENIZER_FILE = "tokenizer.json"
@@ -289,6 +290,26 @@ def _model_hints(task: Any, fields: Dict[str, Any]) -> Dict[str, Any]:
     if callable(extra):
         hints.update(extra())
     return {k: v for k, v in hints.items() if k in fields}
+
+
+def _check_splits(model: Any, task: Any, config: Any) -> None:
+    """``--context-parallel P``: refused before anything is written when the model cannot run on
+    sequence shards, ``P`` does not divide the processes (torchrun's ``WORLD_SIZE``) or the task's
+    sequences do not cut into ``P`` shards."""
+    P = config.context_parallel
+    if P == 1:
+        return
+    from .train.distributed import refuse_unsplittable
+
+    refuse_unsplittable(model, bool(getattr(task, "stream", False) and model.carries_state))
+    world = int(os.environ.get("WORLD_SIZE") or 1)
+    if world % P:
+        raise UserError(f"--context-parallel {P} must divide the number of processes ({world}): start them with "
+                        f"torchrun --nproc_per_node {P} (or a multiple of {P}: data-parallel groups of {P})")
+    main = task.get_batch("train", 1, 0).get(model.input_key)
+    if main is not None and main.dim() >= 2 and main.shape[1] % P:
+        raise UserError(f"--context-parallel {P}: the task's sequences of {main.shape[1]} positions do not cut into "
+                        f"{P} equal shards; choose a length that is a multiple of {P} (e.g. --set task.block_size=...)")
 
 
 def _check_fits(model: Any, task: Any, task_name: str) -> None:
@@ -561,6 +582,7 @@ class Run:
                     fresh = model.init_from(settings._init_model)
                 print(f"qkv: initialised from {settings.init}; fresh: {', '.join(fresh) or 'nothing'}")
             _check_fits(model, task, settings.task)
+            _check_splits(model, task, config)
             run.task, run.model, run.config, run.resume = task, model, config, resume
             run.settings = dataclasses.replace(settings, model_config=dataclasses.asdict(model.config),
                                                train={k: v for k, v in dataclasses.asdict(config).items() if k != "out_dir"})
@@ -643,6 +665,7 @@ class Run:
             _check_task_kind(model_cls, previous["model"], built, task_name)
             built_model = _build_model(model_cls, config_values, config.seed)
             _check_fits(built_model, built, task_name)
+            _check_splits(built_model, built, config)
             run.task, run.model, run.config, run.resume = built, built_model, config, True
             run.settings = Settings(previous["model"], task_name, preset_name, task_options,
                                     dataclasses.asdict(built_model.config),

@@ -99,6 +99,7 @@ class AdaptiveSpanAttention(AttentionKernel):
     """
 
     supports_mask = "key_padding"
+    context_parallel = "ulysses-batch"  # qkv.parallel: per-head spans, so whole batch rows per rank
     supports_state = True
     state_type = KVCache
 

@@ -110,6 +110,8 @@ class AttentionKernel(nn.Module):
     #: applies ``dropout`` somewhere (the paper's or authors' practice); a kernel that forms no
     #: attention-weight matrix and whose authors apply none sets False and refuses ``dropout > 0``.
     applies_dropout: ClassVar[bool] = True
+    #: how ``qkv.parallel`` splits a sequence over processes: "ring", "halo", "summary", "state", "projection", "ulysses" (heads or batch rows, all-to-all) or "ulysses-batch" (whole batch rows: per-head parameters or draws).
+    context_parallel: ClassVar[str] = "ulysses"
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0) -> None:
         super().__init__()

@@ -145,6 +145,7 @@ class LinearAttention(AttentionKernel):
     supports_state = True
     state_type = LinearState
     exact = False
+    context_parallel = "state"  # qkv.parallel: (sum phi(k) v^T, sum phi(k)) passed between ranks
     applies_dropout = False  # the authors' code (fast-transformers) applies none: dropout > 0 raises
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0,

@@ -67,6 +67,7 @@ class LinformerAttention(AttentionKernel):
     supports_causal = False
     exact = False
     needs_seq_len = True
+    context_parallel = "projection"  # qkv.parallel: E K and F V summed over the ranks' positions
 
     def __init__(self, *, seq_len: int, k: int = 256, sharing: str = "headwise", causal: bool = False,
                  dropout: float = 0.0) -> None:

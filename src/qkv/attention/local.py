@@ -89,6 +89,7 @@ class Local1DAttention(AttentionKernel):
 
     anchored = True  # blocks at multiples of the block length
     supports_mask = "key_padding"
+    context_parallel = "halo"  # qkv.parallel: the memory keys before a shard from the neighbour
     supports_state = True
     state_type = KVCache
 

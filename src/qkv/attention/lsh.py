@@ -265,6 +265,7 @@ class LSHAttention(AttentionKernel):
     supports_state = True
     state_type = LSHState
     exact = False
+    context_parallel = "ulysses-batch"  # qkv.parallel: rotations drawn per head, so whole batch rows per rank
     #: with one bucket and one chunk covering the sequence this is exact shared-QK attention.
     exact_kwargs: ClassVar[dict] = {"n_buckets": 1, "bucket_size": 1 << 20}
     deterministic_kwargs: ClassVar[dict] = {"seed": 0}  # seed=None draws new rotations on every call

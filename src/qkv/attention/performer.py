@@ -131,6 +131,7 @@ class PerformerAttention(AttentionKernel):
     supports_state = True
     state_type = LinearState
     exact = False
+    context_parallel = "state"  # qkv.parallel: (sum phi(k) v^T, sum phi(k)) passed between ranks
     applies_dropout = False  # FAVOR+ in the authors' code applies none: dropout > 0 raises
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0, nb_features: int = 256,

@@ -93,6 +93,7 @@ class RelativeAttention(AttentionKernel):
     """
 
     supports_mask = "full"
+    context_parallel = "ulysses-batch"  # qkv.parallel: per-head biases, so whole batch rows per rank
     supports_state = True
     state_type = KVCache
     exact = False  # softmax attention plus a learned position term: see tests/attention/test_relative.py

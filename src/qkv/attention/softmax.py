@@ -35,6 +35,7 @@ class SoftmaxAttention(AttentionKernel):
     supports_mask = "full"
     supports_state = True
     state_type = KVCache
+    context_parallel = "ring"  # qkv.parallel: key/value blocks around the group, merged by log-sum-exp
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0, scale: Optional[float] = None) -> None:
         super().__init__(causal=causal, dropout=dropout)

@@ -398,6 +398,7 @@ class FixedAttention(_Factorized):
     anchored = True  # blocks at multiples of the block length
     state_type = FixedState
     chunk_inference = True
+    context_parallel = "summary"  # qkv.parallel: the own block in the shard, the summary columns all-gathered
 
     def __init__(self, *, stride: int, c: int, subsets: Sequence[int] = (1, 2), causal: bool = False,
                  dropout: float = 0.0, recompute: int = 8) -> None:

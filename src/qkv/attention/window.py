@@ -41,6 +41,7 @@ class WindowAttention(AttentionKernel):
     supports_mask = "key_padding"
     supports_state = True
     state_type = KVCache
+    context_parallel = "halo"  # qkv.parallel: the radius keys beyond a shard's ends from the neighbours
 
     def __init__(self, *, radius: int, causal: bool = False, dropout: float = 0.0, block: Optional[int] = None) -> None:
         super().__init__(causal=causal, dropout=dropout)

@@ -20,6 +20,8 @@ Subcommands (``qkv bench NAME --help``):
   (``qkv.bench.peers``).
 * ``lra`` — Long Range Arena at small scale: every encoder kernel trained and tested on LRA's five
   tasks (or their stand-ins), and LRA's speed and memory table (``qkv.bench.lra``).
+* ``context-parallel`` — every kernel on sequence shards over 1, 2, 4 gloo processes: per-rank peak
+  memory, time and bytes sent per layer against the strategy's formula (``qkv.bench.context_parallel``).
 
 Adding a benchmark: write a module exposing ``add_arguments(parser)`` (its own options) and
 ``run(args) -> dict`` (measure, write results into ``args.out``, print a table, return the
@@ -42,7 +44,7 @@ import torch
 from .._errors import UserError
 from .._io import output_folder
 from .._values import parse_value
-from . import common, complexity, depth_memory, generation, gpt, kernels, lra, models, peers, throughput
+from . import common, complexity, context_parallel, depth_memory, generation, gpt, kernels, lra, models, peers, throughput
 
 __all__ = ["BENCHMARKS", "build_parser", "main", "common"]
 
@@ -57,6 +59,7 @@ BENCHMARKS: Dict[str, ModuleType] = {
     "throughput": throughput,
     "lra": lra,
     "models": models,
+    "context-parallel": context_parallel,
 }
 
 

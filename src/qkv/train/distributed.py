@@ -20,7 +20,8 @@ from typing import Any, List, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistContext", "setup", "teardown", "all_gather_objects", "mean_across", "barrier", "die_with_parent"]
+__all__ = ["DistContext", "setup", "teardown", "all_gather_objects", "mean_across", "barrier", "die_with_parent",
+           "ContextGroups", "context_groups", "refuse_unsplittable"]
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -152,3 +153,59 @@ def mean_across(ctx: DistContext, value: torch.Tensor) -> torch.Tensor:
     value = value.detach().clone()
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value / ctx.world_size
+
+
+# ----------------------------------------------------------------------------- context parallelism
+
+
+@dataclass(frozen=True)
+class ContextGroups:
+    """The world as ``data`` groups × ``size`` context-parallel ranks: consecutive ranks
+    ``[d P, (d + 1) P)`` split the same sequences (``group``); ``data_rank`` of ``data_size`` says
+    which batches they share (``task.get_batch(rank=data_rank, world_size=data_size)``)."""
+
+    size: int
+    rank: int
+    data_rank: int
+    data_size: int
+    group: Any  # torch.distributed.ProcessGroup of this rank's context-parallel ranks
+
+
+def context_groups(ctx: DistContext, size: int) -> ContextGroups:
+    """Cut the world into data-parallel groups of ``size`` context-parallel ranks (every rank calls it).
+
+    The context-parallel ranks talk in a process group of their own, so that their point-to-point
+    messages never meet the data-parallel all-reduce of DistributedDataParallel."""
+    if ctx.world_size % size:
+        raise ValueError(f"--context-parallel {size} must divide the number of processes ({ctx.world_size}: "
+                         f"torchrun --nproc_per_node); the world is data-parallel groups x context-parallel ranks")
+    groups = [dist.new_group(list(range(d * size, (d + 1) * size))) for d in range(ctx.world_size // size)]
+    data_rank = ctx.rank // size
+    return ContextGroups(size=size, rank=ctx.rank % size, data_rank=data_rank,
+                         data_size=ctx.world_size // size, group=groups[data_rank])
+
+
+def refuse_unsplittable(model: torch.nn.Module, carries_state: bool) -> None:
+    """A ``UserError`` with the reason when ``model`` cannot run on sequence shards: only
+    self-attention kernels (and the positional encoding, which ``qkv.parallel`` shifts to the global
+    positions) may mix positions."""
+    from .._errors import UserError
+    from ..attention import AttentionKernel
+
+    name = type(model).__name__
+    if carries_state:
+        raise UserError(f"{name} carries memory across segments (each segment reads the previous segment's hidden "
+                         f"states): a rank's shard would need the whole previous segment, so it cannot be split "
+                         f"over --context-parallel ranks")
+    if any(isinstance(m, (torch.nn.RNNBase, torch.nn.RNNCellBase)) for m in model.modules()):
+        raise UserError(f"{name} is recurrent: its state runs through the sequence in order, so the sequence cannot "
+                         f"be split over --context-parallel ranks")
+    if not any(isinstance(m, AttentionKernel) for m in model.modules()):
+        raise UserError(f"{name} has no self-attention kernel to split: --context-parallel splits Transformer "
+                         f"stacks (gpt, bert, the efficient-attention language models)")
+    if any(getattr(m, "cross_attn", None) is not None for m in model.modules()):
+        raise UserError(f"{name} attends across to a second sequence (cross-attention): --context-parallel splits "
+                         f"self-attention only")
+    if getattr(getattr(model, "config", None), "head", None) == "classification":
+        raise UserError(f"{name} with head='classification' reads one position of each sequence: --context-parallel "
+                         f"splits language models (head='lm')")

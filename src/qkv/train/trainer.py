@@ -75,9 +75,10 @@ class TrainConfig:
     device: str = "auto"  # "auto" (cuda:<LOCAL_RANK> if available, else cpu), "cpu", "cuda", ...
     progress: bool = True  # show a tqdm progress bar (rank 0 only)
     tensorboard: bool = True  # also write TensorBoard scalars when tensorboard is installed
+    context_parallel: int = 1  # processes that split each sequence (qkv.parallel; world = data groups x this); 1: off
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "grad_accum", "log_every"):
+        for name in ("steps", "batch_size", "grad_accum", "log_every", "context_parallel"):
             _positive(name, getattr(self, name))
         for name in ("warmup", "eval_every", "eval_batches", "seed"):
             _positive(name, getattr(self, name), allow_zero=True)
@@ -168,6 +169,7 @@ class Trainer:
         self._grad_norm = float("nan")
         self._lr = float("nan")
         self._carried: Any = None  # the model's state carried from one micro-batch to the next (carries_state)
+        self._context: Any = None  # (ContextGroups, qkv.parallel.Sharding) under context_parallel > 1
 
     @property
     def carries_state(self) -> bool:
@@ -346,8 +348,29 @@ class Trainer:
                 self._log({"event": "resume", "step": start, "checkpoint": latest.name, "time": time.time()})
 
         net: torch.nn.Module = self.model
+        if cfg.context_parallel > 1:
+            self._context = self._split_sequences(ctx)
         if ctx.distributed:
             net = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
+        try:
+            return self._loop(ctx, net, optimizer, scheduler, start)
+        finally:
+            if self._context is not None:
+                self._context[1].remove()
+                self._context = None
+
+    def _split_sequences(self, ctx: distributed.DistContext) -> Tuple[distributed.ContextGroups, Any]:
+        """Context parallelism: the groups of ranks that share sequences, and the model's kernels and
+        positions wrapped to run on their shards (``qkv.parallel``); refuses a model that cannot split."""
+        from .. import parallel
+
+        distributed.refuse_unsplittable(self.model, self.carries_state)
+        groups = distributed.context_groups(ctx, self.config.context_parallel)
+        return groups, parallel.enable(self.model, groups.group)
+
+    def _loop(self, ctx: distributed.DistContext, net: torch.nn.Module, optimizer, scheduler, start: int) -> Dict[str, float]:
+        cfg = self.config
+        device = ctx.device
 
         bar = tqdm(total=cfg.steps, initial=start, disable=not (cfg.progress and ctx.is_main), dynamic_ncols=True)
         last: Dict[str, float] = {}
@@ -429,15 +452,21 @@ class Trainer:
         total = torch.zeros((), device=device)
         tokens, unit = 0, "tokens"
         self.model.set_step(step, cfg.steps)  # losses scheduled over training (e.g. Al-Rfou's intermediate layers)
+        rank, world = ctx.rank, ctx.world_size
+        if self._context is not None:  # the ranks that split one sequence draw the same batches
+            rank, world = self._context[0].data_rank, self._context[0].data_size
         for micro in range(cfg.grad_accum):
             batch = self.task.get_batch("train", cfg.batch_size, step * cfg.grad_accum + micro,
-                                        seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size)
+                                        seed=cfg.seed, rank=rank, world_size=world)
+            split = nullcontext()
+            if self._context is not None:
+                batch, split = self._shard(batch)
             count, unit = _count_tokens(batch)
             tokens += count
             batch = _to_device(batch, device)
             # DDP all-reduces gradients on the last micro-batch only.
             sync = micro == cfg.grad_accum - 1 or not ctx.distributed
-            with (nullcontext() if sync else net.no_sync()):
+            with (nullcontext() if sync else net.no_sync()), split:
                 carry = {"state": self._carried, "return_state": True} if self.carries_state else {}
                 with self._autocast(device):
                     out = net(**batch, **carry)
@@ -446,6 +475,8 @@ class Trainer:
                 loss = out.loss
                 if loss is None or not isinstance(loss, Tensor) or loss.dim() != 0:
                     raise ValueError(f"model(**batch).loss must be a scalar tensor, got {loss!r}")
+                if self._context is not None:
+                    loss = self._shard_weighted(loss, batch)
                 (loss / cfg.grad_accum).backward()
             total += loss.detach().float()
         # The global L2 norm before clipping (max_norm=inf only measures it); kept as a tensor so
@@ -456,6 +487,31 @@ class Trainer:
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         return total / cfg.grad_accum, tokens, unit
+
+    def _shard(self, batch: Dict[str, Any]):
+        """This rank's shard of every sequence in ``batch`` (the tensors as long as the model's input
+        along dim 1) and the context in which the model runs on shards."""
+        from .. import parallel
+
+        sharding = self._context[1]
+        main = batch.get(self.model.input_key)
+        if not isinstance(main, Tensor) or main.dim() < 2:
+            raise ValueError(f"--context-parallel splits sequences: the batch's {self.model.input_key!r} must be a "
+                             f"(batch, length) tensor")
+        keys = tuple(k for k, v in batch.items() if isinstance(v, Tensor) and v.dim() >= 2 and v.shape[:2] == main.shape[:2])
+        batch, L = parallel.shard_batch(batch, sharding, keys)
+        return batch, sharding.active(L)
+
+    def _shard_weighted(self, loss: Tensor, batch: Dict[str, Any]) -> Tensor:
+        """A shard's mean loss as its part of the whole sequences' mean: times its share of the target
+        tokens, times P (DistributedDataParallel averages the ranks' gradients)."""
+        groups = self._context[0]
+        mine = torch.tensor(float(_count_tokens(batch)), dtype=torch.float64, device=loss.device)
+        total = mine.clone()
+        torch.distributed.all_reduce(total, group=groups.group)
+        if float(mine) == 0:
+            return loss.nan_to_num(0.0) * 0.0  # no target on this shard (its mean is 0 / 0)
+        return loss * float(mine * groups.size / total)
 
     def _save(self, ctx: distributed.DistContext, step: int, optimizer, scheduler) -> None:
         rng_states = distributed.all_gather_objects(ctx, capture_rng_state())

@@ -1,0 +1,203 @@
+"""``qkv bench context-parallel``: each kernel on sequence shards over P processes — per-rank memory, time and bytes sent per layer.
+
+For every kernel of ``--kernels`` and every ``P`` of ``--ranks`` the benchmark starts ``P`` gloo
+processes on this machine (``torch.multiprocessing``), gives each its shard ``(B, H, L/P, E)`` of
+one self-attention layer's q, k, v and measures one training step of the layer through
+``qkv.parallel.attend`` (forward, then backward of a fixed cotangent):
+
+- each rank's peak activation memory (``qkv.bench.common.peak_memory``: the bytes of the tensors
+  the step allocates — scores, partials, received blocks, gradients; the inputs are not counted);
+  the largest over the ranks is reported, and its ratio to ``P = 1``;
+- the step's time (median of ``--repeats``; the ranks share the machine's cores, so on a small
+  machine ``P = 4`` is slower, not faster: what this measures at ``P > 1`` is memory and bytes);
+- the bytes the busiest rank sends in the forward pass (``qkv.parallel.TRAFFIC``: the payloads of
+  the point-to-point messages as sent; an all-reduce is counted as a ring all-reduce sends,
+  ``2 (P - 1) / P`` of the tensor) against the strategy's formula (``expected_bytes``) — backward
+  sends about as much again (the gradients of what was received).
+
+Causal kernels run causal (a language model's layer), the others not; the layout is the one
+``qkv train --context-parallel`` uses (zigzag for causal ring attention). Writes
+``context_parallel.json`` and ``context_parallel.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from pathlib import Path
+from typing import Any, Dict, List
+
+import torch
+
+from .._errors import UserError
+from ..attention import build_attention
+from ..registry import lookup, names
+from . import common
+
+__all__ = ["add_arguments", "run", "expected_bytes"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``context-parallel`` options (``--quick``, ``--threads``, ``--seed`` come from ``qkv bench``)."""
+    parser.add_argument("--kernels", nargs="+", default=None, help="kernel names (default: every registered kernel)")
+    parser.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4], help="process counts P (default 1 2 4)")
+    parser.add_argument("--length", type=int, default=1024, help="sequence length L (default 1024)")
+    parser.add_argument("--batch", type=int, default=4, help="sequences B (default 4: a multiple of P for the "
+                                                             "kernels that split whole batch rows)")
+    parser.add_argument("--heads", type=int, default=4, help="heads H (default 4)")
+    parser.add_argument("--head-dim", type=int, default=16, help="head size E (default 16)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per point (default 3)")
+
+
+def expected_bytes(strategy: str, kernel: Any, B: int, H: int, L: int, P: int, E: int, Ev: int, itemsize: int) -> int:
+    """What the busiest rank sends in one forward pass under ``strategy`` (``qkv.parallel.attend``), by formula.
+
+    ring ``(P - 1) B n ((E + Ev) H s + 1)`` (key/value shards and the key padding, ``P - 1`` steps);
+    halo ``(left + right) B ((E + Ev) H s + 1)`` (an interior rank, halos within one shard);
+    summary ``(P - 1) B (n / l) c ((E + Ev) H s + 1)`` (fixed: the shard's summaries to every rank);
+    state ``2 (P - 1) / P B H (F (Ev + 1) + 1) s`` (non-causal: two all-reduces) or
+    ``(P - 1) B H (F (Ev + 1) + 1) s`` (causal: rank 0's sums to every later rank);
+    projection ``2 (P - 1) / P B H k (E + Ev) s``; Ulysses ``(P - 1) / P B H n (2E + 2Ev) s + (P - 1) B n``
+    (q, k, v out, the output back, the key padding gathered). ``n = L / P``, ``s`` the item size.
+    """
+    from ..parallel import halo_widths
+
+    n = L // P
+    if P == 1:
+        return 0
+    if strategy == "ring":
+        return (P - 1) * B * n * ((E + Ev) * H * itemsize + 1)
+    if strategy == "halo":
+        left, right = halo_widths(kernel)
+        return (left + right) * B * ((E + Ev) * H * itemsize + 1)
+    if strategy == "summary":
+        summaries = n // kernel.stride * kernel.c if 2 in kernel.subsets else 0
+        return (P - 1) * B * summaries * ((E + Ev) * H * itemsize + 1)
+    if strategy == "state":
+        F = kernel.nb_features if kernel.registry_name == "performer" else E
+        per_rank = B * H * (F * (Ev + 1) + 1) * itemsize
+        return (P - 1) * per_rank if kernel.causal else 2 * (P - 1) * per_rank // P
+    if strategy == "projection":
+        return 2 * (P - 1) * B * H * kernel.k * (E + Ev) * itemsize // P
+    return (P - 1) * B * H * n * (2 * E + 2 * Ev) * itemsize // P + (P - 1) * B * n
+
+
+def _kernel(name: str, L: int, H: int, E: int):
+    cls = lookup("attention", name)
+    kwargs = {**cls.default_knobs(L, H, E), **(cls.deterministic_kwargs or {})}
+    if cls.supports_causal:
+        kwargs["causal"] = True
+    return build_attention(name, **kwargs)
+
+
+def _worker(rank: int, P: int, init: str, cfg: Dict[str, Any], results) -> None:
+    import torch.distributed as dist
+
+    from .. import parallel
+
+    torch.set_num_threads(cfg["threads"])
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=P)
+    device = torch.device("cpu")
+    B, H, L, E = cfg["batch"], cfg["heads"], cfg["length"], cfg["head_dim"]
+    try:
+        for name in cfg["kernels"]:
+            torch.manual_seed(cfg["seed"])
+            kernel = _kernel(name, L, H, E)
+            layout = parallel.layout_for([kernel], L, P)
+            strategy = parallel.strategy_for(kernel, L, P, layout)
+            q, k, v, g = (parallel.shard(torch.randn(B, H, L, E), layout=layout) for _ in range(4))
+            q, k, v = (x.requires_grad_() for x in (q, k, v))
+
+            def step() -> None:
+                for x in (q, k, v):
+                    x.grad = None
+                kernel.zero_grad(set_to_none=True)
+                out = parallel.attend(kernel, q, k, v, layout=layout).output
+                (out * g).sum().backward()
+
+            first = common.timed_once(step, device)  # warm-up (lazy buffers, the first messages)
+            parallel.TRAFFIC.reset()
+            step()
+            sent = [parallel.TRAFFIC.forward, parallel.TRAFFIC.backward]
+            peak = common.peak_memory(step, device)
+            timing = common.time_steps(step, device, warmup=0, estimate=first, min_repeats=cfg["repeats"],
+                                       max_repeats=cfg["repeats"], target_seconds=0)
+            mine = [sent[0], sent[1], peak, timing.median]
+            every: List[Any] = [None] * P
+            dist.all_gather_object(every, mine)
+            if rank == 0:
+                results[name] = {
+                    "P": P, "strategy": strategy, "layout": layout, "causal": kernel.causal,
+                    "sent_forward_bytes": max(r[0] for r in every), "sent_backward_bytes": max(r[1] for r in every),
+                    "expected_forward_bytes": expected_bytes(strategy, kernel, B, H, L, P, E, E, 4),
+                    "peak_memory_bytes": max(r[2] for r in every), "time_median_s": max(r[3] for r in every),
+                }
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(P: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    results = mp.Manager().dict()
+    mp.spawn(_worker, args=(P, f"tcp://127.0.0.1:{_free_port()}", cfg, results), nprocs=P, join=True)
+    return dict(results)
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    """Measure every (kernel, P) point; writes JSON and markdown into ``args.out``."""
+    if args.device != "cpu":
+        raise UserError("qkv bench context-parallel runs its ranks as gloo processes on the CPU (--device cpu)")
+    kernels = args.kernels or list(names("attention"))
+    for name in kernels:
+        lookup("attention", name)  # an unknown name: the registry's error names the close ones
+    ranks = sorted(set(args.ranks))
+    L = min(args.length, 256) if args.quick else args.length
+    repeats = 1 if args.quick else args.repeats
+    if min(ranks) < 1 or min(L, args.batch, args.heads, args.head_dim, repeats) < 1:
+        raise UserError("--ranks, --length, --batch, --heads, --head-dim and --repeats must be >= 1")
+    for P in ranks:
+        if L % (2 * P) or args.batch % P or (args.batch * args.heads) % P:
+            raise UserError(f"P={P}: --length ({L}) must be a multiple of 2P and --batch ({args.batch}) a multiple of P")
+    machine = common.describe_machine(torch.device("cpu"))
+    print(f"context-parallel on {common.machine_line(machine)}", flush=True)
+    cfg = {"kernels": kernels, "batch": args.batch, "heads": args.heads, "length": L, "head_dim": args.head_dim,
+           "repeats": repeats, "seed": args.seed, "threads": args.threads or 1}
+    results: Dict[str, Any] = {
+        "benchmark": "context-parallel", "command": args.command_line, "date": common.now_iso(), "machine": machine,
+        "config": {**cfg, "ranks": ranks, "dtype": "float32",
+                   "step": "one attention layer on shards: qkv.parallel.attend forward + backward"},
+        "points": [],
+    }
+    for P in ranks:
+        measured = _spawn(P, cfg)
+        for name in kernels:
+            point = {"kernel": name, **measured[name]}
+            results["points"].append(point)
+            print(f"  {name:>14} P={P} {point['strategy']:>13}: {point['peak_memory_bytes'] / 2**20:8.2f} MB  "
+                  f"{point['time_median_s'] * 1e3:8.1f} ms  sent {point['sent_forward_bytes']:>10,} B "
+                  f"(formula {point['expected_forward_bytes']:,})", flush=True)
+    rows = []
+    for p in results["points"]:
+        base = next(q for q in results["points"] if q["kernel"] == p["kernel"] and q["P"] == min(ranks))
+        p["memory_vs_fewest_ranks"] = p["peak_memory_bytes"] / base["peak_memory_bytes"]
+        rows.append([p["kernel"], p["P"], p["strategy"], f"{p['peak_memory_bytes'] / 2**20:.2f}",
+                     f"{p['memory_vs_fewest_ranks']:.2f}", f"{p['time_median_s'] * 1e3:.1f}",
+                     f"{p['sent_forward_bytes']:,}", f"{p['expected_forward_bytes']:,}"])
+    table = common.markdown_table(["kernel", "P", "strategy", "peak MB per rank", f"x P={min(ranks)}",
+                                   "step ms", "sent fwd B", "formula B"], rows)
+    out = Path(args.out)
+    common.write_json(out / "context_parallel.json", results)
+    setup = (f"One attention layer, B={args.batch}, H={args.heads}, L={L}, E={args.head_dim}, float32, causal where "
+             f"the kernel can be; each rank holds L/P positions. Memory and bytes are deterministic; times on a "
+             f"shared machine are not (the P ranks share its cores).")
+    common.write_markdown(out / "context_parallel.md", "qkv bench context-parallel", machine, args.command_line,
+                          results["date"], [setup, table])
+    print("\n" + table + f"\n\nwritten to {out}/", flush=True)
+    return results

@@ -1,0 +1,29 @@
+"""``qkv bench context-parallel``: the bytes each strategy sends, as measured on the wire, equal its
+formula; the results are written."""
+
+import json
+
+from qkv.bench import main
+
+
+def test_quick_run_measures_the_formula_bytes(tmp_path, capsys):
+    out = tmp_path / "cp"
+    assert main(["context-parallel", "--quick", "--threads", "1", "--kernels", "softmax", "window", "linear",
+                 "--ranks", "1", "2", "--length", "64", "--repeats", "1", "--out", str(out)]) == 0
+    results = json.loads((out / "context_parallel.json").read_text())
+    points = {(p["kernel"], p["P"]): p for p in results["points"]}
+    assert set(points) == {(k, P) for k in ("softmax", "window", "linear") for P in (1, 2)}
+    assert [points[k, 2]["strategy"] for k in ("softmax", "window", "linear")] == ["ring", "halo", "state"]
+    for p in points.values():
+        assert p["sent_forward_bytes"] == p["expected_forward_bytes"], p
+        assert p["peak_memory_bytes"] > 0 and p["time_median_s"] > 0
+    assert points["softmax", 2]["sent_forward_bytes"] > 0 and points["softmax", 1]["sent_forward_bytes"] == 0
+    assert "| kernel | P | strategy" in (out / "context_parallel.md").read_text()
+
+
+def test_bad_arguments_say_what_is_wrong(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["context-parallel", "--ranks", "3", "--length", "64", "--out", str(tmp_path / "x")])
+    assert "multiple of 2P" in capsys.readouterr().err

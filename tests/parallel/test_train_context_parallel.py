@@ -1,0 +1,112 @@
+"""``qkv train gpt ... --context-parallel 2``: two gloo processes that each hold half of every
+sequence log the losses of one process (float32, 1e-5), for kernels of every strategy; models that
+cannot be split are refused with the reason. The ranks run ``qkv.cli.main`` in processes spawned
+here (as ``torchrun`` would start them: RANK, WORLD_SIZE, a started gloo group), one spawn for all kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+
+import pytest
+import torch.multiprocessing as mp
+
+KERNELS = {  # kernel -> its --set options (lsh: fixed rotations, the same on every rank and in the reference)
+    "softmax": [],
+    "window": ["--set", "attention_kwargs.radius=3"],
+    "linear": [],
+    "performer": [],
+    "lsh": ["--set", "attention_kwargs.seed=0", "--set", "attention_kwargs.bucket_size=4"],
+    "strided": ["--set", "attention_kwargs.stride=4"],
+}
+TINY = ["--set", "n_layers=2", "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32", "--set", "dropout=0.0",
+        "--set", "task.block_size=16", "--threads", "1", "--log-every", "1"]
+
+
+def _argv(kernel: str, out, *extra: str):
+    return ["train", "gpt", "--task", "shakespeare-char", "--out", str(out), "--steps", "3", "--batch-size", "2",
+            "--warmup", "1", "--eval-batches", "1", "--eval-max-examples", "2", "--progress", "false",
+            "--tensorboard", "false", "--attention", kernel, *TINY, *KERNELS[kernel], *extra]
+
+
+def _losses(run) -> list:
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
+
+
+def _rank(rank: int, world: int, data: str, root: str, errors) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), QKV_DATA=data)
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from qkv.cli import main
+
+    # the group torchrun's environment would start, from a file store (no port to race for): the
+    # trainer joins a started group
+    dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=world)
+    try:
+        for kernel in KERNELS:
+            code = main(_argv(kernel, Path(root) / f"{kernel}-cp", "--context-parallel", str(world)))
+            assert code == 0, f"{kernel}: exit status {code}"
+    except Exception:
+        errors.append(f"rank {rank}: {traceback.format_exc()}")
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def test_gpt_on_two_context_parallel_ranks_has_the_one_process_losses(shakespeare_cache, tmp_path, monkeypatch):
+    from qkv.cli import main
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for kernel in KERNELS:  # the reference: one process, whole sequences
+        assert main(_argv(kernel, tmp_path / f"{kernel}-one")) == 0
+    errors = mp.Manager().list()
+    try:
+        mp.spawn(_rank, args=(2, os.environ["QKV_DATA"], str(tmp_path), errors), nprocs=2)
+    except Exception as error:
+        raise AssertionError("\n".join(errors) or str(error)) from None
+    for kernel in KERNELS:
+        one, split = _losses(tmp_path / f"{kernel}-one"), _losses(tmp_path / f"{kernel}-cp")
+        assert len(one) == len(split) == 3, kernel
+        assert max(abs(a - b) for a, b in zip(one, split)) <= 1e-5, (kernel, one, split)
+    # a checkpoint written by 2 context-parallel ranks resumes in one process
+    with pytest.warns(UserWarning, match="written by 2 process"):
+        assert main(["train", "gpt", "--task", "shakespeare-char", "--out", str(tmp_path / "softmax-cp"), "--resume",
+                     "--steps", "4", "--context-parallel", "1", "--progress", "false", "--threads", "1"]) == 0
+    assert len(_losses(tmp_path / "softmax-cp")) == 4
+
+
+def test_models_that_cannot_be_split_are_refused_with_the_reason():
+    import torch
+
+    from qkv._errors import UserError
+    from qkv.train.distributed import refuse_unsplittable
+
+    class Recurrent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = torch.nn.LSTM(4, 4)
+
+    with pytest.raises(UserError, match="recurrent"):
+        refuse_unsplittable(Recurrent(), carries_state=False)
+    with pytest.raises(UserError, match="memory across segments"):
+        refuse_unsplittable(Recurrent(), carries_state=True)
+    with pytest.raises(UserError, match="no self-attention"):
+        refuse_unsplittable(torch.nn.Linear(2, 2), carries_state=False)
+
+
+def test_context_parallel_is_refused_before_anything_is_written(shakespeare_cache, tmp_path, monkeypatch, capsys):
+    from qkv.cli import main
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(_argv("softmax", tmp_path / "one-process", "--context-parallel", "2")) == 2
+    assert "must divide the number of processes (1)" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")  # the check reads torchrun's world size; the sequences of 15 do not cut
+    assert main(_argv("softmax", tmp_path / "odd", "--context-parallel", "2", "--set", "task.block_size=15")) == 2
+    assert "do not cut into 2 equal shards" in capsys.readouterr().err
+    assert not (tmp_path / "one-process").exists() and not (tmp_path / "odd").exists()
