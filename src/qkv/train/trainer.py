@@ -506,7 +506,7 @@ class Trainer:
         """A shard's mean loss as its part of the whole sequences' mean: times its share of the target
         tokens, times P (DistributedDataParallel averages the ranks' gradients)."""
         groups = self._context[0]
-        mine = torch.tensor(float(_count_tokens(batch)), dtype=torch.float64, device=loss.device)
+        mine = torch.tensor(float(_count_tokens(batch)[0]), dtype=torch.float64, device=loss.device)
         total = mine.clone()
         torch.distributed.all_reduce(total, group=groups.group)
         if float(mine) == 0:
