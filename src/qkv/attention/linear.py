@@ -18,8 +18,8 @@ across chunks — O(N C E' + N E' Ev) time; no ``(N, N)`` matrix is ever formed.
 Deviations: ``eps`` (default 0: the paper's equation) is added to the denominator (the authors'
 code adds 1e-6). With ``elu+1``, each query row's features and the keys' features are first
 divided by their largest (``elu_features``; the factors cancel in the ratio, so eps guards a zero
-denominator without shrinking rows of small features; folded into eps while the largest inputs are above -20, in log space below, so that features below
-float range still rank the keys). For a causal row ``i`` "the keys' largest" is that of the keys
+denominator without shrinking rows of small features; folded into eps while the largest inputs
+are above -20, in log space below, so that features below float range still rank the keys). For a causal row ``i`` "the keys' largest" is that of the keys
 ``j <= i`` (a running maximum, per position): eps then relates to what row ``i`` may see, so no
 later key reaches it and one token at a time gives the parallel pass's numbers. Written out,
 
@@ -44,8 +44,7 @@ from torch import Tensor
 
 from .. import _checks
 from ..registry import register
-from ..types import AttentionOutput
-from ..types import LinearState
+from ..types import AttentionOutput, LinearState
 from ._ops import Features, accumulation_dtype, finite_or_zero, linear_attention, split_key_mask
 from .base import AttentionKernel, clamp_knob
 

@@ -42,8 +42,7 @@ from torch import Tensor
 
 from .. import _checks
 from ..registry import register
-from ..types import AttentionOutput
-from ..types import LinearState
+from ..types import AttentionOutput, LinearState
 from ._ops import Features, accumulation_dtype, full_precision, linear_attention, split_key_mask
 from .base import AttentionKernel, clamp_knob
 
