@@ -383,6 +383,18 @@ def _kernel(module: torch.nn.Module, impl: str, kernel: str, knobs: Dict[str, An
     return kernels[key]
 
 
+def _boolean_mask(impl: str, mask: Optional[Tensor]) -> Optional[Tensor]:
+    """transformers' mask as qkv's (True = may attend): a boolean mask as it is, an additive float
+    mask (0 = attend, the dtype's minimum = masked) compared with 0; one that adds other score
+    biases is refused."""
+    if mask is None or mask.dtype == torch.bool:
+        return mask
+    allowed = mask == 0
+    if not bool((allowed | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
+        raise ValueError(f"{impl}: the attention mask adds score biases, which qkv's kernels do not take")
+    return allowed
+
+
 def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callable:
     """transformers' attention signature around qkv kernel ``kernel`` built with ``knobs``."""
 
@@ -397,15 +409,9 @@ def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callab
         n_rep = H // key.shape[1]
         key, value = _repeat_kv(key, n_rep), _repeat_kv(value, n_rep)  # (B, H, N, E)
         causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
-        mask = attention_mask
-        if mask is not None:
-            if mask.dtype != torch.bool:  # an additive float mask: 0 = attend, the dtype's minimum = masked
-                allowed = mask == 0
-                if not bool((allowed | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
-                    raise ValueError(f"{impl}: the attention mask adds score biases, which qkv's kernels do not take")
-                mask = allowed
-            if mask.shape[-2] != 1:  # the full pattern (causality included) is in the mask
-                causal = False
+        mask = _boolean_mask(impl, attention_mask)
+        if mask is not None and mask.shape[-2] != 1:  # the full pattern (causality included) is in the mask
+            causal = False
         use, own = kernel, dict(knobs)
         if kernel in PATTERNED and is_cross_attention(module):
             use, own = "softmax", {}  # PATTERNED: no pattern between two sequences
