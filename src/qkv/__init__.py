@@ -5,6 +5,7 @@ from __future__ import annotations
 
 # every registry filled on `import qkv`: models, tasks and the parts they name are buildable by name at once
 from . import functional, masks, models, positional, registry, scores, tasks
+from . import hf  # noqa: F401  (registers the Hugging Face checkpoint format for QKVModel.from_pretrained)
 from ._errors import UserError
 from .attention import (
     AttentionKernel,

@@ -57,10 +57,14 @@ __all__ = [
     "load_model_state",
     "read_model_config",
     "load_model_tensors",
+    "RUN_FILE",
 ]
 
 _ALIASES_KEY = "qkv_aliases"
 _CHECKSUM_KEY = "qkv_sha256"
+#: the file that makes a directory a run (``qkv.runs`` writes it), not a model directory: a model
+#: directory beside it (``config.json``) is read as a run's, by the command and ``--init`` alike
+RUN_FILE = "run.json"
 #: a config.json larger than this is not a model's configuration
 MAX_CONFIG_BYTES = 64 * 2**20
 

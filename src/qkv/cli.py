@@ -261,7 +261,7 @@ def _cmd_viz(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from qkv.integrations.export import export_run
+    from qkv.hf.export import export_run
 
     set_threads(args.threads)
     print(f"wrote {export_run(args.run, args.out, args.format)}")

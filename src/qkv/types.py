@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Optional
 
 from torch import Tensor
 
-__all__ = ["AttentionOutput", "KVCache"]
+__all__ = ["AttentionOutput", "KVCache", "LinearState"]
 
 
 class AttentionOutput(NamedTuple):
@@ -45,3 +45,26 @@ class KVCache:
     def length(self) -> int:
         """Number of cached positions (after trimming)."""
         return self.key.shape[-2]
+
+
+@dataclass(frozen=True)
+class LinearState:
+    """The running sums of causal linear attention (an RNN state; ``attention/_ops.linear_attention``).
+
+    S: ``(B, H, E', Ev)`` = ``sum_j phi(K_j) V_j^T`` over the ``length`` keys seen.
+    Z: ``(B, H, E')`` = ``sum_j phi(K_j)``.
+    length: number of key positions summed (masks passed later cover these plus the new keys).
+    log_scale: ``(B, H)`` or None. When the key features are given in log space (Performer),
+        ``S`` and ``Z`` are stored divided by ``exp(log_scale)`` (the running maximum of the key
+        log-features) so that they never overflow; the factor cancels in ``S / Z``.
+    summed: ``(B|1, H|1, length)`` bool or None: which of the keys were summed (a key masked when
+        it was fed was not); None when every key was. A mask given later over the cached keys must
+        say the same (``split_key_mask``): the sums cannot forget a key or take one back.
+    S and Z are float32 for half-precision inputs (see ``accumulation_dtype``).
+    """
+
+    S: Tensor
+    Z: Tensor
+    length: int = 0
+    log_scale: Optional[Tensor] = None
+    summed: Optional[Tensor] = None

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from . import masks
 from ._errors import UserError
+from ._nn import evaluating
 from ._plot import PathLike, pyplot, save_figure
 from .attention import build_attention
 from .registry import lookup
@@ -256,15 +257,11 @@ def attention_view(task: Any, model: Any, text: Optional[str] = None, max_len: i
     own = task.attention_view(model, text=text, max_len=max_len)
     if own is not None:
         return own
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         if task.kind == "lm":
             return _lm_view(task, model, text, max_len)
         if task.kind == "seq2seq":
             return _seq2seq_view(task, model, text, max_len)
-    finally:
-        model.train(was_training)
     raise ValueError(f"no attention view for a {task.kind!r} task ({type(task).__name__}) yet")
 
 

@@ -417,3 +417,13 @@ def test_non_causal_core_output_and_written_out_gradient(eps):
     if eps == "tensor":  # a tensor eps gets its gradient too
         eps_value.requires_grad_()
         assert torch.autograd.gradcheck(_NonCausalLinear.apply, (phi_q, phi_k, v, eps_value))
+
+
+def test_linear_state_lives_with_the_other_states():
+    """``LinearState`` is defined in ``qkv.types`` beside ``KVCache`` (design.md), and still importable
+    from ``attention._ops`` and ``qkv.attention`` (issue 40, item 4)."""
+    from qkv import types
+    from qkv.attention import _ops
+
+    assert LinearState is types.LinearState is _ops.LinearState
+    assert LinearState.__module__ == "qkv.types"

@@ -74,7 +74,7 @@ def test_a_char_gpt_in_a_text_generation_pipeline(shakespeare_cache, tmp_path, t
 
 @pytest.mark.parametrize("kind", ["char", "byte"])
 def test_an_exported_tokenizer_gives_qkvs_ids_and_text(kind, tmp_path):
-    from qkv.integrations.export import write_hf_tokenizer
+    from qkv.hf.export import write_hf_tokenizer
     from qkv.tasks.vocab import ByteVocab, CharVocab
 
     vocab = CharVocab("To be, or not to be:\nthat is the question?") if kind == "char" else ByteVocab()

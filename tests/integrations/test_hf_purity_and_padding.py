@@ -12,7 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from qkv.integrations import huggingface as hf  # noqa: E402
+from qkv.hf import attention as hf  # noqa: E402
 
 from qkv.registry import lookup  # noqa: E402
 
@@ -86,6 +86,26 @@ def test_performer_is_a_function_of_the_weights(tmp_path):
         again = transformers.BertModel.from_pretrained(tmp_path, attn_implementation="qkv-performer").eval()
     torch.testing.assert_close(_logits(again, "qkv-performer", input_ids=ids), evaluated, atol=0, rtol=0)
     assert not torch.allclose(evaluated, _logits(model, "eager", input_ids=ids), atol=1e-4)  # an estimate, not softmax
+
+
+def test_each_layer_keeps_one_kernel_for_training_and_evaluation():
+    """The kernels live on the attention layers they serve (``hf.layer_kernels``), keyed by a
+    ``KernelKey`` that names what built them: one per layer, shared by training and evaluation
+    (dropout 0 in the key: performer applies none), and none of it in the state_dict (issue 40,
+    item 5: a module-global cache keyed by a 7-tuple)."""
+    model = _bert(attention_probs_dropout_prob=0.1, hidden_dropout_prob=0.0)
+    ids = torch.randint(2, 40, (2, 9), generator=torch.Generator().manual_seed(1))
+    _logits(model, "qkv-performer", input_ids=ids)
+    model.train()
+    _logits(model, "qkv-performer", input_ids=ids)
+    model.eval()
+    served = [hf.layer_kernels(layer) for layer in model.modules() if hf.layer_kernels(layer)]
+    assert len(served) == 2  # the self-attention of each of the two layers
+    for kernels in served:
+        ((key, kernel),) = kernels.items()
+        assert key == hf.KernelKey("qkv-performer", "performer", key.knobs, False, 0.0, 2, 8, "cpu")
+        assert isinstance(kernel, lookup("attention", "performer"))
+    assert not any("projection" in name or "kernel" in name for name in model.state_dict())
 
 
 # ----------------------------------------------------------------------------- item 2: cross-attention

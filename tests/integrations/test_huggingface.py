@@ -1,4 +1,4 @@
-"""qkv's kernels inside transformers models (qkv.integrations.huggingface): registered through both
+"""qkv's kernels inside transformers models (qkv.hf.attention): registered through both
 AttentionInterface and AttentionMaskInterface, ``qkv-softmax`` equal to transformers' eager
 attention (padding, causal, grouped key/value heads), the other kernels equal to qkv's own models
 on the same weights, decoding under transformers' KV cache, and the kernels that cannot serve."""
@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import AttentionInterface  # noqa: E402
 from transformers.masking_utils import AttentionMaskInterface  # noqa: E402
 
-from qkv.integrations import huggingface as hf  # noqa: E402
+from qkv.hf import attention as hf  # noqa: E402
 from qkv.models import BERT  # noqa: E402
 
 ATOL = 1e-5
@@ -191,7 +191,19 @@ def test_knobs_not_given_are_the_kernels_own_for_the_models_length():
     model.set_attn_implementation("qkv-w-default")
     ids, mask = _batch()
     _run(model, "qkv-w-default", ids, mask)
-    built = [k for per in hf._kernels.values() for (impl, *_), k in per.items() if impl == "qkv-w-default"]
+    built = [k for layer in model.modules() for key, k in hf.layer_kernels(layer).items() if key.impl == "qkv-w-default"]
     assert built
     expected = lookup("attention", "window").default_knobs(model.config.max_position_embeddings, 1, 1)["radius"]
     assert all(k.radius == expected for k in built)
+
+
+def test_the_old_import_paths_name_the_same_modules():
+    """``qkv.hf`` is the one home of qkv meets transformers; ``qkv.integrations.huggingface``,
+    ``.pretrained`` and ``.export`` are the same module objects (issue 40, item 5)."""
+    import qkv.hf.attention
+    import qkv.hf.export
+    import qkv.hf.pretrained
+    from qkv.integrations import export, huggingface, pretrained
+
+    assert huggingface is qkv.hf.attention and export is qkv.hf.export and pretrained is qkv.hf.pretrained
+    assert hf is qkv.hf.attention

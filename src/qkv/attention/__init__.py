@@ -14,7 +14,7 @@ from .softmax import SoftmaxAttention
 from .window import WindowAttention
 from .local import Local1DAttention, Local2DAttention
 from .sparse import FixedAttention, StridedAttention
-from ._ops import LinearState
+from ..types import LinearState
 from .linear import LinearAttention
 from .performer import PerformerAttention
 from .efficient import EfficientAttention

@@ -12,8 +12,8 @@ from here (downwards), never a helper from a sibling kernel's module (tests/test
   ``gathered_attend`` (every query its own list of keys: the decoding path of the sparse kernels),
   ``empty_output``;
 - the linear-attention core (Katharopoulos et al. 2020, eq. 5–6 and 16–20, see ``linear.py``):
-  ``linear_attention``, its state ``LinearState`` and ``split_key_mask``, shared by ``linear`` and
-  ``performer``.
+  ``linear_attention`` of ``Features``, and ``split_key_mask``, shared by ``linear`` and
+  ``performer``; its state ``LinearState`` lives with the other states in ``qkv/types.py``.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from torch import Tensor
 
 from .. import _checks, masks
 from ..functional import masked_softmax, scaled_scores
-from ..types import AttentionOutput, KVCache
+from ..types import AttentionOutput, KVCache, LinearState  # LinearState: still importable from here
 
 __all__ = ["accumulation_dtype", "append_cache", "check_cache", "unfold_band", "band_blocks", "scatter_band",
            "to_frame", "from_frame", "shift_queries", "empty_output", "fused_blocks", "blocked_attend", "gathered_attend",
-           "LinearState", "linear_attention", "split_key_mask", "finite_or_zero", "full_precision"]
+           "Features", "LinearState", "linear_attention", "split_key_mask", "finite_or_zero", "full_precision"]
 
 
 # ----------------------------------------------------------------------------- precision
@@ -309,37 +309,37 @@ def gathered_attend(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, ok: Tensor, va
 
 
 @dataclass(frozen=True)
-class LinearState:
-    """The running sums of causal linear attention (an RNN state).
+class Features:
+    """``phi(Q)`` and ``phi(K)`` as the linear-attention core takes them.
 
-    S: ``(B, H, E', Ev)`` = ``sum_j phi(K_j) V_j^T`` over the ``length`` keys seen.
-    Z: ``(B, H, E')`` = ``sum_j phi(K_j)``.
-    length: number of key positions summed (masks passed later cover these plus the new keys).
-    log_scale: ``(B, H)`` or None. When the key features are given in log space (Performer),
-        ``S`` and ``Z`` are stored divided by ``exp(log_scale)`` (the running maximum of the key
-        log-features) so that they never overflow; the factor cancels in ``S / Z``.
-    summed: ``(B|1, H|1, length)`` bool or None: which of the keys were summed (a key masked when
-        it was fed was not); None when every key was. A mask given later over the cached keys must
-        say the same (``split_key_mask``): the sums cannot forget a key or take one back.
-    S and Z are float32 for half-precision inputs (see ``accumulation_dtype``).
+    q: ``(B, H, M, F)`` non-negative query features.
+    k: ``(B, H, N, F)`` non-negative key features, or their logarithms when ``log_keys``: then the
+        core exponentiates them after subtracting a maximum — over all keys (non-causal), or
+        (causal) at each key position ``j`` the running maximum ``m_j`` of the keys ``<= j`` (the
+        state's keys included, carried in ``LinearState.log_scale``). A causal query ``i`` reads
+        its sums at the scale ``exp(-m_i)``, so its output, ``eps`` term included, depends on the
+        keys ``<= i`` only: no later key reaches it, not even through rounding, and decoding one
+        token at a time computes the same numbers.
+    eps_scale: ``(B|1, H|1, M, 1)`` or None: ``eps * eps_scale`` is added to the denominator
+        instead of ``eps`` (the features' normalisation folded into eps, see
+        ``linear.direct_features``; causal: the queries' only).
     """
 
-    S: Tensor
-    Z: Tensor
-    length: int = 0
-    log_scale: Optional[Tensor] = None
-    summed: Optional[Tensor] = None
+    q: Tensor
+    k: Tensor
+    log_keys: bool = False
+    eps_scale: Optional[Tensor] = None
 
 
 class _NonCausalLinear(torch.autograd.Function):
-    """``out = phi_q S / (phi_q z + eps)`` with ``S = phi_k^T v``, ``z = phi_k^T 1``, and its gradient
-    written out, so that autograd's generic graph — the two paths into each of ``phi_q`` and
-    ``phi_k``, the division's backward — costs no extra passes. ``[S, z]`` is one ``(F, Ev + 1)``
-    matrix, so that numerator and denominator come from one product, and so do their gradients:
+    """Eq. 5–6 over all keys, ``out = phi_q S / (phi_q Z + eps)``, and its gradient written out,
+    so that autograd's generic graph — the two paths into each of ``phi_q`` and ``phi_k``, the
+    division's backward — costs no extra passes. ``[S, Z]`` is one ``(F, Ev + 1)`` matrix, so that
+    numerator and denominator come from one product, and so do their gradients:
 
-        [num, den] = phi_q [S, z],   G = [g / den, -sum_e(g * out) / den],
-        d phi_q = G [S, z]^T,        [dS, dz] = phi_q^T G,
-        d phi_k = v dS^T + 1 dz^T,   dv = phi_k dS.
+        [num, den] = phi_q [S, Z],   G = [g / den, -sum_e(g * out) / den],
+        d phi_q = G [S, Z]^T,        [dS, dZ] = phi_q^T G,
+        d phi_k = v dS^T + 1 dZ^T,   dv = phi_k dS.
 
     ``eps``: ``(B|1, H|1, M, 1)`` tensor or float >= 0, added to the denominator; a row whose
     denominator is 0 (no key with a non-zero feature product: its numerator is 0 too) gives 0. A
@@ -348,26 +348,28 @@ class _NonCausalLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, phi_q: Tensor, phi_k: Tensor, v: Tensor, eps) -> Tensor:
         Ev = v.shape[-1]
-        Sz = torch.cat([phi_k.transpose(-1, -2) @ v, phi_k.sum(dim=-2).unsqueeze(-1)], dim=-1)  # (B, H, F, Ev + 1)
-        nd = phi_q @ Sz  # (B, H, M, Ev + 1): [numerator, denominator]
+        S = phi_k.transpose(-1, -2) @ v  # (B, H, F, Ev): S = sum_j phi(K_j) V_j^T
+        Z = phi_k.sum(dim=-2)  # (B, H, F): Z = sum_j phi(K_j)
+        SZ = torch.cat([S, Z.unsqueeze(-1)], dim=-1)  # (B, H, F, Ev + 1)
+        nd = phi_q @ SZ  # (B, H, M, Ev + 1): [phi(Q_i)^T S, phi(Q_i)^T Z]
         den = nd[..., Ev:] + eps  # (B, H, M, 1)
         den = den.masked_fill(den == 0, 1.0)
-        out = nd[..., :Ev] / den  # (B, H, M, Ev)
-        ctx.save_for_backward(phi_q, phi_k, v, Sz, den, out)
+        out = nd[..., :Ev] / den  # (B, H, M, Ev): V'_i
+        ctx.save_for_backward(phi_q, phi_k, v, SZ, den, out)
         ctx.eps_shape = eps.shape if isinstance(eps, Tensor) else None
         return out
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        phi_q, phi_k, v, Sz, den, out = ctx.saved_tensors
+        phi_q, phi_k, v, SZ, den, out = ctx.saved_tensors
         Ev = v.shape[-1]
         G = g.new_empty(*g.shape[:-1], Ev + 1)  # (B, H, M, Ev + 1)
         torch.div(g, den, out=G[..., :Ev])
         G[..., Ev:] = (g * out).sum(-1, keepdim=True).div_(den).neg_()
-        d_q = G @ Sz.transpose(-1, -2)  # (B, H, M, F)
-        dSz = phi_q.transpose(-1, -2) @ G  # (B, H, F, Ev + 1)
-        dS = dSz[..., :Ev]  # (B, H, F, Ev)
-        d_k = (v @ dS.transpose(-1, -2)).add_(dSz[..., Ev:].transpose(-1, -2))  # (B, H, N, F)
+        d_q = G @ SZ.transpose(-1, -2)  # (B, H, M, F)
+        dSZ = phi_q.transpose(-1, -2) @ G  # (B, H, F, Ev + 1)
+        dS = dSZ[..., :Ev]  # (B, H, F, Ev)
+        d_k = (v @ dS.transpose(-1, -2)).add_(dSZ[..., Ev:].transpose(-1, -2))  # (B, H, N, F)
         d_v = phi_k @ dS  # (B, H, N, Ev)
         d_eps = G[..., Ev:].sum_to_size(ctx.eps_shape) if ctx.needs_input_grad[3] else None
         return d_q, d_k, d_v, d_eps
@@ -387,119 +389,120 @@ def finite_or_zero(m: Tensor) -> Tensor:
     return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
 
 
-def linear_attention(
-    phi_q: Tensor,
-    phi_k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool,
-    chunk_size: int = 64,
-    key_mask: Optional[Tensor] = None,
-    state: Optional[LinearState] = None,
-    log_keys: bool = False,
-    eps: float = 0.0,
-    need_weights: bool = False,
-    eps_scale: Optional[Tensor] = None,
-) -> tuple[Tensor, Optional[Tensor], Optional[LinearState]]:
-    """The linear-attention core shared by ``linear`` and ``performer``.
+def linear_attention(features: Features, v: Tensor, *, causal: bool, eps: float = 0.0,
+                     key_mask: Optional[Tensor] = None, state: Optional[LinearState] = None,
+                     chunk_size: int = 64, need_weights: bool = False
+                     ) -> tuple[Tensor, Optional[Tensor], Optional[LinearState]]:
+    """The linear-attention core shared by ``linear`` and ``performer`` (Katharopoulos et al.
+    2020, eq. 5–6; causal, eq. 16–20):
 
-    ``out_i = phi_q_i^T S / (phi_q_i^T Z + eps)`` with ``S = sum_j phi_k_j v_j^T``, ``Z = sum_j phi_k_j``
+        V'_i = phi(Q_i)^T S / (phi(Q_i)^T Z + eps),   S = sum_j phi(K_j) V_j^T,   Z = sum_j phi(K_j)
+
     over all keys, or (``causal``) over the keys ``j <= N - M + i`` (queries aligned to the end of
     the keys, after the ``state.length`` keys already summed in ``state``).
 
     Args:
-        phi_q: ``(B, H, M, F)`` non-negative query features.
-        phi_k: ``(B, H, N, F)`` non-negative key features, or their logarithms when ``log_keys``:
-            then they are exponentiated here after subtracting a maximum — over all keys
-            (non-causal), or (causal) at each key position ``j`` the running maximum ``m_j`` of
-            the keys ``<= j`` (the state's keys included, carried in ``state.log_scale``). A causal
-            query ``i`` reads its sums at the scale ``exp(-m_i)``, so its output, ``eps`` term
-            included, depends on the keys ``<= i`` only: no later key reaches it, not even through
-            rounding, and decoding one token at a time computes the same numbers.
+        features: ``phi(Q) (B, H, M, F)`` and ``phi(K) (B, H, N, F)`` (``Features``: the keys
+            possibly in log space, an ``eps_scale``).
         v: ``(B, H, N, Ev)``.
-        key_mask: bool ``(B|1, H|1, N)``, True = may attend (masked keys get zero features).
-        state: sums of earlier keys (causal only); None starts from zero.
         eps: added to the denominator; ``0`` divides exactly (a zero denominator gives zero).
-            With ``log_keys`` it is relative to the largest key feature (of all keys, or causal:
+            With log-space keys it is relative to the largest key feature (of all keys, or causal:
             of the keys ``<= i``). The maxima then carry gradient when ``eps > 0``: the ratio
             ``S / Z`` does not depend on them, the ``eps`` term does.
-        eps_scale: ``(B|1, H|1, M, 1)`` or None: ``eps * eps_scale`` is added instead (the features'
-            normalisation folded into eps, see ``direct_features``; causal: the queries' only).
+        key_mask: bool ``(B|1, H|1, N)``, True = may attend (masked keys get zero features).
+        state: sums of earlier keys (causal only); None starts from zero.
+        chunk_size: causal chunk length ``C``.
         need_weights: also return the implied ``(B, H, M, N)`` weights (O(M N); not with ``state``).
     Returns:
         ``(out (B, H, M, Ev) in v's dtype, weights or None, new LinearState (causal) or None)``.
     Cost: non-causal O(N F Ev); causal O(N C F + N F Ev) in ``ceil(M / C)`` chunk steps.
-    Under autocast the sums still run in the accumulation dtype (``full_precision``).
+    The numerical care is around the equation, not in it: sums in float32 for half inputs
+    (``accumulation_dtype``), under autocast too (``full_precision``); log-space key features
+    scaled by their (running) maximum; the causal sums as chunked prefix sums (``_causal_sums``).
     """
+    _check_call(features, causal, state, need_weights)
+    out_dtype, acc = v.dtype, accumulation_dtype(v.dtype)  # see accumulation_dtype: sums of N terms in float32
     with full_precision(v.device):
-        return _linear_attention(phi_q, phi_k, v, causal=causal, chunk_size=chunk_size, key_mask=key_mask,
-                                 state=state, log_keys=log_keys, eps=eps, need_weights=need_weights,
-                                 eps_scale=eps_scale)
+        phi_q, phi_k, v = features.q.to(acc), _masked_keys(features, key_mask, acc), v.to(acc)
+        eps_q = eps if features.eps_scale is None else eps * features.eps_scale  # (B|1, H|1, M, 1) or float
+        if not causal:
+            if features.log_keys:  # phi(K_j) / max_j phi(K_j) = exp(l_j - max l) <= 1
+                phi_k = torch.exp(phi_k - finite_or_zero(_key_max(phi_k, eps > 0)))
+            weights = _implied_weights(phi_q, phi_k, eps, eps_q) if need_weights else None
+            out = _NonCausalLinear.apply(phi_q, phi_k, v, eps_q)  # V'_i over all keys (eq. 5–6)
+            new_state = None
+        else:
+            out, weights, new_state = _causal(phi_q, phi_k, v, features.log_keys, eps, eps_q, key_mask, state,
+                                              chunk_size, need_weights)
+        return out.to(out_dtype), None if weights is None else weights.to(out_dtype), new_state
 
 
-def _linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, causal: bool, chunk_size: int,
-                      key_mask: Optional[Tensor], state: Optional[LinearState], log_keys: bool, eps: float,
-                      need_weights: bool, eps_scale: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor], Optional[LinearState]]:
-    """``linear_attention`` with autocast off."""
+def _check_call(features: Features, causal: bool, state: Optional[LinearState], need_weights: bool) -> None:
+    """The state a call may continue: a ``LinearState`` of the same kind of features, causal only,
+    and no weights with it."""
+    if causal and state is not None:
+        if not isinstance(state, LinearState):
+            raise TypeError(f"state must be a LinearState returned by this kernel, got {type(state).__name__}")
+        if (state.log_scale is not None) != features.log_keys:
+            raise ValueError("state was produced by a kernel with a different feature map (log_scale mismatch)")
+    if need_weights and state is not None:
+        raise ValueError("need_weights=True with a state: the weights over cached keys were summed away in "
+                         "the state; call without state to see them")
+    if not causal and state is not None:
+        raise ValueError("state is only used by causal linear attention")
+
+
+def _masked_keys(features: Features, key_mask: Optional[Tensor], acc: torch.dtype) -> Tensor:
+    """``phi(K)`` in ``acc`` with the masked keys' features 0 (their logarithms -inf)."""
+    phi_k = features.k.to(acc)
+    if key_mask is None:
+        return phi_k
+    keep = key_mask.unsqueeze(-1)  # (B|1, H|1, N, 1)
+    return phi_k.masked_fill(~keep, float("-inf")) if features.log_keys else phi_k * keep
+
+
+def _divide(nd: Tensor, eps: float, eps_q) -> Tensor:
+    """``num / (den + eps)`` of ``nd = [num, den] (B, H, M, Ev + 1)``; with ``eps = 0`` a zero
+    denominator gives 0 (it is 0 only where every feature product is 0, and then so is num)."""
+    num, den = nd[..., :-1], nd[..., -1:]  # (B, H, M, Ev), (B, H, M, 1)
+    if eps > 0:
+        return num / (den + eps_q)
+    return num / den.clamp(min=torch.finfo(den.dtype).tiny)
+
+
+def _implied_weights(phi_q: Tensor, phi_k: Tensor, eps: float, eps_q, scale: Optional[Tensor] = None) -> Tensor:
+    """The weights ``(B, H, M, N)`` the output implies, ``phi(Q_i) . phi(K_j) / den_i``; ``scale``
+    (causal): ``(…, M, N)`` factors by which query ``i`` reads key ``j`` (0 above the diagonal)."""
+    a = phi_q @ phi_k.transpose(-1, -2)  # (B, H, M, N) unnormalised weights
+    if scale is not None:
+        a = a * scale
+    den = a.sum(-1, keepdim=True)
+    return a / (den + eps_q) if eps > 0 else a / torch.where(den > 0, den, torch.ones_like(den))
+
+
+def _running_max(log_k: Tensor, state: Optional[LinearState], keep_grad: bool) -> Tensor:
+    """``m (B, H, 1 + N)``: the running maximum of the key log-features, ``m[..., 0]`` the state's
+    (-inf without one), ``m[..., 1 + j]`` after key ``j``. Detached unless ``keep_grad`` (``eps > 0``)."""
+    B, H, N, Fdim = log_k.shape
+    m0 = (state.log_scale.to(log_k.dtype).view(B, H, 1) if state is not None
+          else log_k.new_full((B, H, 1), float("-inf")))
+    top = ((log_k if keep_grad else log_k.detach()).amax(-1) if Fdim
+           else log_k.new_full((B, H, N), float("-inf")))  # (B, H, N)
+    return torch.cummax(torch.cat([m0, top], dim=-1), dim=-1).values
+
+
+def _causal(phi_q: Tensor, phi_k: Tensor, v: Tensor, log_keys: bool, eps: float, eps_q,
+            key_mask: Optional[Tensor], state: Optional[LinearState], chunk_size: int, need_weights: bool):
+    """``linear_attention`` for causal queries: ``(out, weights, new state)`` in the accumulation dtype.
+    In log mode (``m`` not None) key ``j`` is exponentiated at its running maximum ``m_j``, query
+    ``i`` reads everything at its own ``m_i``, and ``[S, Z]`` is kept at the ``m`` of its last key:
+    every factor ``exp(m_j - m_i) <= 1``."""
     B, H, M, Fdim = phi_q.shape
     N, Ev = v.shape[-2], v.shape[-1]
-    out_dtype = v.dtype
-    acc = accumulation_dtype(v.dtype)  # see accumulation_dtype: sums of N terms in float32
-    phi_q, phi_k, v = phi_q.to(acc), phi_k.to(acc), v.to(acc)
-    if key_mask is not None:
-        keep = key_mask.unsqueeze(-1)  # (B|1, H|1, N, 1)
-        phi_k = phi_k.masked_fill(~keep, float("-inf")) if log_keys else phi_k * keep
-    eps_q = eps if eps_scale is None else eps * eps_scale  # (B|1, H|1, M, 1) or float
-    through_max = eps > 0  # the eps term depends on the maxima the features are scaled by: gradient through them
-
-    def divide(nd: Tensor) -> Tensor:
-        num, den = nd[..., :Ev], nd[..., Ev:]  # (B, H, M, Ev), (B, H, M, 1)
-        if eps > 0:
-            return num / (den + eps_q)
-        # den = 0 only where every feature product is 0, and then num = 0 too: 0 / tiny = 0.
-        return num / den.clamp(min=torch.finfo(den.dtype).tiny)
-
-    if causal:
-        if state is not None and not isinstance(state, LinearState):
-            raise TypeError(f"state must be a LinearState returned by this kernel, got {type(state).__name__}")
-        if state is not None and (state.log_scale is not None) != log_keys:
-            raise ValueError("state was produced by a kernel with a different feature map (log_scale mismatch)")
-    m = None  # causal log mode: (B, H, 1 + N) running maxima, m[..., 0] the state's, m[..., 1 + j] after key j
-    if causal and log_keys:
-        m0 = (state.log_scale.to(acc).view(B, H, 1) if state is not None
-              else phi_k.new_full((B, H, 1), float("-inf")))
-        top = ((phi_k if through_max else phi_k.detach()).amax(-1) if Fdim
-               else phi_k.new_full((B, H, N), float("-inf")))  # (B, H, N)
-        m = torch.cummax(torch.cat([m0, top], dim=-1), dim=-1).values  # (B, H, 1 + N)
+    m = _running_max(phi_k, state, eps > 0) if log_keys else None  # (B, H, 1 + N)
+    if m is not None:
         phi_k = torch.exp(phi_k - finite_or_zero(m[..., 1:]).unsqueeze(-1))  # (B, H, N, F): exp(l_j - m_j) <= 1
-
-    weights = None
-    if need_weights:
-        if state is not None:
-            raise ValueError("need_weights=True with a state: the weights over cached keys were summed away in "
-                             "the state; call without state to see them")
-        fk = phi_k
-        if log_keys and not causal:
-            fk = torch.exp(fk - finite_or_zero(_key_max(fk, through_max)))
-        a = phi_q @ fk.transpose(-1, -2)  # (B, H, M, N) unnormalised weights
-        if causal:
-            allowed = torch.ones(M, N, dtype=torch.bool, device=a.device).tril(N - M)
-            if m is None:
-                a = a * allowed
-            else:  # key j was scaled by exp(-m_j); query i reads it at exp(-m_i): times exp(m_j - m_i) <= 1
-                mk, mq = m[..., 1:], m[..., 1 + N - M:]  # (B, H, N), (B, H, M)
-                a = a * torch.exp((mk.unsqueeze(-2) - finite_or_zero(mq).unsqueeze(-1)).masked_fill(~allowed, float("-inf")))
-        den = a.sum(-1, keepdim=True)
-        weights = (a / (den + eps_q) if eps > 0 else a / torch.where(den > 0, den, torch.ones_like(den))).to(out_dtype)
-
-    if not causal:
-        if state is not None:
-            raise ValueError("state is only used by causal linear attention")
-        if log_keys:
-            phi_k = torch.exp(phi_k - finite_or_zero(_key_max(phi_k, through_max)))
-        out = _NonCausalLinear.apply(phi_q, phi_k, v, eps_q)
-        return out.to(out_dtype), weights, None  # (B, H, M, Ev)
-
+    weights = _implied_weights(phi_q, phi_k, eps, eps_q, _causal_scale(m, M, N, phi_q.device)) if need_weights else None
     if M > N:
         # Without a state the kernel's caller returns zero rows for queries before the first key; with
         # one, such a query would need part of the keys already summed away in the state.
@@ -509,50 +512,73 @@ def _linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, *, causal: bool, 
     _checks.positive_int("chunk_size", chunk_size)
     # [V, 1]: one product gives both the numerator S and the normaliser Z (its last column).
     v1 = torch.cat([v, v.new_ones(B, H, N, 1)], dim=-1)  # (B, H, N, Ev + 1)
-    # P = [S, Z] of the keys summed so far; in log mode stored divided by exp(m_cur).
+    P = _state_sums(state, B, H, Fdim, Ev, v1)  # (B, H, F, Ev + 1): [S, Z] of the keys summed before
+    nd, P = _causal_sums(phi_q, phi_k, v1, P, m, chunk_size)
+    length = state.length if state is not None else 0
+    new_state = LinearState(S=P[..., :Ev], Z=P[..., Ev], length=length + N,
+                            log_scale=m[..., -1] if log_keys else None, summed=_summed(state, key_mask, N, v.device))
+    return _divide(nd, eps, eps_q), weights, new_state
+
+
+def _causal_scale(m: Optional[Tensor], M: int, N: int, device: torch.device) -> Tensor:
+    """The factor by which causal query ``i`` reads key ``j``: 1 for ``j <= N - M + i``, else 0;
+    in log mode key ``j`` was scaled by ``exp(-m_j)`` and query ``i`` reads it at ``exp(-m_i)``:
+    times ``exp(m_j - m_i) <= 1``."""
+    allowed = torch.ones(M, N, dtype=torch.bool, device=device).tril(N - M)
+    if m is None:
+        return allowed
+    mk, mq = m[..., 1:], m[..., 1 + N - M:]  # (B, H, N), (B, H, M)
+    return torch.exp((mk.unsqueeze(-2) - finite_or_zero(mq).unsqueeze(-1)).masked_fill(~allowed, float("-inf")))
+
+
+def _state_sums(state: Optional[LinearState], B: int, H: int, Fdim: int, Ev: int, v1: Tensor) -> Tensor:
+    """``P = [S, Z] (B, H, F, Ev + 1)`` of the state (zero without one), in ``v1``'s dtype."""
     if state is None:
-        P = v1.new_zeros(B, H, Fdim, Ev + 1)  # (B, H, F, Ev + 1)
-        length = 0
-    else:
-        if state.S.shape != (B, H, Fdim, Ev) or state.Z.shape != (B, H, Fdim):
-            raise ValueError(f"state holds S {tuple(state.S.shape)} and Z {tuple(state.Z.shape)}, incompatible with "
-                             f"(B, H, features, Ev) = {(B, H, Fdim, Ev)}")
-        P = torch.cat([state.S, state.Z.unsqueeze(-1)], dim=-1).to(acc)
-        length = state.length
+        return v1.new_zeros(B, H, Fdim, Ev + 1)
+    if state.S.shape != (B, H, Fdim, Ev) or state.Z.shape != (B, H, Fdim):
+        raise ValueError(f"state holds S {tuple(state.S.shape)} and Z {tuple(state.Z.shape)}, incompatible with "
+                         f"(B, H, features, Ev) = {(B, H, Fdim, Ev)}")
+    return torch.cat([state.S, state.Z.unsqueeze(-1)], dim=-1).to(v1.dtype)
+
+
+def _summed(state: Optional[LinearState], key_mask: Optional[Tensor], N: int, device: torch.device) -> Optional[Tensor]:
+    """``LinearState.summed`` after ``N`` new keys: which keys the sums hold (None: all)."""
+    if key_mask is None and (state is None or state.summed is None):
+        return None
+    length = state.length if state is not None else 0
+    before = (state.summed if state is not None and state.summed is not None
+              else torch.ones(1, 1, length, dtype=torch.bool, device=device))
+    now = key_mask if key_mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=device)
+    lead = torch.broadcast_shapes(before.shape[:2], now.shape[:2])
+    return torch.cat([before.expand(*lead, -1), now.expand(*lead, -1)], dim=-1)  # (B|1, H|1, length + N)
+
+
+def _causal_sums(phi_q: Tensor, phi_k: Tensor, v1: Tensor, P: Tensor, m: Optional[Tensor],
+                 chunk_size: int) -> tuple[Tensor, Tensor]:
+    """``([phi(Q_i)^T S_i, phi(Q_i)^T Z_i] (B, H, M, Ev + 1), [S, Z] after the last key)`` with
+    ``S_i = sum_{j <= N - M + i} phi(K_j) V_j^T`` (the state's ``P`` included), ``Z_i`` likewise.
+    The ``N - M`` keys before the first query are seen by every query: summed into ``P`` first;
+    the rest in chunks (``_chunk_sums``). ``m``: the running maxima (log mode) or None."""
+    B, H, M, Fdim = phi_q.shape
+    N = phi_k.shape[-2]
     off = N - M  # keys before the first query's position: seen by every query
-    mk = mk_safe = None
-    if m is not None:
-        # Scales (causal log mode; every factor <= 1). Key j was exponentiated at its running max
-        # m_j; query i reads everything at its own m_i; [S, Z] is kept at the m of its last key.
-        mk = m[..., 1:]  # (B, H, N): m_j
-        mk_safe = finite_or_zero(mk)
+    m_safe = None if m is None else finite_or_zero(m[..., 1:])  # (B, H, N): m_j
     if off > 0:
         # S += sum_j phi(K_j) V_j^T, Z += sum_j phi(K_j) over the leading keys
         lead = phi_k[:, :, :off]
-        if m is not None:
-            lead = lead * torch.exp(mk[..., :off] - mk_safe[..., off - 1:off]).unsqueeze(-1)
-            P = P * torch.exp(m[..., :1] - mk_safe[..., off - 1:off]).unsqueeze(-1)
+        if m is not None:  # all at the scale of the last leading key
+            lead = lead * torch.exp(m[..., 1:1 + off] - m_safe[..., off - 1:off]).unsqueeze(-1)
+            P = P * torch.exp(m[..., :1] - m_safe[..., off - 1:off]).unsqueeze(-1)
         P = P + lead.transpose(-1, -2) @ v1[:, :, :off]  # (B, H, F, Ev + 1)
     if M == 0:
-        nd = v1.new_zeros(B, H, 0, Ev + 1)
-    else:
-        nd, P = _causal_chunks(phi_q, phi_k[:, :, off:], v1[:, :, off:], P, min(chunk_size, M),
-                               None if m is None else (m[..., off:], mk_safe[..., off:]))
-    summed = None
-    if key_mask is not None or (state is not None and state.summed is not None):
-        before = (state.summed if state is not None and state.summed is not None
-                  else torch.ones(1, 1, length, dtype=torch.bool, device=v.device))
-        now = key_mask if key_mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=v.device)
-        lead = torch.broadcast_shapes(before.shape[:2], now.shape[:2])
-        summed = torch.cat([before.expand(*lead, -1), now.expand(*lead, -1)], dim=-1)  # (B|1, H|1, length + N)
-    new_state = LinearState(S=P[..., :Ev], Z=P[..., Ev], length=length + N,
-                            log_scale=m[..., -1] if log_keys else None, summed=summed)
-    return divide(nd).to(out_dtype), weights, new_state
+        return v1.new_zeros(B, H, 0, v1.shape[-1]), P
+    scales = None if m is None else (m[..., off:], m_safe[..., off:])
+    return _chunk_sums(phi_q, phi_k[:, :, off:], v1[:, :, off:], P, min(chunk_size, M), scales)
 
 
-def _causal_chunks(phi_q: Tensor, phi_k: Tensor, v1: Tensor, P: Tensor, C: int,
-                   scales: Optional[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-    """The causal sums of ``M`` queries and their ``M`` keys in chunks of ``C`` (the core's inner part).
+def _chunk_sums(phi_q: Tensor, phi_k: Tensor, v1: Tensor, P: Tensor, C: int,
+                scales: Optional[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """The causal sums of ``M`` queries and their ``M`` keys in chunks of ``C``.
 
     ``phi_q, phi_k (B, H, M, F)``, ``v1 = [V, 1] (B, H, M, Ev + 1)``, ``P = [S, Z] (B, H, F, Ev + 1)``
     of the keys before. Returns ``(sum_{j <= i} (phi_q_i . phi_k_j) [v_j, 1] (B, H, M, Ev + 1), P after)``.
@@ -568,37 +594,54 @@ def _causal_chunks(phi_q: Tensor, phi_k: Tensor, v1: Tensor, P: Tensor, C: int,
     qs, ks, vs = chunked(phi_q), chunked(phi_k), chunked(v1)  # (B, H, T, C, F | Ev + 1)
     tri = torch.ones(C, C, dtype=torch.bool, device=v1.device).tril()  # j <= i inside a chunk
     if scales is None:
-        ends, mask, to_query = ks, tri, None
+        mask, ends, to_query, step = tri, ks, None, None
     else:
-        m, m_safe = scales
-        mc = F.pad(m[..., 1:], (0, pad), value=float("-inf")).view(B, H, T, C)  # m_j (padding: no key)
-        mq = F.pad(m_safe, (0, pad), value=float("inf")).view(B, H, T, C)  # m_i (padding: a query that reads nothing)
-        last = m_safe[..., (torch.arange(1, T + 1, device=m.device) * C - 1).clamp(max=M - 1)]  # (B, H, T): m of each chunk's last key
-        before = m[..., ::C][..., :T]  # (B, H, T): the running max before each chunk, P's scale there
-        # key j read at query i's scale: exp(m_j - m_i), j <= i (never computed above the diagonal)
-        mask = torch.exp((mc.unsqueeze(-2) - mq.unsqueeze(-1)).masked_fill(~tri, float("-inf")))  # (B, H, T, C, C)
-        ends = ks * torch.exp(mc - last.unsqueeze(-1)).unsqueeze(-1)  # key j at its chunk's last scale
-        chunk_of = torch.arange(M, device=m.device) // C
-        to_query = F.pad(torch.exp(before[..., chunk_of] - m_safe), (0, pad)).view(B, H, T, C, 1)  # P's scale -> m_i
-        step = torch.exp(before - last)  # (B, H, T): P's scale -> the chunk's last
+        mask, key_to_end, to_query, step = _chunk_scales(*scales, tri, T, pad)
+        ends = ks * key_to_end
     # within a chunk: sum_{j<=i} (phi_q_i . phi_k_j) [v_j, 1] — the masked quadratic form
     local = ((qs @ ks.transpose(-1, -2)) * mask) @ vs  # (B, H, T, C, Ev + 1)
     # each chunk's own [S, Z] = sum_j phi(K_j) [V_j, 1]^T
     own = ends.transpose(-1, -2) @ vs  # (B, H, T, F, Ev + 1)
     # [S, Z] of every earlier chunk: a running sum (rescaled chunk to chunk in log mode)
-    if scales is None:
-        before_P = P.unsqueeze(2) + F.pad(own.cumsum(2)[:, :, :-1], (0, 0, 0, 0, 1, 0))  # (B, H, T, F, Ev + 1)
-        P = before_P[:, :, -1] + own[:, :, -1]
-    else:
-        running = []
-        for own_t, step_t in zip(own.unbind(2), step.unbind(-1)):  # unbind: one stack in backward
-            running.append(P)
-            P = P * step_t[..., None, None] + own_t
-        before_P = torch.stack(running, dim=2)  # (B, H, T, F, Ev + 1)
+    before_P, P = _running_sum(P, own, step)  # (B, H, T, F, Ev + 1), (B, H, F, Ev + 1)
     across = qs @ before_P  # (B, H, T, C, Ev + 1): phi_q_i^T [S, Z] of the earlier chunks
     if to_query is not None:
         across = across * to_query
     return (across + local).view(B, H, T * C, vs.shape[-1])[:, :, :M], P
+
+
+def _chunk_scales(m: Tensor, m_safe: Tensor, tri: Tensor, T: int, pad: int):
+    """Log mode's factors, every one ``<= 1``, for chunks of ``C = tri.shape[0]`` positions:
+    ``(mask (B, H, T, C, C)`` — key ``j`` read at query ``i``'s scale, ``exp(m_j - m_i)``, ``j <= i``;
+    ``key_to_end (B, H, T, C, 1)`` — key ``j`` at its chunk's last key's scale;
+    ``to_query (B, H, T, C, 1)`` — P's scale before the chunk to query ``i``'s;
+    ``step (B, H, T)`` — P's scale before the chunk to the chunk's last key's)."""
+    B, H, M = m_safe.shape
+    C = tri.shape[0]
+    mc = F.pad(m[..., 1:], (0, pad), value=float("-inf")).view(B, H, T, C)  # m_j (padding: no key)
+    mq = F.pad(m_safe, (0, pad), value=float("inf")).view(B, H, T, C)  # m_i (padding: a query that reads nothing)
+    last = m_safe[..., (torch.arange(1, T + 1, device=m.device) * C - 1).clamp(max=M - 1)]  # (B, H, T): m of each chunk's last key
+    before = m[..., ::C][..., :T]  # (B, H, T): the running max before each chunk, P's scale there
+    # (never computed above the diagonal)
+    mask = torch.exp((mc.unsqueeze(-2) - mq.unsqueeze(-1)).masked_fill(~tri, float("-inf")))
+    key_to_end = torch.exp(mc - last.unsqueeze(-1)).unsqueeze(-1)
+    chunk_of = torch.arange(M, device=m.device) // C
+    to_query = F.pad(torch.exp(before[..., chunk_of] - m_safe), (0, pad)).view(B, H, T, C, 1)
+    return mask, key_to_end, to_query, torch.exp(before - last)
+
+
+def _running_sum(P: Tensor, own: Tensor, step: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """``(P before each chunk (B, H, T, F, Ev + 1), P after the last)``: ``P`` plus the chunks'
+    ``own`` sums so far — a cumulative sum, or (log mode) a loop that rescales ``P`` by ``step``
+    ``(B, H, T)`` from chunk to chunk."""
+    if step is None:
+        before_P = P.unsqueeze(2) + F.pad(own.cumsum(2)[:, :, :-1], (0, 0, 0, 0, 1, 0))
+        return before_P, before_P[:, :, -1] + own[:, :, -1]
+    running = []
+    for own_t, step_t in zip(own.unbind(2), step.unbind(-1)):  # unbind: one stack in backward
+        running.append(P)
+        P = P * step_t[..., None, None] + own_t
+    return torch.stack(running, dim=2), P
 
 
 def split_key_mask(mask: Optional[Tensor], state: Optional[LinearState], N: int, cached: int) -> Optional[Tensor]:

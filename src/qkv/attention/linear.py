@@ -1,6 +1,6 @@
 """Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs: Fast Autoregressive
-Transformers with Linear Attention", arXiv:2006.16236). The computation of the equations below, ``linear_attention``, lives in
-``_ops.py``, shared with the Performer kernel (``performer.py``).
+Transformers with Linear Attention", arXiv:2006.16236). The equations below are computed by
+``_ops.linear_attention``, shared with the Performer kernel (``performer.py``).
 
 Replacing ``exp(q . k / sqrt(d))`` by a feature-map dot product ``phi(q) . phi(k)`` lets the sums
 over keys be taken once (eq. 5–6):
@@ -16,11 +16,10 @@ Cost: O(N E' Ev) time and O(E' Ev) extra memory (non-causal); causal is computed
 across chunks — O(N C E' + N E' Ev) time; no ``(N, N)`` matrix is ever formed.
 
 Deviations: ``eps`` (default 0: the paper's equation) is added to the denominator (the authors'
-code adds 1e-6) — with ``elu+1`` after
-each query row's features and the keys' features are divided by their largest (the factors
-cancel in the ratio, so eps guards a zero denominator without shrinking rows of small features;
-folded into eps while the largest inputs are above -20, in log space below, so that features below
-float range still rank the keys). For a causal row ``i`` "the keys' largest" is that of the keys
+code adds 1e-6). With ``elu+1``, each query row's features and the keys' features are first
+divided by their largest (``elu_features``; the factors cancel in the ratio, so eps guards a zero
+denominator without shrinking rows of small features; folded into eps while the largest inputs
+are above -20, in log space below, so that features below float range still rank the keys). For a causal row ``i`` "the keys' largest" is that of the keys
 ``j <= i`` (a running maximum, per position): eps then relates to what row ``i`` may see, so no
 later key reaches it and one token at a time gives the parallel pass's numbers. Written out,
 
@@ -29,10 +28,9 @@ later key reaches it and one token at a time gives the parallel pass's numbers. 
 Gradients are those of this function: with ``eps > 0`` they reach the maxima too (with ``eps = 0``
 the maxima cancel and are detached).
 
-Dropout must be 0 (no
-attention matrix exists to drop from, and the authors' code applies none; ``dropout > 0`` raises
-rather than being silently ignored); only key-padding
-masks are supported (a mask is a matrix, which the factorisation avoids).
+Dropout must be 0 (no attention matrix exists to drop from, and the authors' code applies none;
+``dropout > 0`` raises rather than being silently ignored); only key-padding masks are supported
+(a mask is a matrix, which the factorisation avoids).
 Linear attention is a *different* attention, not an approximation of softmax: no knob makes it
 converge to softmax (see ``docs/approximation.md`` for how far from softmax it lands).
 """
@@ -46,11 +44,11 @@ from torch import Tensor
 
 from .. import _checks
 from ..registry import register
-from ..types import AttentionOutput
-from ._ops import LinearState, accumulation_dtype, finite_or_zero, linear_attention, split_key_mask
+from ..types import AttentionOutput, LinearState
+from ._ops import Features, accumulation_dtype, finite_or_zero, linear_attention, split_key_mask
 from .base import AttentionKernel, clamp_knob
 
-__all__ = ["LinearAttention", "elu_plus_one", "log_elu_plus_one", "resolve_feature_map"]
+__all__ = ["LinearAttention", "elu_plus_one", "log_elu_plus_one", "elu_features", "resolve_feature_map"]
 
 
 class _EluPlusOne(torch.autograd.Function):
@@ -105,6 +103,28 @@ def direct_features(x: Tensor, dims, keep_grad: bool = False) -> Optional[tuple]
     if top.numel() and bool(top.min() < DIRECT_MIN):
         return None
     return elu_plus_one(x), elu_plus_one(top)
+
+
+def elu_features(q: Tensor, k: Tensor, key_mask: Optional[Tensor], causal: bool, keep_grad: bool) -> Features:
+    """``phi = elu + 1`` of ``q (B, H, M, E)`` and ``k (B, H, N, E)``, each query row divided by its
+    largest feature and the keys by theirs (both factors cancel between numerator and denominator;
+    ``eps`` then guards a relative 0). Directly while the largest inputs are moderate
+    (``direct_features``: the factors folded into ``eps_scale``), else in log space, so that
+    features that underflow (x < -87 in float32) still rank the keys. Causal keys always go in log
+    space: their maximum is a running one, taken inside the core, so that no key reaches an earlier
+    output. ``keep_grad``: the maxima carry gradient (``eps > 0``: the eps term depends on them)."""
+    direct_q = direct_features(q, -1, keep_grad)  # (phi_q, (B, H, M, 1)) or None
+    direct_k = None
+    if direct_q is not None and not causal:
+        k_in = k if key_mask is None else k.masked_fill(~key_mask.unsqueeze(-1), float("-inf"))
+        direct_k = direct_features(k_in, (-2, -1), keep_grad)  # (phi_k, (B, H, 1, 1)) or None
+    if direct_q is None:
+        log_q = log_elu_plus_one(q)  # (B, H, M, E)
+        phi_q = torch.exp(log_q - (log_q if keep_grad else log_q.detach()).amax(dim=-1, keepdim=True))
+        return Features(phi_q, log_elu_plus_one(k), log_keys=True)
+    if direct_k is None:
+        return Features(direct_q[0], log_elu_plus_one(k), log_keys=True, eps_scale=direct_q[1])
+    return Features(direct_q[0], direct_k[0], log_keys=False, eps_scale=direct_q[1] * direct_k[1])
 
 
 def resolve_feature_map(feature_map: Union[str, Callable[[Tensor], Tensor]]) -> Callable[[Tensor], Tensor]:
@@ -174,39 +194,14 @@ class LinearAttention(AttentionKernel):
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         key_mask = split_key_mask(mask, state, k.shape[-2], self._state_length(state))
         acc = accumulation_dtype(q.dtype)
-        log_keys = self.feature_map is elu_plus_one
-        eps_scale = None
-        if log_keys:
-            # Each query row is divided by its largest feature, the keys by theirs; both factors cancel
-            # between numerator and denominator (eps then guards a relative 0). Directly while the
-            # largest inputs are moderate, else in log space, so that features that underflow
-            # (x < -87 in float32) still rank the keys (the causal keys always: their maximum is a
-            # running one, inside the core, so that no key reaches an earlier output).
-            through_max = self.eps > 0  # the eps term depends on the maxima: their gradient counts
-            direct_q = direct_features(q.to(acc), -1, through_max)  # (phi_q, (B, H, M, 1)) or None
-            direct_k = None
-            if direct_q is not None and not self.causal:
-                k_in = k.to(acc) if key_mask is None else k.to(acc).masked_fill(~key_mask.unsqueeze(-1), float("-inf"))
-                direct_k = direct_features(k_in, (-2, -1), through_max)  # (phi_k, (B, H, 1, 1)) or None
-            if direct_q is not None:
-                phi_q, eps_scale = direct_q
-            else:
-                log_q = log_elu_plus_one(q.to(acc))  # (B, H, M, E)
-                phi_q = torch.exp(log_q - (log_q if through_max else log_q.detach()).amax(dim=-1, keepdim=True))
-            if direct_k is not None:
-                phi_k, k_scale = direct_k
-                eps_scale = eps_scale * k_scale
-                log_keys = False
-            else:
-                phi_k = log_elu_plus_one(k.to(acc))  # (B, H, N, E)
+        if self.feature_map is elu_plus_one:
+            features = elu_features(q.to(acc), k.to(acc), key_mask, self.causal, keep_grad=self.eps > 0)
         else:
-            phi_q, phi_k = self.feature_map(q.to(acc)), self.feature_map(k.to(acc))  # (B, H, L, E')
+            features = Features(self.feature_map(q.to(acc)), self.feature_map(k.to(acc)))  # (B, H, L, E')
+        phi_q, phi_k = features.q, features.k
         if phi_q.shape[:-1] != q.shape[:-1] or phi_k.shape[:-1] != k.shape[:-1] or phi_q.shape[-1] != phi_k.shape[-1]:
             raise ValueError(f"feature_map must map (B, H, L, E) to (B, H, L, E'); got {tuple(phi_q.shape)} for q "
                              f"{tuple(q.shape)} and {tuple(phi_k.shape)} for k {tuple(k.shape)}")
-        out, weights, new_state = linear_attention(
-            phi_q, phi_k, v, causal=self.causal, chunk_size=self.chunk_size, key_mask=key_mask, state=state,
-            log_keys=log_keys, eps=self.eps, need_weights=need_weights, eps_scale=eps_scale)
+        out, weights, new_state = linear_attention(features, v, causal=self.causal, eps=self.eps, key_mask=key_mask,
+                                                   state=state, chunk_size=self.chunk_size, need_weights=need_weights)
         return AttentionOutput(out, weights, new_state if return_state else None)
-
-

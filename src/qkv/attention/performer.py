@@ -8,7 +8,8 @@ The softmax kernel is an expectation over Gaussian ``w`` (Lemma 1, positive rand
 so with ``m`` draws ``phi(x) = exp(-||x||^2 / 2) / sqrt(m) [exp(w_1^T x), ..., exp(w_m^T x)]`` and
 inputs scaled by ``d^{-1/4}``, ``phi(q) . phi(k)`` is an unbiased estimate of ``exp(q . k / sqrt(d))``.
 Attention becomes ``out = D^{-1} (Q' ((K')^T V))``, ``D = diag(Q' ((K')^T 1_N))`` — linear attention
-with these features; the causal form uses the prefix sums of ``linear.py`` (one shared core).
+with these features; the causal form uses the same prefix sums (one shared core,
+``_ops.linear_attention``, with the keys' features in log space).
 ``orthogonal=True`` draws the ``w`` as orthogonal blocks (QR of Gaussian ``d x d`` blocks, each row
 rescaled by an independent chi(d) norm so that marginals stay Gaussian), which lowers the
 estimator's variance (Theorem 2).
@@ -41,8 +42,8 @@ from torch import Tensor
 
 from .. import _checks
 from ..registry import register
-from ..types import AttentionOutput
-from ._ops import LinearState, accumulation_dtype, full_precision, linear_attention, split_key_mask
+from ..types import AttentionOutput, LinearState
+from ._ops import Features, accumulation_dtype, full_precision, linear_attention, split_key_mask
 from .base import AttentionKernel, clamp_knob
 
 __all__ = ["PerformerAttention", "draw_projection", "favor_log_features", "favor_query_features"]
@@ -202,7 +203,7 @@ class PerformerAttention(AttentionKernel):
             # A per-row constant cancels between the row's numerator and denominator.
             phi_q = favor_query_features(q.to(acc), W)  # (B, H, M, m)
             log_k = favor_log_features(k.to(acc), W)  # (B, H, N, m): stabilised inside the core
-        out, weights, new_state = linear_attention(
-            phi_q, log_k, v, causal=self.causal, chunk_size=self.chunk_size, key_mask=key_mask, state=state,
-            log_keys=True, eps=0.0, need_weights=need_weights)
+        out, weights, new_state = linear_attention(Features(phi_q, log_k, log_keys=True), v, causal=self.causal,
+                                                   key_mask=key_mask, state=state, chunk_size=self.chunk_size,
+                                                   need_weights=need_weights)
         return AttentionOutput(out, weights, new_state if return_state else None)

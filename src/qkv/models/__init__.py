@@ -37,7 +37,6 @@ from .transformer.image_transformer import ImageTransformer, ImageTransformerCon
 from .transformer.sparse_transformer import SparseTransformer, SparseTransformerConfig
 from .transformer.reformer import Reformer, ReformerConfig
 from .transformer.lra import LRADualEncoder, LRAEncoder, LRAEncoderConfig
-from .transformer import hf_checkpoints  # noqa: F401  (registers the Hugging Face checkpoint format)
 
 __all__ = [
     "ModelOutput", "QKVModel", "load_pretrained", "StackConfig", "TransformerStack",

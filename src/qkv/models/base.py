@@ -160,8 +160,8 @@ def check_field(name: str, annotation: Any, value: Any) -> None:
 class CheckpointFormat(abc.ABC):
     """Another library's checkpoint layout that ``QKVModel.from_pretrained`` reads and
     ``save_pretrained(format=name)`` writes; registered in ``CHECKPOINT_FORMATS`` by the module that
-    implements it (``models/transformer/hf_checkpoints.py``: ``"huggingface"``), so that this floor
-    imports none of the models."""
+    implements it (``qkv/hf/checkpoints.py``: ``"huggingface"``, registered when ``qkv`` is
+    imported), so that this floor imports none of the models and no higher floor."""
 
     @abc.abstractmethod
     def recognizes(self, directory: Path) -> bool:
@@ -368,7 +368,7 @@ class QKVModel(nn.Module):
         the old model or the new one, never a mix (``qkv._io.atomic_directory``; other files in it are
         kept). Another ``format`` writes that format's checkpoint
         (``CHECKPOINT_FORMATS``): ``"huggingface"`` one that transformers' ``AutoModel...from_pretrained``
-        loads (BERT and GPT; ``models/transformer/hf_checkpoints.py``)."""
+        loads (BERT and GPT; ``qkv/hf/checkpoints.py``)."""
         if format != "qkv":
             if format not in CHECKPOINT_FORMATS:
                 raise ValueError(f"format must be one of {['qkv', *CHECKPOINT_FORMATS]}, got {format!r}")
@@ -381,7 +381,7 @@ class QKVModel(nn.Module):
                         **overrides: Any) -> "QKVModel":
         """Load a model written by ``save_pretrained`` (any registered model when called on
         ``QKVModel``; this class otherwise), or a Hugging Face checkpoint of an architecture qkv
-        represents (``bert``, ``gpt2``: ``models/transformer/hf_checkpoints.py``). ``overrides``:
+        represents (``bert``, ``gpt2``: ``qkv/hf/checkpoints.py``). ``overrides``:
         config fields that do not change the weights' shapes (e.g. ``attention="window",
         attention_kwargs={"radius": 16}``, ``dropout``).
 

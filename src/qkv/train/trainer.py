@@ -39,7 +39,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from .._nn import Trainable
+from .._nn import Trainable, evaluating
 from ..tasks.base import Task
 from . import distributed, schedules
 from .checkpoint import CheckpointError, CheckpointManager, atomic_write_text, capture_rng_state, load_checkpoint, read_checkpoint_meta
@@ -248,15 +248,12 @@ class Trainer:
     # Evaluation
     # ------------------------------------------------------------------------------------------
 
-    @torch.no_grad()
     def evaluate(self, device: Optional[torch.device] = None) -> Dict[str, float]:
         """``valid_loss`` over ``eval_batches`` held-out batches plus ``task.evaluate(model, "valid")``."""
         cfg = self.config
         device = device or next(self.model.parameters()).device
-        was_training = self.model.training
-        self.model.eval()
         results: Dict[str, float] = {}
-        try:
+        with evaluating(self.model):
             if cfg.eval_batches:
                 total, n, state = 0.0, 0, None
                 for i, batch in enumerate(self.task.eval_batches("valid", cfg.batch_size)):
@@ -272,8 +269,6 @@ class Trainer:
                     results["valid_loss"] = total / n
             metrics = self.task.evaluate(self.model, "valid", max_examples=cfg.eval_max_examples)
             results.update({k: float(v) for k, v in metrics.items()})
-        finally:
-            self.model.train(was_training)
         return results
 
     # ------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints in and out of qkv's BERT and GPT (models/transformer/hf_checkpoints.py):
+"""Hugging Face checkpoints in and out of qkv's BERT and GPT (qkv/hf/checkpoints.py):
 tiny random transformers models built offline, saved with safetensors, read by qkv, compared
 output for output; and qkv models written with format="huggingface", read by transformers."""
 

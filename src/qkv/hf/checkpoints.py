@@ -43,12 +43,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..._io import settle_directory
-from ..._modelfile import CheckpointError, check_layout, check_weights, load_dtype, read_config
-from ...registry import lookup, names
-from ..base import CHECKPOINT_FORMATS, CheckpointFormat, finite, short_repr
-from .bert import BERT
-from .gpt import GPT
+from .._io import settle_directory
+from .._modelfile import CheckpointError, check_layout, check_weights, load_dtype, read_config
+from ..registry import lookup, names
+from ..models.base import CHECKPOINT_FORMATS, CheckpointFormat, finite, short_repr
+from ..models.transformer.bert import BERT
+from ..models.transformer.gpt import GPT
 
 __all__ = ["is_huggingface", "load", "save", "refuse_kernel", "HF_ACTIVATIONS", "PICKLE_FILES"]
 
@@ -165,6 +165,21 @@ def _gpt2_rules(n_layers: int, base: str, tied: bool) -> List[Rule]:
     if not tied:
         rules.append(Rule("lm_head.weight", ("lm_head.weight",), "same", "lm_head"))
     return rules
+
+
+def _tables(model_type: str, c: Any, names: Any) -> Tuple[List[Rule], Dict[str, str]]:
+    """``(rules, tied)`` for a checkpoint whose tensor names are ``names``: the weight rules of
+    config ``c``, with the prefix the file uses (``bert.``/``transformer.`` when a head model wrote
+    it, none for a bare ``BertModel``/``GPT2Model``), and the tied copies (a copy's name -> the
+    name of the tensor it repeats)."""
+    if model_type == "bert":
+        base = "bert." if any(k.startswith("bert.") for k in names) else ""
+        tied = {"cls.predictions.decoder.weight": f"{base}embeddings.word_embeddings.weight",
+                "cls.predictions.decoder.bias": "cls.predictions.bias"}
+        return _bert_rules(c.n_layers, base), tied
+    base = "transformer." if any(k.startswith("transformer.") for k in names) else ""
+    tied = {"lm_head.weight": f"{base}wte.weight"} if c.tie_embeddings else {}
+    return _gpt2_rules(c.n_layers, base, c.tie_embeddings), tied
 
 
 def _ignorable(name: str, model_type: str) -> bool:
@@ -394,15 +409,7 @@ def load(cls: Optional[type], directory: PathLike, map_location: str = "cpu", **
     _refuse_kernel(model)
     _check_header(weights, model, model_type)  # names and shapes, before a tensor is read
     tensors = _read_tensors(weights)
-    if model_type == "bert":
-        base = "bert." if any(k.startswith("bert.") for k in tensors) else ""
-        rules = _bert_rules(model.config.n_layers, base)
-        tied = {"cls.predictions.decoder.weight": f"{base}embeddings.word_embeddings.weight",
-                "cls.predictions.decoder.bias": "cls.predictions.bias"}
-    else:
-        base = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
-        rules = _gpt2_rules(model.config.n_layers, base, model.config.tie_embeddings)
-        tied = {"lm_head.weight": f"{base}wte.weight"} if model.config.tie_embeddings else {}
+    rules, tied = _tables(model_type, model.config, tensors)
     rules, tensors, tied = _without_absent_heads(model, rules, tensors, tied)
     model = _checked_weights(model, rules, tensors, weights)  # one dtype (the model's), no NaN or inf
     fresh = _copy(model, rules, tensors, tied, model_type, weights)
@@ -442,20 +449,11 @@ def _check_header(weights: Path, model: Any, model_type: str) -> Dict[str, Any]:
     """The file's layout, checked from its header against every tensor any head of ``model`` can
     take (``qkv._modelfile.check_layout``): a tensor with no place or of another shape is refused
     before anything is read (a sparse 4 GiB extra tensor costs nothing)."""
-    from ..._modelfile import read_layout
+    from .._modelfile import read_layout
 
     layout = read_layout(weights)
-    c = model.config
     mine = model.state_dict()
-    if model_type == "bert":
-        base = "bert." if any(k.startswith("bert.") for k in layout) else ""
-        rules = _bert_rules(c.n_layers, base)
-        tied = {"cls.predictions.decoder.weight": f"{base}embeddings.word_embeddings.weight",
-                "cls.predictions.decoder.bias": "cls.predictions.bias"}
-    else:
-        base = "transformer." if any(k.startswith("transformer.") for k in layout) else ""
-        rules = _gpt2_rules(c.n_layers, base, c.tie_embeddings)
-        tied = {"lm_head.weight": f"{base}wte.weight"} if c.tie_embeddings else {}
+    rules, tied = _tables(model_type, model.config, layout)
     expected = {r.hf: tuple(r.to_hf([mine[o] for o in r.ours]).shape) for r in rules if all(o in mine for o in r.ours)}
     expected.update({name: expected[target] for name, target in tied.items() if target in expected})
     # a tensor this configuration of the model has no place for (a head it does not build, no token
@@ -609,7 +607,7 @@ def save(model: Any, directory: PathLike) -> Path:
     (``qkv._io.atomic_directory``): transformers, like qkv, finds the old model or the new one."""
     from safetensors.torch import save_file
 
-    from ..._io import atomic_directory
+    from .._io import atomic_directory
 
     kind = _check_representable(model)
     c = model.config

@@ -1,0 +1,17 @@
+"""qkv meets transformers (Hugging Face), in one place:
+
+- ``checkpoints``: Hugging Face BERT and GPT-2 checkpoints in and out of qkv's ``BERT`` and ``GPT``
+  (``QKVModel.from_pretrained(dir)``, ``save_pretrained(dir, format="huggingface")``);
+- ``attention``: qkv's kernels inside any transformers model, as ``attn_implementation="qkv-<kernel>"``;
+- ``pretrained``: a run started from a pretrained checkpoint (``qkv train ... --init DIR``);
+- ``export``: a finished run as a folder transformers' pipelines load (``qkv export``).
+
+It sits on the top floor with the other faces (``runs``, ``cli``): ``export`` reads runs, and
+``checkpoints`` builds qkv's models; ``QKVModel.from_pretrained`` finds the checkpoint format in
+``models.base.CHECKPOINT_FORMATS``, where importing ``qkv`` registers it — the models floor imports
+nothing from here. Importing this package imports no other library (transformers, safetensors and
+tokenizers are imported when used). The old paths ``qkv.integrations.huggingface``,
+``.pretrained`` and ``.export`` name these same modules.
+"""
+
+from . import checkpoints  # noqa: F401  (registers the "huggingface" checkpoint format)
