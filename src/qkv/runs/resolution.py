@@ -80,11 +80,10 @@ def _init_config(init: str, model: str, model_cls: Any, values: Dict[str, Any], 
     source, source_task, source_model = trained(Path(init))
     if source.model != model:
         raise UserError(f"--init {init} holds a {source.model!r} model, not {model!r}")
-    theirs, ours = source_task.vocab, task.vocab
-    sizes = getattr(theirs, "size", None), getattr(ours, "size", None)  # None: a task without a vocabulary
-    if theirs is not None and ours is not None and (sizes[0] != sizes[1] or vocab_to_dict(theirs) != vocab_to_dict(ours)):
-        raise UserError(f"--init {init}: its vocabulary ({source.task}, {sizes[0]} tokens) is not that of task "
-                        f"{task_name!r} ({sizes[1]} tokens); fine-tune on a task with the pre-training vocabulary")
+    theirs, ours = source_task.vocab, task.vocab  # None: a task without a vocabulary
+    if theirs is not None and ours is not None and (theirs.size != ours.size or vocab_to_dict(theirs) != vocab_to_dict(ours)):
+        raise UserError(f"--init {init}: its vocabulary ({source.task}, {theirs.size} tokens) is not that of task "
+                        f"{task_name!r} ({ours.size} tokens); fine-tune on a task with the pre-training vocabulary")
     values = {**source.model_config, **head, **user}
     with user_input():
         pretrained.check_kernel(init, model_cls, values, source_model)

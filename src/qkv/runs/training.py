@@ -13,6 +13,7 @@ import torch
 from .._errors import UserError, user_input
 from ..train import TrainConfig, Trainer
 from .directory import rank, save_vocab
+from .settings import init_params
 
 
 def build_model(model_cls: Any, values: Dict[str, Any], seed: int) -> Any:
@@ -38,7 +39,7 @@ def check_fits(model: Any, task: Any, task_name: str) -> None:
     for key in ("input_ids", "src_ids", "tgt_ids"):
         value = batch.get(key)
         if value is not None and value.dim() >= 2 and value.shape[-1] > max_len:
-            option = next((k for k in ("max_len", "block_size", "seq_len") if hasattr(task, k)), None)
+            option = next((k for k in ("max_len", "block_size", "seq_len") if k in init_params(type(task))), None)
             shorter = f"--set task.{option}={max_len}" if option else "a shorter length for the task"
             raise UserError(f"task {task_name!r} gives {key} of {value.shape[-1]} positions, beyond the model's "
                             f"max_len={max_len} (learned positions): give the task {shorter} (the only way when "
