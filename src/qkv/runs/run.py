@@ -175,7 +175,7 @@ class Run:
         resume), then (``save``) save the final ``model/`` with the task's vocabulary; the
         trainer's last metrics."""
         if self.config is None:
-            raise UserError(f"the run in {self.directory} was loaded to be used, not trained: use Run.open to resume it")
+            raise UserError(f"the run in {self.directory} was loaded to be used, not trained: resume it with qkv.runs.start(..., resume=True)")
         return training.train(self.model, self.task, self.config, self.directory, resume=self.resume, save=save)
 
     def with_overrides(self, overrides: Optional[Mapping[str, Any]]) -> Tuple[Any, Any]:
