@@ -8,6 +8,7 @@ import os
 import pytest
 
 from qkv import runs
+from qkv.runs.directory import task_options_at
 from qkv._errors import UserError
 from qkv.cli import main
 
@@ -37,8 +38,8 @@ def test_a_link_inside_the_run_leading_out_is_refused_and_the_runs_own_copy_is_u
     (tmp_path / "elsewhere.json").write_text("{}")
     os.symlink(tmp_path / "elsewhere.json", run / "tokenizer.json")
     with pytest.raises(UserError, match="leads outside the run directory"):
-        runs._task_options_at(run, {"tokenizer": "tokenizer.json"})
+        task_options_at(run, {"tokenizer": "tokenizer.json"})
     (run / "tokenizer.json").unlink()
     (run / "tokenizer.json").write_text("{}")
-    assert runs._task_options_at(run, {"tokenizer": "tokenizer.json", "x": 1}) == {"tokenizer": str(run / "tokenizer.json"), "x": 1}
-    assert runs._task_options_at(run, {"x": 1}) == {"x": 1}
+    assert task_options_at(run, {"tokenizer": "tokenizer.json", "x": 1}) == {"tokenizer": str(run / "tokenizer.json"), "x": 1}
+    assert task_options_at(run, {"x": 1}) == {"x": 1}

@@ -7,6 +7,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 import qkv.runs as runs
 from qkv import UserError
@@ -65,8 +66,8 @@ def test_create_locks_trains_and_records_the_run(shakespeare_cache):
     import fcntl
 
     out = shakespeare_cache / "run"
-    settings = runs.resolve("gpt", "shakespeare-char", overrides={**TINY, **QUIET, "train.steps": 3})
-    with runs.Run.create(out, settings) as run:
+    overrides = {**TINY, **QUIET, "train.steps": 3}
+    with runs.start("gpt", "shakespeare-char", out, overrides=overrides) as run:  # the one way in from Python
         fd = os.open(out / ".lock", os.O_RDWR)
         try:
             with pytest.raises(BlockingIOError):  # another writer cannot take the directory
@@ -82,12 +83,12 @@ def test_create_locks_trains_and_records_the_run(shakespeare_cache):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         os.close(fd)
-    # a fresh run over it is refused before anything is written; open continues it
+    # a fresh run over it is refused before anything is written; resume continues it
     with pytest.raises(UserError, match="already holds a run with checkpoints"):
-        runs.Run.create(out, settings)
+        runs.start("gpt", "shakespeare-char", out, overrides=overrides)
     with pytest.raises(UserError, match="contradicts the run"):
-        runs.Run.open(out, overrides={"train.lr": 0.5})
-    with runs.Run.open(out) as finished:
+        runs.start("gpt", "shakespeare-char", out, overrides={"train.lr": 0.5}, resume=True)
+    with runs.start("gpt", "shakespeare-char", out, resume=True) as finished:
         assert finished.finished  # already at its step count: nothing to train
 
 
@@ -96,10 +97,10 @@ def test_resume_through_the_api_equals_the_cli(shakespeare_cache, capsys):
     argv = ["train", "gpt", "--task", "shakespeare-char", "--out", str(cli), *CLI_TINY]
     assert main([*argv, "--steps", "2"]) == 0
     assert main(["train", "gpt", "--task", "shakespeare-char", "--out", str(cli), "--resume", "--steps", "4"]) == 0
-    with runs.Run.create(api, runs.resolve("gpt", "shakespeare-char", overrides={**TINY, **QUIET, "train.steps": 2})) as run:
+    with runs.start("gpt", "shakespeare-char", api, overrides={**TINY, **QUIET, "train.steps": 2}) as run:
         run.train()
     messages = []
-    with runs.Run.open(api, overrides={"train.steps": 4}, say=messages.append) as run:
+    with runs.start("gpt", "shakespeare-char", api, overrides={"train.steps": 4}, resume=True, say=messages.append) as run:
         assert not run.finished and run.resume
         run.train()
     assert messages == ["resuming with steps=4 (the run had 2)"]
@@ -181,9 +182,15 @@ def test_runs_sits_below_the_command_line():
     """qkv.runs is what the faces call: it imports neither the command line nor the benchmarks."""
     import ast
 
-    tree = ast.parse(open(runs.__file__, encoding="utf-8").read())
-    imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    from pathlib import Path
+
+    parts = sorted(Path(runs.__file__).parent.glob("*.py"))
+    assert len(parts) > 1  # a package: every part is read
+    imported = set()
+    for part in parts:
+        tree = ast.parse(part.read_text(encoding="utf-8"))
+        imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not [m for m in imported if m.lstrip(".").startswith(("cli", "bench", "qkv.cli", "qkv.bench"))], imported
 
 
@@ -200,3 +207,28 @@ def test_sequences_longer_than_learned_positions_are_refused_before_anything_is_
         run.train()
     code = main(["eval", str(ok), "--set", "task.block_size=100", "--max-examples", "2", "--threads", "1"])
     assert code == 2 and "beyond the model's max_len" in capsys.readouterr().err
+
+
+def test_a_task_sets_a_model_config_only_through_its_model_hints():
+    """``Task.model_hints()`` is the one channel from a task to a model's config: an attribute
+    that happens to share a config field's name (here ``n_classes``, ``d_input``) is not read, and
+    only the fields the config has are taken."""
+    from qkv.runs.settings import model_hints
+    from qkv.tasks import Task
+    from qkv.tasks.base import LanguageModelTask
+    from qkv.tasks.vocab import CharVocab
+
+    class Declared(Task):
+        kind = "classification"
+        n_classes, d_input = 7, 3  # attributes of the task's own
+
+        def model_hints(self):
+            return {"max_len": 5, "not_a_field": 1}
+
+    fields = {"n_classes": int, "d_input": int, "max_len": int, "head": str}
+    assert model_hints(Declared(), fields) == {"max_len": 5}
+    assert Task.model_hints(Declared()) == {}  # the base class declares none
+    vocab = CharVocab("abc")
+    lm = LanguageModelTask(torch.arange(200) % 3 + 4, vocab, block_size=8)
+    assert model_hints(lm, {**fields, "vocab_size": int, "pad_id": int}) == {
+        "vocab_size": vocab.size, "pad_id": vocab.pad_id, "max_len": 64, "head": "lm"}

@@ -161,7 +161,8 @@ def test_pathfinder_task_batches_are_the_drawn_images():
     image, label = task._held_out("test", 1)[0]
     assert torch.equal(batch["input_ids"][0], torch.from_numpy(image.reshape(-1).astype(np.int64)))
     assert int(batch["labels"][0]) == label
-    assert task.model_hints() == {"vocab_size": 256, "n_classes": 2, "max_len": 1024, "image_size": (32, 32)}
+    assert task.model_hints() == {"vocab_size": 256, "n_classes": 2, "num_labels": 2, "max_len": 1024, "image_size": (32, 32),
+                                  "head": "classification"}
     with pytest.raises(ValueError, match="contour_length"):
         Pathfinder(contour_length=1)
 

@@ -218,9 +218,10 @@ def _model_defaults() -> Dict[str, Any]:
 def _model_for(task_name: str, task: Any, kernel: str, seed: int):
     """The encoder of ``task`` with ``kernel`` — every other setting the task's (same for all kernels)."""
     from ..models.transformer.lra import LRADualEncoder, LRAEncoder, LRAEncoderConfig
+    from ..runs.settings import fields_of, model_hints
     from ..tasks.base import stable_seed
 
-    config = LRAEncoderConfig(attention=kernel, **task.model_hints())
+    config = LRAEncoderConfig(attention=kernel, **model_hints(task, fields_of(LRAEncoderConfig)))  # the ones it has
     torch.manual_seed(stable_seed("lra", task_name, seed))  # one initialisation per (task, seed), whatever the kernel
     return (LRADualEncoder if task_name == "bbc-match" else LRAEncoder)(config)
 

@@ -86,6 +86,10 @@ class BabiTask(TensorTask):
 
     meta_keys = ("supporting",)
 
+    def model_hints(self) -> Dict[str, Any]:
+        """The vocabulary, the classification head and the most sentences a story holds."""
+        return {**super().model_hints(), "max_sentences": self.max_sentences}
+
     def __init__(self, *, n_train: int = 10000, n_valid: int = 500, n_test: int = 1000, min_sentences: int = 2,
                  max_sentences: int = 10, seed: int = 0) -> None:
         for name, value in (("n_train", n_train), ("n_valid", n_valid), ("n_test", n_test),

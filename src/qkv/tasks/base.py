@@ -46,6 +46,7 @@ __all__ = [
     "check_batch_args",
     "logits_of",
     "to_device",
+    "vocab_hints",
 ]
 
 SPLITS = ("train", "valid", "test")
@@ -99,6 +100,14 @@ def logits_of(out: Any, labels: Tensor) -> Tensor:
     return logits
 
 
+def vocab_hints(vocab: Any) -> Dict[str, Any]:
+    """The config fields a vocabulary determines: its size (as ``vocab_size`` and, for encoder-decoder
+    models, ``src_vocab_size``/``tgt_vocab_size``) and its special ids ``pad_id``, ``bos_id``,
+    ``eos_id`` (docs/contracts.md: every vocabulary has them). For a task's ``model_hints``."""
+    return {"vocab_size": vocab.size, "src_vocab_size": vocab.size, "tgt_vocab_size": vocab.size,
+            "pad_id": vocab.pad_id, "bos_id": vocab.bos_id, "eos_id": vocab.eos_id}
+
+
 def to_device(batch: Dict[str, Any], device: torch.device) -> Dict[str, Any]:
     """``batch`` with its tensors on ``device`` (other items, e.g. reference strings, as they are)."""
     return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
@@ -116,6 +125,8 @@ class Task:
 
     kind: str = ""
     registry_name: str = ""
+    #: encodes and decodes the task's tokens (``size``, ``pad_id``, ``bos_id``, ``eos_id``); None: no tokens
+    vocab: Any = None
     #: True when each batch continues the previous one row by row (``LanguageModelTask(stream=True)``):
     #: the trainer then carries the state of a model that ``carries_state``.
     stream: bool = False
@@ -188,8 +199,11 @@ class Task:
     # ----------------------------------------------------------------------------- hooks (no-op defaults)
 
     def model_hints(self) -> Dict[str, Any]:
-        """Config fields the data determines beyond the vocabulary and the common sizes (e.g. an
-        image's size and levels), filled in by ``qkv train`` unless given. Default: none."""
+        """Config fields the data determines, by name: the vocabulary's size and special ids
+        (``vocab_hints``), the classes, the lengths, the head a many-headed model reads the task
+        with (``head``, e.g. ``"lm"``), an image's size. ``qkv train`` fills the ones a model's
+        config has, under the preset and the user's ``--set``; this is the only way a task sets a
+        model's config. Default: none."""
         return {}
 
     def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Optional["AttentionView"]:
@@ -258,6 +272,10 @@ class LanguageModelTask(Task):
                     f"the {name} split has {part.numel()} tokens, fewer than block_size + 1 = {block_size + 1}; "
                     "use a smaller block_size"
                 )
+
+    def model_hints(self) -> Dict[str, Any]:
+        """The vocabulary, positions for a window (at least 64) and the language-model head."""
+        return {**vocab_hints(self.vocab), "max_len": max(self.block_size, 64), "head": "lm"}
 
     def split_tokens(self, split: str) -> Tensor:
         """``(N_split,)`` the tokens of one split."""
@@ -374,6 +392,10 @@ class Seq2SeqTask(Task):
 
     def _train_pairs(self, split: str, batch_size: int, step: int, seed: int, rank: int, world_size: int) -> List[Tuple[str, str]]:
         raise NotImplementedError  # abstract: subclasses implement it
+
+    def model_hints(self) -> Dict[str, Any]:
+        """The vocabulary, shared by source and target."""
+        return vocab_hints(self.vocab)
 
     def _eval_pairs(self, split: str) -> List[Tuple[str, str]]:
         raise NotImplementedError  # abstract: subclasses implement it

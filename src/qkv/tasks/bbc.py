@@ -140,6 +140,10 @@ class BBCNews(TensorTask):
     input_key = "doc"  # what a model reads from this task's batches
     variants = {"input_ids": "bbc-news-tokens"}  # the task for models that read token ids instead
 
+    def model_hints(self) -> Dict[str, Any]:
+        """The vocabulary, the classification head and the most sentences an article keeps."""
+        return {**super().model_hints(), "max_sentences": self.max_sentences}
+
     def __init__(self, *, max_sentences: int = 30, max_words: int = 40, min_count: int = 3, max_vocab: int = 20000,
                  cache_dir: Optional[str] = None, articles: Optional[List[Tuple[str, str]]] = None) -> None:
         for name, value in (("max_sentences", max_sentences), ("max_words", max_words), ("min_count", min_count),

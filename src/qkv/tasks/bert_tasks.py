@@ -38,7 +38,8 @@ from torch import Tensor
 
 from qkv import _checks
 from qkv.registry import register
-from qkv.tasks.base import IGNORE_INDEX, SPLITS, Task, check_batch_args, check_positive_int, check_split, stable_seed
+from qkv.tasks.base import (IGNORE_INDEX, SPLITS, Task, check_batch_args, check_positive_int, check_split, stable_seed,
+                            vocab_hints)
 from qkv.tasks.bbc import CLASSES, load_bbc, tokenize
 from qkv.tasks.classify import TensorTask, split_indices
 from qkv.tasks.pretrained_vocab import CheckpointTokenizer
@@ -175,7 +176,7 @@ class BertPretrainTask(Task):
                 raise ValueError(f"bert-pretrain: the {split} split has fewer than 2 articles with 2 sentences")
 
     def model_hints(self) -> Dict[str, object]:
-        return {"head": "pretraining", "max_len": self.max_len, "mlm_logits": "selected"}
+        return {**vocab_hints(self.vocab), "head": "pretraining", "max_len": self.max_len, "mlm_logits": "selected"}
 
     # ------------------------------------------------------------------------------ examples
 
@@ -348,7 +349,7 @@ class BBCNewsTokens(TensorTask):
         self._check_splits()
 
     def model_hints(self) -> Dict[str, object]:
-        return {"head": "classification", "max_len": self.max_len}
+        return {**super().model_hints(), "num_labels": self.num_labels, "max_len": self.max_len}
 
     def attention_view(self, model: torch.nn.Module, text: Optional[str] = None, max_len: int = 48) -> Any:
         """Self-attention on ``text`` (``qkv viz --text``; default: the first held-out article),

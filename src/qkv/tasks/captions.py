@@ -29,8 +29,8 @@ from torch import Tensor
 from qkv._nn import evaluating, module_device
 from qkv._plot import pyplot, save_figure
 from qkv.registry import register
-from qkv.tasks.base import (IGNORE_INDEX, Task, check_batch_args, check_positive_int, check_split,
-                            split_of, stable_seed)
+from qkv.tasks.base import (IGNORE_INDEX, Task, check_batch_args, check_positive_int, check_split, split_of, stable_seed,
+                            vocab_hints)
 from qkv.tasks.data import load_mnist
 from qkv.tasks.vocab import CharVocab
 
@@ -50,6 +50,10 @@ class DigitCaptionsTask(Task):
     """
 
     kind = "captioning"
+
+    def model_hints(self) -> Dict[str, Any]:
+        """The captions' vocabulary (digits and the specials)."""
+        return vocab_hints(self.vocab)
 
     def __init__(self, *, min_digits: int = 2, max_digits: int = 4, eval_size: int = 500,
                  cache_dir: Optional[Union[str, Path]] = None) -> None:

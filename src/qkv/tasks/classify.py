@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from qkv.tasks.base import SPLITS, Task, check_batch_args, check_positive_int, check_split, stable_seed
+from qkv.tasks.base import SPLITS, Task, check_batch_args, check_positive_int, check_split, stable_seed, vocab_hints
 
 __all__ = ["TensorTask", "split_indices", "binary_auc"]
 
@@ -46,6 +46,14 @@ class TensorTask(Task):
     #: stored keys used by the metrics only (e.g. instance labels); never passed to the model.
     meta_keys: tuple = ()
     _splits: Dict[str, Dict[str, Tensor]]
+
+    def model_hints(self) -> Dict[str, Any]:
+        """The vocabulary (when the examples are tokens) and, for a classification task, the
+        classification head of a many-headed model."""
+        hints = vocab_hints(self.vocab) if self.vocab is not None else {}
+        if self.kind == "classification":
+            hints["head"] = "classification"
+        return hints
 
     def _check_splits(self) -> None:
         for split in SPLITS:

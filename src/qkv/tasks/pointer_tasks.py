@@ -117,6 +117,10 @@ class PointerTask(Task):
     repeats = False  # whether an output may point at an input twice (Delaunay triangles share vertices)
     point_all = False  # whether a valid output visits every input (TSP): END only after all
 
+    def model_hints(self) -> Dict[str, Any]:
+        """The number of features of an input point."""
+        return {"d_input": self.d_input}
+
     def __init__(self, *, min_len: int, max_len: int, eval_size: int = 1000) -> None:
         check_positive_int("min_len", min_len)
         check_positive_int("max_len", max_len)

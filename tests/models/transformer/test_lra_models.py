@@ -93,13 +93,14 @@ def test_config_checks_image_size():
 def test_softmax_encoder_learns_shallow_listops():
     """A check that the pipeline learns: expressions of depth <= 3, 300 updates, well above the
     majority class (13.3% of these 300 test expressions)."""
+    from qkv.runs.settings import fields_of, model_hints
     from qkv.tasks.lra import ListOps
 
     task = ListOps(min_len=8, max_len=40, max_depth=3, max_args=5, eval_size=300)
     labels = torch.cat([b["labels"] for b in task.eval_batches("test", 300)])
     majority = torch.bincount(labels).max().item() / len(labels)
     torch.manual_seed(0)
-    model = LRAEncoder(LRAEncoderConfig(attention="softmax", **task.model_hints()))
+    model = LRAEncoder(LRAEncoderConfig(attention="softmax", **model_hints(task, fields_of(LRAEncoderConfig))))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for step in range(300):
         model(**task.get_batch("train", 32, step)).loss.backward()

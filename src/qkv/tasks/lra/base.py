@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from qkv.tasks.base import Task, check_batch_args, check_positive_int, check_split, stable_seed
+from qkv.tasks.base import Task, check_batch_args, check_positive_int, check_split, stable_seed, vocab_hints
 
 __all__ = ["LRATask", "int_option", "epoch_positions", "pixel_view"]
 
@@ -60,8 +60,11 @@ class LRATask(Task):
     # ---- the contract
 
     def model_hints(self) -> Dict[str, Any]:
-        """Config fields the task determines: vocabulary, classes, length (and the image's shape)."""
-        hints: Dict[str, Any] = {"vocab_size": self.vocab_size, "n_classes": self.n_classes, "max_len": self.max_len}
+        """Config fields the task determines: vocabulary, classes (as ``num_labels`` too), length, the
+        classification head (and the image's shape)."""
+        hints: Dict[str, Any] = {**(vocab_hints(self.vocab) if self.vocab is not None else {}),
+                                 "vocab_size": self.vocab_size, "n_classes": self.n_classes, "num_labels": self.n_classes,
+                                 "max_len": self.max_len, "head": "classification"}
         if self.image_size is not None:
             hints["image_size"] = tuple(self.image_size)
         return hints

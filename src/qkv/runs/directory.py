@@ -1,0 +1,168 @@
+"""A run directory: its files, the checks before a run goes into one, and its writer lock.
+
+It holds ``run.json`` (``Settings.record()``), the trainer's ``train_config.json``,
+``metrics.jsonl`` and ``checkpoints/``, the final ``model/`` (``save_pretrained`` + the task's
+``vocab.json``) and, for a task read with a checkpoint's tokenizer, its own ``tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any, Dict, Mapping
+
+from .._errors import UserError
+from .._io import atomic_path, output_folder
+from .._modelfile import RUN_FILE
+from ..tasks.vocab import vocab_to_dict
+from ..train import CheckpointManager, RunLock, read_checkpoint_meta
+from ..train.checkpoint import atomic_write_text
+from .settings import Say, TrainConfig
+
+VOCAB_FILE = "vocab.json"
+#: a checkpoint's tokenizer (task option ``tokenizer``), copied into the run directory
+TOKENIZER_FILE = "tokenizer.json"
+_RUN_KEYS = ("model", "task", "task_options", "model_config")
+
+
+def rank() -> int:
+    """This process's rank under torchrun (0 alone: only rank 0 writes)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def lock(locks: contextlib.ExitStack, directory: Path) -> None:
+    """Take ``directory``'s writer lock into ``locks`` (rank 0 only: it alone writes)."""
+    if rank() == 0:
+        locks.enter_context(RunLock(directory))
+
+
+# ----------------------------------------------------------------------------- checks before a run goes in
+
+
+def check_out(out: Path) -> None:
+    """``out`` can be a run directory: a directory (or creatable) and writable, else a UserError."""
+    parent = output_folder(out, f"--out {out}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out}: {parent} is not writable")
+
+
+def has_checkpoints(out: Path) -> bool:
+    return bool(CheckpointManager(out / "checkpoints").checkpoints())
+
+
+def refuse_foreign_directory(out: Path) -> None:
+    """A new run goes into a new or empty directory, or one that already holds a qkv run (run.json
+    or checkpoints); a directory of other files (a data folder, an exported model) is refused
+    rather than filled with a run beside them."""
+    if not out.is_dir() or (out / RUN_FILE).is_file() or has_checkpoints(out):
+        return
+    foreign = sorted(p.name for p in out.iterdir() if p.name != ".lock")
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise UserError(f"--out {out}: holds files that are not a qkv run ({shown}); choose a new or empty directory")
+
+
+def refuse_fresh_over_checkpoints(out: Path) -> None:
+    if has_checkpoints(out):
+        raise UserError(f"{out} already holds a run with checkpoints; continue it with --resume or choose another --out")
+
+
+def finished_or_corrupt(out: Path, config: TrainConfig, say: Say) -> bool:
+    """Resume checks: refuse when every checkpoint is corrupt; True (and say so) when the run is
+    already at ``config.steps`` with its final model."""
+    manager = CheckpointManager(out / "checkpoints")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # each corrupt checkpoint warns; one error says it below
+        intact = manager.latest_intact()
+    if manager.checkpoints() and intact is None:
+        raise UserError(f"--resume: every checkpoint in {out / 'checkpoints'} is corrupt (checksum or header); "
+                        "nothing to resume from — remove them to start over")
+    done = read_checkpoint_meta(intact)["step"] if intact is not None else 0
+    if done >= config.steps and (out / "model" / "config.json").is_file():
+        say(f"--resume: the run in {out} is finished at step {done} (--steps {config.steps}); "
+            f"nothing to do — extend it with --resume --steps N, N > {done}")
+        return True
+    return False
+
+
+# ----------------------------------------------------------------------------- its files
+
+
+def read_run(run: Path) -> Dict[str, Any]:
+    """``run.json`` of the run in ``run``, checked to be whole; a UserError naming it otherwise."""
+    path = run / RUN_FILE
+    if not path.is_file():
+        raise UserError(f"{run} is not a qkv run directory (no {RUN_FILE}); create one with `qkv train MODEL --task TASK --out {run}`")
+    info = _read_json(path)
+    if not isinstance(info, dict):
+        raise UserError(f"{path} is corrupt: expected a JSON object")
+    missing = [k for k in _RUN_KEYS if k not in info]
+    if missing:
+        raise UserError(f"{path} is incomplete: no {', '.join(repr(k) for k in missing)} field")
+    return info
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deeply, a 5,000-digit integer
+        raise UserError(f"{path} is corrupt: {str(e).splitlines()[0] if str(e) else 'nested too deeply'}") from None
+
+
+def write_run(run: Path, record: Dict[str, Any]) -> None:
+    with atomic_path(run / RUN_FILE) as tmp:
+        tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+
+
+def run_train_settings(run: Path, info: Dict[str, Any]) -> Dict[str, Any]:
+    """The training settings a run was started with (run.json, else the trainer's train_config.json)."""
+    if isinstance(info.get("train"), dict):
+        return dict(info["train"])
+    path = run / "train_config.json"
+    if path.is_file():
+        values = _read_json(path)
+        if isinstance(values, dict):
+            return values
+    return {}
+
+
+def save_vocab(task: Any, directory: Path) -> None:
+    """The task's vocabulary beside the model, so that it decodes without the data."""
+    data = vocab_to_dict(task.vocab)
+    if data is not None:
+        atomic_write_text(directory / VOCAB_FILE, json.dumps(data, ensure_ascii=False) + "\n")
+
+
+def keep_tokenizer(out: Path, options: Mapping[str, Any]) -> Dict[str, Any]:
+    """``options`` naming the run's own copy of the checkpoint tokenizer they name (relative to the
+    run), copied into ``out``: the run no longer depends on the checkpoint staying where it was."""
+    path = options.get("tokenizer")
+    if not isinstance(path, (str, os.PathLike)):  # none, or a tokenizer object given through the API
+        return dict(options)
+    source = Path(str(path)).expanduser()
+    source = source / TOKENIZER_FILE if source.is_dir() else source
+    copy = out / TOKENIZER_FILE
+    if source.resolve() != copy.resolve():
+        with atomic_path(copy) as tmp:
+            shutil.copyfile(source, tmp)
+    return {**options, "tokenizer": TOKENIZER_FILE}
+
+
+def task_options_at(run: Path, options: Mapping[str, Any]) -> Dict[str, Any]:
+    """The task options of a run in ``run`` with its own tokenizer copy's path made whole. The
+    path must stay inside the run (a run keeps its own copy, ``keep_tokenizer``): one that leads
+    out of it (``../../etc/passwd``, an absolute path, a link) is a ``UserError`` naming run.json."""
+    path = options.get("tokenizer")
+    if not isinstance(path, (str, os.PathLike)):
+        return dict(options)
+    full = run / Path(str(path))  # an absolute path stays itself
+    try:
+        full.resolve().relative_to(run.resolve())
+    except ValueError:
+        raise UserError(f"{run / RUN_FILE}: task option tokenizer={str(path)!r} leads outside the run directory; a run "
+                        f"reads only its own copy ({TOKENIZER_FILE} in the run)") from None
+    return {**options, "tokenizer": str(full)}
