@@ -62,6 +62,15 @@ BAD = [
     (["lra", "--quick", "--jobs", "1000"], "cells at once"),
     (["lra", "--quick", "--models", "nope"], "unknown attention"),
     (["lra", "--quick", "--report", "page.txt"], "--report"),
+    (["context-parallel", "--ranks", "0"], "--ranks must be >= 1"),
+    (["context-parallel", "--ranks", "1000"], "--ranks must be >= 1 and <= 64"),
+    (["context-parallel", "--length", "0"], "--length must be 1 to"),
+    (["context-parallel", "--length", "6", "--ranks", "4"], "multiple of 2P"),
+    (["context-parallel", "--heads", "0"], "--heads must be >= 1"),
+    (["context-parallel", "--repeats", "0"], "--repeats must be >= 1"),
+    (["context-parallel", "--batch", "4096", "--heads", "4096"], "numbers per tensor"),
+    (["context-parallel", "--kernels", "nope"], "unknown attention"),
+    (["context-parallel", "--device", "cuda"], "gloo processes on the CPU"),
 ]
 
 

@@ -37,6 +37,11 @@ from . import common
 __all__ = ["add_arguments", "run", "expected_bytes"]
 
 
+#: the most processes one point spawns, and the most numbers in one (B, H, L, E) tensor at P = 1
+MAX_RANKS = 64
+MAX_NUMBERS = 2**28
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``context-parallel`` options (``--quick``, ``--threads``, ``--seed`` come from ``qkv bench``)."""
     parser.add_argument("--kernels", nargs="+", default=None, help="kernel names (default: every registered kernel)")
@@ -158,10 +163,17 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     for name in kernels:
         lookup("attention", name)  # an unknown name: the registry's error names the close ones
     ranks = sorted(set(args.ranks))
+    for P in ranks:
+        common.check_range("--ranks", P, 1, MAX_RANKS)  # each rank is a process on this machine
+    common.check_lengths("--length", [args.length])
     L = min(args.length, 256) if args.quick else args.length
     repeats = 1 if args.quick else args.repeats
-    if min(ranks) < 1 or min(L, args.batch, args.heads, args.head_dim, repeats) < 1:
-        raise UserError("--ranks, --length, --batch, --heads, --head-dim and --repeats must be >= 1")
+    for flag, value in (("--batch", args.batch), ("--heads", args.heads), ("--head-dim", args.head_dim)):
+        common.check_range(flag, value, 1, 4096)
+    common.check_range("--repeats", repeats, 1, 1000)
+    if args.batch * args.heads * L * args.head_dim > MAX_NUMBERS:
+        raise UserError(f"--batch x --heads x --length x --head-dim = {args.batch * args.heads * L * args.head_dim:,} "
+                        f"numbers per tensor; at most {MAX_NUMBERS:,} (the P = 1 point holds them all)")
     for P in ranks:
         if L % (2 * P) or args.batch % P or (args.batch * args.heads) % P:
             raise UserError(f"P={P}: --length ({L}) must be a multiple of 2P and --batch ({args.batch}) a multiple of P")
