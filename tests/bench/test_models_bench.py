@@ -10,6 +10,8 @@ pytest.importorskip("transformers")
 
 from qkv._errors import UserError  # noqa: E402
 from qkv.bench import main, models  # noqa: E402
+from qkv.tasks.bbc import is_bbc_cached  # noqa: E402
+from qkv.tasks.data import is_cached  # noqa: E402
 
 
 def test_quick_run_writes_every_pair(tmp_path):
@@ -17,7 +19,7 @@ def test_quick_run_writes_every_pair(tmp_path):
     assert main(["models", "--quick", "--lengths", "16", "--threads", "1", "--out", str(out)]) == 0
     results = json.loads((out / "models.json").read_text())
     rows = {r["pair"]: r for r in results["rows"]}
-    assert set(rows) == set(models.PAIRS)
+    assert set(rows) == set(models.DEFAULT_PAIRS)
     for r in rows.values():
         assert r["length"] == 16 and r["qkv_s"] > 0 and r["peer_s"] > 0
         assert r["max_abs_diff"] < 1e-4
@@ -64,3 +66,14 @@ def test_no_onednn_is_recorded_and_the_setting_restored(tmp_path, monkeypatch):
     results = json.loads((out / "models.json").read_text())
     assert results["config"]["onednn"] is False
     assert "off (F.linear on both sides)" in (out / "models.md").read_text()
+
+
+@pytest.mark.skipif(not (is_cached("minilm") and is_bbc_cached()), reason="needs qkv data fetch minilm bbc")
+def test_minilm_embeddings_pair_compares_real_sentence_embeddings(tmp_path):
+    """Issue 36's measurement: MiniLM sentence embeddings (mean-pooled, real BBC text) against
+    transformers' sdpa, the same numbers checked before timing."""
+    out = tmp_path / "bench"
+    assert main(["models", "--quick", "--pairs", "minilm-embed", "--lengths", "32", "--threads", "1", "--out", str(out)]) == 0
+    (row,) = json.loads((out / "models.json").read_text())["rows"]
+    assert row["pair"] == "minilm-embed" and row["length"] == 32 and row["max_abs_diff"] < 1e-4
+    assert row["qkv_s"] > 0 and row["peer_s"] > 0

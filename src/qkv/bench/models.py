@@ -15,7 +15,12 @@ refused, not timed. Then, for each length ``L`` (``--lengths``), timed interleav
   ``(time(n tokens) - time(1 token)) / (n - 1)``, i.e. the decoding steps without the prompt's
   forward pass, which is measured separately as ``prefill``;
 * ``bert-forward`` — an encoder forward of ``B x L`` tokens with a padding mask (no gradient),
-  qkv's BERT with its small classification head against ``BertModel`` (encoder and pooler).
+  qkv's BERT with its small classification head against ``BertModel`` (encoder and pooler);
+* ``minilm-embed`` (only when named; needs ``qkv data fetch minilm bbc``) — sentence embeddings as
+  sentence-transformers makes them with the real all-MiniLM-L6-v2 checkpoint: ``B`` BBC articles
+  cut to ``L`` WordPiece tokens, encoder forward, mean over the real tokens, no gradient; qkv's
+  ``BERT.from_pretrained`` (an encoder without heads) against ``AutoModel`` with ``sdpa``. The
+  issue-36 command: ``qkv bench models --threads 1 --pairs minilm-embed --batch 8 --lengths 256``.
 
 Reported: the median time of each side, the ratio ``qkv / transformers`` (below 1: qkv is
 faster) and, "per round", the median of the two sides' ratios within each round
@@ -46,7 +51,9 @@ from . import common
 
 __all__ = ["add_arguments", "run", "PAIRS"]
 
-PAIRS = ("gpt-train", "gpt-generate", "bert-forward")
+PAIRS = ("gpt-train", "gpt-generate", "bert-forward", "minilm-embed")
+#: what runs without --pairs (minilm-embed reads cached data, so it is run only when named)
+DEFAULT_PAIRS = ("gpt-train", "gpt-generate", "bert-forward")
 #: the issue's shapes: GPT-2 layout, 4 layers, width 256, 4 heads, vocabulary 512 (3.55 M parameters)
 SIZES = dict(layers=4, d_model=256, heads=4, vocab=512, batch=4, new_tokens=128)
 SIZES_QUICK = dict(layers=2, d_model=32, heads=2, vocab=64, batch=2, new_tokens=8)
@@ -177,6 +184,37 @@ def _bert_cases(sizes: Dict[str, int], L: int, seed: int, device: torch.device, 
     return [_row("bert-forward", L, f"{B} x {L} tokens, padded, no grad", t, diff)]
 
 
+def _minilm_cases(sizes: Dict[str, int], L: int, device: torch.device, target: float) -> List[Dict[str, Any]]:
+    tf = _transformers()
+    from ..models import BERT
+    from ..tasks.bbc import load_bbc
+    from ..tasks.data import minilm_dir
+
+    try:
+        folder, articles = minilm_dir(), load_bbc()
+    except FileNotFoundError as err:
+        raise UserError(f"--pairs minilm-embed reads the cached MiniLM and BBC articles: {err}") from None
+    B = sizes["batch"]
+    tokenizer = tf.AutoTokenizer.from_pretrained(str(folder))
+    enc = tokenizer([text for text, _ in articles[:B]], padding=True, truncation=True, max_length=L, return_tensors="pt")
+    ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    ours = BERT.from_pretrained(folder).to(device).eval()
+    theirs = tf.AutoModel.from_pretrained(str(folder), attn_implementation="sdpa").to(device).eval()
+
+    def pooled(hidden: torch.Tensor) -> torch.Tensor:  # sentence-transformers' mean pooling over real tokens
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+
+    with torch.no_grad():
+        diff = _check_same("MiniLM sentence embeddings", pooled(ours(ids, attention_mask=mask).last_hidden_state),
+                           pooled(theirs(input_ids=ids, attention_mask=mask).last_hidden_state), 1e-4)
+        t = common.time_interleaved(
+            {"qkv": lambda: pooled(ours(ids, attention_mask=mask).last_hidden_state),
+             "transformers": lambda: pooled(theirs(input_ids=ids, attention_mask=mask).last_hidden_state)},
+            device, warmup=1, min_repeats=5, max_repeats=40, target_seconds=target)
+    return [_row("minilm-embed", ids.shape[1], f"{B} BBC articles x {ids.shape[1]} tokens, mean-pooled, no grad", t, diff)]
+
+
 def _row(pair: str, L: int, what: str, t: Dict[str, Any], diff: float) -> Dict[str, Any]:
     return {"pair": pair, "length": L, "what": what, "qkv_s": t["qkv"].median, "peer_s": t["transformers"].median,
             "ratio": t["qkv"].median / t["transformers"].median,
@@ -185,8 +223,8 @@ def _row(pair: str, L: int, what: str, t: Dict[str, Any], diff: float) -> Dict[s
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``models`` options (``--quick``, ``--device``, ``--threads``, ``--out`` come from ``qkv.bench``)."""
-    parser.add_argument("--pairs", nargs="+", choices=PAIRS, default=list(PAIRS), metavar="PAIR",
-                        help=f"what to compare (default all: {', '.join(PAIRS)})")
+    parser.add_argument("--pairs", nargs="+", choices=PAIRS, default=list(DEFAULT_PAIRS), metavar="PAIR",
+                        help=f"what to compare: {', '.join(PAIRS)} (default: {' '.join(DEFAULT_PAIRS)})")
     parser.add_argument("--lengths", nargs="+", type=int, metavar="L",
                         help=f"sequence lengths (default {' '.join(map(str, LENGTHS))})")
     for name, value in SIZES.items():
@@ -226,6 +264,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 rows += [r for r in _gpt_cases(sizes, L, args.seed, device, target) if r["pair"] in args.pairs]
             if "bert-forward" in args.pairs:
                 rows += _bert_cases(sizes, L, args.seed, device, target)
+            if "minilm-embed" in args.pairs:
+                rows += _minilm_cases(sizes, L, device, target)
             for r in (r for r in rows if r["length"] == L):
                 print(f"{r['pair']:<13} L={L:<6} qkv {r['qkv_s'] * 1e3:9.2f} ms  transformers {r['peer_s'] * 1e3:9.2f} ms"
                       f"  ratio {r['ratio']:.2f}", flush=True)
@@ -241,7 +281,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     summary = (f"GPT-2 / BERT layout, {sizes['layers']} layers, width {sizes['d_model']}, {sizes['heads']} heads, "
                f"vocabulary {sizes['vocab']}, batch {sizes['batch']}; same weights (transformers' initialisation read "
                f"by qkv's from_pretrained); ratio below 1: qkv is faster. qkv's CPU inference products through "
-               f"oneDNN: {'on' if onednn else 'off (F.linear on both sides)'}.")
+               f"oneDNN: {'on' if onednn else 'off (F.linear on both sides)'}."
+               + (" minilm-embed: the real all-MiniLM-L6-v2 checkpoint (6 layers, width 384, 12 heads), whatever "
+                  "the sizes above; its L is the longest article's token count, at most --lengths."
+                  if "minilm-embed" in args.pairs else ""))
     out = Path(args.out)
     common.write_json(out / "models.json", results)
     common.write_markdown(out / "models.md", "qkv bench models", machine, args.command_line, results["date"],
