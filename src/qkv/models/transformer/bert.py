@@ -49,6 +49,10 @@ class BERTOutput(ModelOutput):
         return self.hidden
 
 
+# a pytree node as ModelOutput is: torch.export and torch.compile return it from a traced graph
+torch.utils._pytree.register_dataclass(BERTOutput, serialized_type_name="qkv.models.transformer.bert.BERTOutput")
+
+
 def attention_mask_bool(name: str, mask: Any, ids: Tensor) -> Optional[Tensor]:
     """A ``(B, L)`` padding mask as bool (True = real token): a bool mask as it is, or an integer
     one of 0s and 1s as transformers takes it (``tokenizer(...)["attention_mask"]``); other values
