@@ -146,3 +146,29 @@ def test_an_exported_program_is_a_function_of_the_weights_too(name):
     with torch.no_grad():
         for ids in (IDS, IDS, other, IDS):
             torch.testing.assert_close(program(ids).logits, model(ids).logits, atol=1e-6, rtol=1e-5)
+
+
+def test_exporting_a_performer_whose_features_are_not_drawn_leaves_it_intact():
+    """A Performer built without ``d_head`` draws its features at its first call; when that call was
+    torch.export's tracing, the traced (fake) tensor became the kernel's ``projection`` buffer, and
+    every later eager call returned a FakeTensor (found by the hqa audit). Now export refuses, with
+    the way out, and the kernel is as it was."""
+    import qkv
+
+    kernel = qkv.build_attention("performer", seed=0).eval()
+
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.kernel = kernel
+
+        def forward(self, q, k, v):
+            return self.kernel(q, k, v).output
+
+    q = torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(Exception, match="d_head"):
+        torch.export.export(Wrap(), (q, q, q))
+    assert kernel.projection is None
+    expected = Wrap()(q, q, q)  # drawn now, eagerly
+    assert type(kernel.projection) is torch.Tensor and type(expected) is torch.Tensor
+    torch.testing.assert_close(torch.export.export(Wrap(), (q, q, q)).module()(q, q, q), expected)

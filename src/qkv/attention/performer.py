@@ -193,6 +193,11 @@ class PerformerAttention(AttentionKernel):
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         d = q.shape[-1]
         if self.projection is None or (self.redraw and self.training and state is None):
+            if torch.compiler.is_exporting():  # a draw while tracing would keep the traced (fake) tensor as the buffer
+                why = ("its features are drawn at the first call (no d_head given): build it with d_head=... or "
+                       "call it once before torch.export" if self.projection is None else
+                       "redraw=True draws new features at every training call: export in eval mode")
+                raise ValueError(f"performer: cannot draw random features while torch.export traces: {why}")
             self.projection = self._draw(d).to(q.device)
         key_mask = split_key_mask(mask, state, k.shape[-2], self._state_length(state))
         acc = accumulation_dtype(q.dtype)  # features and sums in float32 for half inputs
