@@ -173,6 +173,13 @@ class PerformerAttention(AttentionKernel):
                 f"seed={self.seed}, chunk_size={self.chunk_size}, {super().extra_repr()}")
 
     def _draw(self, d: int) -> Tensor:
+        if torch.compiler.is_exporting():
+            # a draw while torch.export traces is a traced (fake) tensor: kept as the buffer, it leaves
+            # the kernel unusable after the export (every later call returned a FakeTensor)
+            why = ("redraw=True draws new features at every training call: export in eval mode" if getattr(self, "projection", None) is not None
+                   else "give d_head=... when building it, or call the model once before exporting (its features are "
+                        "drawn when it is built or first called, as a transformers model builds qkv's kernels)")
+            raise ValueError(f"performer: cannot draw random features while torch.export traces: {why}")
         return draw_projection(self.nb_features, d, self.orthogonal, self._generator)
 
     def redraw_features(self, d: Optional[int] = None, generator: Optional[torch.Generator] = None) -> None:
@@ -193,11 +200,6 @@ class PerformerAttention(AttentionKernel):
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
         d = q.shape[-1]
         if self.projection is None or (self.redraw and self.training and state is None):
-            if torch.compiler.is_exporting():  # a draw while tracing would keep the traced (fake) tensor as the buffer
-                why = ("its features are drawn at the first call (no d_head given): build it with d_head=... or "
-                       "call it once before torch.export" if self.projection is None else
-                       "redraw=True draws new features at every training call: export in eval mode")
-                raise ValueError(f"performer: cannot draw random features while torch.export traces: {why}")
             self.projection = self._draw(d).to(q.device)
         key_mask = split_key_mask(mask, state, k.shape[-2], self._state_length(state))
         acc = accumulation_dtype(q.dtype)  # features and sums in float32 for half inputs
