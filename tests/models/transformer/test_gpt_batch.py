@@ -119,3 +119,14 @@ def test_forward_takes_a_tokenizers_0_1_mask_as_generate_and_bert_do():
         model(ids, attention_mask=mask.long() * 2)
     with pytest.raises((TypeError, ValueError), match="attention_mask"):
         model(ids, attention_mask=mask.float())
+
+
+def test_generate_refuses_right_padded_prompts():
+    """A right-padded row would be continued from its padding (the last column): its tokens were
+    another prompt's, silently (found by the hqa audit: [4, 8, pad, pad] continued as 15 15 15 15 15,
+    alone 8 8 8 8 8; transformers only warns). Refused, naming the row and the fix."""
+    model = _gpt()
+    ids, mask = _left_padded()
+    with pytest.raises(ValueError, match=r"attention_mask row 1 .*pad.* on the left"):
+        model.generate(ids.flip(-1), 2, attention_mask=mask.flip(-1).long(), do_sample=False)
+    model.generate(ids, 2, attention_mask=mask, do_sample=False)  # left padding: fine

@@ -276,6 +276,10 @@ class GPT(QKVModel):
             mask[:, :L] = attention_mask
             if not bool(mask[:, :L].any(-1).all()):
                 raise ValueError("attention_mask: every row needs at least one real token (its prompt)")
+            if not bool(mask[:, L - 1].all()):  # that row would be continued from its padding
+                row = int((~mask[:, L - 1]).nonzero()[0])
+                raise ValueError(f"attention_mask row {row} ends in padding (right padding): generate continues every "
+                                 f"row from its last column; pad prompts on the left (a tokenizer's padding_side='left')")
             self._check_left_padding(mask[:, :L])
             positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L + new): each row's own positions
         ids = input_ids.new_empty(B, L + max_new_tokens)  # filled in place: no per-token copy of the sequence
