@@ -119,11 +119,24 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_eval(args: argparse.Namespace) -> int:
+def _load_run(path: str) -> Any:
+    """``runs.load(path)``, saying on stderr when the run has no final ``model/`` (killed, or still
+    training) and its latest checkpoint stands in for the trained model."""
     from qkv import runs
+    from qkv.train import CheckpointManager
 
+    run = runs.load(path)
+    if not (run.directory / "model" / "config.json").is_file():
+        latest = CheckpointManager(run.directory / "checkpoints").latest()
+        step = int(latest.stem.rsplit("-", 1)[-1]) if latest is not None else "?"
+        announce(f"{path} has no final model/ (training unfinished or still running): using its latest checkpoint, "
+                 f"step {step} of {run.settings.train.get('steps', '?')}")
+    return run
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
     set_threads(args.threads)
-    metrics = runs.load(args.run).evaluate(args.split, max_examples=args.max_examples, overrides=_pairs(args.set),
+    metrics = _load_run(args.run).evaluate(args.split, max_examples=args.max_examples, overrides=_pairs(args.set),
                                            progress=True)
     print(json.dumps({k: round(float(v), 4) for k, v in metrics.items()}))
     return 0
@@ -136,7 +149,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from qkv.models.sampling import check_sampling
 
     set_threads(args.threads)
-    run = runs.load(args.run)
+    run = _load_run(args.run)
     task, model = run.task, run.model
     options = runs.split_overrides(_pairs(args.set))[0]  # key=value strings; the task parses them
     with user_input():  # tasks whose samples are pictures draw them (images)
@@ -177,7 +190,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     from qkv import runs
 
     set_threads(args.threads)
-    run = runs.load(args.run)
+    run = _load_run(args.run)
     task, model = run.task, run.model
     if task.kind != "seq2seq":
         raise CLIError(f"`qkv translate` needs a sequence-to-sequence run; {run.settings.task} is a {task.kind} task")
@@ -204,7 +217,7 @@ def _say_cut(view: Any) -> None:
 
 
 def _cmd_viz(args: argparse.Namespace) -> int:
-    from qkv import runs, viz
+    from qkv import viz
 
     set_threads(args.threads)
     if args.pattern:  # a kernel's connectivity, no run needed
@@ -217,7 +230,7 @@ def _cmd_viz(args: argparse.Namespace) -> int:
         return 0
     if args.run is None:
         raise CLIError("qkv viz needs a RUN directory, or --pattern NAME --length N")
-    run = runs.load(args.run)
+    run = _load_run(args.run)
     task, model, task_name = run.task, run.model, run.settings.task
     if args.text is not None and task.kind in ("lm", "seq2seq"):
         _check_text(task, task_name, args.text, "--text")
@@ -230,7 +243,7 @@ def _cmd_viz(args: argparse.Namespace) -> int:
             views = [(Path(args.run).name or args.run, viz.attention_view(task, model, args.text, args.max_len))]
         _say_cut(views[0][1])
         for other in args.compare or []:
-            other_run = runs.load(other)
+            other_run = _load_run(other)
             if other_run.settings.task != task_name:
                 raise CLIError(f"--compare {other}: trained on {other_run.settings.task!r}, not {task_name!r} "
                                "(the page compares models of the same task on the same input)")
@@ -264,7 +277,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from qkv.hf.export import export_run
 
     set_threads(args.threads)
-    print(f"wrote {export_run(args.run, args.out, args.format)}")
+    print(f"wrote {export_run(_load_run(args.run), args.out, args.format)}")
     return 0
 
 

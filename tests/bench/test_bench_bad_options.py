@@ -20,6 +20,10 @@ BAD = [
     (["complexity", "--seed", "-1"], "--seed must be >= 0"),
     (["complexity", "--threads", "0"], "--threads must be >= 1"),
     (["complexity", "--device", "tpu"], "--device"),
+    # knobs a kernel refuses: checked before the ladder (they were a "stopped" row in a written report)
+    (["complexity", "--attention", "window", "--kernel-kwargs", "window:radius=-1"], "--kernel-kwargs window: radius"),
+    (["complexity", "--attention", "window", "--kernel-kwargs", "window:bogus=1"], "bogus"),
+    (["complexity", "--attention", "performer", "--kernel-kwargs", "performer:nb_features=0"], "nb_features"),
     (["kernels", "--target-seconds", "nan"], "finite float"),
     (["kernels", "--kernel-sizes", "0x1x8x4"], "four positive integers"),
     (["kernels", "--kernel-sizes", "1x1x2000000x4"], "1,048,576 tokens"),

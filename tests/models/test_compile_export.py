@@ -132,3 +132,43 @@ def test_eval_is_a_function_of_the_weights(name, tmp_path):
         else:  # training re-hashes, as the Reformer does
             model.train()
             assert not torch.allclose(model(IDS).logits, model(IDS).logits)
+
+
+@pytest.mark.parametrize("name", ["lsh", "performer"])
+def test_an_exported_program_is_a_function_of_the_weights_too(name):
+    """The exported program, called again and on other ids, gives eager's logits: a seeded LSH
+    rotation drawn with a ``torch.Generator`` inside ``forward`` was exported as a ``randn`` on that
+    generator, lifted into the program as state, so each call drew new rotations (found by an audit:
+    the second call differed from eager by 1.4 at the kernel, 0.24 in a GPT's logits on new ids)."""
+    model = _gpt(name).eval()
+    program = torch.export.export(model, (IDS,)).module()
+    other = torch.randint(0, 32, (2, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        for ids in (IDS, IDS, other, IDS):
+            torch.testing.assert_close(program(ids).logits, model(ids).logits, atol=1e-6, rtol=1e-5)
+
+
+def test_exporting_a_performer_whose_features_are_not_drawn_leaves_it_intact():
+    """A Performer built without ``d_head`` draws its features at its first call; when that call was
+    torch.export's tracing, the traced (fake) tensor became the kernel's ``projection`` buffer, and
+    every later eager call returned a FakeTensor (found by the hqa audit). Now export refuses, with
+    the way out, and the kernel is as it was."""
+    import qkv
+
+    kernel = qkv.build_attention("performer", seed=0).eval()
+
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.kernel = kernel
+
+        def forward(self, q, k, v):
+            return self.kernel(q, k, v).output
+
+    q = torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(Exception, match="d_head"):
+        torch.export.export(Wrap(), (q, q, q))
+    assert kernel.projection is None
+    expected = Wrap()(q, q, q)  # drawn now, eagerly
+    assert type(kernel.projection) is torch.Tensor and type(expected) is torch.Tensor
+    torch.testing.assert_close(torch.export.export(Wrap(), (q, q, q)).module()(q, q, q), expected)

@@ -75,6 +75,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Optional, Tuple, Union
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -131,15 +132,18 @@ def draw_hashing(n_heads: int, dim: int, n_rounds: int, factors: Tuple[int, ...]
                  device: torch.device = torch.device("cpu")) -> LSHHashing:
     """Draw the rotations of an ``LSHHashing``.
 
-    ``seed`` draws them from a private CPU generator (the same on every device); None from
-    torch's global generator of ``device`` (saved/restored by ``ReversibleSequence``).
+    ``seed`` draws them from NumPy's ``default_rng(seed)`` (PCG64: the same numbers on every
+    device and platform) as a constant tensor: a model traced by ``torch.export`` holds those
+    numbers, where a ``torch.Generator`` made here was lifted into the exported program as state
+    and drew new rotations at every call. None: from torch's global generator of ``device``
+    (saved/restored by ``ReversibleSequence``).
     """
     if math.prod(factors) == 1:
         return LSHHashing(None, (1,))
     shape = (n_heads, dim, n_rounds, sum(factors) // 2)
     if seed is None:
         return LSHHashing(torch.randn(shape, device=device, dtype=torch.float32), tuple(factors))
-    rotations = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+    rotations = torch.from_numpy(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32))
     return LSHHashing(rotations.to(device), tuple(factors))
 
 

@@ -175,6 +175,13 @@ class PerformerAttention(AttentionKernel):
                 f"seed={self.seed}, chunk_size={self.chunk_size}, {super().extra_repr()}")
 
     def _draw(self, d: int) -> Tensor:
+        if torch.compiler.is_exporting():
+            # a draw while torch.export traces is a traced (fake) tensor: kept as the buffer, it leaves
+            # the kernel unusable after the export (every later call returned a FakeTensor)
+            why = ("redraw=True draws new features at every training call: export in eval mode" if getattr(self, "projection", None) is not None
+                   else "give d_head=... when building it, or call the model once before exporting (its features are "
+                        "drawn when it is built or first called, as a transformers model builds qkv's kernels)")
+            raise ValueError(f"performer: cannot draw random features while torch.export traces: {why}")
         return draw_projection(self.nb_features, d, self.orthogonal, self._generator)
 
     def redraw_features(self, d: Optional[int] = None, generator: Optional[torch.Generator] = None) -> None:

@@ -220,6 +220,22 @@ def _tables(results: Mapping[str, Any]) -> tuple[str, str]:
     return per_length, exponents
 
 
+def _check_knobs(name: str, knobs: Mapping[str, Any], lengths: List[int], args: argparse.Namespace) -> None:
+    """Refuse ``--kernel-kwargs`` knobs that kernel ``name`` rejects at the first and at the last length of
+    the ladder (an unknown knob, a value out of range), before anything is measured: built on the meta
+    device, nothing is allocated. (A kernel that fails at some lengths only is measured, and its
+    report says where it stopped.)"""
+    errors = []
+    for L in (lengths[0], lengths[-1]):
+        try:
+            with torch.device("meta"):
+                build_attention(name, causal=args.causal, **kernel_kwargs(name, L, args.heads, args.head_dim, knobs))
+            return
+        except (ValueError, TypeError) as err:
+            errors.append(str(err).splitlines()[0] if str(err) else type(err).__name__)
+    raise UserError(f"--kernel-kwargs {name}: {errors[0]}")
+
+
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     """Run the complexity benchmark; writes JSON, markdown and PNG into ``args.out``."""
     device = common.resolve_device(args.device)
@@ -240,6 +256,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     for name in overrides:
         if name not in names:
             raise UserError(f"--kernel-kwargs names {name!r}, which is not among the measured kernels {names}")
+        _check_knobs(name, overrides[name], lengths, args)
 
     machine = common.describe_machine(device)
     print(f"complexity on {common.machine_line(machine)}", flush=True)

@@ -99,3 +99,34 @@ def test_do_sample_and_greedy():
         model.generate(ids, 2, eos_token_id=99)
     with pytest.raises(ValueError, match="every row needs at least one real token"):
         model.generate(ids, 2, attention_mask=torch.tensor([[0, 0, 0], [1, 1, 1]]))
+
+
+def test_forward_takes_a_tokenizers_0_1_mask_as_generate_and_bert_do():
+    """``model(**tokenizer(texts, padding=True, return_tensors="pt"))`` hands an int64 0/1 mask:
+    ``generate`` and BERT took it, ``GPT.forward`` raised TypeError (found by the hqa audit); other
+    values are still refused, naming the argument."""
+    model = _gpt()
+    ids, mask = _left_padded()
+    ids, mask = ids.flip(-1), mask.flip(-1)  # right padding: no position_ids needed
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask).logits
+        torch.testing.assert_close(model(ids, attention_mask=mask.long()).logits, expected, atol=0, rtol=0)
+        torch.testing.assert_close(model(ids, attention_mask=mask.int()).logits, expected, atol=0, rtol=0)
+        state = model(ids[:, :3], attention_mask=mask[:, :3].long(), return_state=True).state
+        step = model(ids[:, 3:], attention_mask=mask.long(), state=state).logits
+    torch.testing.assert_close(step, expected[:, 3:], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="attention_mask must hold 0.*got 2"):
+        model(ids, attention_mask=mask.long() * 2)
+    with pytest.raises((TypeError, ValueError), match="attention_mask"):
+        model(ids, attention_mask=mask.float())
+
+
+def test_generate_refuses_right_padded_prompts():
+    """A right-padded row would be continued from its padding (the last column): its tokens were
+    another prompt's, silently (found by the hqa audit: [4, 8, pad, pad] continued as 15 15 15 15 15,
+    alone 8 8 8 8 8; transformers only warns). Refused, naming the row and the fix."""
+    model = _gpt()
+    ids, mask = _left_padded()
+    with pytest.raises(ValueError, match=r"attention_mask row 1 .*pad.* on the left"):
+        model.generate(ids.flip(-1), 2, attention_mask=mask.flip(-1).long(), do_sample=False)
+    model.generate(ids, 2, attention_mask=mask, do_sample=False)  # left padding: fine

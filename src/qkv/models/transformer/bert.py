@@ -29,7 +29,7 @@ from ...blocks import ACTIVATIONS
 from ...registry import register
 from ..base import ModelOutput, QKVModel
 from ..losses import IGNORE_INDEX, check_labels, float32_at_least, lm_loss
-from .stack import init_normal, StackConfig, TransformerStack, check_token_mask
+from .stack import bool_token_mask, init_normal, StackConfig, TransformerStack, check_token_mask
 
 __all__ = ["BERT", "BERTConfig", "BERTOutput", "attention_mask_bool"]
 
@@ -49,7 +49,7 @@ class BERTOutput(ModelOutput):
         return self.hidden
 
 
-# a pytree node like ModelOutput, so that torch.export and torch.compile can return it
+# a pytree node as ModelOutput is: torch.export and torch.compile return it from a traced graph
 torch.utils._pytree.register_dataclass(BERTOutput, serialized_type_name="qkv.models.transformer.bert.BERTOutput")
 
 
@@ -57,12 +57,7 @@ def attention_mask_bool(name: str, mask: Any, ids: Tensor) -> Optional[Tensor]:
     """A ``(B, L)`` padding mask as bool (True = real token): a bool mask as it is, or an integer
     one of 0s and 1s as transformers takes it (``tokenizer(...)["attention_mask"]``); other values
     (a float mask, a 2) are refused naming ``name``."""
-    if isinstance(mask, Tensor) and mask.dtype != torch.bool and not mask.is_floating_point() and not mask.is_complex():
-        if mask.numel() and bool(((mask != 0) & (mask != 1)).any()):
-            bad = mask[(mask != 0) & (mask != 1)][0].item()
-            raise ValueError(f"{name} must hold 0 (padding) and 1 (real token), got {bad}")
-        mask = mask.bool()
-    return check_token_mask(name, mask, ids)
+    return check_token_mask(name, bool_token_mask(name, mask), ids)
 
 
 class Activation(nn.Module):

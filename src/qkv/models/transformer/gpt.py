@@ -28,7 +28,7 @@ from ...registry import register
 from ..base import ModelOutput, QKVModel
 from ..losses import IGNORE_INDEX, check_labels, float32_at_least, lm_loss
 from ..sampling import sample_logits
-from .stack import init_normal, StackConfig, StackState, TransformerStack
+from .stack import bool_token_mask, init_normal, StackConfig, StackState, TransformerStack
 
 __all__ = ["GPT", "GPTConfig", "HEADS"]
 
@@ -160,12 +160,14 @@ class GPT(QKVModel):
                              "whole sequences")
         if labels is not None and not classify:
             check_labels("labels", labels, c.vocab_size, getattr(input_ids, "shape", ()))
+        attention_mask = bool_token_mask("attention_mask", attention_mask)  # 0/1 as a tokenizer gives it
         if attention_mask is not None:
             _checks.token_ids("input_ids", input_ids, c.vocab_size)
             seen = state.position if isinstance(state, StackState) else 0
             _checks.tensor("attention_mask", attention_mask, ndim=2)
             if attention_mask.dtype != torch.bool:
-                raise TypeError(f"attention_mask must be a bool tensor (True = real token), got dtype {attention_mask.dtype}")
+                raise TypeError(f"attention_mask must be a bool tensor (True = real token) or hold 0/1, got dtype "
+                                f"{attention_mask.dtype}")
             _checks.same("attention_mask", tuple(attention_mask.shape), "(batch, positions so far + input length)",
                          (input_ids.shape[0], seen + input_ids.shape[1]), "the shape")
             self._check_left_padding(attention_mask)
@@ -267,13 +269,17 @@ class GPT(QKVModel):
         if attention_mask is not None:
             _checks.tensor("attention_mask", attention_mask, ndim=2)
             _checks.same("attention_mask", tuple(attention_mask.shape), "input_ids", (B, L), "the shape")
+            attention_mask = bool_token_mask("attention_mask", attention_mask)
             if attention_mask.dtype != torch.bool:
-                if attention_mask.is_floating_point() or bool(((attention_mask != 0) & (attention_mask != 1)).any()):
-                    raise ValueError("attention_mask must be bool or hold 0/1 (1 = real token)")
+                raise ValueError("attention_mask must be bool or hold 0/1 (1 = real token)")
             mask = attention_mask.new_ones(B, L + max_new_tokens, dtype=torch.bool)
-            mask[:, :L] = attention_mask != 0
+            mask[:, :L] = attention_mask
             if not bool(mask[:, :L].any(-1).all()):
                 raise ValueError("attention_mask: every row needs at least one real token (its prompt)")
+            if not bool(mask[:, L - 1].all()):  # that row would be continued from its padding
+                row = int((~mask[:, L - 1]).nonzero()[0])
+                raise ValueError(f"attention_mask row {row} ends in padding (right padding): generate continues every "
+                                 f"row from its last column; pad prompts on the left (a tokenizer's padding_side='left')")
             self._check_left_padding(mask[:, :L])
             positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L + new): each row's own positions
         ids = input_ids.new_empty(B, L + max_new_tokens)  # filled in place: no per-token copy of the sequence

@@ -199,6 +199,19 @@ def reorder_state(state: Any, index: Tensor) -> Any:
     return state
 
 
+def bool_token_mask(name: str, mask: Any) -> Any:
+    """A ``(B, L)`` padding mask as bool (True = real token): a bool mask as it is, an integer one of
+    0s and 1s as transformers takes it (``tokenizer(...)["attention_mask"]``) as bool; other values
+    (a 2) are refused naming ``name``; anything else (None, a float mask) is returned for the
+    caller's own checks to refuse."""
+    if isinstance(mask, Tensor) and mask.dtype != torch.bool and not mask.is_floating_point() and not mask.is_complex():
+        if mask.numel() and not torch.compiler.is_compiling() and bool(((mask != 0) & (mask != 1)).any()):
+            bad = mask[(mask != 0) & (mask != 1)][0].item()
+            raise ValueError(f"{name} must hold 0 (padding) and 1 (real token), got {bad}")
+        mask = mask != 0
+    return mask
+
+
 def check_token_mask(name: str, mask: Any, ids: Tensor) -> Optional[Tensor]:
     """Check an optional ``(B, L)`` bool padding mask (True = real token) shaped like ``ids``."""
     if mask is None:
