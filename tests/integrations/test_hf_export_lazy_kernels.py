@@ -56,3 +56,14 @@ def test_export_after_one_call_equals_eager(impl):
             assert type(got) is torch.Tensor
             torch.testing.assert_close(got, expected[id(ids)], atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(model(IDS).last_hidden_state, expected[id(IDS)], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("impl", ["qkv-window", "qkv-lsh"])
+def test_no_kernel_is_built_inside_an_export_trace(impl):
+    """The rule holds in one place (the bridge's kernel cache) for every kernel, not only for those
+    with random features: nothing built while tracing is kept."""
+    model = _bert(impl)
+    with warnings.catch_warnings(), pytest.raises(Exception, match="call the model once before exporting"):
+        warnings.simplefilter("ignore")
+        torch.export.export(model, (IDS,))
+    assert not any(hf.layer_kernels(m) for m in model.modules())

@@ -374,6 +374,9 @@ def _kernel(module: torch.nn.Module, impl: str, kernel: str, knobs: Dict[str, An
                     d_head, str(device))
     kernels = module.__dict__.setdefault(KERNELS_ATTR, {})
     if key not in kernels:
+        if torch.compiler.is_exporting():  # built inside the trace, its buffers would be the trace's fake tensors
+            raise ValueError(f"{impl}: {type(module).__name__} builds its qkv kernel at its first call; call the model "
+                             f"once before exporting it (torch.export), then export")
         try:
             built = cls(causal=causal, dropout=dropout, **cls.knobs(_max_len(module, length), heads, d_head, knobs, with_heads=True))
         except ValueError as e:
