@@ -28,3 +28,16 @@ def write_wordpiece(directory: Path, words=WORDS) -> Path:
 @pytest.fixture
 def wordpiece_dir(tmp_path) -> Path:
     return write_wordpiece(tmp_path / "tok")
+
+
+@pytest.fixture
+def bert_checkpoint(wordpiece_dir):
+    """A tiny BertModel checkpoint beside its WordPiece tokenizer.json (as all-MiniLM-L6-v2's directory is)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=24, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=24, max_position_embeddings=64)
+    transformers.BertModel(config).save_pretrained(wordpiece_dir)
+    return wordpiece_dir

@@ -13,15 +13,6 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 
-@pytest.fixture
-def bert_checkpoint(wordpiece_dir):
-    """A tiny BertModel beside its WordPiece tokenizer.json (as all-MiniLM-L6-v2's directory is)."""
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=24, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=24, max_position_embeddings=64)
-    transformers.BertModel(config).save_pretrained(wordpiece_dir)
-    return wordpiece_dir
-
 
 def _test_texts(n):
     """The first ``n`` articles of the bbc-news test split and their texts, in the task's order."""

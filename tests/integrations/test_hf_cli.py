@@ -1,5 +1,5 @@
 """``qkv train bert --task bbc-news --init DIR`` from a Hugging Face checkpoint directory: the task
-takes the checkpoint's tokenizer, the weights come from the checkpoint, and ``qkv eval``, ``viz``
+takes the checkpoint's tokenizer, the weights come from the bert_checkpoint, and ``qkv eval``, ``viz``
 and ``viz --html`` work on the run (a tiny random BERT with a tiny WordPiece tokenizer; the BBC
 articles from the cache)."""
 
@@ -15,27 +15,18 @@ transformers = pytest.importorskip("transformers")
 needs_bbc = pytest.mark.skipif(not is_bbc_cached(), reason="BBC News is not cached (qkv data fetch bbc)")
 
 
-@pytest.fixture
-def checkpoint(wordpiece_dir):
-    """A BertModel checkpoint beside its tokenizer.json (as all-MiniLM-L6-v2's directory is)."""
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=24, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=24, max_position_embeddings=64)
-    transformers.BertModel(config).save_pretrained(wordpiece_dir)
-    return wordpiece_dir
-
 
 @needs_bbc
-def test_fine_tune_from_a_hugging_face_checkpoint(checkpoint, tmp_path, train_argv, capsys):
+def test_fine_tune_from_a_hugging_face_checkpoint(bert_checkpoint, tmp_path, train_argv, capsys):
     run = tmp_path / "run"
-    code = main(train_argv("bert", "bbc-news", run, "--init", str(checkpoint), "--threads", "1", "--set", "task.max_len=16"))
+    code = main(train_argv("bert", "bbc-news", run, "--init", str(bert_checkpoint), "--threads", "1", "--set", "task.max_len=16"))
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "has no classifier: it starts fresh" in err and "fresh: classifier.weight, classifier.bias" in out
     info = json.loads((run / "run.json").read_text())
     # the run keeps its own copy of the checkpoint's tokenizer (named relative to the run)
     assert info["task"] == "bbc-news-tokens" and info["task_options"]["tokenizer"] == "tokenizer.json"
-    assert (run / "tokenizer.json").read_bytes() == (checkpoint / "tokenizer.json").read_bytes()
+    assert (run / "tokenizer.json").read_bytes() == (bert_checkpoint / "tokenizer.json").read_bytes()
     c = info["model_config"]
     assert (c["n_layers"], c["d_model"], c["vocab_size"], c["head"], c["num_labels"]) == (2, 16, 24, "classification", 5)
     assert main(["eval", str(run), "--max-examples", "4", "--threads", "1"]) == 0, capsys.readouterr().err
@@ -45,22 +36,22 @@ def test_fine_tune_from_a_hugging_face_checkpoint(checkpoint, tmp_path, train_ar
 
 
 @needs_bbc
-def test_the_encoder_is_the_checkpoints(checkpoint, tmp_path, train_argv, capsys):
+def test_the_encoder_is_the_checkpoints(bert_checkpoint, tmp_path, train_argv, capsys):
     """With a vanishing learning rate the run's encoder is the checkpoint's: its hidden states are transformers'."""
     run = tmp_path / "run"
-    assert main(train_argv("bert", "bbc-news", run, "--init", str(checkpoint), "--lr", "1e-12", "--threads", "1",
+    assert main(train_argv("bert", "bbc-news", run, "--init", str(bert_checkpoint), "--lr", "1e-12", "--threads", "1",
                            "--set", "task.max_len=16", "--set", "dropout=0.0")) == 0, capsys.readouterr().err
     from qkv.models import load_pretrained
 
     ours = load_pretrained(run / "model").eval()
-    theirs = transformers.BertModel.from_pretrained(checkpoint).eval()
+    theirs = transformers.BertModel.from_pretrained(bert_checkpoint).eval()
     ids = torch.randint(0, 24, (2, 7), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids).hidden, theirs(input_ids=ids).last_hidden_state, atol=1e-5, rtol=0)
 
 
-def test_a_task_with_its_own_vocabulary_is_refused(checkpoint, tmp_path, train_argv, capsys):
-    code = main(train_argv("bert", "bert-pretrain", tmp_path / "run", "--init", str(checkpoint)))
+def test_a_task_with_its_own_vocabulary_is_refused(bert_checkpoint, tmp_path, train_argv, capsys):
+    code = main(train_argv("bert", "bert-pretrain", tmp_path / "run", "--init", str(bert_checkpoint)))
     err = capsys.readouterr().err
     assert code == 2 and "reads the ids of its own tokenizer" in err and "bert-pretrain" in err
     assert not (tmp_path / "run").exists()
@@ -78,15 +69,15 @@ def test_a_checkpoint_of_another_architecture_is_refused(wordpiece_dir, tmp_path
 
 
 @needs_bbc
-def test_the_run_outlives_its_checkpoint(checkpoint, tmp_path, train_argv, capsys):
+def test_the_run_outlives_its_checkpoint(bert_checkpoint, tmp_path, train_argv, capsys):
     """The run reads its own tokenizer copy: after the checkpoint is gone, and with the run moved
     elsewhere, eval and a resume still work."""
     import shutil
 
     run = tmp_path / "run"
-    assert main(train_argv("bert", "bbc-news", run, "--init", str(checkpoint), "--threads", "1",
+    assert main(train_argv("bert", "bbc-news", run, "--init", str(bert_checkpoint), "--threads", "1",
                            "--set", "task.max_len=16")) == 0, capsys.readouterr().err
-    shutil.rmtree(checkpoint)
+    shutil.rmtree(bert_checkpoint)
     moved = tmp_path / "elsewhere" / "run"
     moved.parent.mkdir()
     run.rename(moved)
