@@ -389,12 +389,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qkv", description="The attention family on PyTorch: train, evaluate, look at and benchmark every model.")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _list_parser(sub)
+    _data_parser(sub)
+    _train_parser(sub)
+    _eval_parser(sub)
+    _generate_parser(sub)
+    _translate_parser(sub)
+    _viz_parser(sub)
+    _export_parser(sub)
+    _bench_parser(sub)
+    return parser
 
+
+def _list_parser(sub: argparse._SubParsersAction) -> None:
+    """`qkv list [attention|model|task]`."""
     p = sub.add_parser("list", help="list attention kernels, models (with their task kinds) and tasks",
                        description="List attention kernels, models and tasks. Example: qkv list model")
     p.add_argument("what", nargs="?", choices=["attention", "model", "task"], help="only this kind")
     p.set_defaults(func=_cmd_list)
 
+
+def _data_parser(sub: argparse._SubParsersAction) -> None:
+    """`qkv data fetch|list [NAMES]`."""
     p = sub.add_parser("data", help="fetch or list the real data sets (cached under $QKV_DATA or ~/.cache/qkv)",
                        description="Fetch or list the real data sets. Example: qkv data fetch shakespeare")
     p.add_argument("action", choices=["fetch", "list"])
@@ -403,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="fetch again even when cached")
     p.set_defaults(func=_cmd_data)
 
+
+def _train_parser(sub: argparse._SubParsersAction) -> None:
+    """`qkv train MODEL --task TASK ...`."""
     p = sub.add_parser("train", help="train MODEL on --task",
                        description="Train MODEL on --task. Example: qkv train gpt --task shakespeare-char")
     p.add_argument("model", help="a model name (qkv list model)")
@@ -424,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_flags(p)
     p.set_defaults(func=_cmd_train)
 
+
+def _eval_parser(sub: argparse._SubParsersAction) -> None:
+    """`qkv eval RUN ...`."""
     p = sub.add_parser("eval", help="evaluate a run on its task's held-out split",
                        description="Evaluate a run. Example: qkv eval runs/main --split test --max-examples 512")
     p.add_argument("run")
@@ -434,6 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(p)
     p.set_defaults(func=_cmd_eval)
 
+
+def _generate_parser(sub: argparse._SubParsersAction) -> None:
+    """`qkv generate RUN ...`."""
     p = sub.add_parser("generate", help="sample text from a language-model run",
                        description='Sample text from a language-model run. Example: qkv generate runs/main --prompt "ROMEO:"')
     p.add_argument("run")
@@ -449,6 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(p)
     p.set_defaults(func=_cmd_generate)
 
+
+def _translate_parser(sub: argparse._SubParsersAction) -> None:
+    """`qkv translate RUN TEXT ...`."""
     p = sub.add_parser("translate", help="translate text with a sequence-to-sequence run",
                        description="Translate with a sequence-to-sequence run. Example: qkv translate runs/rev 12345")
     p.add_argument("run")
@@ -459,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(p)
     p.set_defaults(func=_cmd_translate)
 
+
+def _viz_parser(sub: argparse._SubParsersAction) -> None:
+    """`qkv viz [RUN] ...`."""
     p = sub.add_parser("viz", help="plot a run's attention weights (every layer and head), or a kernel's pattern, as a PNG",
                        description='Plot a run\'s attention. Example: qkv viz runs/main --text "ROMEO: But, soft!"; '
                                    'a kernel\'s pattern: qkv viz --pattern strided --length 64 --kernel-kwargs stride=8')
@@ -481,6 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(p)
     p.set_defaults(func=_cmd_viz)
 
+
+def _export_parser(sub: argparse._SubParsersAction) -> None:
+    """`qkv export RUN OUT ...`."""
     p = sub.add_parser("export", help="write a run's model where other tools read it (a Hugging Face pipeline)",
                        description="Write a run's model, tokenizer and labels into OUT (a new or empty folder, or "
                                    "an earlier export, replaced; OUT appears only complete). Example: qkv export "
@@ -493,12 +527,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(p)
     p.set_defaults(func=_cmd_export)
 
-    # `qkv bench ...` is handed to qkv.bench.main whole (see main()); listed here for `qkv --help`
+
+def _bench_parser(sub: argparse._SubParsersAction) -> None:
+    """`qkv bench ...`: listed for `qkv --help`; main() hands the arguments to qkv.bench.main whole."""
     p = sub.add_parser("bench", help="benchmarks (qkv bench --help)", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=lambda a: _run_bench(a.rest))
-    return parser
-
 
 def _run_bench(argv: List[str]) -> int:
     """``qkv bench ARGS``: qkv.bench.main, with ``--threads`` defaulting to the physical cores, or
