@@ -634,9 +634,27 @@ def write_report(results: Mapping[str, Any], path: Path, plan: Mapping[str, Task
     img = path.parent / "img" / "lra.png"
     order = [m for m in MODELS if any(c["model"] == m for c in cells.values())]
     tasks_run = [(t, col) for t, col in TASKS if any(c["task"] == t for c in cells.values())]
-    train_seconds = sum(c["seconds"] for c in cells.values())
-    sections = []
+    sections = (_setup_sections(results) + _accuracy_sections(results, order, tasks_run, seeds)
+                + _speed_sections(results, device))
+    if cells:
+        _plot(results, img, order, tasks_run, seeds)
+        sections.append(f"![accuracy per task and kernel; speed against length](img/{img.name})")
+    reading = _reading(results, seeds)
+    sections.append("## Reading: does the ranking agree with the paper?\n\n" + ("\n".join(reading) if reading else
+                    "Not enough cells for a reading (it needs `softmax` and its rivals on ListOps or Pathfinder).") +
+                    "\n\nScale matters here: our models are about 1/50 of LRA's in parameters and train for a few "
+                    "hundred updates on a CPU, on sequences 1/4-1/2 as long; a kernel that needs many updates to "
+                    "find long-range structure (LRA trained Pathfinder for 200 epochs) may rank differently after few.")
+    sections += _time_sections(results)
+    common.write_markdown(path, "Long Range Arena at small scale", results["machine"], results["command"],
+                          results.get("date", common.now_iso()), sections)
+    return path
 
+
+def _setup_sections(results: Mapping[str, Any]) -> List[str]:
+    """The setup: what was trained on what, beside LRA's inputs, and the tasks not run."""
+    cells = results["cells"]
+    sections = []
     setup_rows = []
     for task, column in TASKS:
         done = [c for c in cells.values() if c["task"] == task]
@@ -662,7 +680,14 @@ def write_report(results: Mapping[str, Any], path: Path, plan: Mapping[str, Task
             ["task", "LRA's input", "our options", "updates x batch", "test examples"], setup_rows))
     for task, why in results.get("missing", {}).items():
         sections.append(f"**Not run: `{task}`** — {why}.")
+    return sections
 
+
+def _accuracy_sections(results: Mapping[str, Any], order: Sequence[str], tasks_run,
+                       seeds: Sequence[int]) -> List[str]:
+    """Our Table 1 (test accuracy per kernel and task, the majority class below), then the published one."""
+    cells = results["cells"]
+    sections = []
     header = ["kernel", "LRA model"] + [col for _, col in tasks_run] + ["avg"]
     rows = []
     for m in order:
@@ -684,47 +709,51 @@ def write_report(results: Mapping[str, Any], path: Path, plan: Mapping[str, Task
     sections.append("Published (Tay et al. 2020, Table 1; Path-X left out — every model failed it):\n\n" +
                     common.markdown_table(["model", "ListOps", "Text", "Retrieval", "Image", "Pathfinder", "avg"],
                                           pub_rows))
+    return sections
 
+
+def _speed_sections(results: Mapping[str, Any], device: torch.device) -> List[str]:
+    """The speed and memory table relative to `softmax`, LRA's 4K column beside it (none without speed points)."""
     speed = list(results.get("speed", {}).values())
-    if speed:
-        lengths = sorted({p["length"] for p in speed})
-        batch = speed[0]["batch"]
-        base = {p["length"]: p for p in speed if p["model"] == "softmax" and "steps_per_s" in p}
-        rows = []
-        for m in [m for m in MODELS if any(p["model"] == m for p in speed)]:
-            row = [f"`{m}`", LRA_NAMES.get(m, "—")]
-            for L in lengths:
-                p = next((q for q in speed if q["model"] == m and q["length"] == L), None)
-                if p is None or "steps_per_s" not in p or L not in base:
-                    row.append("–" if p is None or "error" not in p else "failed")
-                    continue
-                row.append(f"{p['steps_per_s'] / base[L]['steps_per_s']:.2f}x / "
-                           f"{p['peak_memory_bytes'] / max(base[L]['peak_memory_bytes'], 1):.2f}")
-            lra = PUBLISHED_SPEED_4K.get(LRA_NAMES.get(m, ""))
-            t0 = PUBLISHED_SPEED_4K["Transformer"]
-            row.append(f"{lra[0] / t0[0]:.1f}x / {lra[1] / t0[1]:.2f}" if lra else "—")
-            rows.append(row)
-        absolute = ", ".join(f"L={L}: {base[L]['steps_per_s']:.2f} steps/s, {base[L]['peak_memory_bytes'] / 2**20:.0f} MB"
-                             for L in lengths if L in base)
-        sections.append(
-            "## Speed and memory, relative to the Transformer (`softmax`)\n\n"
-            f"One training step (forward, loss, backward, AdamW) of the Text task's encoder on {batch} sequence(s) of "
-            f"L random bytes, on {device.type}: steps/s relative to `softmax` / peak memory relative to `softmax` "
-            f"(`qkv.bench.common`: on the CPU the live bytes of the tensors the step creates). `softmax` itself: "
-            f"{absolute}. LRA measured batch 32 on a 4x4 TPU v3 (Table 2); its 4K column, as ratios to its "
-            "Transformer (1.4 steps/s, 9.48 GB), is on the right. `local-2d` is left out: it needs an image.\n\n" +
-            common.markdown_table(["kernel", "LRA model"] + [f"L={L}" for L in lengths] + ["LRA at 4K"], rows)
-            + _speed_reading(speed, base, lengths[-1]))
+    if not speed:
+        return []
+    sections = []
+    lengths = sorted({p["length"] for p in speed})
+    batch = speed[0]["batch"]
+    base = {p["length"]: p for p in speed if p["model"] == "softmax" and "steps_per_s" in p}
+    rows = []
+    for m in [m for m in MODELS if any(p["model"] == m for p in speed)]:
+        row = [f"`{m}`", LRA_NAMES.get(m, "—")]
+        for L in lengths:
+            p = next((q for q in speed if q["model"] == m and q["length"] == L), None)
+            if p is None or "steps_per_s" not in p or L not in base:
+                row.append("–" if p is None or "error" not in p else "failed")
+                continue
+            row.append(f"{p['steps_per_s'] / base[L]['steps_per_s']:.2f}x / "
+                       f"{p['peak_memory_bytes'] / max(base[L]['peak_memory_bytes'], 1):.2f}")
+        lra = PUBLISHED_SPEED_4K.get(LRA_NAMES.get(m, ""))
+        t0 = PUBLISHED_SPEED_4K["Transformer"]
+        row.append(f"{lra[0] / t0[0]:.1f}x / {lra[1] / t0[1]:.2f}" if lra else "—")
+        rows.append(row)
+    absolute = ", ".join(f"L={L}: {base[L]['steps_per_s']:.2f} steps/s, {base[L]['peak_memory_bytes'] / 2**20:.0f} MB"
+                         for L in lengths if L in base)
+    sections.append(
+        "## Speed and memory, relative to the Transformer (`softmax`)\n\n"
+        f"One training step (forward, loss, backward, AdamW) of the Text task's encoder on {batch} sequence(s) of "
+        f"L random bytes, on {device.type}: steps/s relative to `softmax` / peak memory relative to `softmax` "
+        f"(`qkv.bench.common`: on the CPU the live bytes of the tensors the step creates). `softmax` itself: "
+        f"{absolute}. LRA measured batch 32 on a 4x4 TPU v3 (Table 2); its 4K column, as ratios to its "
+        "Transformer (1.4 steps/s, 9.48 GB), is on the right. `local-2d` is left out: it needs an image.\n\n" +
+        common.markdown_table(["kernel", "LRA model"] + [f"L={L}" for L in lengths] + ["LRA at 4K"], rows)
+        + _speed_reading(speed, base, lengths[-1]))
+    return sections
 
-    if cells:
-        _plot(results, img, order, tasks_run, seeds)
-        sections.append(f"![accuracy per task and kernel; speed against length](img/{img.name})")
-    reading = _reading(results, seeds)
-    sections.append("## Reading: does the ranking agree with the paper?\n\n" + ("\n".join(reading) if reading else
-                    "Not enough cells for a reading (it needs `softmax` and its rivals on ListOps or Pathfinder).") +
-                    "\n\nScale matters here: our models are about 1/50 of LRA's in parameters and train for a few "
-                    "hundred updates on a CPU, on sequences 1/4-1/2 as long; a kernel that needs many updates to "
-                    "find long-range structure (LRA trained Pathfinder for 200 epochs) may rank differently after few.")
+
+def _time_sections(results: Mapping[str, Any]) -> List[str]:
+    """Where the time went, where the results are, and the invocations that produced them."""
+    cells = results["cells"]
+    train_seconds = sum(c["seconds"] for c in cells.values())
+    sections = []
     speed_seconds = sum(p.get("seconds", 0) for p in results.get("speed", {}).values())
     sections.append(f"Time: {train_seconds / 60:.1f} min training and testing {len(cells)} cells, "
                     f"{speed_seconds / 60:.1f} min measuring {len(results.get('speed', {}))} speed points "
@@ -737,9 +766,7 @@ def write_report(results: Mapping[str, Any], path: Path, plan: Mapping[str, Task
                         common.markdown_table(["command", "cells trained", "minutes", "machine", "date"],
                                               [[f"`{i['command']}`", i.get("cells_run", "–"), f"{i['seconds'] / 60:.1f}",
                                                 i.get("machine", ""), i.get("date", "")] for i in invocations]))
-    common.write_markdown(path, "Long Range Arena at small scale", results["machine"], results["command"],
-                          results.get("date", common.now_iso()), sections)
-    return path
+    return sections
 
 
 def _speed_reading(speed: Sequence[Mapping[str, Any]], base: Mapping[int, Mapping[str, Any]], L: int) -> str:
