@@ -452,12 +452,8 @@ def _bounded(what: str, length: int, batch: int, batch_what: str) -> None:
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     """Check every option, then train and test every cell not yet done, measure the speed table, write the page."""
-    from tqdm.auto import tqdm
-
     device = common.resolve_device(args.device)
     checked = _check(args, device)
-    plan, models, seeds, jobs, tasks, missing = (checked.plan, checked.models, checked.seeds, checked.jobs,
-                                                 checked.tasks, checked.missing)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / RESULTS_FILE
@@ -466,11 +462,42 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     results["command"] = args.command_line
     save = lambda: _save(path, results)  # noqa: E731
 
+    plan, models, seeds, jobs = checked.plan, checked.models, checked.seeds, checked.jobs
     cells = [(t, k, s) for t in plan for s in seeds for k in models if k != "local-2d" or t in ("fashion-mnist-seq", "pathfinder")]
     print(f"lra: {len(cells)} cells ({len(plan)} tasks x {len(models)} kernels x {len(seeds)} seed(s)) on "
           f"{common.machine_line(results['machine'])}" + (f", {jobs} at once" if jobs > 1 else "") +
           f"; results in {path}", flush=True)
     started = time.perf_counter()
+    ran = _train_cells(cells, checked, args, device, out, results, save)
+    if not args.no_speed:
+        _measure_speed(models, checked.lengths, checked.speed_batch, device, results, save)
+    results["missing"] = checked.missing
+    results["last_run_seconds"] = time.perf_counter() - started
+    results.setdefault("invocations", []).append(
+        {"command": args.command_line, "seconds": results["last_run_seconds"], "date": common.now_iso(),
+         "cells_run": ran, "machine": common.machine_line(results["machine"])})
+    results["date"] = common.now_iso()
+    save()
+    report = checked.report
+    write_report(results, report, plan, models, seeds, device)
+    print(f"lra: wrote {report} and {path}", flush=True)
+    return results
+
+
+def _cell_settings(p: TaskPlan, device: torch.device) -> Dict[str, Any]:
+    """What a cell was trained with: a finished cell whose settings differ is trained again."""
+    return _jsonable({"task_options": dict(p.options), "steps": p.steps, "batch_size": p.batch_size, "lr": p.lr,
+                      "warmup": p.warmup, "eval_examples": p.eval_examples, "device": device.type,
+                      "model": _model_defaults()})
+
+
+def _train_cells(cells: Sequence[Tuple[str, str, int]], checked: _Checked, args: argparse.Namespace,
+                 device: torch.device, out: Path, results: Dict[str, Any], save) -> int:
+    """Train and test every (task, kernel, seed) cell not yet done with these settings, here or in --jobs
+    worker processes, saving the results after each; returns how many cells ran."""
+    from tqdm.auto import tqdm
+
+    plan, jobs, tasks, missing = checked.plan, checked.jobs, checked.tasks, checked.missing
     bar = tqdm(total=len(cells), desc="lra cells", dynamic_ncols=True, position=0)
     for name, why in missing.items():
         tqdm.write(f"lra: skipping {name}: {why}")
@@ -491,9 +518,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     for task_name, kernel, seed in cells:
         p = plan[task_name]
         key = f"{task_name}|{kernel}|{seed}"
-        settings = _jsonable({"task_options": dict(p.options), "steps": p.steps, "batch_size": p.batch_size, "lr": p.lr,
-                              "warmup": p.warmup, "eval_examples": p.eval_examples, "device": device.type,
-                              "model": _model_defaults()})
+        settings = _cell_settings(p, device)
         done = results["cells"].get(key)
         if (done is not None and done.get("settings") == settings) or task_name in missing:
             bar.update(1)
@@ -516,19 +541,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             for future in as_completed(pending):
                 finish(pending[future], future.result())
     bar.close()
-    if not args.no_speed:
-        _measure_speed(models, checked.lengths, checked.speed_batch, device, results, save)
-    results["missing"] = missing
-    results["last_run_seconds"] = time.perf_counter() - started
-    results.setdefault("invocations", []).append(
-        {"command": args.command_line, "seconds": results["last_run_seconds"], "date": common.now_iso(),
-         "cells_run": ran, "machine": common.machine_line(results["machine"])})
-    results["date"] = common.now_iso()
-    save()
-    report = checked.report
-    write_report(results, report, plan, models, seeds, device)
-    print(f"lra: wrote {report} and {path}", flush=True)
-    return results
+    return ran
 
 
 # ============================================================================================ page
