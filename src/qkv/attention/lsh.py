@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Optional, Tuple, Union
+from typing import ClassVar, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -231,6 +231,46 @@ class _SoftmaxLSE(torch.autograd.Function):
         (p,) = ctx.saved_tensors
         g = torch.zeros_like(p) if dp is None else torch._softmax_backward_data(dp, p, -1, p.dtype)
         return (g if dz is None else torch.addcmul(g, p, dz.unsqueeze(-1).to(p.dtype))), None
+
+
+class _Sort(NamedTuple):
+    """One round-batched sort of the padded positions by (bucket, position), each ``(B, H, R, Lp)``."""
+    bucket: Tensor  # the bucket of each position (masked keys and padding: ``n_buckets``)
+    perm: Tensor  # the position at each sorted index
+    inv: Tensor  # the sorted index of each position
+
+
+def _combine_rounds(o: Tensor, z: Tensor, L: int) -> tuple[Tensor, Tensor]:
+    """``o_i = sum_r exp(z_i^(r) - logsumexp_r z_i^(r)) o_i^(r)`` of the unsorted ``o (B, H, R, Lp, Ev)``,
+    ``z (B, H, R, Lp)``; a query with no allowed key in any round gets zeros. Returns ``out (B, H, L, Ev)``
+    and the round weights ``w (B, H, R | 1, Lp)``."""
+    R = z.shape[2]
+    found = torch.isfinite(z).any(dim=2)  # (B, H, Lp): False where no key was allowed in any round
+    if R == 1:
+        w = found[:, :, None].to(z.dtype)  # one round: its softmax is the answer
+        out = o[:, :, 0, :L] * w[:, :, 0, :L, None].to(o.dtype)
+    else:
+        w = torch.softmax(z.masked_fill(~found[:, :, None], 0.0), dim=2) * found[:, :, None]  # (B, H, R, Lp)
+        out = (w[..., None].to(o.dtype) * o).sum(dim=2)[:, :, :L]  # (B, H, L, Ev)
+    return out, w
+
+
+def _dense_weights(p: Tensor, w: Tensor, perm_q: Tensor, pos_q: Tensor, pos_k: Tensor, extra, L: int) -> Tensor:
+    """The combined weight ``w_i^(r) p_ij^(r)`` of each (i, j) pair, summed over rounds and scattered
+    into a dense ``(B, H, L, L)`` matrix: the chunks' ``p (B, H, R, C, m, W)`` at ``pos_q``, ``pos_k``,
+    and the masked causal queries' windows ``extra`` (see ``_masked_queries``; None without)."""
+    B, H, R, C, m = pos_q.shape
+    Lp = C * m
+    wr = w.expand(B, H, R, Lp).gather(-1, perm_q).view(B, H, R, C, m, 1)  # round weights in sorted order
+    pair = (p * wr).reshape(B, H, -1)
+    index = (pos_q[..., :, None] * Lp + pos_k[..., None, :]).reshape(B, H, -1)
+    dense = pair.new_zeros(B, H, Lp * Lp).scatter_add_(-1, index, pair).view(B, H, Lp, Lp)
+    if extra is not None:  # the masked queries' windows (see _masked_queries)
+        (bi, hi, ii), p_m, pos_m = extra  # (K,) x 3, (K, R, n), (K, R, n)
+        w_m = w[bi, hi, :, ii]  # (K, R)
+        dense = dense.index_put((bi[:, None, None], hi[:, None, None], ii[:, None, None], pos_m),
+                                p_m * w_m[..., None], accumulate=True)
+    return dense[:, :, :L, :L]
 
 
 @register("attention", "lsh", "reformer")
@@ -410,44 +450,76 @@ class LSHAttention(AttentionKernel):
         """LSH attention of ``q, k (B, H, L, E)``, ``v (B, H, L, Ev)`` with the given hashing;
         ``key_mask (B, H, L)`` or None. Returns ``(out (B, H, L, Ev), weights or None, buckets (B, H, R, L))``."""
         B, H, L, E = q.shape
-        Ev = v.shape[-1]
-        dev = q.device
-        nb = hashing.n_buckets
         m = min(self.bucket_size, L)  # chunk length; one chunk when the sequence is shorter
         C = -(-L // m)  # chunks per round
         Lp = C * m  # padded length
         pad = Lp - L
 
-        # h(x) = argmax([xR; -xR]) per round; masked keys and padding go to bucket nb (sorted last)
-        raw_q = hash_vectors(q, hashing)  # (B, H, R, L)
-        R = raw_q.shape[2]
-        raw_k = raw_q if self.shared_qk else hash_vectors(k, hashing)
-
-        def prepare(raw: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            b = raw if key_mask is None else raw.masked_fill(~key_mask[:, :, None, :], nb)
-            b = F.pad(b, (0, pad), value=nb)  # (B, H, R, Lp)
-            pos = torch.arange(Lp, device=dev)
-            perm = (b * Lp + pos).argsort(dim=-1)  # sort by (bucket, position): one batched argsort
-            inv = torch.empty_like(perm).scatter_(-1, perm, pos.expand_as(perm))  # sorted index of each position
-            return b, perm, inv
-
-        b_q, perm_q, inv_q = prepare(raw_q)
-        b_k, perm_k, inv_k = (b_q, perm_q, inv_q) if self.shared_qk else prepare(raw_k)
+        # h(x) = argmax([xR; -xR]) per round; sort by (h, position), masked keys and padding last
+        raw_q, sort_q, sort_k = self._hash_and_sort(q, k, key_mask, hashing, Lp)
 
         # keys carry the scale s of the scores (one multiply of an L x E tensor, not of L x W scores),
         # normalised before the sort (once per position, not once per round)
         scale = self.scale(E)
         keys = self._unit(q, scale=1.0 / scale) if self.shared_qk else k * scale  # k_j = q_j / ||q_j||
         qp, keys, vp = (F.pad(t, (0, 0, 0, pad)) if pad else t for t in (q, keys, v))  # (B, H, Lp, .)
-        pos_q = perm_q.view(B, H, R, C, m)
-        pos_k = _look_back(perm_k.view(B, H, R, C, m), dim=3)  # (B, H, R, C, W): each chunk's keys, W = m or 2m
+
+        # each round r, in sorted chunks that see their predecessor (eq. 3, P_i^(r) = i's window):
+        #   o_i^(r) = sum_{j in P_i^(r)} exp(s q_i . k_j - z_i^(r)) v_j,  z_i^(r) = logsumexp_{j in P_i^(r)} s q_i . k_j
+        p, o, z, pos_q, pos_k = self._chunk_attention(qp, keys, vp, sort_q, sort_k, hashing.n_buckets, m, C,
+                                                      maybe_masked=pad > 0 or key_mask is not None)
+
+        # undo the sort; causal queries at masked positions get their windows apart
+        R, Ev = raw_q.shape[2], v.shape[-1]
+        o = _flat_gather(o.reshape(B, H * R, Lp, Ev), sort_q.inv.view(B, H * R, Lp)).view(B, H, R, Lp, Ev)
+        z = z.view(B, H, R, Lp).gather(-1, sort_q.inv)  # (B, H, R, Lp)
+        extra = None
+        if self.causal and key_mask is not None and not bool(key_mask.all()):
+            o, z, extra = self._masked_queries(q, raw_q, key_mask, o, z, sort_q.bucket, sort_q.perm, keys, vp, Lp)
+
+        # o_i = sum_r exp(z_i^(r) - logsumexp_r z_i^(r)) o_i^(r)   (eq. 4 and Appendix)
+        out, w = _combine_rounds(o, z, L)
+        weights = _dense_weights(p, w, sort_q.perm, pos_q, pos_k, extra, L) if need_weights else None
+        return out, weights, raw_q
+
+    def _hash_and_sort(self, q: Tensor, k: Tensor, key_mask: Optional[Tensor], hashing: LSHHashing,
+                       Lp: int) -> tuple[Tensor, _Sort, _Sort]:
+        """h(x) = argmax([xR; -xR]) per round, then each round's positions sorted by (bucket, position),
+        padded to ``Lp``; masked keys and padding go to bucket ``n_buckets`` (sorted last). Returns the
+        queries' buckets ``(B, H, R, L)`` and the queries' and keys' sorts (one sort when shared-QK)."""
+        nb = hashing.n_buckets
+        pad = Lp - q.shape[-2]
+        raw_q = hash_vectors(q, hashing)  # (B, H, R, L)
+        raw_k = raw_q if self.shared_qk else hash_vectors(k, hashing)
+
+        def prepare(raw: Tensor) -> _Sort:
+            b = raw if key_mask is None else raw.masked_fill(~key_mask[:, :, None, :], nb)
+            b = F.pad(b, (0, pad), value=nb)  # (B, H, R, Lp)
+            pos = torch.arange(Lp, device=q.device)
+            perm = (b * Lp + pos).argsort(dim=-1)  # sort by (bucket, position): one batched argsort
+            inv = torch.empty_like(perm).scatter_(-1, perm, pos.expand_as(perm))  # sorted index of each position
+            return _Sort(b, perm, inv)
+
+        sort_q = prepare(raw_q)
+        sort_k = sort_q if self.shared_qk else prepare(raw_k)
+        return raw_q, sort_q, sort_k
+
+    def _chunk_attention(self, qp: Tensor, keys: Tensor, vp: Tensor, sort_q: _Sort, sort_k: _Sort, nb: int, m: int,
+                         C: int, maybe_masked: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Each round's attention in sorted order, chunk by chunk, every chunk seeing itself and its
+        predecessor: of ``qp, keys (B, H, Lp, E)`` (keys scaled), ``vp (B, H, Lp, Ev)``, in position order.
+        ``maybe_masked``: padding or a key mask may leave a row without a key. Returns the weights
+        ``p (B, H, R, C, m, W)``, the sorted outputs ``o (B, H, R, C, m, Ev)``, their normalisers
+        ``z (B, H, R, C, m)``, and the positions of each chunk's queries ``(B, H, R, C, m)`` and keys ``(.., W)``."""
+        B, H, R = sort_q.perm.shape[:3]
+        pos_q = sort_q.perm.view(B, H, R, C, m)
+        pos_k = _look_back(sort_k.perm.view(B, H, R, C, m), dim=3)  # (B, H, R, C, W): each chunk's keys, W = m or 2m
         sq = _flat_gather(qp, pos_q)  # (B, H, R, C, m, E): sorted queries in chunks
         kw = _flat_gather(keys, pos_k)  # (B, H, R, C, W, E): gathered straight into the chunk and its predecessor
         vw = _flat_gather(vp, pos_k)  # (B, H, R, C, W, Ev)
-        maybe_masked = pad > 0 or key_mask is not None  # then a row (padding, a masked query) may have no key
         with torch.no_grad():
-            allowed, dedup = self._window_mask(pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, kw.dtype,
-                                               maybe_masked)
+            allowed, dedup = self._window_mask(pos_q, pos_k, sort_q.bucket, sort_k.bucket, sort_q.perm, sort_k.perm,
+                                               sort_q.inv, sort_k.inv, nb, m, C, kw.dtype, maybe_masked)
 
         # scores s q_i . k_j within the chunk and its predecessor: -inf where a pair may not
         # attend (however large the scores), 0 on a row with no allowed key (no NaN; zeroed below)
@@ -469,35 +541,7 @@ class LSHAttention(AttentionKernel):
         if self.dropout and self.training:
             p = F.dropout(p, self.dropout)
         o = p @ vw  # (B, H, R, C, m, Ev)
-
-        # undo the sort, then o_i = sum_r exp(z_i^(r) - logsumexp_r z_i^(r)) o_i^(r)
-        o = _flat_gather(o.reshape(B, H * R, Lp, Ev), inv_q.view(B, H * R, Lp)).view(B, H, R, Lp, Ev)
-        z = z.view(B, H, R, Lp).gather(-1, inv_q)  # (B, H, R, Lp)
-        extra = None
-        if self.causal and key_mask is not None and not bool(key_mask.all()):
-            o, z, extra = self._masked_queries(q, raw_q, key_mask, o, z, b_q, perm_q, keys, vp, Lp)
-        found = torch.isfinite(z).any(dim=2)  # (B, H, Lp): False where no key was allowed in any round
-        if R == 1:
-            w = found[:, :, None].to(z.dtype)  # one round: its softmax is the answer
-            out = o[:, :, 0, :L] * w[:, :, 0, :L, None].to(o.dtype)
-        else:
-            w = torch.softmax(z.masked_fill(~found[:, :, None], 0.0), dim=2) * found[:, :, None]  # (B, H, R, Lp)
-            out = (w[..., None].to(o.dtype) * o).sum(dim=2)[:, :, :L]  # (B, H, L, Ev)
-
-        weights = None
-        if need_weights:
-            # the combined weight of each (i, j) pair, scattered into a dense (Lp, Lp) matrix
-            wr = w.expand(B, H, R, Lp).gather(-1, perm_q).view(B, H, R, C, m, 1)  # round weights in sorted order
-            pair = (p * wr).reshape(B, H, -1)
-            index = (pos_q[..., :, None] * Lp + pos_k[..., None, :]).reshape(B, H, -1)
-            dense = pair.new_zeros(B, H, Lp * Lp).scatter_add_(-1, index, pair).view(B, H, Lp, Lp)
-            if extra is not None:  # the masked queries' windows (see _masked_queries)
-                (bi, hi, ii), p_m, pos_m = extra  # (K,) x 3, (K, R, n), (K, R, n)
-                w_m = w[bi, hi, :, ii]  # (K, R)
-                dense = dense.index_put((bi[:, None, None], hi[:, None, None], ii[:, None, None], pos_m),
-                                        p_m * w_m[..., None], accumulate=True)
-            weights = dense[:, :, :L, :L]
-        return out, weights, raw_q
+        return p, o, z, pos_q, pos_k
 
     def _masked_queries(self, q: Tensor, raw_q: Tensor, key_mask: Tensor, o: Tensor, z: Tensor, b: Tensor,
                         perm: Tensor, keys: Tensor, v: Tensor, Lp: int):
