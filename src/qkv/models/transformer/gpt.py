@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, Optional, Union
+from typing import Any, ClassVar, Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -249,6 +249,33 @@ class GPT(QKVModel):
         fewer columns, once every row is.
         """
         c = self.config
+        temperature, pad = self._check_generate(input_ids, max_new_tokens, temperature, do_sample, eos_token_id,
+                                                pad_token_id)
+        window = c.max_len if c.positional == "learned" else None
+        B, L = input_ids.shape
+        mask = positions = None
+        if attention_mask is not None:
+            mask, positions = self._generation_mask(attention_mask, B, L, max_new_tokens)
+        ids = input_ids.new_empty(B, L + max_new_tokens)  # filled in place: no per-token copy of the sequence
+        ids[:, :L] = input_ids
+        finished = torch.zeros(B, dtype=torch.bool, device=ids.device)
+        state = None
+        for n in range(L, L + max_new_tokens):
+            logits, state = self._next_logits(ids[:, :n], state, mask, positions, window, use_cache)
+            token = sample_logits(logits, temperature, top_k, top_p, generator).to(ids.dtype)  # (B,)
+            if eos_token_id is not None:
+                token = token.masked_fill(finished, pad)
+                finished |= token == eos_token_id
+            ids[:, n] = token
+            if eos_token_id is not None and bool(finished.all()):
+                return ids[:, :n + 1]
+        return ids
+
+    def _check_generate(self, input_ids: Tensor, max_new_tokens: int, temperature: float, do_sample: Optional[bool],
+                        eos_token_id: Optional[int], pad_token_id: Optional[int]) -> Tuple[float, Optional[int]]:
+        """``generate``'s checks of its arguments (the mask apart); returns the temperature (0 when
+        ``do_sample=False``) and the token that fills finished rows."""
+        c = self.config
         _checks.token_ids("input_ids", input_ids, c.vocab_size)
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids must hold at least one token (the prompt), got length 0")
@@ -262,55 +289,48 @@ class GPT(QKVModel):
         for name, token in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
             if token is not None and (isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < c.vocab_size):
                 raise ValueError(f"{name} must be a token id in [0, {c.vocab_size}), got {token!r}")
-        pad = eos_token_id if pad_token_id is None else pad_token_id
-        window = c.max_len if c.positional == "learned" else None
-        B, L = input_ids.shape
-        mask = positions = None
-        if attention_mask is not None:
-            _checks.tensor("attention_mask", attention_mask, ndim=2)
-            _checks.same("attention_mask", tuple(attention_mask.shape), "input_ids", (B, L), "the shape")
-            attention_mask = bool_token_mask("attention_mask", attention_mask)
-            if attention_mask.dtype != torch.bool:
-                raise ValueError("attention_mask must be bool or hold 0/1 (1 = real token)")
-            mask = attention_mask.new_ones(B, L + max_new_tokens, dtype=torch.bool)
-            mask[:, :L] = attention_mask
-            if not bool(mask[:, :L].any(-1).all()):
-                raise ValueError("attention_mask: every row needs at least one real token (its prompt)")
-            if not bool(mask[:, L - 1].all()):  # that row would be continued from its padding
-                row = int((~mask[:, L - 1]).nonzero()[0])
-                raise ValueError(f"attention_mask row {row} ends in padding (right padding): generate continues every "
-                                 f"row from its last column; pad prompts on the left (a tokenizer's padding_side='left')")
-            self._check_left_padding(mask[:, :L])
-            positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L + new): each row's own positions
-        ids = input_ids.new_empty(B, L + max_new_tokens)  # filled in place: no per-token copy of the sequence
-        ids[:, :L] = input_ids
-        finished = torch.zeros(B, dtype=torch.bool, device=ids.device)
-        state = None
-        for n in range(L, L + max_new_tokens):
-            seq = ids[:, :n]  # (B, n): the sequence so far (a view)
-            if window is not None and n > window:
-                # past the learned positions: the context slides, its positions restart at 0, so re-read it
-                kw = {} if mask is None else _window_inputs(mask[:, n - window:n])
-                out, state = self(seq[:, -window:], **kw), None
-            elif use_cache:
-                # after the prompt, one token drawn from vocab_size logits: in range, not read again
-                step = seq if state is None else _checks.ids_in_range(seq[:, -1:], c.vocab_size)
-                kw = {} if mask is None else {"attention_mask": mask[:, :n],
-                                              "position_ids": positions[:, n - step.shape[1]:n]}
-                out = self(step, state=state, return_state=True, **kw)
-                state = out.state
-            else:
-                kw = {} if mask is None else {"attention_mask": mask[:, :n], "position_ids": positions[:, :n]}
-                out = self(seq, **kw)
-            token = sample_logits(out.logits[:, -1], temperature, top_k, top_p, generator).to(ids.dtype)  # (B,)
-            if eos_token_id is not None:
-                token = token.masked_fill(finished, pad)
-                finished |= token == eos_token_id
-            ids[:, n] = token
-            if eos_token_id is not None and bool(finished.all()):
-                return ids[:, :n + 1]
-        return ids
+        return temperature, eos_token_id if pad_token_id is None else pad_token_id
 
+    def _generation_mask(self, attention_mask: Tensor, B: int, L: int, max_new_tokens: int) -> Tuple[Tensor, Tensor]:
+        """The checked, left-padded prompt mask ``(B, L)`` extended over the new tokens ``(B, L + new)``,
+        and each row's positions, counted from its first real token."""
+        _checks.tensor("attention_mask", attention_mask, ndim=2)
+        _checks.same("attention_mask", tuple(attention_mask.shape), "input_ids", (B, L), "the shape")
+        attention_mask = bool_token_mask("attention_mask", attention_mask)
+        if attention_mask.dtype != torch.bool:
+            raise ValueError("attention_mask must be bool or hold 0/1 (1 = real token)")
+        mask = attention_mask.new_ones(B, L + max_new_tokens, dtype=torch.bool)
+        mask[:, :L] = attention_mask
+        if not bool(mask[:, :L].any(-1).all()):
+            raise ValueError("attention_mask: every row needs at least one real token (its prompt)")
+        if not bool(mask[:, L - 1].all()):  # that row would be continued from its padding
+            row = int((~mask[:, L - 1]).nonzero()[0])
+            raise ValueError(f"attention_mask row {row} ends in padding (right padding): generate continues every "
+                             f"row from its last column; pad prompts on the left (a tokenizer's padding_side='left')")
+        self._check_left_padding(mask[:, :L])
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L + new): each row's own positions
+        return mask, positions
+
+    def _next_logits(self, seq: Tensor, state, mask: Optional[Tensor], positions: Optional[Tensor],
+                     window: Optional[int], use_cache: bool) -> Tuple[Tensor, Any]:
+        """The logits ``(B, vocab)`` after ``seq (B, n)``, the sequence so far, and the kernels' state
+        to carry to the next token (None when the whole context is read again)."""
+        n = seq.shape[1]
+        if window is not None and n > window:
+            # past the learned positions: the context slides, its positions restart at 0, so re-read it
+            kw = {} if mask is None else _window_inputs(mask[:, n - window:n])
+            out, state = self(seq[:, -window:], **kw), None
+        elif use_cache:
+            # after the prompt, one token drawn from vocab_size logits: in range, not read again
+            step = seq if state is None else _checks.ids_in_range(seq[:, -1:], self.config.vocab_size)
+            kw = {} if mask is None else {"attention_mask": mask[:, :n],
+                                          "position_ids": positions[:, n - step.shape[1]:n]}
+            out = self(step, state=state, return_state=True, **kw)
+            state = out.state
+        else:
+            kw = {} if mask is None else {"attention_mask": mask[:, :n], "position_ids": positions[:, :n]}
+            out = self(seq, **kw)
+        return out.logits[:, -1], state
 
 def _window_inputs(mask: Tensor) -> Dict[str, Tensor]:
     """The mask and positions of a sliding context's ``(B, window)`` columns: positions from each
