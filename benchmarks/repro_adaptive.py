@@ -20,6 +20,20 @@ Writes ``runs/repro_adaptive/results.json``, ``docs/reproductions/adaptive.md`` 
 
 from __future__ import annotations
 
+# What this script's claims depend on (benchmarks/claims.py: a claim is stale when one of these, or this
+# script, changed since the commit it was measured at): claim id or "*" -> paths, "@group" = claims.GROUPS.
+DEPENDS = {'*': ['@training', '@transformer', '@text'],
+ 'adaptive-span-cost': ['src/qkv/attention/adaptive_span.py', 'src/qkv/models/transformer/adaptive_span.py'],
+ 'adaptive-span-pattern': ['src/qkv/attention/adaptive_span.py', 'src/qkv/models/transformer/adaptive_span.py'],
+ 'ut-vs-transformer-addition': ['src/qkv/models/transformer/universal_transformer.py',
+                                'src/qkv/blocks/act.py',
+                                'src/qkv/tasks/generated.py',
+                                'src/qkv/models/sampling.py'],
+ 'ut-act-carries': ['src/qkv/models/transformer/universal_transformer.py',
+                    'src/qkv/blocks/act.py',
+                    'src/qkv/tasks/generated.py',
+                    'src/qkv/models/sampling.py']}
+
 import argparse
 import json
 import sys

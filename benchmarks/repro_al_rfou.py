@@ -21,6 +21,15 @@ per-seed values and the computed verdict go to ``docs/reproductions/claims.json`
 
 from __future__ import annotations
 
+# What this script's claims depend on (benchmarks/claims.py: a claim is stale when one of these, or this
+# script, changed since the commit it was measured at): claim id or "*" -> paths, "@group" = claims.GROUPS.
+DEPENDS = {'*': ['@training',
+       '@transformer',
+       '@text',
+       'src/qkv/models/transformer/al_rfou.py',
+       'src/qkv/models/transformer/gpt.py',
+       'src/qkv/bench/common.py']}
+
 import argparse
 import json
 import sys

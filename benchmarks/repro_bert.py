@@ -18,6 +18,17 @@ then ``qkv eval`` on the test splits. Writes ``runs/repro_bert/results.json``,
 
 from __future__ import annotations
 
+# What this script's claims depend on (benchmarks/claims.py: a claim is stale when one of these, or this
+# script, changed since the commit it was measured at): claim id or "*" -> paths, "@group" = claims.GROUPS.
+DEPENDS = {'*': ['@training',
+       '@transformer',
+       '@text',
+       'src/qkv/models/transformer/bert.py',
+       'src/qkv/tasks/bert_tasks.py',
+       'src/qkv/tasks/bbc.py',
+       'src/qkv/tasks/classify.py',
+       'src/qkv/runs.py']}
+
 import argparse
 import json
 import math

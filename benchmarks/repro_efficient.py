@@ -15,6 +15,43 @@ size and steps; the Quaternion Transformer keeps accuracy with a quarter of the 
 
 from __future__ import annotations
 
+# What this script's claims depend on (benchmarks/claims.py: a claim is stale when one of these, or this
+# script, changed since the commit it was measured at): claim id or "*" -> paths, "@group" = claims.GROUPS.
+DEPENDS = {'*': ['@training', '@transformer', '@text'],
+ 'performer-orthogonal': ['src/qkv/attention/performer.py', 'benchmarks/approximation.py'],
+ 'performer-features': ['src/qkv/attention/performer.py', 'benchmarks/approximation.py'],
+ 'lsh-rounds': ['src/qkv/attention/lsh.py', 'benchmarks/approximation.py'],
+ 'linformer-bbc': ['src/qkv/attention/linformer.py',
+                   'src/qkv/models/transformer/linformer.py',
+                   'src/qkv/models/transformer/bert.py',
+                   'src/qkv/tasks/bbc.py',
+                   'src/qkv/tasks/classify.py'],
+ 'performer-bbc': ['src/qkv/attention/performer.py',
+                   'src/qkv/models/transformer/performer.py',
+                   'src/qkv/models/transformer/bert.py',
+                   'src/qkv/tasks/bbc.py',
+                   'src/qkv/tasks/classify.py'],
+ 'linear-attention-bbc': ['src/qkv/attention/linear.py',
+                          'src/qkv/models/transformer/linear_transformer.py',
+                          'src/qkv/models/transformer/bert.py',
+                          'src/qkv/tasks/bbc.py',
+                          'src/qkv/tasks/classify.py'],
+ 'efficient-attention-bbc': ['src/qkv/attention/efficient.py',
+                             'src/qkv/models/transformer/bert.py',
+                             'src/qkv/tasks/bbc.py',
+                             'src/qkv/tasks/classify.py'],
+ 'quaternion-bbc': ['src/qkv/blocks/quaternion.py',
+                    'src/qkv/models/transformer/quaternion.py',
+                    'src/qkv/models/transformer/bert.py',
+                    'src/qkv/tasks/bbc.py',
+                    'src/qkv/tasks/classify.py'],
+ 'linear-transformer-lm': ['src/qkv/attention/linear.py',
+                           'src/qkv/models/transformer/linear_transformer.py',
+                           'src/qkv/models/transformer/gpt.py'],
+ 'performer-lm': ['src/qkv/attention/performer.py',
+                  'src/qkv/models/transformer/performer.py',
+                  'src/qkv/models/transformer/gpt.py']}
+
 import argparse
 import json
 import math

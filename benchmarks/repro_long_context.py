@@ -22,6 +22,16 @@ Results accumulate in ``docs/reproductions/long-context.json``; the markdown is 
 
 from __future__ import annotations
 
+# What this script's claims depend on (benchmarks/claims.py: a claim is stale when one of these, or this
+# script, changed since the commit it was measured at): claim id or "*" -> paths, "@group" = claims.GROUPS.
+DEPENDS = {'*': ['@training',
+       '@transformer',
+       '@text',
+       'src/qkv/models/transformer/transformer_xl.py',
+       'src/qkv/attention/relative.py'],
+ 'transformer-xl-lm': ['src/qkv/models/transformer/gpt.py'],
+ 'transformer-xl-memory': ['src/qkv/models/transformer/gpt.py']}
+
 import argparse
 import json
 import tempfile

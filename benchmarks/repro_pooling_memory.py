@@ -26,6 +26,18 @@ Results accumulate in ``docs/reproductions/pooling-memory.json``; the markdown i
 
 from __future__ import annotations
 
+# What this script's claims depend on (benchmarks/claims.py: a claim is stale when one of these, or this
+# script, changed since the commit it was measured at): claim id or "*" -> paths, "@group" = claims.GROUPS.
+DEPENDS = {'*': ['@training'],
+ 'nw-learned-kernel': ['src/qkv/models/pooling/nadaraya_watson.py', 'src/qkv/tasks/regression.py'],
+ 'mil-attention': ['src/qkv/models/pooling/sets.py', 'src/qkv/tasks/bags.py', 'src/qkv/tasks/digits.py'],
+ 'memn2n-hops': ['src/qkv/models/memory/memnet.py', 'src/qkv/tasks/babi.py'],
+ 'se-digits': ['src/qkv/models/pooling/squeeze_excitation.py', 'src/qkv/tasks/digits.py'],
+ 'gat-karate': ['src/qkv/models/pooling/graph_attention.py', 'src/qkv/tasks/graphs.py'],
+ 'han-bbc': ['src/qkv/models/pooling/han.py', 'src/qkv/tasks/bbc.py'],
+ 'ntm-copy': ['src/qkv/models/memory/ntm.py', 'src/qkv/tasks/ntm_copy.py'],
+ 'san-layers': ['src/qkv/models/memory/stacked_attention.py', 'src/qkv/tasks/babi.py']}
+
 import argparse
 import html
 import json

@@ -27,6 +27,29 @@ Writes ``runs/repro_rnn_attention/results.json`` and the PNGs in ``docs/reproduc
 
 from __future__ import annotations
 
+# What this script's claims depend on (benchmarks/claims.py: a claim is stale when one of these, or this
+# script, changed since the commit it was measured at): claim id or "*" -> paths, "@group" = claims.GROUPS.
+DEPENDS = {'*': ['@training', '@rnn'],
+ 'bahdanau-dates': ['src/qkv/tasks/generated.py'],
+ 'bahdanau-length-copy': ['src/qkv/tasks/generated.py'],
+ 'luong-local-p-copy': ['src/qkv/tasks/generated.py', 'src/qkv/attention/local.py'],
+ 'show-attend-tell': ['src/qkv/models/rnn/show_attend_tell.py',
+                      'src/qkv/tasks/captions.py',
+                      'src/qkv/tasks/digits.py'],
+ 'show-attend-tell-hard': ['src/qkv/models/rnn/show_attend_tell.py',
+                           'src/qkv/tasks/captions.py',
+                           'src/qkv/tasks/digits.py'],
+ 'lstmn-lm': ['src/qkv/models/rnn/lstmn.py', '@text'],
+ 'pointer-hull': ['src/qkv/models/rnn/pointer.py', 'src/qkv/tasks/pointer_tasks.py'],
+ 'pointer-sort': ['src/qkv/models/rnn/pointer.py', 'src/qkv/tasks/pointer_tasks.py'],
+ 'pointer-delaunay': ['src/qkv/models/rnn/pointer.py', 'src/qkv/tasks/pointer_tasks.py'],
+ 'pointer-tsp': ['src/qkv/models/rnn/pointer.py', 'src/qkv/tasks/pointer_tasks.py'],
+ 'transformer-vs-rnn': ['@transformer',
+                        'src/qkv/tasks/translation.py',
+                        'src/qkv/tasks/vocab.py',
+                        'src/qkv/models/beam.py',
+                        'src/qkv/models/sampling.py']}
+
 import argparse
 import json
 import random
