@@ -455,7 +455,15 @@ def record(*, path: Path = CLAIMS, readme: Optional[Path] = README, pending: Pat
         kept = [p for p in entries[at]["curve"] if p["budget"] not in {g["budget"] for g in given}]
         fields = {**fields, "curve": sorted(given + kept, key=lambda p: _budget_key(p["budget"]))}
     if "commit" not in fields:
-        fields = {**provenance(depends({"id": fields.get("id", "?"), "command": fields.get("command", "")})), **fields}
+        before = entries[at] if at is not None else None
+        if before is not None and before["ours"] == ours and before["baseline"] == _numbers("baseline", fields["baseline"]):
+            # the same numbers recorded again (a script re-recording a section it did not rerun): not a new
+            # measurement, so its provenance stays
+            kept = {k: before[k] for k in ("commit", "date", "dirty") if k in before}
+            fields = {**kept, **fields}
+        else:
+            fields = {**provenance(depends({"id": fields.get("id", "?"), "command": fields.get("command", "")})),
+                      **fields}
     entry = make_claim(**fields)
     if at is None:
         entries.append(entry)

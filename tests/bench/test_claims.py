@@ -302,3 +302,15 @@ def test_summary_counts_stale_claims_apart(repo):
     s = claims.summary(entries, [{"id": "p"}], repo)
     assert (s["listed"], s["reproduced"], s["not_reproduced"], s["pending"]) == (3, 1, 1, 1)
     assert list(s["stale"]) == ["c2"]
+
+
+def test_numbers_recorded_again_keep_their_provenance(tmp_path):
+    path, pending, readme = tmp_path / "claims.json", tmp_path / "pending.json", tmp_path / "README.md"
+    common = dict(path=path, pending=pending, readme=readme, id="a", model="m", paper="p", claim="c.",
+                  command="python benchmarks/repro_nope.py", better="higher", baseline=[0.5, 0.5, 0.5], why="w",
+                  budget="b")
+    claims.record(ours=[0.9, 0.91, 0.92], commit="a" * 40, date="2026-01-01", **common)
+    again = claims.record(ours=[0.9, 0.91, 0.92], **common)  # a section re-recorded from saved results
+    assert (again["commit"], again["date"]) == ("a" * 40, "2026-01-01")
+    new = claims.record(ours=[0.8, 0.91, 0.92], **common)  # a new measurement: stamped now
+    assert new["commit"] == git(ROOT, "rev-parse", "HEAD")
