@@ -504,7 +504,7 @@ def main():
         print("error vs knob ...", flush=True)
         err["performer"] = performer_errors(L, E, err["features"], seeds)
         err["linformer"] = linformer_errors(L, E, err["ks"], seeds)
-        err["lsh"] = lsh_errors(256, 16, err["rounds"], max(seeds, 3)) if "lsh" in names("attention") else None
+        err["lsh"] = lsh_errors(256, 16, err["rounds"], seeds) if "lsh" in names("attention") else None
     if "lm" in run:
         print("shakespeare-char LM runs ...", flush=True)
         lm = lm_runs(args)
