@@ -435,6 +435,11 @@ def record(*, path: Path = CLAIMS, readme: Optional[Path] = README, pending: Pat
     the main budget does not erase the larger ones), except those ``curve`` gives again. Returns
     the entry.
 
+    ``measured``: True when this run measured the numbers (stamped now), False when the script
+    re-records saved ones (the recorded provenance stays; a new claim's is unknown); None (the
+    default): stamped now unless the numbers are the same as the recorded ones — pass True from a
+    rerun of a deterministic or exactly reseeded measurement, which repeats its numbers bit for bit.
+
     A run with fewer than ``MIN_SEEDS`` seeds (a claim that is not ``deterministic``) gets no
     verdict: the claim goes on the pending list instead (``pend``), with its command rerun at
     ``MIN_SEEDS`` seeds, and a claim already recorded stays as it is."""
@@ -454,12 +459,14 @@ def record(*, path: Path = CLAIMS, readme: Optional[Path] = README, pending: Pat
         given = [dict(p, budget=str(p["budget"])) for p in fields.get("curve", ())]
         kept = [p for p in entries[at]["curve"] if p["budget"] not in {g["budget"] for g in given}]
         fields = {**fields, "curve": sorted(given + kept, key=lambda p: _budget_key(p["budget"]))}
+    measured = fields.pop("measured", None)
     if "commit" not in fields:
         before = entries[at] if at is not None else None
-        if before is not None and before["ours"] == ours and before["baseline"] == _numbers("baseline", fields["baseline"]):
-            # the same numbers recorded again (a script re-recording a section it did not rerun): not a new
-            # measurement, so its provenance stays
-            kept = {k: before[k] for k in ("commit", "date", "dirty") if k in before}
+        same = before is not None and before["ours"] == ours and before["baseline"] == _numbers("baseline", fields["baseline"])
+        if measured is False or (measured is None and same):
+            # numbers the script did not measure in this run (a section re-recorded from saved results; by
+            # default, the same numbers again): their provenance stays, or is unknown
+            kept = {k: before[k] for k in ("commit", "date", "dirty") if k in before} if before else {}
             fields = {**kept, **fields}
         else:
             fields = {**provenance(depends({"id": fields.get("id", "?"), "command": fields.get("command", "")})),

@@ -314,3 +314,16 @@ def test_numbers_recorded_again_keep_their_provenance(tmp_path):
     assert (again["commit"], again["date"]) == ("a" * 40, "2026-01-01")
     new = claims.record(ours=[0.8, 0.91, 0.92], **common)  # a new measurement: stamped now
     assert new["commit"] == git(ROOT, "rev-parse", "HEAD")
+
+
+def test_measured_says_whether_the_numbers_are_new(tmp_path):
+    path, pending, readme = tmp_path / "claims.json", tmp_path / "pending.json", tmp_path / "README.md"
+    common = dict(path=path, pending=pending, readme=readme, id="a", model="m", paper="p", claim="c.",
+                  command="python benchmarks/repro_nope.py", better="higher", baseline=[0.5, 0.5, 0.5], why="w",
+                  budget="b", ours=[0.9, 0.91, 0.92])
+    claims.record(commit="a" * 40, date="2026-01-01", **common)
+    assert claims.record(measured=True, **common)["commit"] == git(ROOT, "rev-parse", "HEAD")  # a bit-exact rerun
+    claims.record(commit="a" * 40, date="2026-01-01", **common)
+    assert claims.record(measured=False, **dict(common, ours=[0.1, 0.1, 0.1]))["commit"] == "a" * 40
+    fresh = claims.record(measured=False, **dict(common, id="new"))
+    assert fresh["commit"] == claims.UNKNOWN and "unknown commit" in claims.stale(fresh)
