@@ -592,7 +592,7 @@ def publish_vs(saved: Dict) -> None:
         lines += ["", f"At {last_steps} updates every seed of both solves the task (exact match >= 0.99): any effect "
                       f"of the shared weights is on how fast addition is learnt, not whether; at {saved['steps']} updates "
                       f"the Transformer's seeds spread from {min(spread):.2f} to {max(spread):.2f}, too widely for "
-                      "the UT's lead to pass twice its standard error."]
+                      "the UT's lead to pass the one-sided Welch t-test at 5 %."]
     lines += [UT_VS[1]]
     replace_section(DOC, "\n".join(lines), UT_VS, "## What this shows")
 
