@@ -354,16 +354,32 @@ def depends(entry: Mapping[str, Any], root: Path = ROOT) -> List[str]:
     return sorted(set(paths))
 
 
-def provenance(paths: Sequence[str], root: Path = ROOT) -> Dict[str, Any]:
-    """Where a measurement is being taken: the current commit, today's date (UTC), and which of
-    ``paths`` have uncommitted changes (``dirty``: the claim will be stale until it is rerun on
-    committed code)."""
-    head = _git("rev-parse", "HEAD", root=root)
-    if head.returncode != 0:
-        return {"commit": UNKNOWN, "date": time.strftime("%Y-%m-%d", time.gmtime()), "dirty": []}
-    changed = _git("status", "--porcelain", "--", *paths, root=root).stdout.splitlines() if paths else []
-    return {"commit": head.stdout.strip(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
-            "dirty": sorted(line[3:] for line in changed)}
+def _head(root: Path = ROOT) -> Optional[str]:
+    done = _git("rev-parse", "HEAD", root=root)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+# the commit this process started at: a measurement is of the code it started with, even if a commit
+# lands while it runs (then the files that commit changed count as changed under the measurement)
+_STARTED_AT = _head()
+
+
+def provenance(paths: Sequence[str], root: Path = ROOT, started: Optional[str] = None) -> Dict[str, Any]:
+    """Where a measurement is being taken: the commit the process started at (``started``; by
+    default the one this module was imported at, for ``ROOT``), today's date (UTC), and which of
+    ``paths`` differ from that commit now, uncommitted or committed since (``dirty``: the claim will
+    be stale until it is rerun on committed code)."""
+    now = _head(root)
+    started = started or (_STARTED_AT if Path(root) == ROOT else None) or now
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    if started is None:
+        return {"commit": UNKNOWN, "date": today, "dirty": []}
+    changed = set()
+    if paths:
+        changed |= {line[3:] for line in _git("status", "--porcelain", "--", *paths, root=root).stdout.splitlines()}
+        if now and now != started:
+            changed |= set(_git("diff", "--name-only", started, now, "--", *paths, root=root).stdout.split())
+    return {"commit": started, "date": today, "dirty": sorted(changed)}
 
 
 def stale(entry: Mapping[str, Any], root: Path = ROOT) -> Optional[str]:

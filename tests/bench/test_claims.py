@@ -327,3 +327,12 @@ def test_measured_says_whether_the_numbers_are_new(tmp_path):
     assert claims.record(measured=False, **dict(common, ours=[0.1, 0.1, 0.1]))["commit"] == "a" * 40
     fresh = claims.record(measured=False, **dict(common, id="new"))
     assert fresh["commit"] == claims.UNKNOWN and "unknown commit" in claims.stale(fresh)
+
+
+def test_a_commit_landing_during_a_run_makes_its_files_dirty(repo):
+    started = git(repo, "rev-parse", "HEAD")
+    (repo / "src" / "a.py").write_text("X = 9\n")
+    commit_all(repo)  # committed while the measurement ran: it measured the code it started with
+    p = claims.provenance(["src/a.py", "src/b.py"], repo, started=started)
+    assert p["commit"] == started and p["dirty"] == ["src/a.py"]
+    assert claims.provenance(["src/b.py"], repo, started=started)["dirty"] == []
