@@ -115,6 +115,9 @@ def main() -> None:
                            "max_vocab": args.max_vocab, "seeds": args.seeds,
                            "command": " ".join(["python benchmarks/repro_bert.py", *_flags(args)])}
     (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if not args.quick:  # the per-seed raw results, committed beside the page (runs/ is not)
+        DOC.with_suffix(".json").write_text(json.dumps({k: results[k] for k in ("settings", "per_seed", "chance")},
+                                                       indent=2) + "\n")
     if args.pretrain_only:
         return
     results["cls"] = cls_spread(OUT / "pretrain", args.max_vocab)
