@@ -598,7 +598,8 @@ def render_readme(entries: Sequence[Mapping[str, Any]], pending: Sequence[Mappin
         "A claim is **stale** when a file it depends on (its script and the paths the script declares in "
         "`DEPENDS`) changed since the commit it was measured at; a stale claim does not count as reproduced "
         "until it is rerun. `python benchmarks/claims.py --check` lists the stale claims and the files that "
-        "changed (the table below cannot: it would change with every commit).",
+        "changed (the table below cannot: it would change with every commit). The rules in full, and what "
+        "issue 38 changed per claim: [claims-changes.md](claims-changes.md).",
         "",
         f"**{len(entries)} claims, {n_rep} reproduced at the commit they were measured at, "
         f"{len(entries) - n_rep} not reproduced**"
