@@ -276,3 +276,15 @@ def test_the_captioner_without_attention_sees_the_mean_image(benchmark_script):
     assert a.shape == full.shape and grid[0] * grid[1] == a.shape[1]
     assert torch.allclose(a, full.mean(1, keepdim=True).expand_as(full))  # every cell the image's mean vector
     assert not torch.allclose(a[0, 0], a[1, 0])  # and that vector depends on the image
+
+
+def test_adaptive_ut_length_quick_trains_short_and_tests_longer(benchmark_script, monkeypatch, tmp_path, capsys):
+    before = CLAIMS.read_text()
+    script = benchmark_script("repro_adaptive")
+    smoke_in(script, monkeypatch, tmp_path)
+    monkeypatch.setattr(sys, "argv", ["repro_adaptive.py", "--quick", "--part", "ut-length", "--digits", "1"])
+    script.main()
+    out = capsys.readouterr().out
+    assert "ut-length ut" in out and "ut-length transformer" in out and "longer_exact_match" in out
+    assert not (tmp_path / "published").exists()
+    assert CLAIMS.read_text() == before  # a smoke run records no claim
