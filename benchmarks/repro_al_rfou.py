@@ -21,6 +21,15 @@ per-seed values and the computed verdict go to ``docs/reproductions/claims.json`
 
 from __future__ import annotations
 
+# What this script's claims depend on (benchmarks/claims.py: a claim is stale when one of these, or this
+# script, changed since the commit it was measured at): claim id or "*" -> paths, "@group" = claims.GROUPS.
+DEPENDS = {'*': ['@training',
+       '@transformer',
+       '@text',
+       'src/qkv/models/transformer/al_rfou.py',
+       'src/qkv/models/transformer/gpt.py',
+       'src/qkv/bench/common.py']}
+
 import argparse
 import json
 import sys
@@ -136,7 +145,7 @@ def main(argv=None) -> None:
                                f"{fmt(bpc[none_label])} (per seed, without minus with: {ahead})",
                  "not reproduced": f"test bpc with the auxiliary losses {fmt(bpc[aux_label])} against "
                                    f"{fmt(bpc[none_label])} without (per seed, without minus with: {ahead}): "
-                                   + ("not beyond two standard errors" if claims.mean(ahead) > 0 else
+                                   + ("not significant by the one-sided Welch t-test at 5 %" if claims.mean(ahead) > 0 else
                                       "the auxiliary losses are behind")
                                    + f" at {args.layers} layers and {args.steps} updates; the top layer's loss is "
                                      f"one of up to {args.layers} summed layer losses (each plus 0.5 x its "

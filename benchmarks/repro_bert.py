@@ -18,6 +18,17 @@ then ``qkv eval`` on the test splits. Writes ``runs/repro_bert/results.json``,
 
 from __future__ import annotations
 
+# What this script's claims depend on (benchmarks/claims.py: a claim is stale when one of these, or this
+# script, changed since the commit it was measured at): claim id or "*" -> paths, "@group" = claims.GROUPS.
+DEPENDS = {'*': ['@training',
+       '@transformer',
+       '@text',
+       'src/qkv/models/transformer/bert.py',
+       'src/qkv/tasks/bert_tasks.py',
+       'src/qkv/tasks/bbc.py',
+       'src/qkv/tasks/classify.py',
+       'src/qkv/runs.py']}
+
 import argparse
 import json
 import math
@@ -104,6 +115,9 @@ def main() -> None:
                            "max_vocab": args.max_vocab, "seeds": args.seeds,
                            "command": " ".join(["python benchmarks/repro_bert.py", *_flags(args)])}
     (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if not args.quick:  # the per-seed raw results, committed beside the page (runs/ is not)
+        DOC.with_suffix(".json").write_text(json.dumps({k: results[k] for k in ("settings", "per_seed", "chance")},
+                                                       indent=2) + "\n")
     if args.pretrain_only:
         return
     results["cls"] = cls_spread(OUT / "pretrain", args.max_vocab)

@@ -15,6 +15,43 @@ size and steps; the Quaternion Transformer keeps accuracy with a quarter of the 
 
 from __future__ import annotations
 
+# What this script's claims depend on (benchmarks/claims.py: a claim is stale when one of these, or this
+# script, changed since the commit it was measured at): claim id or "*" -> paths, "@group" = claims.GROUPS.
+DEPENDS = {'*': ['@training', '@transformer', '@text'],
+ 'performer-orthogonal': ['src/qkv/attention/performer.py', 'benchmarks/approximation.py'],
+ 'performer-features': ['src/qkv/attention/performer.py', 'benchmarks/approximation.py'],
+ 'lsh-rounds': ['src/qkv/attention/lsh.py', 'benchmarks/approximation.py'],
+ 'linformer-bbc': ['src/qkv/attention/linformer.py',
+                   'src/qkv/models/transformer/linformer.py',
+                   'src/qkv/models/transformer/bert.py',
+                   'src/qkv/tasks/bbc.py',
+                   'src/qkv/tasks/classify.py'],
+ 'performer-bbc': ['src/qkv/attention/performer.py',
+                   'src/qkv/models/transformer/performer.py',
+                   'src/qkv/models/transformer/bert.py',
+                   'src/qkv/tasks/bbc.py',
+                   'src/qkv/tasks/classify.py'],
+ 'linear-attention-bbc': ['src/qkv/attention/linear.py',
+                          'src/qkv/models/transformer/linear_transformer.py',
+                          'src/qkv/models/transformer/bert.py',
+                          'src/qkv/tasks/bbc.py',
+                          'src/qkv/tasks/classify.py'],
+ 'efficient-attention-bbc': ['src/qkv/attention/efficient.py',
+                             'src/qkv/models/transformer/bert.py',
+                             'src/qkv/tasks/bbc.py',
+                             'src/qkv/tasks/classify.py'],
+ 'quaternion-bbc': ['src/qkv/blocks/quaternion.py',
+                    'src/qkv/models/transformer/quaternion.py',
+                    'src/qkv/models/transformer/bert.py',
+                    'src/qkv/tasks/bbc.py',
+                    'src/qkv/tasks/classify.py'],
+ 'linear-transformer-lm': ['src/qkv/attention/linear.py',
+                           'src/qkv/models/transformer/linear_transformer.py',
+                           'src/qkv/models/transformer/gpt.py'],
+ 'performer-lm': ['src/qkv/attention/performer.py',
+                  'src/qkv/models/transformer/performer.py',
+                  'src/qkv/models/transformer/gpt.py']}
+
 import argparse
 import json
 import math
@@ -133,9 +170,11 @@ def lm_runs(args, only=None, steps=None):
     task = build("task", "shakespeare-char", block_size=args.lm_len)
     sizes = dict(vocab_size=task.vocab.size, max_len=args.lm_len, n_layers=2, d_model=args.d_model, n_heads=4,
                  d_ff=4 * args.d_model, dropout=0.0)
-    models = {  # each with its own positions: GPT learned (its default), the linear-time LMs none (theirs)
+    models = {  # each with its own positions: GPT learned (its default), the linear transformer the authors'
+        # sinusoids (and a GPT with the same sinusoids: its claim's baseline), the Performer learned ones
         "gpt (exact softmax)": ("gpt", {}),
         "gpt (exact softmax, no positions)": ("gpt", {"positional": "none"}),
+        "gpt (exact softmax, sinusoidal)": ("gpt", {"positional": "sinusoidal"}),
         "linear-transformer": ("linear-transformer", {}),
         "performer (m=64)": ("performer", {"nb_features": 64, "redraw_every": 100}),
     }
@@ -251,7 +290,7 @@ LM_CLAIMS = {
     "linear-transformer": (
         "linear-transformer-lm", "Katharopoulos et al. 2020, Transformers are RNNs (arXiv:2006.16236)",
         "A linear-attention language model reaches the quality of softmax attention (here: shakespeare-char bpc "
-        "within 0.05 of GPT's)."),
+        "within 0.05 of GPT's with the same sinusoidal positions)."),
     "performer (m=64)": (
         "performer-lm", "Choromanski et al. 2020, Rethinking Attention with Performers (arXiv:2009.14794)",
         "A Performer language model is competitive with the exact Transformer (here: shakespeare-char bpc within "
@@ -266,21 +305,31 @@ def cls_verdicts(cls):
             for label in CLS_CLAIMS if label in cls and "per_seed" in cls[label]}
 
 
+def lm_baseline(label, lm):
+    """The GPT an LM's claim is judged against: the one with the same positions (the linear
+    transformer's sinusoids; learned ones otherwise), falling back on the learned-position GPT for
+    results saved before the sinusoidal GPT was run."""
+    wanted = LM_BASELINE.get(label, EXACT_LM)
+    return wanted if "per_seed" in lm.get(wanted, {}) else EXACT_LM
+
+
 def lm_behind(lm):
     """The LMs whose comparable-quality claim does not reproduce at the main budget."""
-    exact = lm[EXACT_LM]["per_seed"]["test_bpc"]
     return [label for label in LM_CLAIMS if "per_seed" in lm.get(label, {}) and
-            claims.verdict(lm[label]["per_seed"]["test_bpc"], exact, "lower", LM_MARGIN) != "reproduced"]
+            claims.verdict(lm[label]["per_seed"]["test_bpc"], lm[lm_baseline(label, lm)]["per_seed"]["test_bpc"],
+                           "lower", LM_MARGIN) != "reproduced"]
 
 
-def record_claims(err, lm, cls, budgets, args, lm_budgets=None):
-    """Every claim of this page with its per-seed numbers, into docs/reproductions/claims.json."""
+def record_claims(err, lm, cls, budgets, args, lm_budgets=None, run=("errors", "lm", "cls")):
+    """Every claim of this page with its per-seed numbers, into docs/reproductions/claims.json;
+    the claims of sections not in ``run`` (their saved numbers) keep their recorded provenance."""
     machine = "CPU, one thread"
     steps = args.cls_steps
     if err.get("performer") and isinstance(err["performer"]["orthogonal"][0], list):
         m = err["features"].index(64) if 64 in err["features"] else 1
         orth, iid = err["performer"]["orthogonal"], err["performer"]["iid"]
         common = dict(paper=CLS_CLAIMS["performer-encoder (m=64)"][1], command=f"{COMMAND} --only errors",
+                      measured="errors" in run,
                       better="lower", budget=f"random heads (1, 4, {err['L']}, {err['E']}), q, k ~ N(0, 0.5^2); {machine}")
         claims.record(id="performer-orthogonal", model="performer", **common, ours=orth[m], baseline=iid[m],
                       claim="Orthogonal random features estimate softmax attention with lower error than iid features "
@@ -297,6 +346,7 @@ def record_claims(err, lm, cls, budgets, args, lm_budgets=None):
         lsh = err["lsh"]
         claims.record(id="lsh-rounds", model="reformer", paper="Kitaev et al. 2020, Reformer: The Efficient "
                       "Transformer (arXiv:2001.04451)", command=f"{COMMAND} --only errors", better="lower",
+                      measured="errors" in run,
                       claim="More hash rounds bring LSH attention closer to full attention.",
                       ours=lsh[-1], baseline=lsh[0],
                       budget=f"256 clustered vectors, E = 16, bucket size 16, 16 buckets; {machine}",
@@ -317,7 +367,7 @@ def record_claims(err, lm, cls, budgets, args, lm_budgets=None):
                 id=cid, model=cls_model_name(label), paper=paper, claim=text,
                 command=f"{COMMAND} --only cls --seeds {len(ours)} --cls-steps {steps}"
                         + (f" --budgets {' '.join(sorted(budgets, key=int))}" if curve else ""),
-                better="higher", margin=CLS_MARGIN, ours=ours, baseline=exact, curve=curve,
+                better="higher", margin=CLS_MARGIN, ours=ours, baseline=exact, curve=curve, measured="cls" in run,
                 budget=f"{steps} steps of batch 16, 2 layers d_model {args.d_model}, 128 tokens; {machine}",
                 why={"reproduced": f"test accuracy {claims.fmt(ours)} against BERT's {claims.fmt(exact)} "
                                    f"({gap:+.3f})",
@@ -325,53 +375,55 @@ def record_claims(err, lm, cls, budgets, args, lm_budgets=None):
                                        f"({gap:+.3f}): " + (lag_why(label, cls) if gap < -CLS_MARGIN
                                                             else spread_why(ours, exact))})
     if "per_seed" in lm.get(EXACT_LM, {}):
-        exact = lm[EXACT_LM]["per_seed"]["test_bpc"]
         for label, (cid, paper, text) in LM_CLAIMS.items():
             if "per_seed" not in lm.get(label, {}):
                 continue
+            base_label = lm_baseline(label, lm)
+            exact = lm[base_label]["per_seed"]["test_bpc"]
             ours = lm[label]["per_seed"]["test_bpc"]
             lm_curve = [{"budget": f"{b} steps", "ours": (lm_budgets or {})[b][label]["per_seed"]["test_bpc"],
-                         "baseline": (lm_budgets or {})[b][EXACT_LM]["per_seed"]["test_bpc"]}
-                        for b in sorted(lm_budgets or {}, key=int) if label in lm_budgets[b]]
+                         "baseline": (lm_budgets or {})[b][base_label]["per_seed"]["test_bpc"]}
+                        for b in sorted(lm_budgets or {}, key=int) if label in lm_budgets[b] and base_label in lm_budgets[b]]
             claims.record(
                 id=cid, model=label.split(" ")[0], paper=paper, claim=text, curve=lm_curve,
                 command=f"{COMMAND} --only lm --seeds {len(ours)}"
                         + (f" --lm-budgets {' '.join(sorted(lm_budgets, key=int))}" if lm_curve else ""),
-                better="lower", margin=LM_MARGIN,
+                better="lower", margin=LM_MARGIN, measured="lm" in run,
                 ours=ours, baseline=exact, budget=f"{args.lm_steps} steps of batch 16, 2 layers d_model {args.d_model}, "
                                                  f"context {args.lm_len}; {machine}",
-                why={"reproduced": f"test bpc {claims.fmt(ours)} against GPT's {claims.fmt(exact)}",
-                     "not reproduced": f"test bpc {claims.fmt(ours)} against GPT's {claims.fmt(exact)} "
+                why={"reproduced": f"test bpc {claims.fmt(ours)} against {base_label}'s {claims.fmt(exact)}"
+                                   + ("" if base_label == EXACT_LM else f" (the same positions; learned-position GPT "
+                                      f"{claims.fmt(lm[EXACT_LM]['per_seed']['test_bpc'])})"),
+                     "not reproduced": f"test bpc {claims.fmt(ours)} against {base_label}'s {claims.fmt(exact)} "
                                        f"({claims.mean(ours) - claims.mean(exact):+.3f}, tolerance {LM_MARGIN})"
                                        + lm_lag_why(label, ours, lm, lm_budgets)})
 
 
 NO_POSITIONS_LM = "gpt (exact softmax, no positions)"
+SINUSOIDAL_LM = "gpt (exact softmax, sinusoidal)"
+LM_BASELINE = {"linear-transformer": SINUSOIDAL_LM}  # the others against the learned-position GPT
 
 
 def lm_lag_why(label, ours, lm, lm_budgets=None):
-    """The measured part of an LM's gap that is GPT's position table: the control GPT without
-    positions, which the linear-time LMs lack too."""
-    if "per_seed" not in lm.get(NO_POSITIONS_LM, {}) or lm[label]["params"] != lm[NO_POSITIONS_LM]["params"]:
-        return ""  # no control, or the model has a position table of its own
-    bare = lm[NO_POSITIONS_LM]["per_seed"]["test_bpc"]
-    exact = lm[EXACT_LM]["per_seed"]["test_bpc"]
-    out = (f"; GPT without positions (as this model) {claims.fmt(bare)}, so {claims.mean(bare) - claims.mean(exact):+.3f} "
-           f"of it is the position table and {claims.mean(ours) - claims.mean(bare):+.3f} the attention")
+    """The other GPTs beside an LM's claim, measured: with learned positions, with none, and with
+    sinusoids (whichever are not its baseline), at the main budget and the largest one."""
+    base = lm_baseline(label, lm)
+    others = [k for k in (EXACT_LM, SINUSOIDAL_LM, NO_POSITIONS_LM) if k != base and "per_seed" in lm.get(k, {})]
+    out = "".join(f"; {k} {claims.fmt(lm[k]['per_seed']['test_bpc'])}" for k in others)
     top = max(lm_budgets or {}, key=int, default=None)
-    if top and label in lm_budgets[top] and NO_POSITIONS_LM in lm_budgets[top]:
-        at = {k: lm_budgets[top][k]["per_seed"]["test_bpc"] for k in (label, NO_POSITIONS_LM, EXACT_LM)}
-        out += (f"; at {top} steps: {claims.fmt(at[label])}, GPT {claims.fmt(at[EXACT_LM])}, GPT without positions "
-                f"{claims.fmt(at[NO_POSITIONS_LM])}")
+    if top and label in lm_budgets[top]:
+        at = {k: lm_budgets[top][k]["per_seed"]["test_bpc"] for k in [label, base] + others if k in lm_budgets[top]}
+        out += f"; at {top} steps: " + ", ".join(f"{k} {claims.fmt(v)}" for k, v in at.items())
     return out
 
 
 def spread_why(ours, exact):
     """Why a gap inside the tolerance does not reproduce: the seeds' spread, measured."""
     d, se = claims.difference(ours, exact, "higher")
-    return (f"within the tolerance {CLS_MARGIN} but not beyond twice the standard error of the difference "
-            f"({d + CLS_MARGIN:+.3f} against {2 * se:.3f}; per seed {[round(x, 3) for x in ours]} against "
-            f"{[round(x, 3) for x in exact]})")
+    p = claims.p_value(ours, exact, "higher", CLS_MARGIN)
+    return (f"within the tolerance {CLS_MARGIN} but the seeds' spread leaves the difference plus the tolerance, "
+            f"{d + CLS_MARGIN:+.3f}, with standard error {se:.3f}: one-sided Welch p = {p:.3f} (needs < {claims.ALPHA:g}; "
+            f"per seed {[round(x, 3) for x in ours]} against {[round(x, 3) for x in exact]})")
 
 
 POOLED = "linformer (k=32, E = F = mean pooling at init)"
@@ -467,7 +519,7 @@ def main():
         print("error vs knob ...", flush=True)
         err["performer"] = performer_errors(L, E, err["features"], seeds)
         err["linformer"] = linformer_errors(L, E, err["ks"], seeds)
-        err["lsh"] = lsh_errors(256, 16, err["rounds"], max(seeds, 3)) if "lsh" in names("attention") else None
+        err["lsh"] = lsh_errors(256, 16, err["rounds"], seeds) if "lsh" in names("attention") else None
     if "lm" in run:
         print("shakespeare-char LM runs ...", flush=True)
         lm = lm_runs(args)
@@ -478,7 +530,7 @@ def main():
         behind = lm_behind(lm)
         print(f"LM budget curve for {behind} at {args.lm_budgets} steps ...", flush=True)
         for steps in args.lm_budgets:
-            lm_budgets[str(steps)] = lm_runs(args, [EXACT_LM, NO_POSITIONS_LM] + behind, steps)
+            lm_budgets[str(steps)] = lm_runs(args, [EXACT_LM, NO_POSITIONS_LM, SINUSOIDAL_LM] + behind, steps)
     if "cls" in run:
         print("bbc-news classification runs ...", flush=True)
         cls = classification_runs(args, CLS_MODELS, args.cls_steps)
@@ -516,7 +568,7 @@ def main():
                                          "lm_budgets": lm_budgets},
                                         indent=1))
         if not q:
-            record_claims(raw_err, lm, cls, budgets, args, lm_budgets)
+            record_claims(raw_err, lm, cls, budgets, args, lm_budgets, run)
 
     perf_rows = [[label] + [f"{e:.3f}" for e in ys] for label, ys in err["performer"].items()]
     lsh_part = ("LSH attention is not registered on this checkout: no rounds table." if err["lsh"] is None else
@@ -650,8 +702,8 @@ def reading(err, raw, lm, cls, budgets, lm_budgets=None):
             parts.append(text)
         return " Larger budgets: " + "; ".join(parts) + "."
 
-    lm_gaps = "; ".join(f"{label} {r['test_bpc'] - exact_lm['test_bpc']:+.3f} "
-                        f"({judged(seeds_of(r, 'test_bpc'), seeds_of(exact_lm, 'test_bpc'), 'lower', LM_MARGIN)})"
+    lm_gaps = "; ".join(f"{label} {r['test_bpc'] - lm[lm_baseline(label, lm)]['test_bpc']:+.3f} against "
+                        f"{lm_baseline(label, lm)} ({judged(seeds_of(r, 'test_bpc'), seeds_of(lm[lm_baseline(label, lm)], 'test_bpc'), 'lower', LM_MARGIN)})"
                         for label, r in lm.items() if label in LM_CLAIMS)
     cls_gaps = "; ".join(f"{label} {r['test_accuracy'] - exact_cls['test_accuracy']:+.3f} "
                          f"({judged(seeds_of(r, 'test_accuracy'), seeds_of(exact_cls, 'test_accuracy'), 'higher', CLS_MARGIN)})"
@@ -660,8 +712,8 @@ def reading(err, raw, lm, cls, budgets, lm_budgets=None):
     lines = [
         "", "## Reading the results", "",
         "Verdicts are those of [claims.json](claims.json) ([README](README.md)): a claim is reproduced iff ours "
-        "beats the baseline (less the stated tolerance for claims of comparable quality) by more than twice the "
-        "standard error of the difference over the seeds.", "",
+        "beats the baseline (less the stated tolerance for claims of comparable quality) by the one-sided Welch "
+        "t-test at 5 % over the seeds.", "",
         f"- **Performer**: the mean error {'falls' if all(falls(v) for v in perf.values()) else 'does not fall monotonically'} "
         f"as m grows ({perf['orthogonal'][0]:.3f} -> {perf['orthogonal'][-1]:.3f} orthogonal), about as 1/sqrt(m) "
         f"once m is large; orthogonal features have the lower mean error at {orth_better} of {len(perf['iid'])} m "
@@ -685,7 +737,8 @@ def reading(err, raw, lm, cls, budgets, lm_budgets=None):
                      + (judged(raw["lsh"][-1], raw["lsh"][0], "lower") if isinstance(raw["lsh"][0], list)
                         else "seed means only, no verdict") + ".")
     lines += [
-        f"- **LM** (test bpc minus exact GPT's {exact_lm['test_bpc']:.3f}; tolerance {LM_MARGIN}): {lm_gaps}."
+        f"- **LM** (test bpc minus that of the GPT with the same positions; learned-position GPT "
+        f"{exact_lm['test_bpc']:.3f}; tolerance {LM_MARGIN}): {lm_gaps}."
         + larger_budgets(lm_budgets, LM_CLAIMS, EXACT_LM, "test_bpc", "lower", LM_MARGIN, control=NO_POSITIONS_LM),
         f"- **Classification** (test accuracy minus exact BERT's {exact_cls['test_accuracy']:.3f}; tolerance "
         f"{CLS_MARGIN}): {cls_gaps}."

@@ -20,6 +20,16 @@ and ``docs/reproductions/img/gpt_pretrain_finetune.png``; with 3 seeds or more, 
 
 from __future__ import annotations
 
+# What this script's claims depend on (benchmarks/claims.py: a claim is stale when one of these, or this
+# script, changed since the commit it was measured at): claim id or "*" -> paths, "@group" = claims.GROUPS.
+DEPENDS = {'*': ['@training',
+       '@transformer',
+       '@text',
+       'src/qkv/models/transformer/gpt.py',
+       'src/qkv/tasks/bbc.py',
+       'src/qkv/tasks/classify.py',
+       'src/qkv/runs.py']}
+
 import argparse
 import json
 import shutil

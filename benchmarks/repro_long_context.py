@@ -22,6 +22,16 @@ Results accumulate in ``docs/reproductions/long-context.json``; the markdown is 
 
 from __future__ import annotations
 
+# What this script's claims depend on (benchmarks/claims.py: a claim is stale when one of these, or this
+# script, changed since the commit it was measured at): claim id or "*" -> paths, "@group" = claims.GROUPS.
+DEPENDS = {'*': ['@training',
+       '@transformer',
+       '@text',
+       'src/qkv/models/transformer/transformer_xl.py',
+       'src/qkv/attention/relative.py'],
+ 'transformer-xl-lm': ['src/qkv/models/transformer/gpt.py'],
+ 'transformer-xl-memory': ['src/qkv/models/transformer/gpt.py']}
+
 import argparse
 import json
 import tempfile
@@ -513,8 +523,8 @@ def record_lm_claims(lm: Dict[str, Any], command: str) -> None:
         command=cmd, better="lower", ours=at[L], baseline=gpt, budget=budget,
         why={"reproduced": f"test bpc Transformer-XL (memory {L}) {fmt(at[L])}, GPT on fixed {L}-character "
                            f"segments {fmt(gpt)}; XL without memory {fmt(at[0])}",
-             "not reproduced": f"test bpc Transformer-XL (memory {L}) {fmt(at[L])} against GPT's {fmt(gpt)}: within "
-                               f"two standard errors"})
+             "not reproduced": f"test bpc Transformer-XL (memory {L}) {fmt(at[L])} against GPT's {fmt(gpt)}: "
+                               + claims.gap(at[L], gpt, "lower")})
     longest = memories[-1]
     gains = " / ".join(f"{m}: {fmt(at[m])}" for m in memories)
     # the effective context length (Khandelwal et al. 2018, the base of the paper's RECL): the shortest
@@ -587,14 +597,14 @@ def record_claims(results: Dict[str, Any], command: str) -> None:
         why={"reproduced": f"updates to solve the T-maze at L = {L}: GTrXL {mean(g):.0f}, LSTM {mean(lstm):.0f} "
                            f"(both reach success {mean(success('gtrxl')):.2f} / {mean(success('lstm')):.2f})",
              "not reproduced": f"updates to solve the T-maze at L = {L}: GTrXL {mean(g):.0f} against the LSTM's "
-                               f"{mean(lstm):.0f}, within two standard errors"})
+                               f"{mean(lstm):.0f}: " + claims.gap(g, lstm, "lower")})
     claims.record(
         id="gtrxl-vs-trxl-speed", model="gtrxl", paper=GTRXL,
         claim="The gating layers give GTrXL faster learning than the canonical (post-LN) Transformer-XL.",
         command=cmd, better="lower", ours=g, baseline=p, budget=budget,
         why={"reproduced": f"updates to solve the T-maze at L = {L}: GTrXL {mean(g):.0f}, post-LN TrXL {mean(p):.0f}",
              "not reproduced": f"updates to solve the T-maze at L = {L}: GTrXL {mean(g):.0f} against post-LN "
-                               f"TrXL's {mean(p):.0f}, within two standard errors"})
+                               f"TrXL's {mean(p):.0f}: " + claims.gap(g, p, "lower")})
     gs, ps = success("gtrxl"), success("xl-post-ln")
     td = results.get("tmaze_depth")
     deeper = ""

@@ -29,6 +29,17 @@ folder, never to docs/reproductions; the suite runs it on a tiny random checkpoi
 
 from __future__ import annotations
 
+# What this script's claims depend on (benchmarks/claims.py: a claim is stale when one of these, or this
+# script, changed since the commit it was measured at): claim id or "*" -> paths, "@group" = claims.GROUPS.
+DEPENDS = {'*': ['@training',
+       '@transformer',
+       '@text',
+       'src/qkv/models/transformer/bert.py',
+       'src/qkv/models/transformer/hf_checkpoints.py',
+       'src/qkv/tasks/bbc.py',
+       'src/qkv/tasks/classify.py',
+       'src/qkv/tasks/pretrained_vocab.py']}
+
 import argparse
 import json
 import math

@@ -24,6 +24,18 @@ Usage (one command, seeded, single-threaded; about 15 minutes on one core)::
 
 from __future__ import annotations
 
+# What this script's claims depend on (benchmarks/claims.py: a claim is stale when one of these, or this
+# script, changed since the commit it was measured at): claim id or "*" -> paths, "@group" = claims.GROUPS.
+DEPENDS = {'*': ['@training', '@transformer'],
+ 'sparse-transformer-lm': ['src/qkv/attention/sparse.py',
+                           'src/qkv/models/transformer/sparse_transformer.py',
+                           'src/qkv/models/transformer/gpt.py',
+                           '@text'],
+ 'image-transformer-2d': ['src/qkv/models/transformer/image_transformer.py',
+                          'src/qkv/attention/local.py',
+                          'src/qkv/tasks/images.py'],
+ 'restricted-attention-cost': ['src/qkv/attention/window.py']}
+
 import argparse
 import json
 import math
@@ -373,9 +385,9 @@ def window_cost_seeds(args):
     fmt = claims.fmt
     budget = (f"forward + backward of the bare kernel, B = {B}, H = {H}, head size {E}, radius 64, lengths "
               f"{lengths[0]:,} ... {lengths[-1]:,}, median of repeats; CPU, one thread")
-    if not args.quick and args.seeds >= claims.MIN_SEEDS:
+    if not args.quick:  # a cost exponent is judged by its repeats (deterministic), each below the bound
         claims.record(
-            id="restricted-attention-cost", model="transformer", paper="Vaswani et al. 2017, Attention Is All You "
+            id="restricted-attention-cost", deterministic=True, measured=True, model="transformer", paper="Vaswani et al. 2017, Attention Is All You "
             "Need (arXiv:1706.03762)",
             claim=f"Restricted self-attention (each query sees the r keys around it) costs O(r n d) per layer, linear "
                   f"in the length n, where full self-attention costs O(n^2 d) (Table 1; here: the fitted exponent of "
@@ -383,7 +395,7 @@ def window_cost_seeds(args):
             command=command, better="lower", ours=exponents["window"], baseline=[LINEAR_EXPONENT], budget=budget,
             why={"reproduced": f"time ~ L^e with e = {fmt(exponents['window'])} for window (r = 64) against "
                                f"{fmt(exponents['softmax'])} for full softmax attention, the same seeds",
-                 "not reproduced": f"window's exponent {fmt(exponents['window'])} is not clearly below "
+                 "not reproduced": f"window's exponents {[round(e, 3) for e in exponents['window']]} are not all below "
                                    f"{LINEAR_EXPONENT} (full softmax attention: {fmt(exponents['softmax'])})"})
     rows = [[name, ", ".join(f"{e:.2f}" for e in exponents[name]), fmt(exponents[name]),
              ", ".join(f"{L:,}: {1e3 * sum(t[i] for t in times[name]) / len(times[name]):.1f}"
@@ -539,9 +551,13 @@ pixel by pixel with incremental decoding, temperature 1):
 
 ![training curves](img/sparse-image-mnist.png)
 
-The paper reports 2D local attention ahead of 1D on CIFAR-10 and ImageNet at 3.77 / 3.83 bits/dim
-(8-bit, three channels); here the images are small and quantised, the models tiny and the budget a
-few hundred steps, so the ranking above is what this run measured, not a confirmation at scale.
+What the paper reports, and what it does not: its best likelihoods are 2.90 bits/dim on CIFAR-10 and
+3.77 on ImageNet 32 x 32 (8-bit, three channels), where 3.77 improves on the previous best published
+3.83 (the abstract: "from 3.83 to 3.77"), so 3.83 is that earlier state of the art, not a result of the
+Image Transformer's 1D or 2D attention. Which of the two local-attention
+schemes the paper ranks first for density is to be read off its own results table; this page does not
+cite a number for it. Here the images are small and quantised, the models tiny and the budget a few
+hundred steps, so the ranking above is what this run measured, not a confirmation at scale.
 """
     DOC.write_text(text)
     (DOC.parent / "sparse-image.json").write_text(json.dumps(

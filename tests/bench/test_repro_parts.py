@@ -61,7 +61,7 @@ def test_rnn_parts_lstmn_and_hard(benchmark_script, monkeypatch, tmp_path):
     lstmn = results["lstmn"]["per_seed"]
     assert set(lstmn) == {"lstmn", "lstm"} and all(r["bpc"] > 0 for runs in lstmn.values() for r in runs)
     hard = results["digit-captions-hard"]["per_seed"]
-    assert set(hard) == {"soft", "hard", "image-blind"} and all(r["loss"] > 0 for runs in hard.values() for r in runs)
+    assert set(hard) == {"soft", "hard", "mean-image", "image-blind"} and all(r["loss"] > 0 for runs in hard.values() for r in runs)
     assert CLAIMS.read_text() == before
 
 
@@ -260,3 +260,31 @@ def test_window_cost_quick_fits_exponents_and_publishes_nothing(benchmark_script
     assert "seed 0 window: time ~ L^" in out and "| window | " in out and "| softmax | " in out
     assert CLAIMS.read_text() == before and script.DOC != ROOT / "docs" / "reproductions" / "sparse-image.md"
     assert (ROOT / "docs" / "reproductions" / "sparse-image.md").read_text() == page
+
+
+def test_the_captioner_without_attention_sees_the_mean_image(benchmark_script):
+    import torch
+
+    script = benchmark_script("repro_rnn_attention")
+    torch.manual_seed(0)
+    config = script.ShowAttendTellConfig(vocab_size=14)
+    mean_model, full_model = script.MeanImageCaptioner(config), script.ShowAttendTell(config)
+    full_model.load_state_dict(mean_model.state_dict())
+    images = torch.rand(2, 1, 28, 84)
+    a, grid = mean_model.encode(images)
+    full, _ = full_model.encode(images)
+    assert a.shape == full.shape and grid[0] * grid[1] == a.shape[1]
+    assert torch.allclose(a, full.mean(1, keepdim=True).expand_as(full))  # every cell the image's mean vector
+    assert not torch.allclose(a[0, 0], a[1, 0])  # and that vector depends on the image
+
+
+def test_adaptive_ut_length_quick_trains_short_and_tests_longer(benchmark_script, monkeypatch, tmp_path, capsys):
+    before = CLAIMS.read_text()
+    script = benchmark_script("repro_adaptive")
+    smoke_in(script, monkeypatch, tmp_path)
+    monkeypatch.setattr(sys, "argv", ["repro_adaptive.py", "--quick", "--part", "ut-length", "--digits", "1"])
+    script.main()
+    out = capsys.readouterr().out
+    assert "ut-length ut" in out and "ut-length transformer" in out and "longer_exact_match" in out
+    assert not (tmp_path / "published").exists()
+    assert CLAIMS.read_text() == before  # a smoke run records no claim
