@@ -27,3 +27,22 @@ def test_bad_arguments_say_what_is_wrong(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["context-parallel", "--ranks", "3", "--length", "64", "--out", str(tmp_path / "x")])
     assert "multiple of 2P" in capsys.readouterr().err
+
+
+def test_budget_reports_the_longest_length_that_fits(tmp_path, capsys):
+    """``--budget-mb``: L doubles until a GPT step's per-rank peak exceeds the budget; the reported
+    length fitted, the next did not; two ranks fit a longer sequence than one."""
+    out = tmp_path / "budget"
+    assert main(["context-parallel", "--quick", "--threads", "1", "--kernels", "softmax", "--ranks", "1", "2",
+                 "--length", "64", "--heads", "2", "--head-dim", "8", "--budget-mb", "0.5",
+                 "--out", str(out)]) == 0
+    results = json.loads((out / "context_parallel_budget.json").read_text())
+    points = {p["P"]: p for p in results["points"]}
+    budget = 0.5 * 2**20
+    for p in points.values():
+        *fitted, over = p["tried"]
+        assert [t["length"] for t in p["tried"]] == [64 * 2**i for i in range(len(p["tried"]))]
+        assert all(t["peak_memory_bytes"] <= budget for t in fitted) and over["peak_memory_bytes"] > budget
+        assert p["longest_length"] == (fitted[-1]["length"] if fitted else None)
+    assert points[2]["strategy"] == "ring" and points[2]["longest_length"] > points[1]["longest_length"]
+    assert "longest L, P=2" in (out / "context_parallel_budget.md").read_text()
