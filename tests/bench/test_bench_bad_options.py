@@ -75,6 +75,8 @@ BAD = [
     (["context-parallel", "--batch", "4096", "--heads", "4096"], "numbers per tensor"),
     (["context-parallel", "--kernels", "nope"], "unknown attention"),
     (["context-parallel", "--device", "cuda"], "gloo processes on the CPU"),
+    (["context-parallel", "--budget-mb", "0"], "--budget-mb must be >= 0.01"),
+    (["context-parallel", "--budget-mb", "-5", "--ranks", "1"], "--budget-mb must be >= 0.01"),
 ]
 
 

@@ -18,11 +18,20 @@ one self-attention layer's q, k, v and measures one training step of the layer t
 Causal kernels run causal (a language model's layer), the others not; the layout is the one
 ``qkv train --context-parallel`` uses (zigzag for causal ring attention). Writes
 ``context_parallel.json`` and ``context_parallel.md`` into ``--out``.
+
+``--budget-mb M`` measures the headline instead: for each kernel and ``P``, the longest sequence one
+training step of a small GPT (``BUDGET_GPT``: one layer, width ``--heads x --head-dim``, the
+kernel's default knobs for that length, one sequence per step) fits in ``M`` MB per rank. ``L``
+starts at ``--length`` and doubles while the busiest rank's peak (``peak_memory`` of forward and
+backward through ``qkv.parallel.enable``; the parameters not counted, their gradients counted)
+stays within ``M``; the largest ``L`` that fitted is reported. Writes ``context_parallel_budget.json``
+and ``.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import socket
 from pathlib import Path
 from typing import Any, Dict, List
@@ -40,6 +49,9 @@ __all__ = ["add_arguments", "run", "expected_bytes"]
 #: the most processes one point spawns, and the most numbers in one (B, H, L, E) tensor at P = 1
 MAX_RANKS = 64
 MAX_NUMBERS = 2**28
+#: the budget run's model: a one-layer GPT (width and heads from --heads x --head-dim), a small
+#: vocabulary (so that the logits are no wider than the hidden states), no dropout, one sequence per step
+BUDGET_GPT = {"n_layers": 1, "vocab_size": 64, "dropout": 0.0, "batch": 1, "ff_factor": 4}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", type=int, default=4, help="heads H (default 4)")
     parser.add_argument("--head-dim", type=int, default=16, help="head size E (default 16)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per point (default 3)")
+    parser.add_argument("--budget-mb", type=float, default=None,
+                        help="instead: the longest sequence one GPT training step fits in this many MB per rank, per "
+                             "kernel and P (L doubled from --length until the step's peak exceeds the budget)")
 
 
 def expected_bytes(strategy: str, kernel: Any, B: int, H: int, L: int, P: int, E: int, Ev: int, itemsize: int) -> int:
@@ -141,17 +156,65 @@ def _worker(rank: int, P: int, init: str, cfg: Dict[str, Any], results) -> None:
         dist.destroy_process_group()
 
 
+def _budget_worker(rank: int, P: int, init: str, cfg: Dict[str, Any], results) -> None:
+    import torch.distributed as dist
+
+    from .. import parallel
+    from ..models.transformer.gpt import GPT, GPTConfig
+
+    torch.set_num_threads(cfg["threads"])
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=P)
+    device = torch.device("cpu")
+    width, heads, B, V = cfg["heads"] * cfg["head_dim"], cfg["heads"], BUDGET_GPT["batch"], BUDGET_GPT["vocab_size"]
+    try:
+        for name in cfg["kernels"]:
+            L, tried, longest, strategy = cfg["length"], [], None, "one process"
+            while L <= cfg["max_length"]:
+                torch.manual_seed(cfg["seed"])
+                model = GPT(GPTConfig(vocab_size=V, max_len=L, n_layers=BUDGET_GPT["n_layers"], d_model=width,
+                                      n_heads=heads, d_ff=BUDGET_GPT["ff_factor"] * width,
+                                      dropout=BUDGET_GPT["dropout"], attention=name))
+                ids = torch.randint(V, (B, L + 1), generator=torch.Generator().manual_seed(cfg["seed"]))
+                batch = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
+                sharding = parallel.enable(model) if P > 1 else None
+                if sharding is not None:
+                    batch, _ = parallel.shard_batch(batch, sharding, ("input_ids", "labels"))
+                    strategy = parallel.strategy_for(sharding.kernels[0], L, P, sharding.current_layout(L))
+
+                def step() -> None:
+                    model.zero_grad(set_to_none=True)
+                    if sharding is None:
+                        model(**batch).loss.backward()
+                        return
+                    with sharding.active(L):
+                        model(**batch).loss.backward()
+
+                step()  # one-time allocations (position tables, drawn features) before the measured step
+                every: List[Any] = [None] * P
+                dist.all_gather_object(every, common.peak_memory(step, device))
+                peak = max(every)
+                tried.append({"length": L, "peak_memory_bytes": peak})
+                del model, sharding, batch
+                if peak > cfg["budget_bytes"]:
+                    break
+                longest, L = L, 2 * L
+            if rank == 0:
+                results[name] = {"P": P, "strategy": strategy, "longest_length": longest, "tried": tried}
+    finally:
+        dist.destroy_process_group()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _spawn(P: int, cfg: Dict[str, Any]) -> Dict[str, Any]:
+def _spawn(P: int, cfg: Dict[str, Any], worker=_worker) -> Dict[str, Any]:
     import torch.multiprocessing as mp
 
     results = mp.Manager().dict()
-    mp.spawn(_worker, args=(P, f"tcp://127.0.0.1:{_free_port()}", cfg, results), nprocs=P, join=True)
+    mp.spawn(worker, args=(P, f"tcp://127.0.0.1:{_free_port()}", cfg, results), nprocs=P, join=True)
     return dict(results)
 
 
@@ -177,6 +240,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     for P in ranks:
         if L % (2 * P) or args.batch % P or (args.batch * args.heads) % P:
             raise UserError(f"P={P}: --length ({L}) must be a multiple of 2P and --batch ({args.batch}) a multiple of P")
+    if args.budget_mb is not None:
+        return _run_budget(args, kernels, ranks, L)
     machine = common.describe_machine(torch.device("cpu"))
     print(f"context-parallel on {common.machine_line(machine)}", flush=True)
     cfg = {"kernels": kernels, "batch": args.batch, "heads": args.heads, "length": L, "head_dim": args.head_dim,
@@ -211,5 +276,52 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
              f"shared machine are not (the P ranks share its cores).")
     common.write_markdown(out / "context_parallel.md", "qkv bench context-parallel", machine, args.command_line,
                           results["date"], [setup, table])
+    print("\n" + table + f"\n\nwritten to {out}/", flush=True)
+    return results
+
+
+def _run_budget(args: argparse.Namespace, kernels: List[str], ranks: List[int], start: int) -> Dict[str, Any]:
+    """``--budget-mb``: the longest sequence of one GPT training step within the budget, per kernel and P."""
+    if not math.isfinite(args.budget_mb):
+        raise UserError(f"--budget-mb must be a number of MB (the per-rank peak allowed), got {args.budget_mb}")
+    budget = common.check_range("--budget-mb", args.budget_mb, 0.01, 1e6)
+    width = args.heads * args.head_dim
+    machine = common.describe_machine(torch.device("cpu"))
+    print(f"context-parallel --budget-mb {budget:g} on {common.machine_line(machine)}", flush=True)
+    cfg = {"kernels": kernels, "heads": args.heads, "head_dim": args.head_dim, "length": start,
+           "max_length": common.MAX_LENGTH, "budget_bytes": budget * 2**20, "seed": args.seed,
+           "threads": args.threads or 1}
+    results: Dict[str, Any] = {
+        "benchmark": "context-parallel-budget", "command": args.command_line, "date": common.now_iso(),
+        "machine": machine,
+        "config": {**cfg, "ranks": ranks, "dtype": "float32", "budget_mb": budget,
+                   "model": {**BUDGET_GPT, "d_model": width, "n_heads": args.heads},
+                   "step": "one GPT training step (forward + backward) on shards through qkv.parallel.enable"},
+        "points": [],
+    }
+    for P in ranks:
+        measured = _spawn(P, cfg, _budget_worker)
+        for name in kernels:
+            point = {"kernel": name, **measured[name]}
+            results["points"].append(point)
+            tried = ", ".join(f"{t['length']}: {t['peak_memory_bytes'] / 2**20:.1f}" for t in point["tried"])
+            print(f"  {name:>14} P={P} {point['strategy']:>13}: longest L {point['longest_length']}  (L: MB {tried})",
+                  flush=True)
+    rows = []
+    for name in kernels:
+        mine = {p["P"]: p for p in results["points"] if p["kernel"] == name}
+        longest = [mine[P]["longest_length"] for P in ranks]
+        gain = f"{longest[-1] / longest[0]:g}" if len(ranks) > 1 and longest[0] and longest[-1] else "-"
+        rows.append([name, mine[ranks[-1]]["strategy"], *[f"{x:,}" if x else f"< {start:,}" for x in longest], gain])
+    table = common.markdown_table(["kernel", f"strategy at P={ranks[-1]}", *[f"longest L, P={P}" for P in ranks],
+                                   f"x P={ranks[0]}"], rows)
+    out = Path(args.out)
+    common.write_json(out / "context_parallel_budget.json", results)
+    setup = (f"One training step of a {BUDGET_GPT['n_layers']}-layer GPT (width {width}, {args.heads} heads, vocabulary "
+             f"{BUDGET_GPT['vocab_size']}, one sequence, float32, the kernel's default knobs for the length) within "
+             f"{budget:g} MB of peak tensor memory per rank (the busiest rank); L doubled from {start}. Memory is "
+             f"deterministic; times are not measured.")
+    common.write_markdown(out / "context_parallel_budget.md", "qkv bench context-parallel --budget-mb", machine,
+                          args.command_line, results["date"], [setup, table])
     print("\n" + table + f"\n\nwritten to {out}/", flush=True)
     return results

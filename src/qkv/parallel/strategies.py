@@ -14,7 +14,7 @@ other way, ``qkv.parallel.comm``). Each kernel class declares how it splits
 ``halo``        window, local-1d: a shard needs only the keys within the band beyond its ends —
                 ``r`` (window) or ``memory`` rounded up to whole blocks (local-1d) before it, and
                 ``r`` after it (non-causal window) — fetched from the neighbours; the kernel then
-                runs unchanged on the shard plus its halo, positions outside the sequence masked.
+                runs unchanged on the shard plus its halo (cut at the sequence's ends).
 ``summary``     fixed (Child et al. 2019): with shards of whole blocks of ``l`` the own block is
                 local; the summaries (the last ``c`` positions of every block, ``c L / l`` keys)
                 are all-gathered; the two parts merged by log-sum-exp. ``strided``'s second part
@@ -260,13 +260,34 @@ def _fold(acc: Optional[Tuple[Tensor, Tensor]], out: Tensor, lse: Tensor) -> Tup
     return merged, torch.where(den > 0, M + torch.log(den.clamp(min=torch.finfo(den.dtype).tiny)), float("-inf"))
 
 
+#: the pieces a ring buffer is passed on in (``_rotate``): one piece's receive buffer is alive at a
+#: time, not a second copy of the shard
+ROTATE_PIECES = 8
+
+
+def _rotate(g: Group, buffers: List[Tensor], phase: str) -> None:
+    """Pass each contiguous tensor of ``buffers`` to the next rank and overwrite it with the previous
+    rank's, in place: in ``ROTATE_PIECES`` pieces, each piece overwritten once it has been sent, so
+    that the exchange needs one piece's receive buffer, not a second copy of the shards."""
+    nxt, prv = (g.rank + 1) % g.size, (g.rank - 1) % g.size
+    flat = [b.view(-1) for b in buffers]
+    size = -(-flat[0].numel() // ROTATE_PIECES)
+    for at in range(0, flat[0].numel(), size):
+        mine = [f[at:at + size] for f in flat]
+        got = send_receive(g, {nxt: mine}, {prv: [m.shape for m in mine]}, like=buffers[0], phase=phase)[prv]
+        for m, x in zip(mine, got):
+            m.copy_(x)
+
+
 class _Ring(torch.autograd.Function):
     """Ring attention with its backward written out (the memory-efficient form of Liu et al. 2023,
     as in ring-flash-attention): forward keeps only this rank's ``q, k, v``, the output and the rows'
     log-sum-exp; backward sends the key/value shards around again, computes each block's gradients
     from the global output and log-sum-exp, and sends each shard's key/value gradients along with
     it, home after ``P`` steps. Blocks run through PyTorch's fused CPU attention where it applies
-    (``_fused``), so that per-rank memory is O(L/P), not the ``(L/P, L/P)`` scores of a block."""
+    (``_fused``), so that per-rank memory is O(L/P), not the ``(L/P, L/P)`` scores of a block; the
+    travelling shards and gradients are passed on in place (``_rotate``) and the blocks read strided
+    slices (no copies)."""
 
     @staticmethod
     def forward(ctx, g: Group, L: int, layout: str, causal: bool, scale: float, q: Tensor, k: Tensor, v: Tensor,
@@ -282,8 +303,11 @@ class _Ring(torch.autograd.Function):
                 running[i] = _fold(running[i], *_block_forward(q[:, :, qs], k_cur[:, :, ks], v_cur[:, :, ks], kpm,
                                                                 diagonal, scale))
             if step < g.size - 1:
-                k_cur, v_cur = send_receive(g, {nxt: [k_cur, v_cur]}, {prv: [k.shape, v.shape]}, like=k)[prv]
+                if step == 0:  # the buffers that travel (the inputs stay as they are)
+                    k_cur, v_cur = (x.clone(memory_format=torch.contiguous_format) for x in (k, v))
+                _rotate(g, [k_cur, v_cur], "forward")
                 m_cur = send_receive(g, {nxt: [m_cur]}, {prv: [mask.shape]}, like=mask)[prv][0]
+        del k_cur, v_cur
         merged = [r if r is not None else (q.new_zeros(B, H, length, v.shape[-1]), q.new_full((B, H, length, 1), float("-inf")))
                   for r, (_, length) in zip(running, runs)]
         out = torch.cat([o for o, _ in merged], dim=2)  # (B, H, n, Ev)
@@ -301,25 +325,24 @@ class _Ring(torch.autograd.Function):
         D = (dout * out).sum(-1, keepdim=True)  # (B, H, n, 1): sum_j p_j dp_j of every row
         dq = torch.zeros_like(q)
         k_cur, v_cur, m_cur = k, v, mask
-        dk_cur, dv_cur = torch.zeros_like(k), torch.zeros_like(v)
+        dk_cur, dv_cur = k.new_zeros(k.shape), v.new_zeros(v.shape)  # contiguous: rotated in place
         for step in range(g.size):
             src = (g.rank - step) % g.size
             for _, qs, ks, kpm, diagonal in _ring_blocks(L, g, src, layout, causal, m_cur):
-                dq_b, dk_b, dv_b = _block_backward(dout[:, :, qs].contiguous(), q[:, :, qs].contiguous(),
-                                                   k_cur[:, :, ks].contiguous(), v_cur[:, :, ks].contiguous(),
-                                                   out[:, :, qs].contiguous(), lse[:, :, qs].contiguous(),
-                                                   D[:, :, qs], kpm, diagonal, scale)
+                dq_b, dk_b, dv_b = _block_backward(dout[:, :, qs], q[:, :, qs], k_cur[:, :, ks], v_cur[:, :, ks],
+                                                   out[:, :, qs], lse[:, :, qs], D[:, :, qs], kpm, diagonal, scale)
                 dq[:, :, qs] += dq_b
                 dk_cur[:, :, ks] += dk_b
                 dv_cur[:, :, ks] += dv_b
-            # pass the shard and its gradients on; after the last step the gradients go home (to src + 1 = next)
-            # (the shards first, then their gradients: two buffers in flight, not four)
+                del dq_b, dk_b, dv_b
+            # pass the shard and its gradients on, in place; after the last step the gradients go home
+            # (to src + 1 = next)
             if step < g.size - 1:
-                k_cur, v_cur = send_receive(g, {nxt: [k_cur, v_cur]}, {prv: [k.shape, v.shape]}, like=k,
-                                            phase="backward")[prv]
+                if step == 0:
+                    k_cur, v_cur = (x.clone(memory_format=torch.contiguous_format) for x in (k, v))
+                _rotate(g, [k_cur, v_cur], "backward")
                 m_cur = send_receive(g, {nxt: [m_cur]}, {prv: [mask.shape]}, like=mask, phase="backward")[prv][0]
-            dk_cur, dv_cur = send_receive(g, {nxt: [dk_cur, dv_cur]}, {prv: [k.shape, v.shape]}, like=k,
-                                          phase="backward")[prv]
+            _rotate(g, [dk_cur, dv_cur], "backward")
         return None, None, None, None, None, dq, dk_cur, dv_cur, None
 
 
@@ -405,14 +428,13 @@ def _halo(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
     (kl, vl), (kr, vr) = _fetch(g, [k, v], n, ranges, like=k)
     keep = mask if mask is not None else torch.ones(B, n, dtype=torch.bool, device=q.device)
     (ml,), (mr,) = _fetch(g, [keep[:, None, :, None]], n, ranges, like=keep)
-    pad_l, pad_r = left - kl.shape[2], right - kr.shape[2]  # positions outside [0, L)
-    zeros = lambda x, m: x.new_zeros(B, H, m, x.shape[-1])
-    kf = torch.cat([zeros(k, pad_l), kl, k, kr, zeros(k, pad_r)], dim=2)  # (B, H, left + n + right, E)
-    vf = torch.cat([zeros(v, pad_l), vl, v, vr, zeros(v, pad_r)], dim=2)
-    off = torch.zeros(B, 1, dtype=torch.bool, device=q.device)
-    maskf = torch.cat([off.expand(B, pad_l), ml[:, 0, :, 0], keep, mr[:, 0, :, 0], off.expand(B, pad_r)], dim=1)
-    qf = torch.cat([q, zeros(q, right)], dim=2)  # queries aligned to the end of the keys: query i at left + i
-    out = kernel(qf, kf, vf, mask=maskf).output[:, :, :n]
+    # the halos as far as they lie inside [0, L): the first and last ranks' keys stop at the sequence's ends
+    kf = torch.cat([kl, k, kr], dim=2)  # (B, H, left' + n + right', E)
+    vf = torch.cat([vl, v, vr], dim=2)
+    maskf = torch.cat([ml[:, 0, :, 0], keep, mr[:, 0, :, 0]], dim=1)
+    # queries aligned to the end of the keys (query i at left' + i): right' rows after them, cut off again
+    qf = q if kr.shape[2] == 0 else torch.cat([q, q.new_zeros(B, H, kr.shape[2], E)], dim=2)
+    out = kernel(qf, kf, vf, mask=None if bool(maskf.all()) else maskf).output[:, :, :n]  # no padding: its fast path
     return _touch(out, [kl, vl, kr, vr])
 
 
@@ -424,9 +446,29 @@ def _log_features(kernel, x: Tensor) -> Tuple[Tensor, bool]:
     acc = accumulation_dtype(x.dtype)
     if kernel.registry_name == "performer":  # features drawn by _state, the same on every rank
         return favor_log_features(x.to(acc), kernel.projection.to(device=x.device, dtype=acc)), True
-    if kernel.feature_map is elu_plus_one:
+    if _in_log_space(kernel):
         return log_elu_plus_one(x.to(acc)), True
     return kernel.feature_map(x.to(acc)), False
+
+
+def _in_log_space(kernel) -> bool:
+    """Whether ``_log_features`` gives ``kernel``'s features in log space."""
+    return kernel.registry_name == "performer" or kernel.feature_map is elu_plus_one
+
+
+def _shard_sums(kernel, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """``([S, Z] (B, H, F, Ev + 1), top (B, H))``: this shard's sums ``sum_j phi(k_j) [v_j, 1]^T``,
+    scaled by ``exp(-top)``, ``top`` the largest key feature in log space (0 for a direct feature map)."""
+    B, H, n, _ = k.shape
+    lk, log = _log_features(kernel, k)  # (B, H, n, F)
+    acc = lk.dtype
+    v1 = torch.cat([v.to(acc), v.new_ones(B, H, n, 1, dtype=acc)], dim=-1)  # [v, 1]
+    if mask is not None:
+        keep = mask[:, None, :, None]
+        lk = lk.masked_fill(~keep, float("-inf")) if log else lk * keep
+    top = lk.detach().amax((-2, -1)) if log else lk.new_zeros(B, H)  # (B, H)
+    ek = torch.exp(lk - finite_or_zero(top)[..., None, None]) if log else lk
+    return ek.transpose(-1, -2) @ v1, top
 
 
 def _state(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
@@ -436,13 +478,13 @@ def _state(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
     if redraw:  # drawn once per call, here, and rank 0's draw broadcast: every rank sums with the same features
         kernel.redraw_features(E)
         dist.broadcast(kernel.projection, g.global_rank(0), group=g.group)
-    lk, log = _log_features(kernel, k)  # (B, H, n, F)
-    acc = lk.dtype
-    v1 = torch.cat([v.to(acc), v.new_ones(B, H, n, 1, dtype=acc)], dim=-1)  # [v, 1]
-    if mask is not None:
-        keep = mask[:, None, :, None]
-        lk = lk.masked_fill(~keep, float("-inf")) if log else lk * keep
     if not kernel.causal:
+        lk, log = _log_features(kernel, k)  # (B, H, n, F)
+        acc = lk.dtype
+        v1 = torch.cat([v.to(acc), v.new_ones(B, H, n, 1, dtype=acc)], dim=-1)  # [v, 1]
+        if mask is not None:
+            keep = mask[:, None, :, None]
+            lk = lk.masked_fill(~keep, float("-inf")) if log else lk * keep
         if log:
             top = all_reduce_max(g, lk.detach().amax((-2, -1)))  # (B, H): the largest key feature anywhere
             lk = torch.exp(lk - finite_or_zero(top)[..., None, None])
@@ -453,10 +495,10 @@ def _state(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
         out = nd[..., :Ev] / nd[..., Ev:].clamp(min=torch.finfo(acc).tiny)
         return out.to(v.dtype)
     # causal: each rank's [S, Z] (at its own scale), sent to the ranks after it; rank p continues from
-    # the sums of ranks 0 .. p-1 as from a decoding state
-    top = lk.detach().amax((-2, -1)) if log else lk.new_zeros(B, H)  # (B, H)
-    ek = torch.exp(lk - finite_or_zero(top)[..., None, None]) if log else lk
-    SZ = ek.transpose(-1, -2) @ v1  # (B, H, F, Ev + 1)
+    # the sums of ranks 0 .. p-1 as from a decoding state. The sums are recomputed in backward
+    # (checkpoint): their (B, H, n, F) features and [v, 1] are not kept
+    log = _in_log_space(kernel)
+    SZ, top = checkpoint(_shard_sums, kernel, k, v, mask, use_reentrant=False)  # (B, H, F, Ev + 1), (B, H)
     later, earlier = range(g.rank + 1, g.size), range(g.rank)
     empty = SZ[..., :0, :]
     sends = {p: [SZ, top] for p in later} | {p: [empty, top[..., :0]] for p in earlier}
