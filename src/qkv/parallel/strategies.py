@@ -456,9 +456,9 @@ def _in_log_space(kernel) -> bool:
     return kernel.registry_name == "performer" or kernel.feature_map is elu_plus_one
 
 
-def _shard_sums(kernel, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """``([S, Z] (B, H, F, Ev + 1), top (B, H))``: this shard's sums ``sum_j phi(k_j) [v_j, 1]^T``,
-    scaled by ``exp(-top)``, ``top`` the largest key feature in log space (0 for a direct feature map)."""
+def _key_terms(kernel, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tuple[Tensor, bool, Tensor]:
+    """``(phi(k) (B, H, n, F), in log space?, [v, 1] (B, H, n, Ev + 1))`` of this shard, a masked key's
+    feature made -inf (log space) or 0."""
     B, H, n, _ = k.shape
     lk, log = _log_features(kernel, k)  # (B, H, n, F)
     acc = lk.dtype
@@ -466,7 +466,14 @@ def _shard_sums(kernel, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tuple[T
     if mask is not None:
         keep = mask[:, None, :, None]
         lk = lk.masked_fill(~keep, float("-inf")) if log else lk * keep
-    top = lk.detach().amax((-2, -1)) if log else lk.new_zeros(B, H)  # (B, H)
+    return lk, log, v1
+
+
+def _shard_sums(kernel, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """``([S, Z] (B, H, F, Ev + 1), top (B, H))``: this shard's sums ``sum_j phi(k_j) [v_j, 1]^T``,
+    scaled by ``exp(-top)``, ``top`` the largest key feature in log space (0 for a direct feature map)."""
+    lk, log, v1 = _key_terms(kernel, k, v, mask)
+    top = lk.detach().amax((-2, -1)) if log else lk.new_zeros(k.shape[:2])  # (B, H)
     ek = torch.exp(lk - finite_or_zero(top)[..., None, None]) if log else lk
     return ek.transpose(-1, -2) @ v1, top
 
@@ -479,12 +486,8 @@ def _state(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
         kernel.redraw_features(E)
         dist.broadcast(kernel.projection, g.global_rank(0), group=g.group)
     if not kernel.causal:
-        lk, log = _log_features(kernel, k)  # (B, H, n, F)
+        lk, log, v1 = _key_terms(kernel, k, v, mask)
         acc = lk.dtype
-        v1 = torch.cat([v.to(acc), v.new_ones(B, H, n, 1, dtype=acc)], dim=-1)  # [v, 1]
-        if mask is not None:
-            keep = mask[:, None, :, None]
-            lk = lk.masked_fill(~keep, float("-inf")) if log else lk * keep
         if log:
             top = all_reduce_max(g, lk.detach().amax((-2, -1)))  # (B, H): the largest key feature anywhere
             lk = torch.exp(lk - finite_or_zero(top)[..., None, None])
