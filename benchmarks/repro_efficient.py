@@ -244,6 +244,9 @@ def plot_errors(err, path):
     if err.get("lsh"):
         axes[2].plot(err["rounds"], err["lsh"], marker="o")
         axes[2].set(xlabel="hash rounds", ylabel="relative error", title="lsh (clustered inputs)")
+    for a, knobs in zip(axes[:2], (err["features"], err["ks"])):  # the knob values as labels, no minor labels
+        a.set_xticks(knobs, [str(x) for x in knobs])
+        a.xaxis.set_minor_formatter("")
     for a in axes:
         a.grid(True, which="both", alpha=0.3)
     save_figure(fig, path, dpi=110)
