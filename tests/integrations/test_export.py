@@ -122,3 +122,78 @@ def test_a_word_vocabulary_is_refused_with_the_reason(byte_data, tmp_path, train
     assert not (tmp_path / "hf").exists() and not any(p.name.startswith(".hf.") for p in tmp_path.iterdir())
     assert main(["export", str(run), str(tmp_path / "mine"), "--format", "qkv"]) == 0
     assert json.loads((tmp_path / "mine" / "vocab.json").read_text())["type"] == "word"
+
+
+def _tiny_runs(tmp_path, train_argv, capsys):
+    """Two char-GPT runs of different widths (an export of one cannot pass for the other's)."""
+    runs = []
+    for width in (16, 32):
+        run = tmp_path / f"run{width}"
+        assert main(train_argv("gpt", "shakespeare-char", run, "--set", "n_layers=1", "--set", f"d_model={width}",
+                               "--set", "n_heads=2", "--set", "d_ff=32", "--set", "task.block_size=16",
+                               "--threads", "1")) == 0, capsys.readouterr().err
+        runs.append(run)
+    capsys.readouterr()
+    return runs
+
+
+def test_bad_exports_are_one_line_before_anything_is_written(shakespeare_cache, tmp_path, train_argv, capsys):
+    """The bad-option and hostile-input table of ``qkv export``: each a one-line refusal naming what
+    was wrong, exit 2, no traceback, and nothing written."""
+    run, _ = _tiny_runs(tmp_path, train_argv, capsys)
+    a_file = tmp_path / "a-file.txt"
+    a_file.write_text("x")
+    fake_run = tmp_path / "fake-run"
+    fake_run.mkdir()
+    (fake_run / "run.json").write_text("{" * 100_000)  # hostile: 100,000-deep JSON
+    rows = [
+        (["export", str(tmp_path / "nope"), str(tmp_path / "o1")], "nope"),
+        (["export", str(a_file), str(tmp_path / "o2")], "a-file.txt"),
+        (["export", str(run), str(a_file)], "a-file.txt"),
+        (["export", str(fake_run), str(tmp_path / "o3")], "run.json"),
+    ]
+    for argv, named in rows:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert named in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (argv, err)
+    with pytest.raises(SystemExit) as exc:
+        main(["export", str(run), str(tmp_path / "o4"), "--format", "onnx"])
+    assert exc.value.code == 2 and "invalid choice: 'onnx'" in capsys.readouterr().err
+    assert a_file.read_text() == "x"
+    assert not any(p.name.startswith(("o1", "o2", "o3", "o4", ".o")) for p in tmp_path.iterdir())
+
+
+def _export_forever(runs, out):
+    from qkv.cli import main as cli
+
+    while True:
+        for run in runs:
+            cli(["export", str(run), str(out)])
+
+
+def test_kill_during_export_leaves_the_old_or_the_new_export(shakespeare_cache, tmp_path, train_argv, capsys):
+    """kill -9 while ``qkv export`` replaces OUT (two runs exported in turn): OUT afterwards is one
+    run's export whole — its config.json's width is the width of the weights beside it."""
+    import multiprocessing
+    import random
+    import time
+
+    from qkv._io import settle_directory
+    from qkv._modelfile import read_layout
+
+    runs = _tiny_runs(tmp_path, train_argv, capsys)
+    out = tmp_path / "out"
+    assert main(["export", str(runs[0]), str(out)]) == 0
+    ctx = multiprocessing.get_context("fork")
+    rng = random.Random(0)
+    for _ in range(10):
+        child = ctx.Process(target=_export_forever, args=(runs, out))
+        child.start()
+        time.sleep(rng.uniform(0.3, 1.5))
+        child.kill()
+        child.join()
+        settle_directory(out)  # what the next export or load does first: finish a swap cut between renames
+        width = json.loads((out / "config.json").read_text())["n_embd"]
+        assert read_layout(out / "model.safetensors")["transformer.wte.weight"][1][1] == width
+        assert (out / "tokenizer.json").is_file() and (out / "generation_config.json").is_file()
+    capsys.readouterr()
