@@ -57,7 +57,10 @@ import math
 import re
 import subprocess
 import sys
+import tempfile
 import time
+import contextlib
+import hashlib
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -442,6 +445,37 @@ def _code_changed(commit: str, path: str, root: Path = ROOT) -> bool:
 
 # ------------------------------------------------------------------ recording
 
+@contextlib.contextmanager
+def _claims_lock(path: Path):
+    """One writer of ``path`` (claims.json, the pending list, README) at a time: two reproductions
+    running side by side (one per core) must not read the list, each add a claim, and let the later
+    save drop the earlier's. An advisory ``flock`` on a file in the temporary folder named after
+    ``path``; a no-op where ``fcntl`` is missing."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        fcntl = None
+    if fcntl is None or _HELD:  # re-entrant: this process holds it already
+        _HELD.append(path)
+        try:
+            yield
+        finally:
+            _HELD.pop()
+        return
+    key = hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"qkv-claims-{key}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _HELD.append(path)
+        try:
+            yield
+        finally:
+            _HELD.pop()
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+_HELD: List[Path] = []
+
+
 def record(*, path: Path = CLAIMS, readme: Optional[Path] = README, pending: Path = PENDING,
            **fields: Any) -> Dict[str, Any]:
     """Add or replace (by ``id``) one claim in ``path`` from a reproduction's per-seed results,
@@ -469,6 +503,12 @@ def record(*, path: Path = CLAIMS, readme: Optional[Path] = README, pending: Pat
                     one_seed=f"ours {fmt(ours)} against {fmt(_numbers('baseline', fields.get('baseline')))} "
                              f"({len(ours)} seed{'s' if len(ours) > 1 else ''}; {fields.get('budget', '')})",
                     command=rerun, time="see the script's docstring", path=pending, readme=readme, claims_path=path)
+    with _claims_lock(path):
+        return _record(path, readme, pending, ours, fields)
+
+
+def _record(path: Path, readme: Optional[Path], pending: Path, ours: List[float], fields: Dict[str, Any]) -> Dict[str, Any]:
+    """``record``'s read-modify-write of the claims, under the lock."""
     entries = load(path)
     at = next((i for i, e in enumerate(entries) if e["id"] == fields.get("id")), None)
     if at is not None and entries[at].get("curve"):
@@ -511,6 +551,12 @@ def pend(*, id: str, model: str, paper: str, claim: str, one_seed: str, command:
     (a smoke or one-seed run never replaces it) and is not listed."""
     item = {"id": id, "model": model, "paper": paper, "claim": claim, "one_seed": one_seed, "command": command,
             "time": time}
+    with _claims_lock(claims_path):
+        return _pend(item, path, readme, claims_path)
+
+
+def _pend(item: Dict[str, Any], path: Path, readme: Optional[Path], claims_path: Path) -> Dict[str, Any]:
+    id, one_seed, command = item["id"], item["one_seed"], item["command"]
     if any(e["id"] == id for e in load(claims_path)):
         print(f"claim {id}: one seed measured ({one_seed}); the recorded claim with its seeds stays")
         return item
@@ -526,23 +572,27 @@ def add_point(claim_id: str, budget: str, ours: Sequence[float], baseline: Union
               path: Path = CLAIMS, readme: Optional[Path] = README, pending: Path = PENDING) -> Optional[Dict[str, Any]]:
     """Add (or replace, by ``budget``) one point of the budget curve of the recorded claim
     ``claim_id``: the same measurement at a larger budget, with its own computed verdict. A point
-    with fewer than ``MIN_SEEDS`` seeds is not added (None)."""
-    entries = load(path)
-    at = next((i for i, e in enumerate(entries) if e["id"] == claim_id), None)
-    if at is None:
-        raise ValueError(f"no claim {claim_id!r} in {path}: record it at its main budget first")
-    e = entries[at]
-    ours, base = _numbers("curve ours", ours), _numbers("curve baseline", baseline)
-    if len(ours) < MIN_SEEDS and not e.get("deterministic", False):
-        print(f"claim {claim_id} at {budget}: {len(ours)} seed(s), no curve point (needs {MIN_SEEDS})")
-        return None
-    point = {"budget": str(budget), "ours": ours, "baseline": base,
-             "verdict": verdict(ours, base, e["better"], e["margin"], e.get("deterministic", False))}
-    e["curve"] = sorted([p for p in e.get("curve", []) if p["budget"] != point["budget"]] + [point],
-                        key=lambda p: _budget_key(p["budget"]))
-    save(entries, path)
-    if readme is not None:
-        write_readme(path, pending, readme)
+    with fewer than ``MIN_SEEDS`` seeds is not added (None). The point carries the commit and date
+    it was measured at, as a claim does."""
+    with _claims_lock(path):
+        entries = load(path)
+        at = next((i for i, e in enumerate(entries) if e["id"] == claim_id), None)
+        if at is None:
+            raise ValueError(f"no claim {claim_id!r} in {path}: record it at its main budget first")
+        e = entries[at]
+        ours, base = _numbers("curve ours", ours), _numbers("curve baseline", baseline)
+        if len(ours) < MIN_SEEDS and not e.get("deterministic", False):
+            print(f"claim {claim_id} at {budget}: {len(ours)} seed(s), no curve point (needs {MIN_SEEDS})")
+            return None
+        where = provenance(depends(e))
+        point = {"budget": str(budget), "ours": ours, "baseline": base,
+                 "verdict": verdict(ours, base, e["better"], e["margin"], e.get("deterministic", False)),
+                 "commit": where["commit"], "date": where["date"], **({"dirty": where["dirty"]} if where["dirty"] else {})}
+        e["curve"] = sorted([p for p in e.get("curve", []) if p["budget"] != point["budget"]] + [point],
+                            key=lambda p: _budget_key(p["budget"]))
+        save(entries, path)
+        if readme is not None:
+            write_readme(path, pending, readme)
     print(f"claim {claim_id} at {budget}: {point['verdict']} (ours {fmt(ours)}, baseline {fmt(base)})")
     return point
 

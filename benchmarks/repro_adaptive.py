@@ -548,7 +548,7 @@ def run_ut_vs_transformer(args, steps: int = 0) -> Dict:
     path.write_text(json.dumps(out, indent=2) + "\n")
     if len(exact["ut"]) >= claims.MIN_SEEDS:
         claims.record(
-            id="ut-vs-transformer-addition", model="universal-transformer", paper=UT_PAPER, better="higher",
+            id="ut-vs-transformer-addition", model="universal-transformer", paper=UT_PAPER, better="higher", measured=True,
             claim="Sharing one block's weights over depth (the Universal Transformer) learns algorithmic tasks better "
                   "than a Transformer of separate layers (its algorithmic tasks: copy, reverse, addition).",
             command=f"{COMMAND} --part ut-vs-transformer --seeds {args.seeds} --ut-steps {args.ut_steps}",
@@ -715,7 +715,7 @@ def rewrite_ut_act_section(u: Dict, args) -> None:
     replace_section(DOC, "\n".join(lines), UT_ACT, "## What this shows")
 
 
-def record_claims(results: Dict, point: str = "") -> None:
+def record_claims(results: Dict, point: str = "", measured: bool = False) -> None:
     """This page's claims from per-seed results with >= 3 seeds, into claims.json (``point``: a
     larger budget, added to each claim's budget curve). The UT's claim is refused (left pending)
     while the variant has not learned the task."""
@@ -727,7 +727,7 @@ def record_claims(results: Dict, point: str = "") -> None:
             except ValueError as err:  # no main-budget claim yet
                 print(err, flush=True)
         else:
-            claims.record(**claim)
+            claims.record(**claim, measured=measured or None)
 
     s, u = results.get("span", {}), results.get("ut", {})
     a, f = s.get("adaptive", {}).get("per_seed"), s.get("full span", {}).get("per_seed")
@@ -849,11 +849,11 @@ def main() -> None:
             else:
                 (OUT / f"results-{part}-{slug}.json").write_text(json.dumps(result, indent=2) + "\n")
     if args.part == "ut" and not args.quick and not args.tag and not args.budgets_only and args.seeds >= claims.MIN_SEEDS:
-        record_claims(measured)  # the ACT variants' seeds just measured (refused while the UT has not learned)
+        record_claims(measured, measured=True)  # the ACT variants' seeds just measured (refused while the UT has not learned)
         if DOC.exists():
             rewrite_ut_act_section(measured["ut"], args)
     if args.part == "span" and not args.quick and not args.tag and not args.budgets_only:
-        record_claims(measured)  # both span variants' seeds just measured (a claim needs >= 3 of each)
+        record_claims(measured, measured=True)  # both span variants' seeds just measured (a claim needs >= 3 of each)
         if set(SPAN_VARIANTS) <= set(measured.get("span", {})) and DOC.exists():
             rewrite_span_section(measured["span"], args, time.time() - started)
     for budget in args.budgets if not args.quick else []:

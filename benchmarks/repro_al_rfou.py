@@ -136,7 +136,7 @@ def main(argv=None) -> None:
         fmt = claims.fmt
         ahead = [round(b - a, 3) for a, b in zip(bpc[aux_label], bpc[none_label])]
         claims.record(
-            id="al-rfou-aux-losses", model="al-rfou", paper=PAPER,
+            id="al-rfou-aux-losses", model="al-rfou", paper=PAPER, measured=True,
             claim="The auxiliary losses (intermediate layers and multiple targets) let a deep character-level "
                   "Transformer reach a lower bits per character than the same network trained on the final "
                   "next-character loss alone.",

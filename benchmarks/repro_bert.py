@@ -210,6 +210,7 @@ def record_claim(results: Dict, args) -> None:
     s = results["settings"]
     claims.record(
         id="bert-finetune", model="bert", paper=PAPER, command=s["command"], better="higher", ours=ours, baseline=base,
+        measured=True,
         claim="Pre-training with the masked LM and next-sentence prediction gives an encoder that fine-tunes to a "
               "better accuracy than the same network trained from scratch (here: bbc-news topics).",
         budget=f"pre-training {s['pretrain_steps']} steps of 32 pairs, fine-tuning {s['finetune_steps']} steps of 32; "

@@ -272,6 +272,7 @@ def record_claim(results: Dict[str, Any]) -> None:
                    f"{unigram:.3f} ({below} of {len(per_seed)} seeds below it by {LEARNT_MARGIN})")
     claims.record(
         id="gpt-pretrain-finetune", model="gpt", paper=PAPER, command=s["command"], better="higher", ours=ours,
+        measured=True,
         baseline=base,
         claim="Generative pre-training on unlabelled text, then discriminative fine-tuning, classifies better than "
               "the same network trained from scratch (here: Wikipedia bytes, then bbc-bytes topics).",

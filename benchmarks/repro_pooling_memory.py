@@ -245,7 +245,7 @@ def record_ntm(res: Dict[str, Any]) -> None:
     seen = [round(r["exact@10"], 2) for r in res["per_seed"]["ntm"]]
     seeds = len(exact["ntm"])
     claims.record(
-        id="ntm-copy", model="ntm", paper="Graves et al. 2014, Neural Turing Machines (arXiv:1410.5401)",
+        id="ntm-copy", model="ntm", measured=True, paper="Graves et al. 2014, Neural Turing Machines (arXiv:1410.5401)",
         claim="The NTM copies and generalises to longer sequences better than an LSTM.",
         command=f"python benchmarks/repro_pooling_memory.py --only ntm --seeds {seeds}", better="higher",
         ours=exact["ntm"], baseline=exact["lstm"],
@@ -312,7 +312,7 @@ def run_han() -> Dict[str, Any]:
     if SEEDS >= claims.MIN_SEEDS and not QUICK:
         acc = {k: [r["accuracy"] for r in v] for k, v in res["per_seed"].items()}
         claims.record(
-            id="han-bbc", model="han", paper="Yang et al. 2016, Hierarchical Attention Networks (NAACL)",
+            id="han-bbc", model="han", measured=True, paper="Yang et al. 2016, Hierarchical Attention Networks (NAACL)",
             claim="Hierarchical attention beats a flat GRU on document classification.",
             command=f"python benchmarks/repro_pooling_memory.py --only han --seeds {SEEDS}", better="higher",
             ours=acc["han"], baseline=acc["flat-gru"],
@@ -391,7 +391,7 @@ def run_gat() -> Dict[str, Any]:
         acc = {k: [r["accuracy"] for r in v] for k, v in res["per_seed"].items()}
         nodes = int(res["nodes"])
         claims.record(
-            id="gat-karate", model="gat", paper="Velickovic et al. 2018, Graph Attention Networks (arXiv:1710.10903)",
+            id="gat-karate", model="gat", measured=True, paper="Velickovic et al. 2018, Graph Attention Networks (arXiv:1710.10903)",
             claim="Graph attention beats mean-aggregation (GCN) on node classification.",
             command=f"python benchmarks/repro_pooling_memory.py --only gat --seeds {SEEDS}", better="higher",
             ours=acc["gat"], baseline=acc["mean"],
@@ -562,7 +562,7 @@ def run_san() -> Dict[str, Any]:
     if SEEDS >= claims.MIN_SEEDS and not QUICK:
         acc = res["accuracy"]
         claims.record(
-            id="san-layers", model="stacked-attention", paper="Yang et al. 2016, Stacked Attention Networks for Image "
+            id="san-layers", model="stacked-attention", measured=True, paper="Yang et al. 2016, Stacked Attention Networks for Image "
             "Question Answering (arXiv:1511.02274)", better="higher",
             claim="Two stacked attention layers answer questions that need multi-step reasoning better than one.",
             command=f"python benchmarks/repro_pooling_memory.py --only san --seeds {SEEDS}",

@@ -495,7 +495,7 @@ def record_claims(results: Dict[str, Any], args) -> None:
         lm = results["lm"]
         ours, base = lm_bpb(lm["per_seed"])
         claims.record(
-            id="reformer-enwiki", model="reformer", paper=PAPER,
+            id="reformer-enwiki", model="reformer", paper=PAPER, measured=True,
             claim=f"The Reformer matches the Transformer's bits per byte on enwik8 (here: within {LM_MARGIN} bits "
                   "per byte of a GPT of the same size after the same steps).",
             command=f"{COMMAND} --only lm --seeds {args.seeds}" + (f" --lm-steps {lm['steps']}" if lm["steps"] != 250 else "")
@@ -550,7 +550,7 @@ def record_shared_qk_claim(results: Dict[str, Any]) -> None:
                 f"{claims.fmt(t)} (per seed {[round(x, 3) for x in t]}): "
                 f"{claims.gap(t, base, 'lower', LM_MARGIN, 'bits per byte')} against separate Q and K")
     claims.record(
-        id="reformer-shared-qk", model="reformer", paper=PAPER,
+        id="reformer-shared-qk", model="reformer", paper=PAPER, measured=True,
         claim=f"Shared-QK attention does not perform worse than attention with separate queries and keys (Figure 3, "
               f"enwik8; here: test bits per byte within {LM_MARGIN} of the same reversible model with separate Q and "
               "K after the same steps).",

@@ -136,7 +136,7 @@ def run_dates(args, results: Dict) -> None:
     if args.seeds >= claims.MIN_SEEDS and not args.quick:
         exact = {k: [r["exact_match"] for r in v] for k, v in per_seed.items()}
         claims.record(
-            id="bahdanau-dates", model="seq2seq", paper=BAHDANAU,
+            id="bahdanau-dates", model="seq2seq", paper=BAHDANAU, measured=True,
             claim="Attention lets an encoder-decoder translate where the fixed-vector model fails.",
             command=f"python benchmarks/repro_rnn_attention.py --parts dates --seeds {args.seeds}", better="higher",
             ours=exact["bahdanau"], baseline=exact["none"],
@@ -276,6 +276,7 @@ def record_stress_claims(task_name: str, lengths: List[int], curves: Dict, args,
     local, glob = long_acc("Luong local-p"), long_acc("Luong global (general)")
     claims.record(
         id=f"bahdanau-length-{task_name}", model="seq2seq (bahdanau)", paper=BAHDANAU, command=command, budget=budget,
+        measured=True,
         claim=f"With attention, quality holds up on long sources where the fixed-vector encoder-decoder fails "
               f"(Fig. 2; here: {task_name}, token accuracy on sources of {LONG[0]}-{LONG[1]} symbols).",
         better="higher", ours=bahdanau, baseline=none,
@@ -402,7 +403,7 @@ def run_tsp(args, results: Dict, point: bool = False) -> None:
         return
     exact, valid = [r["exact_match"] for r in per_seed], [r["valid"] for r in per_seed]
     claims.record(
-        id="pointer-tsp", model="pointer-network", paper=VINYALS, better="lower",
+        id="pointer-tsp", model="pointer-network", paper=VINYALS, better="lower", measured=True,
         claim="Trained on optimal tours, a pointer network produces near-optimal tours for small travelling-salesman "
               "instances (Table 2, n <= 10): here, closer to the optimum than the nearest-neighbour heuristic.",
         command=f"python benchmarks/repro_rnn_attention.py --parts tsp --seeds {args.seeds} --tsp-steps {args.tsp_steps}",
@@ -498,7 +499,7 @@ def run_lstmn(args, results: Dict, point: bool = False) -> None:
     newest = [r["newest_slot_weight"] for r in per_seed["lstmn"]]
     entropy = [r["tape_entropy"] for r in per_seed["lstmn"]]
     claims.record(
-        id="lstmn-lm", model="lstmn", paper=CHENG, better="lower",
+        id="lstmn-lm", model="lstmn", paper=CHENG, better="lower", measured=True,
         claim="A memory tape read by intra-attention (LSTMN) models language better than an LSTM of the same size "
               "(Table 1: language modelling on the Penn Treebank).",
         command=f"python benchmarks/repro_rnn_attention.py --parts lstmn --seeds {args.seeds}", ours=bpc["lstmn"],
@@ -656,7 +657,7 @@ def record_transformer_vs_rnn(r: Dict) -> None:
 
     chrf, bleu, char, secs = of("chrf"), of("bleu"), of("char_accuracy"), of("train_seconds")
     claims.record(
-        id="transformer-vs-rnn", model="transformer", paper=VASWANI, better="higher",
+        id="transformer-vs-rnn", model="transformer", paper=VASWANI, better="higher", measured=True,
         claim="The Transformer translates better than a recurrent encoder-decoder with attention, at a fraction of its "
               "training cost (Table 2).",
         command=f"python benchmarks/repro_rnn_attention.py --parts transformer-vs-rnn --seeds {seeds} "

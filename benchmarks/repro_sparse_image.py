@@ -161,7 +161,7 @@ def record_lm_claim(bpb, steps, seconds: float, budget: str, command: str) -> No
     speed = (f"the sparse model makes {ratio:.2f}x the dense one's updates per second, so what it gains is per "
              f"update, not speed" if ratio < 1.05 else f"the sparse model makes {ratio:.2f}x the dense one's updates")
     claims.record(
-        id="sparse-transformer-lm", model="sparse-transformer",
+        id="sparse-transformer-lm", model="sparse-transformer", measured=True,
         paper="Child et al. 2019, Generating Long Sequences with Sparse Transformers (arXiv:1904.10509)",
         claim="Strided sparse attention models long sequences better than dense attention for the same compute "
               "(enwik8 bits per byte after the same wall-clock training).",
@@ -317,7 +317,7 @@ def mnist_seeds(args):
     command = f"python benchmarks/repro_sparse_image.py --only mnist --seeds {args.seeds}"
     if not args.quick and args.seeds >= claims.MIN_SEEDS:
         claims.record(
-            id="image-transformer-2d", model="image-transformer", paper="Parmar et al. 2018, Image Transformer "
+            id="image-transformer-2d", measured=True, model="image-transformer", paper="Parmar et al. 2018, Image Transformer "
             "(arXiv:1802.05751)", claim="2D local attention models images better than 1D local attention (lower bits/dim).",
             command=command, better="lower", ours=bpd["local-2d"], baseline=bpd["local-1d"], budget=budget,
             why={"reproduced": f"test bits/dim local-2d {claims.fmt(bpd['local-2d'])}, local-1d {claims.fmt(bpd['local-1d'])}",
