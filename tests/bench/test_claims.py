@@ -336,3 +336,40 @@ def test_a_commit_landing_during_a_run_makes_its_files_dirty(repo):
     p = claims.provenance(["src/a.py", "src/b.py"], repo, started=started)
     assert p["commit"] == started and p["dirty"] == ["src/a.py"]
     assert claims.provenance(["src/b.py"], repo, started=started)["dirty"] == []
+
+
+_WRITER = """
+import sys
+sys.path.insert(0, {bench!r})
+import claims
+from pathlib import Path
+tmp = Path({tmp!r})
+for i in range({n}):
+    claims.record(id=f"{{sys.argv[1]}}-{{i}}", path=tmp / "claims.json", pending=tmp / "pending.json",
+                  readme=tmp / "README.md", model="m", paper="p", claim="c.", command="cmd", better="higher",
+                  ours=[0.9, 0.91, 0.92], baseline=[0.5, 0.5, 0.5], why="w", budget="b")
+    claims.add_point(f"{{sys.argv[1]}}-{{i}}", "2 steps", [0.9, 0.9, 0.9], [0.5], path=tmp / "claims.json",
+                     pending=tmp / "pending.json", readme=tmp / "README.md")
+"""
+
+
+def test_two_reproductions_recording_at_once_keep_each_others_claims(tmp_path):
+    """Two scripts side by side (one per core) each record claims into the same claims.json: every
+    claim of both lands, with its curve point (without the lock, a save drops the other's claim)."""
+    n = 25
+    code = _WRITER.format(bench=str(ROOT / "benchmarks"), tmp=str(tmp_path), n=n)
+    procs = [subprocess.Popen([sys.executable, "-c", code, name], stdout=subprocess.DEVNULL) for name in ("a", "b")]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    saved = claims.load(tmp_path / "claims.json")
+    assert sorted(e["id"] for e in saved) == sorted(f"{w}-{i}" for w in "ab" for i in range(n))
+    assert all(e["curve"][0]["budget"] == "2 steps" for e in saved)
+    assert (tmp_path / "README.md").read_text() == claims.render_readme(saved, [])
+
+
+def test_a_curve_point_carries_its_provenance(tmp_path):
+    path, pending, readme = tmp_path / "claims.json", tmp_path / "pending.json", tmp_path / "README.md"
+    claims.record(id="a", path=path, pending=pending, readme=readme, model="m", paper="p", claim="c.",
+                  command="python benchmarks/repro_x.py", better="higher", ours=[0.9, 0.9, 0.9],
+                  baseline=[0.5, 0.5, 0.5], why="w", budget="b")
+    point = claims.add_point("a", "9 steps", [0.6, 0.6, 0.7], [0.5], path=path, readme=readme, pending=pending)
+    assert point["commit"] == claims.load(path)[0]["commit"] and point["date"] == claims.load(path)[0]["date"]
