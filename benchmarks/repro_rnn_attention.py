@@ -802,7 +802,7 @@ def write_transformer_vs_rnn_section(results: Dict) -> None:
               f"(lr {best['transformer']['lr']:g} against {best['rnn']['lr']:g}).", ""]
     if edges:
         lines += [f"The choice sits at the edge of its grid for: {', '.join(edges)} (a wider grid might do better).", ""]
-    lines += [f"Each arm at its chosen learning rate, {seeds} seeds (seed 0 is the sweep's run), chrF (sacrebleu) of "
+    lines += [f"Each arm at its chosen learning rate, {seeds} seed{'s' if seeds != 1 else ''} (seed 0 is the sweep's run), chrF (sacrebleu) of "
               f"greedy translations of the {r['test_verses']} test verses; mean ± standard error over seeds:", "",
               f"| model ({steps:,} updates) | peak lr | parameters | chrF | BLEU | character accuracy | training seconds |",
               "| --- | --- | --- | --- | --- | --- | --- |", *main, "",
