@@ -18,7 +18,8 @@
 5. ``--parts lstmn``: ``LSTMN`` against the same network with a one-slot tape (an LSTM) as
    character language models on shakespeare-char: test bits per character.
 6. ``--parts transformer-vs-rnn``: the Transformer against the GRU encoder-decoder with Bahdanau
-   attention on bible-en-es, the same updates: chrF of greedy test translations, training time.
+   attention on bible-en-es, the same updates, each arm at the learning rate a 3-point sweep chose by
+   validation loss: chrF of greedy test translations, training time.
 7. ``--parts hull,delaunay,sort``: ``PointerNetwork`` on 5-10 inputs against the same network
    emitting positions from a fixed dictionary with attention (``output="vocabulary"``): exact outputs.
 
@@ -89,8 +90,9 @@ BAHDANAU = "Bahdanau et al. 2014, Neural Machine Translation by Jointly Learning
 LUONG = "Luong et al. 2015, Effective Approaches to Attention-based Neural Machine Translation (arXiv:1508.04025)"
 
 
-def train(model, task, steps: int, batch_size: int, lr: float, name: str, seed: int = 0) -> float:
-    return train_fresh(model, task, OUT / name, steps, batch_size, lr, weight_decay=0.0, eval_max_examples=32, seed=seed)
+def train(model, task, steps: int, batch_size: int, lr: float, name: str, seed: int = 0, warmup: int = 50) -> float:
+    return train_fresh(model, task, OUT / name, steps, batch_size, lr, warmup=warmup, weight_decay=0.0,
+                       eval_max_examples=32, seed=seed)
 
 
 def seeded_arms(seeds: int, arms: Dict[str, Callable[[], torch.nn.Module]], fit: Callable[[str, torch.nn.Module, int], float],
@@ -605,12 +607,58 @@ def translate_and_score(model, task, pairs) -> tuple:
 
 VASWANI = "Vaswani et al. 2017, Attention Is All You Need (arXiv:1706.03762)"
 
+# transformer-vs-rnn's learning-rate sweep: per arm, (peak lr, warm-up updates) tried on seed 0 at the
+# claim's budget and chosen by teacher-forced validation loss. The old recipe (Transformer 1e-3, GRU 3e-3,
+# warm-up 50) is in each grid; the warm-up grows with the lr (50 updates at the old one). The
+# Transformer's grid goes up (it is the arm behind and still learning at 1,000 updates), the GRU's
+# brackets its old lr.
+TVR_GRID = {"transformer": ((1e-3, 50), (2e-3, 100), (4e-3, 200)),
+            "rnn": ((1.5e-3, 25), (3e-3, 50), (6e-3, 100))}
+TVR_OLD = {"transformer": (1e-3, 50), "rnn": (3e-3, 50)}  # the recipe before the sweep
+TVR_LABELS = {"transformer": "Transformer", "rnn": "GRU + Bahdanau attention"}
+TVR_SECTION = ("<!-- transformer-vs-rnn -->", "<!-- /transformer-vs-rnn -->")
+
+
+@torch.no_grad()
+def validation_fit(model, task, max_examples) -> Dict[str, float]:
+    """Teacher-forced cross-entropy (nats per target character, EOS included, no label smoothing) and
+    token accuracy of ``model`` on the validation verses (at most ``max_examples``): the measure the
+    learning-rate sweep selects by; the test verses are never looked at."""
+    import torch.nn.functional as F
+    from qkv.tasks.base import IGNORE_INDEX, logits_of
+
+    model.eval()
+    nll, correct, tokens = 0.0, 0, 0
+    for batch in task.eval_batches("valid", 64, max_examples):
+        labels = batch["labels"]
+        logits = logits_of(model(**batch), labels).float()
+        keep = labels != IGNORE_INDEX
+        nll += F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum").item()
+        correct += ((logits.argmax(-1) == labels) & keep).sum().item()
+        tokens += keep.sum().item()
+    return {"valid_loss": nll / max(tokens, 1), "valid_token_accuracy": correct / max(tokens, 1)}
+
+
+def selected_lrs(results: Dict) -> Dict[str, List[float]]:
+    """The (lr, warm-up) per arm that the main budget's sweep chose: from ``results``, else from the
+    main run's results file (a ``--budgets-only`` run keeps its own), else the old recipe."""
+    main = results.get("transformer-vs-rnn")
+    path = OUT / "results-transformer-vs-rnn.json"
+    if not (main and "selected" in main) and path.exists():
+        main = json.loads(path.read_text()).get("transformer-vs-rnn")
+    if main and "selected" in main:
+        return {name: [s["lr"], s["warmup"]] for name, s in main["selected"].items()}
+    print("transformer-vs-rnn: no learning-rate sweep recorded yet; the larger budgets use the old recipe", flush=True)
+    return {name: list(recipe) for name, recipe in TVR_OLD.items()}
+
 
 def run_transformer_vs_rnn(args, results: Dict, point: bool = False) -> None:
     """The Transformer against the recurrent encoder-decoder with Bahdanau attention on bible-en-es,
     the same number of updates of the same batches; chrF of greedy translations of the test verses
-    and the training time. ``--seeds`` seeds; the claim with >= 3 (``point``: a larger budget,
-    ``--budgets``, added to its curve)."""
+    and the training time. First each arm's learning-rate sweep (``TVR_GRID``, seed 0, the same
+    budget), each arm at the lr of its lowest validation loss; then ``--seeds`` seeds of each arm at
+    its lr (seed 0 is the sweep's run); the claim with >= 3 (``point``: a larger budget,
+    ``--budgets``, at the main budget's selected lrs, added to its curve)."""
     from qkv.models.transformer.transformer import Transformer, TransformerConfig
     from qkv.tasks.translation import BibleEnEs
 
@@ -618,25 +666,56 @@ def run_transformer_vs_rnn(args, results: Dict, point: bool = False) -> None:
     pairs = task.eval_pairs("test", args.eval_bible)
     v = task.vocab
     arms = {
-        "transformer": (lambda: Transformer(TransformerConfig(vocab_size=v.size, pad_id=v.pad_id, bos_id=v.bos_id,
-                                                              eos_id=v.eos_id, d_model=64, n_heads=4, d_ff=256,
-                                                              n_layers=2, dropout=0.1, max_len=256)), 1e-3),
-        "rnn": (lambda: Seq2Seq(Seq2SeqConfig(src_vocab_size=v.size, attention="bahdanau", d_embed=32, d_hidden=64,
-                                              attn_dim=64, d_readout=64)), 3e-3),
+        "transformer": lambda: Transformer(TransformerConfig(vocab_size=v.size, pad_id=v.pad_id, bos_id=v.bos_id,
+                                                             eos_id=v.eos_id, d_model=64, n_heads=4, d_ff=256,
+                                                             n_layers=2, dropout=0.1, max_len=256)),
+        "rnn": lambda: Seq2Seq(Seq2SeqConfig(src_vocab_size=v.size, attention="bahdanau", d_embed=32, d_hidden=64,
+                                             attn_dim=64, d_readout=64)),
     }
+    suffix = f"-{args.bible_steps}" if point else ""
 
-    def measure(name, model, seed):
-        hyps, buckets = translate_and_score(model, task, pairs)
-        return {"lr": arms[name][1], "params": sum(p.numel() for p in model.parameters()), **buckets["1-100"],
-                "samples": hyps[:2]}
+    def fit(name, lr, warmup, seed, run_name):
+        torch.manual_seed(seed)  # initialisation; the seed also orders the batches
+        model = arms[name]()
+        seconds = train(model, task, args.bible_steps, 32, lr, run_name, seed=seed, warmup=warmup)
+        return model, seconds
 
-    per_seed = seeded_arms(
-        args.seeds, {name: build for name, (build, _) in arms.items()},
-        fit=lambda name, model, seed: train(model, task, args.bible_steps, 32, arms[name][1],
-                                            f"bible-vs-{name}-s{seed}" + (f"-{args.bible_steps}" if point else ""), seed=seed),
-        measure=measure, label="transformer-vs-rnn")
-    key = "transformer-vs-rnn" + (f"-{args.bible_steps}" if point else "")
-    results[key] = {"steps": args.bible_steps, "batch_size": 32, "test_verses": len(pairs), "per_seed": per_seed}
+    kept: Dict[str, tuple] = {}  # arm -> (model, seconds) of the selected lr's seed-0 run
+    sweep: Dict[str, List[Dict]] = {}
+    if point:
+        chosen = selected_lrs(results)
+    else:
+        chosen = {}
+        for name, grid in TVR_GRID.items():
+            runs = []
+            for lr, warmup in grid:
+                model, seconds = fit(name, lr, warmup, 0, f"bible-vs-{name}-lr{lr:g}-s0")
+                row = {"lr": lr, "warmup": warmup, "train_seconds": round(seconds, 1),
+                       **validation_fit(model, task, args.eval_bible)}
+                print("transformer-vs-rnn sweep", name, row, flush=True)
+                runs.append((row, model, seconds))
+            best = min(runs, key=lambda r: r[0]["valid_loss"])
+            chosen[name] = [best[0]["lr"], best[0]["warmup"]]
+            kept[name] = (best[1], best[2])
+            sweep[name] = [dict(row, selected=row is best[0]) for row, _, _ in runs]
+    per_seed: Dict[str, List[Dict]] = {name: [] for name in arms}
+    for seed in range(args.seeds):
+        for name in arms:
+            lr, warmup = chosen[name]
+            if seed == 0 and name in kept:
+                model, seconds = kept[name]
+            else:
+                model, seconds = fit(name, lr, warmup, seed, f"bible-vs-{name}-s{seed}{suffix}")
+            hyps, buckets = translate_and_score(model, task, pairs)
+            per_seed[name].append({"seed": seed, "train_seconds": round(seconds, 1), "lr": lr, "warmup": warmup,
+                                   "params": sum(p.numel() for p in model.parameters()), **buckets["1-100"],
+                                   "samples": hyps[:2]})
+            print("transformer-vs-rnn", name, per_seed[name][-1], flush=True)
+    key = "transformer-vs-rnn" + suffix
+    results[key] = {"steps": args.bible_steps, "batch_size": 32, "test_verses": len(pairs), "per_seed": per_seed,
+                    "selected": {name: {"lr": lr, "warmup": warmup} for name, (lr, warmup) in chosen.items()}}
+    if sweep:
+        results[key].update(sweep=sweep, valid_verses=len(task.eval_pairs("valid", args.eval_bible)))
     if args.seeds < claims.MIN_SEEDS or args.quick:
         return
     if point:
@@ -647,8 +726,8 @@ def run_transformer_vs_rnn(args, results: Dict, point: bool = False) -> None:
 
 
 def record_transformer_vs_rnn(r: Dict) -> None:
-    """The claim from ``run_transformer_vs_rnn``'s saved results: test chrF, with BLEU, character
-    accuracy and training seconds in its why."""
+    """The claim from ``run_transformer_vs_rnn``'s saved results: test chrF at each arm's selected
+    learning rate, with the sweep, BLEU, character accuracy and training seconds in its why."""
     per_seed = r["per_seed"]
     seeds = len(per_seed["transformer"])
 
@@ -656,6 +735,10 @@ def record_transformer_vs_rnn(r: Dict) -> None:
         return {name: [x[key] for x in runs] for name, runs in per_seed.items()}
 
     chrf, bleu, char, secs = of("chrf"), of("bleu"), of("char_accuracy"), of("train_seconds")
+    sel = r["selected"]
+    grids = "; ".join(f"{TVR_LABELS[name]} " + ", ".join(f"{x['lr']:g}" for x in rows) for name, rows in r["sweep"].items())
+    losses = "; ".join(f"{TVR_LABELS[name]} " + ", ".join(f"{x['valid_loss']:.3f}" for x in rows)
+                       for name, rows in r["sweep"].items())
     claims.record(
         id="transformer-vs-rnn", model="transformer", paper=VASWANI, better="higher", measured=True,
         claim="The Transformer translates better than a recurrent encoder-decoder with attention, at a fraction of its "
@@ -664,13 +747,69 @@ def record_transformer_vs_rnn(r: Dict) -> None:
                 f"--bible-steps {r['steps']}",
         ours=chrf["transformer"], baseline=chrf["rnn"],
         budget=f"bible-en-es, character level, {r['steps']} updates of 32 pairs each; Transformer d_model 64, "
-               f"2 + 2 layers, lr 1e-3; GRU encoder-decoder d_hidden 64 with Bahdanau attention, lr 3e-3; chrF of greedy "
-               f"translations of the {r.get('test_verses', 483)} test verses; CPU, one thread",
-        why=f"test chrF Transformer {claims.fmt(chrf['transformer'])}, recurrent with Bahdanau attention "
+               f"2 + 2 layers; GRU encoder-decoder d_hidden 64 with Bahdanau attention; each arm's AdamW peak lr "
+               f"(cosine, warm-up growing with the lr) chosen from 3 ({grids}) by teacher-forced loss on the "
+               f"{r['valid_verses']} validation verses after {r['steps']} updates of seed 0; then {seeds} seeds at "
+               f"the chosen lr (seed 0 the sweep's run); chrF of greedy translations of the {r['test_verses']} test "
+               f"verses; CPU, one thread",
+        why=f"chosen lr: Transformer {sel['transformer']['lr']:g} (warm-up {sel['transformer']['warmup']}), "
+            f"recurrent {sel['rnn']['lr']:g} (warm-up {sel['rnn']['warmup']}); validation loss per lr {losses}; "
+            f"test chrF Transformer {claims.fmt(chrf['transformer'])}, recurrent with Bahdanau attention "
             f"{claims.fmt(chrf['rnn'])} (per seed {[round(x, 1) for x in chrf['transformer']]} vs "
             f"{[round(x, 1) for x in chrf['rnn']]}); BLEU {claims.fmt(bleu['transformer'])} vs {claims.fmt(bleu['rnn'])}, "
             f"character accuracy {claims.fmt(char['transformer'])} vs {claims.fmt(char['rnn'])}; training seconds "
             f"{claims.fmt(secs['transformer'])} vs {claims.fmt(secs['rnn'])}")
+
+
+def write_transformer_vs_rnn_section(results: Dict) -> None:
+    """Section 7's sweep and main tables on the page, from the main budget's run in ``results``."""
+    r = results.get("transformer-vs-rnn")
+    if not r or "sweep" not in r:
+        return
+    per_seed, steps = r["per_seed"], r["steps"]
+    seeds = len(per_seed["transformer"])
+    rows = []
+    for name, runs in r["sweep"].items():
+        for x in runs:
+            mark = "**" if x["selected"] else ""
+            rows.append(f"| {TVR_LABELS[name]} | {mark}{x['lr']:g}{mark} | {x['warmup']} | {mark}{x['valid_loss']:.3f}{mark} "
+                        f"| {x['valid_token_accuracy']:.3f} | {x['train_seconds']:.0f} |")
+    edges = [TVR_LABELS[name] for name, runs in r["sweep"].items()
+             if runs[0]["selected"] or runs[-1]["selected"]]
+
+    def cell(name, key, digits=None):
+        xs = [x[key] for x in per_seed[name]]
+        return claims.fmt(xs) if digits is None else f"{claims.mean(xs):.{digits}f} ± {claims.standard_error(xs):.{digits}f}"
+
+    chrf = {name: [x["chrf"] for x in runs] for name, runs in per_seed.items()}
+    verdict = claims.verdict(chrf["transformer"], chrf["rnn"], "higher") if seeds >= claims.MIN_SEEDS else "no verdict"
+    main = [f"| {TVR_LABELS[name]} | {per_seed[name][0]['lr']:g} | {per_seed[name][0]['params']:,} | {cell(name, 'chrf')} "
+            f"| {cell(name, 'bleu')} | {cell(name, 'char_accuracy', 3)} | {cell(name, 'train_seconds', 0)} |" for name in per_seed]
+    lines = [TVR_SECTION[0], "",
+             f"`python benchmarks/repro_rnn_attention.py --parts transformer-vs-rnn --seeds {seeds} --bible-steps {steps}` "
+             f"({time.strftime('%Y-%m-%d')}, one thread). Learning-rate sweep, seed 0, {steps:,} updates each: "
+             f"teacher-forced loss (nats per character, no label smoothing) and token accuracy on the "
+             f"{r['valid_verses']} validation verses; each arm goes on at the learning rate of its lowest "
+             "validation loss (bold). The test verses play no part in the choice.", "",
+             "| model | peak lr | warm-up updates | validation loss | validation token accuracy | training seconds |",
+             "| --- | --- | --- | --- | --- | --- |", *rows, ""]
+    old = {name: next(x for x in runs if (x["lr"], x["warmup"]) == TVR_OLD[name]) for name, runs in r["sweep"].items()}
+    best = {name: next(x for x in runs if x["selected"]) for name, runs in r["sweep"].items()}
+    lines += ["Recipe or model: on seed 0's validation verses the Transformer's loss minus the GRU's is "
+              f"{old['transformer']['valid_loss'] - old['rnn']['valid_loss']:+.3f} nats per character at the old "
+              f"recipe (lr {TVR_OLD['transformer'][0]:g} against {TVR_OLD['rnn'][0]:g}) and "
+              f"{best['transformer']['valid_loss'] - best['rnn']['valid_loss']:+.3f} at the chosen rates "
+              f"(lr {best['transformer']['lr']:g} against {best['rnn']['lr']:g}).", ""]
+    if edges:
+        lines += [f"The choice sits at the edge of its grid for: {', '.join(edges)} (a wider grid might do better).", ""]
+    lines += [f"Each arm at its chosen learning rate, {seeds} seed{'s' if seeds != 1 else ''} (seed 0 is the sweep's run), chrF (sacrebleu) of "
+              f"greedy translations of the {r['test_verses']} test verses; mean ± standard error over seeds:", "",
+              f"| model ({steps:,} updates) | peak lr | parameters | chrF | BLEU | character accuracy | training seconds |",
+              "| --- | --- | --- | --- | --- | --- | --- |", *main, "",
+              f"Per seed chrF {', '.join(f'{x:.1f}' for x in chrf['transformer'])} against "
+              f"{', '.join(f'{x:.1f}' for x in chrf['rnn'])}: **{verdict}** (one-sided Welch t-test at 5 %; "
+              "[claims.json](claims.json), `transformer-vs-rnn`).", "", TVR_SECTION[1]]
+    replace_section(DOC, "\n".join(lines), TVR_SECTION, "## `qkv viz` on image and pointer tasks")
 
 
 def run_bible(args, results: Dict) -> None:
@@ -799,6 +938,10 @@ def main() -> None:
             with_budgets(args, "lstmn_steps", lambda point: run_lstmn(args, results, point=point))
         elif part == "transformer-vs-rnn":
             with_budgets(args, "bible_steps", lambda point: run_transformer_vs_rnn(args, results, point=point))
+            if q:
+                DOC.touch()  # a smoke run's page (a temporary one) gets the section too
+            if q or args.seeds >= claims.MIN_SEEDS:
+                write_transformer_vs_rnn_section(results)
         elif part in POINTER_PARTS:
             run_pointer(args, results, part)
         else:

@@ -80,6 +80,9 @@ def test_rnn_part_transformer_vs_rnn(benchmark_script, monkeypatch, tmp_path):
     results = quick_rnn_parts(benchmark_script("repro_rnn_attention"), monkeypatch, tmp_path, "transformer-vs-rnn")
     vs = results["transformer-vs-rnn"]["per_seed"]
     assert set(vs) == {"transformer", "rnn"} and all(0 <= r["chrf"] <= 100 for runs in vs.values() for r in runs)
+    sweep = results["transformer-vs-rnn"]["sweep"]  # each arm at the lr of its lowest validation loss
+    for name, runs in sweep.items():
+        assert len(runs) == 3 and vs[name][0]["lr"] == min(runs, key=lambda r: r["valid_loss"])["lr"]
     assert CLAIMS.read_text() == before
 
 
