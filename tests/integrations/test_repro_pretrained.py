@@ -91,3 +91,12 @@ def test_finetune_page_shows_the_curve_and_whether_scratch_left_the_prior(benchm
     assert "from 300 steps on" in page and "+20.3 points" in page
     write_page({"finetune": _finetune_results({"30": [0.23] * 3, "300": [0.26, 0.31, 0.24]})}, tmp_path / "q.md", quick=False)
     assert "has not left the majority-class prior (25.0%" in (tmp_path / "q.md").read_text()
+
+
+def test_finetune_claim_with_too_few_seeds_adds_no_curve_point(benchmark_script, monkeypatch):
+    script = benchmark_script("repro_pretrained")
+    calls = []
+    monkeypatch.setattr(script.claims, "record", lambda **kw: calls.append("record"))
+    monkeypatch.setattr(script.claims, "add_point", lambda *a, **kw: calls.append("point"))
+    script.record_claims({"finetune": _finetune_results({"30": [0.23], "300": [0.6]}, pretrained=(0.8,))})
+    assert calls == ["record"]  # record pends it; add_point would fail on a claim not yet recorded
