@@ -1,6 +1,6 @@
 """Reproduce docs/reproductions/long-context.md in one command.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/repro_long_context.py               # ~15 min of one core
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/repro_long_context.py               # lm, tmaze, tmaze_wide: ~35 min of one core
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/repro_long_context.py --only tmaze  # one section (~25 min of one idle core)
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/repro_long_context.py --quick       # smoke run (numbers meaningless)
 
@@ -368,8 +368,8 @@ def section_tmaze_depth(quick: bool, depths: List[int]) -> Dict[str, Any]:
 def write_doc(results: Dict[str, Any], command: str) -> None:
     lines = ["# Long context: Transformer-XL and GTrXL", "",
              "Made by one command (numbers below are what it printed; plots in `img/`; each section can be rerun "
-             "alone with `--only lm|tmaze|tmaze_wide`, which is how the numbers below were produced, on 2026-11-23 "
-             "on the shared 2-core machine):", "",
+             "alone with `--only lm|tmaze|tmaze_wide`, which is how the numbers below were produced "
+             "on the shared 2-core machine; each claim's commit and date are in claims.json):", "",
              f"    {command}", ""]
     lm = results.get("lm")
     if lm:
@@ -426,8 +426,8 @@ def write_doc(results: Dict[str, Any], command: str) -> None:
             f"attends to its own segment and the memory of layer n-1's states from segment t - 1, so the junction's "
             f"first layer sees the cue *directly* only while L <= {direct}; for {direct + 1} <= L <= {reach} the cue "
             f"lies beyond that window, and reaches the junction only across layers: layer 2 reads the memory of "
-            f"layer-1 states computed in the previous segment, which had the cue in their own window (the paper's "
-            f"dependency length growing with the number of layers, N x memory). No gradient flows along that path "
+            f"layer-1 states computed in the previous segment, which had the cue in their own window (Transformer-XL's "
+            f"longest dependency growing with the number of layers, about N x memory). No gradient flows along that path "
             f"(the memory is detached), so what carries the cue there is what layer 1 learned on the short "
             f"corridors, where the cue sits in the junction segment's window with gradient. Every {reach}-step "
             f"corridor is within two layers' reach, so depth adds capacity, not reach.", "",
