@@ -227,11 +227,15 @@ def train_tmaze(kind: str, corridor: int, seed: int, updates: int, batch: int, s
     opt = torch.optim.Adam(policy.parameters(), lr=lr)
     g = torch.Generator().manual_seed(1000 + seed)
     lengths = list(train_lengths) if train_lengths else [corridor]
-    baseline, first_solved = 0.5, None
+    baseline, first_solved, diverged = 0.5, None, None
     for update in range(updates):
         L = lengths[int(torch.randint(len(lengths), (1,), generator=g))] if len(lengths) > 1 else lengths[0]
         obs, cue = tmaze_episodes(batch, L, g)
-        dist = torch.distributions.Categorical(logits=policy(obs))
+        logits = policy(obs)
+        if not torch.isfinite(logits).all():  # a run that diverged has failed to learn; it stops, it does not crash the grid
+            diverged = update + 1
+            break
+        dist = torch.distributions.Categorical(logits=logits)
         action = dist.sample()
         reward = (action == cue).float()  # 1 for the cued arm
         loss = -((reward - baseline) * dist.log_prob(action)).mean() - 0.01 * dist.entropy().mean()
@@ -243,12 +247,15 @@ def train_tmaze(kind: str, corridor: int, seed: int, updates: int, batch: int, s
         if first_solved is None and baseline > 0.9:
             first_solved = update + 1
 
-    def greedy(L: int) -> float:
+    def greedy(L: int) -> float:  # a diverged policy (non-finite logits) scores 0
         obs, cue = tmaze_episodes(256, L, torch.Generator().manual_seed(99))
-        return round(float((policy(obs).argmax(-1) == cue).float().mean()), 4)
+        logits = policy(obs)
+        return round(float(((logits.argmax(-1) == cue) & torch.isfinite(logits).all(-1)).float().mean()), 4)
 
     with torch.no_grad():
         out: Dict[str, Any] = {"success": greedy(corridor), "solved_at": first_solved}
+        if diverged is not None:
+            out["diverged_at"] = diverged
         if test_lengths:
             out["by_length"] = {str(L): greedy(L) for L in test_lengths}
     return out
@@ -410,7 +417,9 @@ def write_doc(results: Dict[str, Any], command: str) -> None:
                 for lr in tm["lrs"]:
                     rs = cells[f"{depth}/{lr:g}"]
                     solved = [r["solved_at"] if r["solved_at"] is not None else tm["updates"] for r in rs]
-                    out.append(f"{int(sum(learned(r, tm) for r in rs))}/{len(rs)}, solved at {solved}")
+                    div = sum("diverged_at" in r for r in rs)
+                    out.append(f"{int(sum(learned(r, tm) for r in rs))}/{len(rs)}, solved at {solved}"
+                               + (f", {div} diverged (non-finite logits)" if div else ""))
                 grid.append(f"| {kind} | {depth if kind != 'lstm' else '1 (LSTM)'} | " + " | ".join(out) + " |")
         lines += [
             "## GTrXL vs Transformer-XL vs LSTM on a passive T-maze with the cue beyond the attention span", "",

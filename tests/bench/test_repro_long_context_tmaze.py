@@ -54,3 +54,25 @@ def test_tmaze_grid_and_claims(benchmark_script, monkeypatch, tmp_path):
     script.write_doc({"tmaze": tm}, "cmd")
     page = script.DOC.read_text()
     assert "cue beyond the attention span" in page and "L <= 6" in page and "| xl-post-ln | 2 |" in page
+
+
+def test_a_diverged_run_fails_without_stopping_the_grid(benchmark_script, monkeypatch):
+    """Non-finite logits (a learning rate too high for the wiring) end that run as not learned, instead
+    of Categorical raising and losing the whole section."""
+    import torch
+
+    script = benchmark_script("repro_long_context")
+    real = script.make_policy
+
+    class Broken(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, obs):
+            return self.inner(obs) * float("nan")
+
+    monkeypatch.setattr(script, "make_policy", lambda *a, **k: Broken(real(*a, **k)))
+    out = script.train_tmaze("gtrxl", 3, 0, 5, 4, 4, 2, 1e-2, [1, 2, 3], [1, 3])
+    assert out["diverged_at"] == 1 and out["solved_at"] is None
+    assert out["success"] == 0.0 and out["by_length"] == {"1": 0.0, "3": 0.0}
