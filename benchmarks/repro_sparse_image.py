@@ -45,6 +45,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -77,19 +78,22 @@ def lm_models(context: int, stride: int, seed: int = 0, attention: str = "fixed"
     return {f"sparse-transformer ({attention}, interleaved)": sparse, "gpt (dense softmax)": dense}
 
 
-def ngram_bits(task, order: int) -> float:
+def ngram_bits(task, order: int, n_bytes: Optional[int] = None) -> float:
     """Validation bits per byte of the byte n-gram model (``order`` 1: unigram, 2: bigram) counted
     on the train split with add-one smoothing: the levels a language model must get below to show
-    that it uses any context (unigram) or more than the previous byte (bigram)."""
+    that it uses any context (unigram) or more than the previous byte (bigram). Scored on the bytes
+    a language model's evaluation predicts: the validation split's bytes 1 ... ``n_bytes`` (the
+    labels of its first ``n_bytes / L`` windows), or all of it after the first."""
     train, valid = task.split_tokens("train"), task.split_tokens("valid")
+    end = valid.numel() if n_bytes is None else min(valid.numel(), n_bytes + 1)
     if order == 1:
         counts = torch.bincount(train, minlength=256).double() + 1.0
-        return float(-torch.log2(counts / counts.sum())[valid].mean())
+        return float(-torch.log2(counts / counts.sum())[valid[1:end]].mean())
     if order != 2:
         raise ValueError(f"order must be 1 or 2, got {order}")
     counts = torch.bincount(train[:-1] * 256 + train[1:], minlength=256 * 256).double().view(256, 256) + 1.0
     probs = counts / counts.sum(1, keepdim=True)
-    return float(-torch.log2(probs[valid[:-1], valid[1:]]).mean())
+    return float(-torch.log2(probs[valid[:end - 1], valid[1:end]]).mean())
 
 
 def train_for(model, batch_fn, seconds: float, lr: float, warmup: int = 10, max_steps: int = 10 ** 9):
@@ -201,9 +205,12 @@ def lm_seeds(args):
     seed (initialisation and batch order): into claims.json, ``sparse-image.json`` (``lm_seeds``)
     and a section of the page. The wall-clock budget is kept fair by alternating rounds."""
     task = build_task("enwiki-bytes", block_size=args.context)
-    levels = {"unigram": ngram_bits(task, 1), "bigram": ngram_bits(task, 2)}
-    print(f"[lm] validation bits/byte of the byte unigram {levels['unigram']:.3f}, bigram {levels['bigram']:.3f} "
-          "(counted on the train split, add-one)", flush=True)
+    scored = args.eval_windows * args.context  # the bytes the models' evaluation predicts
+    levels = {"unigram": ngram_bits(task, 1, scored), "bigram": ngram_bits(task, 2, scored),
+              "unigram_whole_split": ngram_bits(task, 1), "bigram_whole_split": ngram_bits(task, 2)}
+    print(f"[lm] bits/byte of the byte unigram {levels['unigram']:.3f}, bigram {levels['bigram']:.3f} on the "
+          f"{scored:,} validation bytes the models are scored on (whole split: {levels['unigram_whole_split']:.3f}, "
+          f"{levels['bigram_whole_split']:.3f}; counted on the train split, add-one)", flush=True)
     seeds = list(range(args.seeds))
     runs = [lm_alternating(args, seed) for seed in seeds]
     sparse_name, dense_name = list(runs[0])
@@ -241,9 +248,10 @@ def lm_seeds(args):
         f"The `fixed` Sparse Transformer against dense GPT with seeds {seeds} (initialisation and batch order); "
         f"{budget}. In alternating rounds one update of each model in turn, each timed on its own updates, until "
         f"each has spent its seconds, so that whatever else the machine runs slows both alike (a loaded machine "
-        f"still gives both fewer updates: run it on an idle core). The data's levels on the same validation split: "
-        f"**unigram {levels['unigram']:.3f}**, bigram {levels['bigram']:.3f} bits/byte (byte counts of the train "
-        "split, add-one); a model below the bigram level uses more than the previous byte. Mean ± standard error; "
+        f"still gives both fewer updates: run it on an idle core). The data's levels on the same {scored:,} "
+        f"validation bytes: **unigram {levels['unigram']:.3f}**, bigram {levels['bigram']:.3f} bits/byte (byte counts "
+        f"of the train split, add-one; on the whole validation split {levels['unigram_whole_split']:.3f} and "
+        f"{levels['bigram_whole_split']:.3f}); a model below the bigram level uses more than the previous byte. Mean ± standard error; "
         "the verdict is in [claims.json](claims.json):", "",
         common.markdown_table(["model", "seconds each", "valid bits/byte per seed", "mean", "updates", "tokens/s"], rows),
         "", LM_SEEDS_END])

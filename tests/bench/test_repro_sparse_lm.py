@@ -33,6 +33,9 @@ def test_ngram_levels_are_the_add_one_cross_entropies(benchmark_script):
     expected = -(7 * math.log2(p01) + 6 * math.log2(p10)) / 13
     assert script.ngram_bits(task, 2) == pytest.approx(expected)
     assert script.ngram_bits(task, 2) < script.ngram_bits(task, 1)
+    # n_bytes: only the first n labels of the split (here valid[1] = 1, after valid[0] = 0)
+    assert script.ngram_bits(task, 1, 1) == pytest.approx(-math.log2((n + 1) / (2 * n + 256)))
+    assert script.ngram_bits(task, 2, 1) == pytest.approx(-math.log2(p01))
     with pytest.raises(ValueError, match="order"):
         script.ngram_bits(task, 3)
 
@@ -55,6 +58,6 @@ def test_lm_seeds_quick_prints_the_levels_and_publishes_nothing(benchmark_script
                               lm_seconds=0.3, eval_windows=1, lm_budgets=[0.4])
     script.lm_seeds(args)
     out = capsys.readouterr().out
-    assert "bits/byte of the byte unigram" in out and "**unigram " in out
+    assert "bits/byte of the byte unigram" in out and "**unigram " in out and "on the 64 validation bytes" in out
     assert "| sparse-transformer (fixed, interleaved) | 0.3 | " in out and "| gpt (dense softmax) | 0.4 | " in out
     assert script.DOC.read_text() == page and CLAIMS.read_text() == claims_before
