@@ -136,3 +136,81 @@ def test_speed_reading_is_computed_from_the_points():
     assert "1 of 2 kernels train faster" in text and "`linear` 4.00x" in text and "slowest `lsh` 0.50x" in text
     assert "1 of 2 need more peak memory" in text and "`linear` 1.50x" in text
     assert bench_lra._speed_reading(speed, {}, 4096) == ""
+
+
+LISTOPS_PATH = [("listops", "ListOps"), ("pathfinder", "Pathfinder")]
+
+
+def _two_tasks(listops, pathfinder):
+    """softmax and linear on ListOps (majority 20% of 1000) and Pathfinder (majority 50% of 1000)."""
+    results = _fake({("listops", "softmax"): listops[0], ("listops", "linear"): listops[1],
+                     ("pathfinder", "softmax"): pathfinder[0], ("pathfinder", "linear"): pathfinder[1]})
+    results["tasks"]["pathfinder"]["majority"] = 0.5
+    return results
+
+
+def _row(table, first):
+    return next(line for line in table.splitlines() if line.startswith(f"| {first} |"))
+
+
+def test_table_average_counts_only_the_learned_tasks():
+    results = _two_tasks(listops=(0.38, 0.30), pathfinder=(0.50, 0.51))  # Pathfinder: 51% is within 2 SE of 50%
+    ours, published = bench_lra._accuracy_sections(results, ["softmax", "linear"], LISTOPS_PATH, [0])
+    assert _row(ours, "`softmax`").endswith("| 38.00 | 50.00 | 38.00 |")  # not (38 + 50) / 2
+    assert "| kernel | LRA model | ListOps | Pathfinder | avg (ListOps) |" in ours
+    assert bench_lra.learned(results, "listops", [0])[0] and not bench_lra.learned(results, "pathfinder", [0])[0]
+    assert _row(ours, "`linear`").endswith("| 30.00 | 51.00 | 30.00 |")
+    assert _row(ours, "learned?") == "| learned? |  | yes | no |  |"
+    assert "Pathfinder left out, no kernel learned it" in ours
+    # the paper's average over all five stays; beside it, its average over the tasks ours counts
+    assert "| avg | avg (ListOps) |" in published
+    assert _row(published, "Transformer").endswith("| 54.39 | 36.37 |")
+    # the reading uses the same test
+    listops, pathfinder = bench_lra._reading(results, [0])
+    assert "**agrees**" in listops and "Cannot be judged" in pathfinder
+
+
+def test_table_gives_no_average_when_no_task_was_learned():
+    results = _two_tasks(listops=(0.21, 0.19), pathfinder=(0.50, 0.50))
+    ours, published = bench_lra._accuracy_sections(results, ["softmax", "linear"], LISTOPS_PATH, [0])
+    assert "avg" not in ours.split("\n\n")[2] and "**No task was learned by any kernel**, so no average" in ours
+    assert _row(ours, "`softmax`") == "| `softmax` | Transformer | 21.00 | 50.00 |"
+    assert _row(ours, "learned?") == "| learned? |  | no | no |"
+    assert "avg (" not in published  # only the paper's own average
+    assert "Cannot be judged" in bench_lra._reading(results, [0])[0]
+
+
+def _saved_results(folder):
+    """A results file as a run leaves it, without running one: two seeds of softmax and linear."""
+    results = _two_tasks(listops=(0.38, 0.30), pathfinder=(0.50, 0.51))
+    for key in list(results["cells"]):
+        cell = results["cells"][key]
+        cell.update(settings={"task_options": {}, "steps": 2, "batch_size": 4}, seconds=1.0)
+        results["cells"][key.replace("|0", "|1")] = {**cell, "seed": 1, "test_accuracy": cell["test_accuracy"] + 0.02}
+    results.update(machine={"cpu": "test cpu", "cores": 1, "torch_threads": 1, "device": "cpu", "device_name": "cpu",
+                            "torch": "x", "python": "y"}, command="qkv bench lra --seeds 0 1", speed={})
+    folder.mkdir()
+    (folder / "lra-results.json").write_text(json.dumps(results))
+    return (folder / "lra-results.json").read_bytes()
+
+
+def test_report_only_writes_the_page_from_saved_results_and_trains_nothing(tmp_path, capsys):
+    out = tmp_path / "saved"
+    saved = _saved_results(out)
+    page = tmp_path / "page.md"
+    assert main(["lra", "--report-only", "--out", str(out), "--report", str(page)]) == 0
+    text = page.read_text()
+    assert "- command: `qkv bench lra --seeds 0 1`" in text  # the command that produced the results
+    assert "Ours (2 seed(s); mean ± sd" in text and "| `softmax` | Transformer | 39.00 ± 1.41 |" in text
+    assert "avg (ListOps)" in text
+    assert (out / "lra-results.json").read_bytes() == saved and sorted(p.name for p in out.iterdir()) == \
+        ["lra-results.json"]  # nothing trained, nothing rewritten
+    assert main(["lra", "--report-only", "--seeds", "0", "--out", str(out), "--report", str(page)]) == 0
+    assert "| `softmax` | Transformer | 38.00 |" in page.read_text()
+    with pytest.raises(SystemExit):
+        main(["lra", "--report-only", "--out", str(tmp_path / "none"), "--report", str(page)])
+    assert "--report-only: no results at" in capsys.readouterr().err
+    (out / "lra-results.json").write_text(json.dumps({"cells": {}, "machine": {}, "command": "c"}))
+    with pytest.raises(SystemExit):
+        main(["lra", "--report-only", "--out", str(out), "--report", str(page)])
+    assert "holds no finished cells" in capsys.readouterr().err

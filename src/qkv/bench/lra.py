@@ -13,7 +13,8 @@ and the time. Text, Retrieval and Image are stand-ins (``qkv.tasks.lra``).
 Resuming: every finished (task, kernel, seed) cell and speed point is stored in one results file
 (``--out``/``lra-results.json``, written atomically after each); a cell already there with the
 same settings is skipped, an interrupted cell continues from its last checkpoint. Run the same
-command again to continue; change a setting and the cells it touches run again.
+command again to continue; change a setting and the cells it touches run again. ``--report-only``
+writes the page again from that results file alone, training and timing nothing.
 
 The default plan (``PLAN``) is sized for two CPU cores: measured on 2026-11-24 (AMD EPYC), its 57
 cells took 199 min of one-thread training and testing: **1 h 45 min two cells at a time** (measured
@@ -46,7 +47,7 @@ from ..registry import lookup
 from . import common
 
 __all__ = ["add_arguments", "run", "PLAN", "QUICK_PLAN", "MODELS", "TASKS", "PUBLISHED", "PUBLISHED_SPEED_4K",
-           "LRA_NAMES", "TaskPlan"]
+           "LRA_NAMES", "TaskPlan", "learned", "write_report"]
 
 #: every kernel that fits an encoder; ``local-2d`` only where the task is an image
 MODELS = ("softmax", "local-1d", "window", "strided", "fixed", "linformer", "lsh", "linear", "performer", "efficient",
@@ -151,6 +152,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "1 thread there); CPU only. --jobs 2 --threads 1 uses two cores best (default: 1 job)")
     parser.add_argument("--report", default=None,
                         help="the page to write (default docs/reproductions/lra.md; --quick: OUT/lra.md)")
+    parser.add_argument("--report-only", action="store_true",
+                        help=f"write the page from the results already in OUT/{RESULTS_FILE}, training and measuring "
+                             "nothing (every seed there unless --seeds)")
 
 
 # ============================================================================================ plan
@@ -392,8 +396,6 @@ class _Checked:
 def _check(args: argparse.Namespace, device: torch.device) -> _Checked:
     """Every option of ``qkv bench lra`` checked, and every planned task built, before any cell runs:
     a bad value is one ``UserError`` line naming it."""
-    from .._io import output_file
-
     with user_input():  # the command line's values: a bad one is one line, not a traceback
         plan = _plan(args)
         jobs = _checks.positive_int("--jobs", args.jobs)
@@ -415,11 +417,7 @@ def _check(args: argparse.Namespace, device: torch.device) -> _Checked:
     if not args.no_speed:
         for L in lengths:
             _bounded(f"--speed-lengths {L}", L, speed_batch, f"--speed-batch {speed_batch}")
-    default_report = Path(args.out) / "lra.md" if args.quick else Path("docs/reproductions/lra.md")
-    try:
-        report = output_file(args.report or default_report, (".md",), ".md")
-    except UserError as err:
-        raise UserError(f"--report: {err}") from None
+    report = _report_path(args)
     tasks: Dict[str, Any] = {}
     missing: Dict[str, str] = {}
     for name, p in plan.items():
@@ -440,6 +438,17 @@ def _check(args: argparse.Namespace, device: torch.device) -> _Checked:
     return _Checked(plan, tasks, missing, models, seeds, jobs, lengths, speed_batch, report)
 
 
+def _report_path(args: argparse.Namespace) -> Path:
+    """The page ``--report`` names (checked), or its default: docs/reproductions/lra.md; OUT/lra.md with ``--quick``."""
+    from .._io import output_file
+
+    default_report = Path(args.out) / "lra.md" if args.quick else Path("docs/reproductions/lra.md")
+    try:
+        return output_file(args.report or default_report, (".md",), ".md")
+    except UserError as err:
+        raise UserError(f"--report: {err}") from None
+
+
 def _bounded(what: str, length: int, batch: int, batch_what: str) -> None:
     """Refuse an input longer than ``MAX_LENGTH`` or a batch of more than ``MAX_BATCH_TOKENS`` tokens."""
     if length > MAX_LENGTH:
@@ -452,6 +461,8 @@ def _bounded(what: str, length: int, batch: int, batch_what: str) -> None:
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     """Check every option, then train and test every cell not yet done, measure the speed table, write the page."""
+    if args.report_only:
+        return _report_only(args)
     device = common.resolve_device(args.device)
     checked = _check(args, device)
     out = Path(args.out)
@@ -481,6 +492,35 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     report = checked.report
     write_report(results, report, plan, models, seeds, device)
     print(f"lra: wrote {report} and {path}", flush=True)
+    return results
+
+
+def _report_only(args: argparse.Namespace) -> Dict[str, Any]:
+    """``--report-only``: the page from the saved results file, which stays as it is (nothing is trained or timed)."""
+    path = Path(args.out) / RESULTS_FILE
+    if not path.is_file():
+        raise UserError(f"--report-only: no results at {path}; run `qkv bench lra --out {args.out}` first "
+                        "(or give --out the folder that holds them)")
+    needed = {"task", "model", "seed", "test_accuracy", "test_examples", "settings", "seconds"}  # what the page reads
+    try:
+        results = _load(path)
+        absent = sorted({"machine", "command"} - set(results))
+        cells = results["cells"]
+        broken = [key for key, c in cells.items() if not needed <= set(c)]
+        device = torch.device(results.get("machine", {}).get("device", "cpu"))
+    except (ValueError, TypeError, AttributeError, RuntimeError) as err:
+        raise UserError(f"--report-only: {path} is not a `qkv bench lra` results file ({type(err).__name__}: {err})") \
+            from None
+    if absent:
+        raise UserError(f"--report-only: {path} lacks {absent}: not a `qkv bench lra` results file")
+    if broken:
+        raise UserError(f"--report-only: {path}: cell {broken[0]!r} lacks {sorted(needed - set(cells[broken[0]]))}")
+    if not cells:
+        raise UserError(f"--report-only: {path} holds no finished cells")
+    seeds = list(args.seeds) if args.seeds is not None else sorted({c["seed"] for c in cells.values()})
+    report = _report_path(args)
+    write_report(results, report, {}, [], seeds, device)
+    print(f"lra: wrote {report} from {path} ({len(cells)} cells; nothing trained)", flush=True)
     return results
 
 
@@ -582,23 +622,35 @@ def _two_se(n: int, *accuracies: float) -> float:
     return 2 * 100 * math.sqrt(sum((a / 100) * (1 - a / 100) for a in accuracies) / max(n, 1))
 
 
+def _mean_accuracy(results: Mapping[str, Any], task: str, model: str, seeds: Sequence[int]) -> Optional[float]:
+    """The kernel's test accuracy (%) on the task, averaged over the seeds it ran; None if it did not run."""
+    values = _accuracies(results, task, model, seeds)
+    return statistics.mean(values) if values else None
+
+
+def learned(results: Mapping[str, Any], task: str, seeds: Sequence[int]) -> Tuple[bool, str]:
+    """Whether some kernel learned ``task``: its best kernel's accuracy (mean over ``seeds``) beats the
+    majority class of the test set by more than two binomial standard errors on that test set; and
+    the sentence that says so. The one test of "learned" for the page: Table 1's average counts only
+    these tasks, and the reading judges a ranking only on them."""
+    base, n = _baseline(results, task)
+    values = {m: v for m in MODELS if (v := _mean_accuracy(results, task, m, seeds)) is not None}
+    if not values:
+        return False, "no kernel ran it"
+    best = max(values, key=values.get)
+    margin = _two_se(n, base)
+    text = (f"the majority class scores {base:.2f}% on its {n} test examples; best `{best}` "
+            f"{values[best]:.2f}%, two standard errors {margin:.1f} points")
+    return values[best] - base > margin, text
+
+
 def _reading(results: Mapping[str, Any], seeds: Sequence[int]) -> List[str]:
     """Does the ranking agree with the paper? Only from the numbers in ``results``: a difference
     counts when it exceeds two binomial standard errors of the difference on the test set."""
     lines = []
 
     def acc(task: str, model: str) -> Optional[float]:
-        values = _accuracies(results, task, model, seeds)
-        return statistics.mean(values) if values else None
-
-    def learned(task: str) -> Tuple[bool, str]:
-        base, n = _baseline(results, task)
-        values = {m: acc(task, m) for m in MODELS if acc(task, m) is not None}
-        best = max(values, key=values.get)
-        margin = _two_se(n, base)
-        text = (f"the majority class scores {base:.2f}% on its {n} test examples; best `{best}` "
-                f"{values[best]:.2f}%, two standard errors {margin:.1f} points")
-        return values[best] - base > margin, text
+        return _mean_accuracy(results, task, model, seeds)
 
     def compare(task: str, rivals: Sequence[str]) -> Dict[str, List[str]]:
         _, n = _baseline(results, task)
@@ -620,7 +672,7 @@ def _reading(results: Mapping[str, Any], seeds: Sequence[int]) -> List[str]:
         rivals = [m for m in wanted if acc(task, m) is not None]
         if acc(task, "softmax") is None or not rivals:
             continue
-        ok, baseline = learned(task)
+        ok, baseline = learned(results, task, seeds)
         c = compare(task, rivals)
         groups = "; ".join(f"{side}: {', '.join(ms)}" for side, ms in c.items() if ms)
         head = f"- **{column}** (paper: {paper}): softmax {acc(task, 'softmax'):.2f}% — relative to it, {groups}"
@@ -634,7 +686,7 @@ def _reading(results: Mapping[str, Any], seeds: Sequence[int]) -> List[str]:
     for task, column in TASKS:
         if task in ("listops", "pathfinder") or not any(c["task"] == task for c in results["cells"].values()):
             continue
-        ok, baseline = learned(task)
+        ok, baseline = learned(results, task, seeds)
         lines.append(f"- **{column}**: " + ("learned" if ok else "not learned by any kernel") + f" ({baseline}).")
     return lines
 
@@ -698,29 +750,48 @@ def _setup_sections(results: Mapping[str, Any]) -> List[str]:
 
 def _accuracy_sections(results: Mapping[str, Any], order: Sequence[str], tasks_run,
                        seeds: Sequence[int]) -> List[str]:
-    """Our Table 1 (test accuracy per kernel and task, the majority class below), then the published one."""
+    """Our Table 1 (test accuracy per kernel and task; the majority class and whether the task was
+    learned below), then the published one. The average counts only the tasks some kernel learned
+    (``learned``): a task nobody learned scores the majority class, whatever the kernel."""
     cells = results["cells"]
     sections = []
-    header = ["kernel", "LRA model"] + [col for _, col in tasks_run] + ["avg"]
+    verdicts = {task: learned(results, task, seeds) for task, _ in tasks_run}
+    counted = [(task, col) for task, col in tasks_run if verdicts[task][0]]
+    names = ", ".join(col for _, col in counted)
+    header = ["kernel", "LRA model"] + [col for _, col in tasks_run] + ([f"avg ({names})"] if counted else [])
     rows = []
     for m in order:
-        row = [f"`{m}`", LRA_NAMES.get(m, "—")]
-        means = []
-        for task, _ in tasks_run:
-            values = _accuracies(results, task, m, seeds)
-            row.append(_mean_text(values))
-            if values:
-                means.append(statistics.mean(values))
-        row.append(f"{statistics.mean(means):.2f}" if len(means) == len(tasks_run) and means else "–")
+        row = [f"`{m}`", LRA_NAMES.get(m, "—")] + [_mean_text(_accuracies(results, t, m, seeds)) for t, _ in tasks_run]
+        if counted:
+            means = [_mean_accuracy(results, t, m, seeds) for t, _ in counted]
+            row.append(f"{statistics.mean(means):.2f}" if None not in means else "–")
         rows.append(row)
-    rows.append(["majority class", ""] + [f"{_baseline(results, t)[0]:.2f}" for t, _ in tasks_run] + [""])
+    tail = [""] if counted else []
+    rows.append(["majority class", ""] + [f"{_baseline(results, t)[0]:.2f}" for t, _ in tasks_run] + tail)
+    rows.append(["learned?", ""] + ["yes" if verdicts[t][0] else "no" for t, _ in tasks_run] + tail)
     n_seeds = len({c["seed"] for c in cells.values()})
+    rule = ("a task is *learned* when its best kernel beats the majority class by more than two binomial standard "
+            "errors on its test set")
+    if counted:
+        left_out = [col for t, col in tasks_run if not verdicts[t][0]]
+        average = (f"`avg`: the mean over the learned tasks only ({names})" +
+                   (f"; {', '.join(left_out)} left out, no kernel learned {'it' if len(left_out) == 1 else 'them'}"
+                    if left_out else "") + f" ({rule})")
+    else:
+        average = f"**No task was learned by any kernel**, so no average is given ({rule})"
     sections.append(f"## Table 1: test accuracy (%)\n\nOurs ({n_seeds} seed(s){'; mean ± sd' if n_seeds > 1 else ''}; "
-                    "`local-2d` only on the image tasks; `–`: not run):\n\n" + common.markdown_table(header, rows))
-    pub_rows = [[name] + [f"{v:.2f}" for v in values] + [f"{statistics.mean(values):.2f}"]
+                    f"`local-2d` only on the image tasks; `–`: not run). {average}.\n\n" +
+                    common.markdown_table(header, rows))
+    columns = [col for _, col in TASKS]  # PUBLISHED's order
+    same = [columns.index(col) for _, col in counted]
+    partial = 0 < len(same) < len(columns)  # the paper's average is over all five: show it over ours too
+    pub_rows = [[name] + [f"{v:.2f}" for v in values] + [f"{statistics.mean(values):.2f}"] +
+                ([f"{statistics.mean(values[i] for i in same):.2f}"] if partial else [])
                 for name, values in PUBLISHED.items()]
-    sections.append("Published (Tay et al. 2020, Table 1; Path-X left out — every model failed it):\n\n" +
-                    common.markdown_table(["model", "ListOps", "Text", "Retrieval", "Image", "Pathfinder", "avg"],
+    note = (f". `avg`: the paper's, over all five; `avg ({names})`: over the tasks our average counts, the one to "
+            "set beside ours" if partial else "")
+    sections.append(f"Published (Tay et al. 2020, Table 1; Path-X left out — every model failed it){note}:\n\n" +
+                    common.markdown_table(["model"] + columns + ["avg"] + ([f"avg ({names})"] if partial else []),
                                           pub_rows))
     return sections
 
