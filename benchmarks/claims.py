@@ -292,7 +292,8 @@ def make_claim(*, id: str, model: str, paper: str, claim: str, command: str, bet
         entry["curve"] = [{"budget": str(p["budget"]), "ours": _numbers("curve ours", p["ours"]),
                            "baseline": _numbers("curve baseline", p["baseline"]),
                            "verdict": verdict(_numbers("curve ours", p["ours"]), _numbers("curve baseline", p["baseline"]),
-                                              better, margin, deterministic)} for p in curve]
+                                              better, margin, deterministic),
+                           **{k: p[k] for k in ("commit", "date", "dirty") if k in p}} for p in curve]
     check_claim(entry)
     return entry
 
@@ -527,6 +528,21 @@ def _record(path: Path, readme: Optional[Path], pending: Path, ours: List[float]
         else:
             fields = {**provenance(depends({"id": fields.get("id", "?"), "command": fields.get("command", "")})),
                       **fields}
+    if fields.get("curve"):
+        # a curve point keeps the provenance it was recorded with while its numbers stay the same (a section
+        # re-recorded from saved results); a point with new numbers is stamped as the claim is
+        before = {p["budget"]: p for p in (entries[at].get("curve", []) if at is not None else [])}
+
+        def stamped(p: Mapping[str, Any]) -> Dict[str, Any]:
+            old = before.get(str(p["budget"]))
+            if "commit" in p:
+                return dict(p)
+            if old is not None and old["ours"] == _numbers("curve ours", p["ours"]) \
+                    and old["baseline"] == _numbers("curve baseline", p["baseline"]):
+                return {**p, **{k: old[k] for k in ("commit", "date", "dirty") if k in old}}
+            return {**p, **{k: fields[k] for k in ("commit", "date") if k in fields},
+                    **({"dirty": fields["dirty"]} if fields.get("dirty") else {})}
+        fields = {**fields, "curve": [stamped(p) for p in fields["curve"]]}
     entry = make_claim(**fields)
     if at is None:
         entries.append(entry)
@@ -615,8 +631,15 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _curve(points: Sequence[Mapping[str, Any]]) -> str:
-    return "; ".join(f"{p['budget']}: {fmt(p['ours'])} vs {fmt(p['baseline'])}, {p['verdict']}" for p in points) or "—"
+def _curve(points: Sequence[Mapping[str, Any]], commit: Optional[str] = None) -> str:
+    """A claim's budget curve for the table; a point measured at another commit than the claim's
+    main numbers (``commit``) says which, and one from before points carried a commit says so."""
+    def where(p: Mapping[str, Any]) -> str:
+        if "commit" not in p:
+            return " (earlier code, commit unrecorded)"
+        return "" if commit is None or p["commit"] == commit else f" (at {p['commit'][:7]})"
+    return "; ".join(f"{p['budget']}: {fmt(p['ours'])} vs {fmt(p['baseline'])}, {p['verdict']}{where(p)}"
+                     for p in points) or "—"
 
 
 def _decided(e: Mapping[str, Any]) -> str:
@@ -667,7 +690,7 @@ def render_readme(entries: Sequence[Mapping[str, Any]], pending: Sequence[Mappin
             e["model"], e["paper"], e["claim"], e["better"], f"{fmt(e['ours'])} {n}",
             fmt(e["baseline"]) + ("" if len(e["baseline"]) > 1 else " (fixed)"),
             f"{e['margin']:g}" if e["margin"] else "—", _decided(e), f"**{e['verdict']}**", e["why"], e["budget"],
-            _curve(e.get("curve", [])), measured, f"`{e['command']}`")) + " |")
+            _curve(e.get("curve", []), e.get("commit")), measured, f"`{e['command']}`")) + " |")
     if pending:
         lines += ["", f"## Claims awaiting a run with {MIN_SEEDS} seeds", "",
                   "Their pages report one seed; these commands rerun them with "

@@ -373,3 +373,31 @@ def test_a_curve_point_carries_its_provenance(tmp_path):
                   baseline=[0.5, 0.5, 0.5], why="w", budget="b")
     point = claims.add_point("a", "9 steps", [0.6, 0.6, 0.7], [0.5], path=path, readme=readme, pending=pending)
     assert point["commit"] == claims.load(path)[0]["commit"] and point["date"] == claims.load(path)[0]["date"]
+
+
+def test_the_table_says_which_curve_points_are_from_other_code():
+    e = entry(commit="a" * 40, date="2026-11-27",
+              curve=[{"budget": "400 steps", "ours": [0.9, 0.9, 0.9], "baseline": [0.5]},
+                     {"budget": "800 steps", "ours": [0.9, 0.9, 0.9], "baseline": [0.5], "commit": "b" * 40},
+                     {"budget": "900 steps", "ours": [0.9, 0.9, 0.9], "baseline": [0.5], "commit": "a" * 40}])
+    text = claims.render_readme([e])
+    assert "400 steps: 0.900 ± 0.000 vs 0.500, reproduced (earlier code, commit unrecorded)" in text
+    assert "800 steps: 0.900 ± 0.000 vs 0.500, reproduced (at bbbbbbb)" in text
+    assert "900 steps: 0.900 ± 0.000 vs 0.500, reproduced;" in text or text.count("900 steps: 0.900 ± 0.000 vs 0.500, reproduced |") == 1
+
+
+def test_curve_points_keep_their_provenance_through_a_new_main_measurement(tmp_path):
+    path, pending, readme = tmp_path / "claims.json", tmp_path / "pending.json", tmp_path / "README.md"
+    common = dict(path=path, pending=pending, readme=readme, model="m", paper="p", claim="c.",
+                  command="python benchmarks/repro_x.py", better="higher", baseline=[0.5, 0.5, 0.5], why="w", budget="b")
+    old = {"budget": "900 steps", "ours": [0.8, 0.8, 0.8], "baseline": [0.5]}
+    claims.save([claims.make_claim(id="a", ours=[0.7, 0.7, 0.7], curve=[old], commit="c" * 40, date="2026-01-01", **{
+        k: v for k, v in common.items() if k not in ("path", "pending", "readme")})], path)
+    point = claims.add_point("a", "1800 steps", [0.9, 0.9, 0.9], [0.5], path=path, readme=readme, pending=pending)
+    claims.record(id="a", ours=[0.6, 0.7, 0.7], measured=True, curve=[old], **common)  # saved points given again
+    curve = {p["budget"]: p for p in claims.load(path)[0]["curve"]}
+    assert "commit" not in curve["900 steps"]  # unrecorded before: still unrecorded, not stamped now
+    assert curve["1800 steps"]["commit"] == point["commit"]  # add_point's stamp survives the record
+    claims.record(id="a", ours=[0.6, 0.7, 0.7], measured=True,
+                  curve=[dict(old, ours=[0.85, 0.85, 0.85])], **common)  # new numbers at 900: stamped now
+    assert claims.load(path)[0]["curve"][0]["commit"] == claims.load(path)[0]["commit"]
