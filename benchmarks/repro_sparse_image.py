@@ -188,9 +188,11 @@ def record_lm_claim(bpb, steps, seconds: float, levels, budget: str, command: st
         id="sparse-transformer-lm", model="sparse-transformer", measured=True,
         paper="Child et al. 2019, Generating Long Sequences with Sparse Transformers (arXiv:1904.10509)",
         claim="Fixed sparse attention, the pattern of the paper's enwik8 model, models bytes of Wikipedia at least as "
-              "well as dense attention for the same compute (Table 2: 0.99 against 1.00 bits/byte in less time per "
-              "iteration); here: lower validation bits/byte after the same wall-clock training.",
-        command=command, better="lower", ours=bpb[sparse_name], baseline=bpb[dense_name], budget=budget,
+              "well as dense attention for the same compute (Table 1: 0.99 against 1.00 bits/byte in less time per "
+              "iteration); here: validation bits/byte after the same wall-clock training no worse than dense "
+              "attention's by more than the margin (0.02 bits/byte, fixed before the run).",
+        command=command, better="lower", margin=LM_MARGIN, ours=bpb[sparse_name], baseline=bpb[dense_name],
+        budget=budget,
         why={"reproduced": f"validation bits/byte fixed {fmt(bpb[sparse_name])}, dense {fmt(bpb[dense_name])} "
                            f"after {seconds:.0f} s each ({where}); updates done: {fmt(steps[sparse_name])} vs "
                            f"{fmt(steps[dense_name])} ({speed})",
@@ -198,6 +200,10 @@ def record_lm_claim(bpb, steps, seconds: float, levels, budget: str, command: st
                                f"{fmt(bpb[dense_name])} after {seconds:.0f} s each ({where}); updates done "
                                f"{fmt(steps[sparse_name])} vs {fmt(steps[dense_name])} ({speed}); fixed ahead in "
                                f"{sum(a > 0 for a in ahead)} of {len(ahead)} seeds, by {ahead} bits/byte"})
+
+
+#: the non-inferiority margin of ``sparse-transformer-lm`` (bits/byte): the paper's fixed pattern is 0.01 ahead
+LM_MARGIN = 0.02
 
 
 def lm_seeds(args):
@@ -563,7 +569,7 @@ The Sparse Transformer processes {s['tokens_per_s'] / d['tokens_per_s']:.2f}x th
 of the dense model at this length (including the recomputation of checkpointing), so in the same
 wall clock it takes {s['steps']} steps against {d['steps']}; its held-out bits/byte is
 {s['bits_per_byte']:.3f} against {d['bits_per_byte']:.3f}. This is a tiny budget: both models are
-far from the paper's 0.99 (fixed) and 1.00 (dense) bits/byte on enwik8 (Table 2; 30 layers, a
+far from the paper's 0.99 (fixed) and 1.00 (dense) bits/byte on enwik8 (Table 1; 30 layers, a
 12,288-byte context, days on GPUs), and the comparison says only which one learns more per second at
 this context on this machine; the seeded claim and the data's unigram level are in the section below
 (`--only lm`).
