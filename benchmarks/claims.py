@@ -52,6 +52,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
+import hashlib
 import json
 import math
 import re
@@ -59,8 +61,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import contextlib
-import hashlib
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
