@@ -19,7 +19,7 @@ timeout 300 $QKV bench complexity --device cuda --dtype bfloat16 --causal --atte
   local-1d --lengths 1024 4096 16384 --target-seconds 0.2 --budget-seconds 10 --out "$OUT/complexity-sparse-causal"
 timeout 300 $QKV bench kernels --device cuda --dtype bfloat16 --target-seconds 0.5 --out "$OUT/kernels-bf16"
 timeout 300 $QKV bench gpt --device cuda --dtype bfloat16 --target-seconds 5 --out "$OUT/gpt-bf16"
-for pair in mha window window-causal performer performer-causal linformer lsh lsh-causal lsh-hf relative linear linear-causal; do
+for pair in mha window window-causal performer performer-causal linformer lsh lsh-causal lsh-hf relative linear linear-causal linear-causal-fla; do
   timeout 120 $QKV bench peers --device cuda --dtype bfloat16 --pairs $pair --lengths 4096 16384 --modes fwd+bwd \
     --target-seconds 0.3 --out "$OUT/peers-$pair"
 done

@@ -131,6 +131,25 @@ def test_flex_path_rows_with_no_key_are_zero_and_bf16_matches():
     torch.testing.assert_close(half.float(), ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("name,kw", [("strided", {"stride": 16}), ("fixed", {"stride": 16, "c": 2})])
+@pytest.mark.parametrize("padded", [False, True])
+def test_flex_program_compiles_once_for_a_shape(name, kw, padded):
+    """strided / fixed run their parts and merge as one compiled graph: later calls of the same
+    shape (new inputs, a new padding mask) reuse it instead of compiling again."""
+    from torch._dynamo.utils import counters
+
+    kernel = qkv.build_attention(name, causal=True, **kw)
+    compiled = []
+    for seed in range(3):
+        q, k, v = (t.to(DEV).requires_grad_() for t in tensors(B=2, H=2, M=320, N=320, E=64, seed=seed))
+        mask = masks.padding_mask(torch.tensor([320 - 7 * (seed + 1), 320]), 320).to(DEV) if padded else None
+        before = flex.calls
+        kernel(q, k, v, mask=mask).output.sum().backward()
+        assert flex.calls == before + 1
+        compiled.append(counters["stats"]["unique_graphs"])
+    assert compiled[2] == compiled[1], f"compiled again for a call of the same shape: {compiled}"
+
+
 def test_flex_path_not_taken_for_weights_dropout_or_odd_head_sizes():
     kernel = qkv.build_attention("fixed", stride=16, c=2, causal=True).to(DEV)
     q, k, v = (t.to(DEV) for t in tensors(M=64, N=64, E=64))

@@ -103,3 +103,21 @@ def test_disagreeing_functions_are_refused(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="disagree"):
         main(["peers", "--pairs", "mha", "--lengths", "16", "--heads", "1", "--head-dim", "4",
               "--target-seconds", "0", "--threads", "1", "--out", str(tmp_path)])
+
+
+def test_a_cuda_only_peer_is_skipped_on_the_cpu_with_the_reason(tmp_path, capsys):
+    """``linear-causal-fla``'s peer is Triton: on the CPU the pair is listed as skipped, not run."""
+    main(["peers", "--pairs", "linear-causal-fla", "--lengths", "64", "--modes", "fwd",
+          "--target-seconds", "0.01", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "peers.json").read_text())
+    assert result["rows"] == [] and "linear-causal-fla" in result["skipped"]
+    assert "linear-causal-fla: skipped" in capsys.readouterr().out
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_linear_causal_equals_flash_linear_attention_on_cuda():
+    """The fla pair is the same function: outputs and input gradients agree (float32 on the GPU)."""
+    case = _case_or_skip("linear-causal-fla", 300, B=2, H=2, E=64, dtype=torch.float32, device=torch.device("cuda"))
+    diffs = peers.compare(case, backward=True)
+    assert diffs["max_rel_diff"] <= 1e-3 and diffs["max_rel_grad_diff"] <= 1e-2, diffs

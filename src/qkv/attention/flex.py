@@ -21,6 +21,10 @@ Otherwise the kernel stays on its structured path (FlexAttention has no CPU back
 torch 2.13, so CPU training always does). ``with qkv.attention.flex.disabled():`` forces the
 structured path, for comparisons.
 
+A kernel of several parts (``strided``, ``fixed``) runs them and their merge as ONE compiled graph
+(``run``: the layout copies, every part's fused kernel and the merge, with one guard check per call
+instead of a Python dispatch per operation); its block masks are built before, outside the graph.
+
 Block masks are built once per pattern and shape (a small cache); a key-padding mask is folded
 into the predicate and its block mask built per call. Rows with no allowed key are zeros, as on
 every other path (FlexAttention's log-sum-exp of such a row is -inf).
@@ -38,7 +42,8 @@ from torch import Tensor
 
 from .. import masks
 
-__all__ = ["available", "usable", "attend_parts", "attend_pattern", "merge", "count", "disabled", "calls"]
+__all__ = ["available", "usable", "part_mask", "lse_attend", "run", "attend_parts", "attend_pattern", "merge", "count",
+           "disabled", "calls"]
 
 _enabled = True
 _CACHE_SIZE = 32
@@ -102,13 +107,67 @@ def _block_mask(mod: masks.MaskMod, B: Optional[int], H: Optional[int], M: int, 
     return block_mask
 
 
-def _flex(q: Tensor, k: Tensor, v: Tensor, block_mask):
+@contextlib.contextmanager
+def _recompile_limit():
     # Every distinct pattern and length is one compilation; a model holds a few (its layers' kernels
     # and lengths), more than dynamo's default of 8 per function when several are benchmarked.
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
     with config.patch(**{name: max(64, getattr(config, name))}):
+        yield
+
+
+def _flex(q: Tensor, k: Tensor, v: Tensor, block_mask):
+    with _recompile_limit():
         return _compiled()(q, k, v, block_mask=block_mask, return_lse=True)
+
+
+def part_mask(mod: masks.MaskMod, key_valid: Optional[Tensor], B: int, H: int, M: int, N: int,
+              device: torch.device, key: Optional[Hashable], per_head: bool = False):
+    """The ``BlockMask`` of the pairs ``mod`` allows among ``M`` queries and ``N`` keys, and the valid keys.
+
+    ``key_valid (B|1, H|1, N)`` bool or None; ``key``: a hashable description of ``mod`` under which
+    its block mask is cached (None: not cached; a padding mask is per call and never cached);
+    ``per_head``: ``mod`` depends on the head index (the mask is then built for each of ``H`` heads:
+    a block that is full for head 0 need not be for the others)."""
+    if key_valid is None:
+        heads = H if per_head else None
+        return _block_mask(mod, None, heads, M, N, device, None if key is None else (key, heads))
+    Bv, Hv = key_valid.shape[0], key_valid.shape[1]
+    valid = key_valid.reshape(Bv, Hv, N)
+    bi = (lambda b: b) if Bv > 1 else (lambda b: 0 * b)
+    hi = (lambda h: h) if Hv > 1 else (lambda h: 0 * h)
+    return _block_mask(masks.and_masks(mod, lambda b, h, q_idx, kv_idx: valid[bi(b), hi(h), kv_idx]),
+                       B if Bv > 1 else None, H if (Hv > 1 or per_head) else None, M, N, device, None)
+
+
+def lse_attend(q: Tensor, k: Tensor, v: Tensor, block_mask):
+    """``(out (B, H, M, Ev), lse (B, H, M) float32)`` of FlexAttention under ``block_mask``; ``lse`` is
+    ``-inf`` on rows with no allowed key, their ``out`` zeros. Meant to be traced inside ``run`` (run
+    eagerly, FlexAttention is its dense reference implementation)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    out, lse = flex_attention(q, k, v, block_mask=block_mask, return_lse=True)
+    return out.masked_fill(torch.isneginf(lse).unsqueeze(-1), 0.0), lse
+
+
+#: The ``torch.compile`` backend of ``run`` (tests on a CPU use ``"aot_eager"``: inductor's CPU
+#: FlexAttention has no backward and no log-sum-exp).
+backend = "inductor"
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_program(program, backend_name: str):
+    # fullgraph: a graph break would run FlexAttention eagerly, i.e. densely; better an error than that.
+    return torch.compile(program, fullgraph=True, dynamic=False, backend=backend_name)
+
+
+def run(program, *args, **static):
+    """``program(*args, **static)`` compiled as one graph (cached per program; ``static`` are
+    Python constants the graph is specialised on, e.g. a stride): a kernel's parts, their layout
+    copies and their ``merge`` in one call."""
+    with _recompile_limit():
+        return _compiled_program(program, backend)(*args, **static)
 
 
 def attend_parts(q: Tensor, k: Tensor, v: Tensor, mod: masks.MaskMod, key_valid: Optional[Tensor],
@@ -120,16 +179,7 @@ def attend_parts(q: Tensor, k: Tensor, v: Tensor, mod: masks.MaskMod, key_valid:
     its block mask is cached (None: not cached; a padding mask is per call and never cached).
     """
     B, H, M, _ = q.shape
-    N = k.shape[-2]
-    if key_valid is None:
-        block_mask = _block_mask(mod, None, None, M, N, q.device, key)
-    else:
-        Bv, Hv = key_valid.shape[0], key_valid.shape[1]
-        valid = key_valid.reshape(Bv, Hv, N)
-        bi = (lambda b: b) if Bv > 1 else (lambda b: 0 * b)
-        hi = (lambda h: h) if Hv > 1 else (lambda h: 0 * h)
-        block_mask = _block_mask(masks.and_masks(mod, lambda b, h, q_idx, kv_idx: valid[bi(b), hi(h), kv_idx]),
-                                 B if Bv > 1 else None, H if Hv > 1 else None, M, N, q.device, None)
+    block_mask = part_mask(mod, key_valid, B, H, M, k.shape[-2], q.device, key)
     out, lse = _flex(q, k, v, block_mask)
     return out.masked_fill(torch.isneginf(lse).unsqueeze(-1), 0.0), lse
 

@@ -85,6 +85,13 @@ def _grid(x: Tensor, n_rows: int, l: int) -> Tensor:
     return x.reshape(*x.shape[:-2], n_rows, l, x.shape[-1])
 
 
+def _columns(x: Tensor, l: int) -> Tensor:
+    """``(B, H, L, E)`` -> ``(B, H l, nr, E)``: column ``c`` of the ``(nr, l)`` grid of head ``h`` as
+    head ``h l + c`` (strided's A2 on the transposed grid: every column's keys contiguous)."""
+    nr = -(-x.shape[-2] // l)
+    return _grid(x, nr, l).transpose(2, 3).reshape(x.shape[0], x.shape[1] * l, nr, x.shape[-1])
+
+
 def _softmax_over_parts(parts: list, dropout_p: float, need_weights: bool):
     """ONE softmax over the concatenated scores of the parts ``[(scores (..., b, W_p), allowed), ...]``.
 
@@ -155,8 +162,9 @@ class _Factorized(AttentionKernel):
             if M != N:  # queries aligned to the end of the keys: one block mask of the shifted pattern
                 out = flex.attend_pattern(q, k, v, self.pattern(M, N), mask, (self.registry_name, self.extra_repr()))
                 return AttentionOutput(out, None, new_state)
-            # each part where its keys are contiguous, merged by log-sum-exp
-            out = flex.merge(self._flex_parts(q, k, v, None if mask is None else mask[:, :, 0, :]))
+            # each part where its keys are contiguous, merged by log-sum-exp: one compiled graph
+            tensors, static = self._flex_inputs(q, None if mask is None else mask[:, :, 0, :])
+            out = flex.run(type(self)._flex_program, q, k, v, *tensors, **static)
             flex.count()
             return AttentionOutput(out, None, new_state)
         dtype = v.dtype
@@ -201,9 +209,16 @@ class _Factorized(AttentionKernel):
         """The state after the keys ``k``, ``v`` of a sequence's start."""
         raise NotImplementedError  # abstract: each pattern implements it
 
-    def _flex_parts(self, q, k, v, valid):
-        """Self-attention (``M = N``) on CUDA: the disjoint parts of the pattern as FlexAttention
-        calls, ``[(out, lse), ...]`` for ``flex.merge``; ``valid (B|1, H|1, N)`` bool or None."""
+    def _flex_inputs(self, q, valid):
+        """Self-attention (``M = N``) on CUDA: ``(tensors, static)`` for ``_flex_program`` — the parts'
+        block masks (and any index tensor), and the Python constants the graph is specialised on;
+        ``valid (B|1, H|1, N)`` bool or None."""
+        raise NotImplementedError  # abstract: each pattern implements it
+
+    @staticmethod
+    def _flex_program(q, k, v, *tensors, **static):
+        """The disjoint parts of the pattern as FlexAttention calls (``flex.lse_attend``), merged by
+        their log-sum-exp (``flex.merge``): traced and compiled as one graph by ``flex.run``."""
         raise NotImplementedError  # abstract: each pattern implements it
 
     # Inference in chunks of query blocks: worth it where a chunk reads the keys as views (fixed);
@@ -289,20 +304,19 @@ class StridedAttention(_Factorized):
         out, weights = gathered_attend(q, k, v, pos - first, pos >= first, valid, dropout_p, need_weights)
         return AttentionOutput(out, weights, cache)
 
-    def _flex_parts(self, q, k, v, valid):
-        B, H, L, E = q.shape
-        l, causal, parts = self.stride, self.causal, []
+    def _flex_inputs(self, q, valid):
+        B, H, L, _ = q.shape
+        l, causal = self.stride, self.causal
+        band = cols = None
         if 1 in self.subsets:  # A1, the band: contiguous keys
-            parts.append(flex.attend_parts(q, k, v, masks.window(l, causal=causal), valid, key=("band", l, causal)))
+            band = flex.part_mask(masks.window(l, causal=causal), valid, B, H, L, L, q.device, ("band", l, causal))
         if 2 in self.subsets:
             # A2 on the transposed grid: position a l + c is row a of column c; column c of head h is
             # "head" h l + c of an (nr, nr) problem in which query row a sees key rows a' with
-            # a - a' >= near (|a - a'| >= near), near = 2 when the band has the rows a' = a, a - 1.
+            # a - a' >= near (|a - a'| >= near), near = 2 when the band has the rows a' = a, a - 1;
+            # key row a' of column c exists when a' l + c < L (the grid's padding otherwise).
             nr = -(-L // l)
             near = 2 if 1 in self.subsets else 0
-
-            def columns(x):  # (B, H, L, E) -> (B, H l, nr, E)
-                return _grid(x, nr, l).transpose(2, 3).reshape(x.shape[0], x.shape[1] * l, nr, x.shape[-1])
 
             def rows(b, h, q_idx, kv_idx):
                 d = q_idx - kv_idx
@@ -310,13 +324,22 @@ class StridedAttention(_Factorized):
 
             col_valid = None
             if valid is not None:
-                col_valid = columns(valid.expand(valid.shape[0], H, L).unsqueeze(-1)).squeeze(-1)  # (B|1, H l, nr)
-            out, lse = flex.attend_parts(columns(q), columns(k), columns(v), rows, col_valid,
-                                         key=("columns", l, L, near, causal))
+                col_valid = _columns(valid.expand(valid.shape[0], H, L).unsqueeze(-1), l).squeeze(-1)  # (B|1, H l, nr)
+            cols = flex.part_mask(rows, col_valid, B, H * l, nr, nr, q.device, ("columns", l, L, near, causal),
+                                  per_head=L % l != 0)
+        return (band, cols), {"l": l}
+
+    @staticmethod
+    def _flex_program(q, k, v, band, cols, *, l):
+        B, H, L, _ = q.shape
+        parts = [] if band is None else [flex.lse_attend(q, k, v, band)]
+        if cols is not None:
+            nr = -(-L // l)
+            out, lse = flex.lse_attend(_columns(q, l), _columns(k, l), _columns(v, l), cols)
             out = out.view(B, H, l, nr, -1).transpose(2, 3).reshape(B, H, nr * l, -1)[:, :, :L]
             lse = lse.view(B, H, l, nr).transpose(2, 3).reshape(B, H, nr * l)[:, :, :L]
             parts.append((out, lse))
-        return parts
+        return flex.merge(parts)
 
     def _keys_per_query(self, n_keys: int) -> int:
         l = self.stride
@@ -472,28 +495,35 @@ class FixedAttention(_Factorized):
         out, weights = gathered_attend(q, k, v, torch.cat(slot, 1), torch.cat(ok, 1), valid, dropout_p, need_weights)
         return AttentionOutput(out, weights, new_state)
 
-    def _flex_parts(self, q, k, v, valid):
-        L = q.shape[-2]
-        l, c, causal, parts = self.stride, self.c, self.causal, []
+    def _flex_inputs(self, q, valid):
+        B, H, L, _ = q.shape
+        l, c, causal = self.stride, self.c, self.causal
+        own = summaries = pos = None
         if 1 in self.subsets:  # A1, the own block: contiguous keys
-            parts.append(flex.attend_parts(q, k, v, masks.fixed(l, c, subsets=(1,), causal=causal), valid,
-                                           key=("blocks", l, causal)))
+            own = flex.part_mask(masks.fixed(l, c, subsets=(1,), causal=causal), valid, B, H, L, L, q.device,
+                                 ("blocks", l, causal))
         if 2 in self.subsets:  # A2, the summaries gathered: n c / l contiguous keys
             pos = torch.arange(L, device=q.device)
             pos = pos[torch.remainder(pos, l) >= l - c]  # (S,) their positions
-            own = 1 in self.subsets
+            skip_own = 1 in self.subsets
 
-            def summaries(b, h, q_idx, kv_idx):
+            def allowed(b, h, q_idx, kv_idx):
                 p = pos[kv_idx]
-                allowed = (p <= q_idx) if causal else (p >= 0)
-                if own:  # the query's own block is counted once, in A1
-                    allowed = allowed & (torch.div(p, l, rounding_mode="floor") != torch.div(q_idx, l, rounding_mode="floor"))
-                return allowed
+                ok = (p <= q_idx) if causal else (p >= 0)
+                if skip_own:  # the query's own block is counted once, in A1
+                    ok = ok & (torch.div(p, l, rounding_mode="floor") != torch.div(q_idx, l, rounding_mode="floor"))
+                return ok
 
-            parts.append(flex.attend_parts(q, k[:, :, pos], v[:, :, pos], summaries,
-                                           None if valid is None else valid[..., pos],
-                                           key=("summaries", l, c, L, own, causal)))
-        return parts
+            summaries = flex.part_mask(allowed, None if valid is None else valid[..., pos], B, H, L, pos.numel(),
+                                       q.device, ("summaries", l, c, L, skip_own, causal))
+        return (own, summaries, pos), {}
+
+    @staticmethod
+    def _flex_program(q, k, v, own, summaries, pos):
+        parts = [] if own is None else [flex.lse_attend(q, k, v, own)]
+        if summaries is not None:
+            parts.append(flex.lse_attend(q, k[:, :, pos], v[:, :, pos], summaries))
+        return flex.merge(parts)
 
     def _keys_per_query(self, n_keys: int) -> int:
         l = self.stride

@@ -21,6 +21,10 @@ Pairs (``--pairs`` picks some; ``qkv bench peers --list`` prints them):
 * ``linear`` / ``linear-causal``: ``linear`` vs ``fast_transformers``' ``LinearAttention`` /
   ``CausalLinearAttention`` (its compiled CPU kernels; build it with
   ``pip install --no-build-isolation pytorch-fast-transformers``);
+* ``linear-causal-fla``: causal ``linear`` vs flash-linear-attention's (``fla-core``) Triton chunk
+  kernel ``fla.ops.linear_attn.chunk_linear_attn`` on the same ``elu + 1`` features
+  (``normalize=True``: fla adds ``1e-10`` to the denominator; CUDA only). fla has no non-causal
+  linear attention and no random-feature (FAVOR+) map, so ``linear`` and ``performer`` have no fla pair;
 * ``performer`` / ``performer-causal``: ``performer`` vs ``performer_pytorch.FastAttention`` with
   the same random features (performer-pytorch adds ``1e-4`` to every feature: outputs differ by
   about that much);
@@ -90,6 +94,7 @@ class Pair:
     description: str
     max_length: Optional[int] = None  # longer inputs are skipped (the peer's cost there is prohibitive)
     max_length_reason: str = ""
+    cuda_only: bool = False  # the peer has GPU kernels only (skipped on other devices)
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -153,6 +158,23 @@ def _linear(L: int, *, B: int, H: int, E: int, dtype: torch.dtype, device: torch
 
     return Case(qkv=lambda: ours(q, k, v).output, peer=peer, inputs=[q, k, v], same_function=True,
                 tolerance=1e-3)
+
+
+def _linear_causal_fla(L: int, *, B: int, H: int, E: int, dtype: torch.dtype, device: torch.device,
+                       seed: int) -> Case:
+    from fla.ops.linear_attn import chunk_linear_attn
+
+    ours = build_attention("linear", causal=True)
+    q, k, v = _qkv_inputs(B, H, L, E, dtype, device, seed)
+
+    def peer() -> Tensor:
+        # fla takes the features (its layers apply the map in PyTorch first, as here): (B, L, H, E)
+        phi_q, phi_k = (nn.functional.elu(_heads_last(t)) + 1 for t in (q, k))
+        out, _ = chunk_linear_attn(phi_q, phi_k, _heads_last(v), scale=1.0, normalize=True)
+        return out.transpose(1, 2)  # (B, H, L, E)
+
+    return Case(qkv=lambda: ours(q, k, v).output, peer=peer, inputs=[q, k, v], same_function=True,
+                tolerance=1e-3, note="elu+1 features; fla chunk_linear_attn")
 
 
 def _full_mask(L: int, device: torch.device):
@@ -301,6 +323,8 @@ PAIRS: Dict[str, Pair] = {p.name: p for p in [
          lambda L, **kw: _linear(L, causal=False, **kw), "linear vs fast-transformers LinearAttention"),
     Pair("linear-causal", "linear", "pytorch-fast-transformers==0.4.0", "fast_transformers.attention",
          lambda L, **kw: _linear(L, causal=True, **kw), "causal linear vs fast-transformers CausalLinearAttention"),
+    Pair("linear-causal-fla", "linear", "fla-core==0.6.0", "fla.ops.linear_attn", _linear_causal_fla,
+         "causal linear vs flash-linear-attention chunk_linear_attn (Triton; CUDA only)", cuda_only=True),
     Pair("performer", "performer", "performer-pytorch==1.1.4", "performer_pytorch",
          lambda L, **kw: _performer(L, causal=False, **kw), "performer vs performer-pytorch FastAttention"),
     Pair("performer-causal", "performer", "performer-pytorch==1.1.4", "performer_pytorch",
@@ -420,6 +444,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     common.check_range("--target-seconds", args.target_seconds, 0.0)
     selected = [PAIRS[p] for p in (args.pairs or list(PAIRS))]
     skipped = {p.name: reason for p in selected if (reason := available(p)) is not None}
+    skipped.update({p.name: f"the peer runs on CUDA only (--device {device.type})" for p in selected
+                    if p.cuda_only and device.type != "cuda" and p.name not in skipped})
     if args.list:
         for p in PAIRS.values():
             reason = available(p)
