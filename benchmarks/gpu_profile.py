@@ -5,6 +5,7 @@ the same weights, a padded batch, no gradient) by CPU time, where a small model'
 
     python benchmarks/gpu_profile.py --pairs lsh linformer --length 16384 [--dtype bfloat16] [--out DIR]
     python benchmarks/gpu_profile.py --pairs --bert 512
+    python benchmarks/gpu_profile.py --pairs --patterns 4096      (strided / fixed against SDPA + dense mask)
 
 Writes ``profile-<pair>-<length>.txt`` (``profile-bert-<L>.txt``) into ``--out`` (default
 bench-out/gpu). Needs a CUDA device.
@@ -31,6 +32,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", nargs="*", default=["lsh", "linformer"], choices=sorted(peers.PAIRS))
     p.add_argument("--bert", type=int, nargs="*", default=[], metavar="L", help="profile bert-forward at these lengths")
+    p.add_argument("--patterns", type=int, nargs="*", default=[], metavar="L",
+                   help="profile strided / fixed against SDPA with a dense mask at these lengths")
     p.add_argument("--length", type=int, default=16384)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--rows", type=int, default=18, help="ops listed per side")
@@ -42,31 +45,60 @@ def main() -> None:
     dev, dtype = torch.device("cuda"), getattr(torch, args.dtype)
     for name in args.pairs:
         case = peers.build_case(peers.PAIRS[name], args.length, dtype=dtype, device=dev)
-        lines = [f"# {name}, L = {args.length}, {args.dtype}, B = 1, H = 4, E = 64, forward + backward "
-                 f"({torch.cuda.get_device_name()}, torch {torch.__version__})", ""]
-        for side, fn in (("qkv", case.qkv), ("peer", case.peer)):
-            grad = torch.randn_like(fn())
-            for _ in range(3):  # warm-up: compilation, autotuning, caches
-                step(fn, case.inputs, grad)
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    step(fn, case.inputs, grad)
-                torch.cuda.synchronize()
-            peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-            events = prof.key_averages()
-            gpu_us = sum(e.self_device_time_total for e in events) / 5
-            cpu_us = max(e.cpu_time_total for e in events) / 5 if events else 0.0
-            lines += [f"## {side}: {gpu_us / 1e3:.3f} ms of GPU time per step, longest CPU op {cpu_us / 1e3:.3f} ms, "
-                      f"peak {peak:.0f} MiB above the inputs", "",
-                      events.table(sort_by="self_device_time_total", row_limit=args.rows, max_name_column_width=60), ""]
-        path = args.out / f"profile-{name}-{args.length}.txt"
-        path.write_text("\n".join(lines) + "\n")
-        print("\n".join(lines[:1] + [l for l in lines if l.startswith("## ")]), flush=True)
+        title = (f"# {name}, L = {args.length}, {args.dtype}, B = 1, H = 4, E = 64, forward + backward "
+                 f"({torch.cuda.get_device_name()}, torch {torch.__version__})")
+        profile_sides(title, {"qkv": case.qkv, "peer": case.peer}, case.inputs, args.rows,
+                      args.out / f"profile-{name}-{args.length}.txt")
+    for L in args.patterns:
+        profile_pattern(L, dtype, args.rows, args.out)
     for L in args.bert:
         profile_bert(L, args.rows, args.out)
+
+
+def profile_sides(title: str, sides, inputs, rows: int, path: Path) -> None:
+    """Each side's forward + backward under ``torch.profiler`` (after three warm-up steps), one table per side."""
+    lines = [title, ""]
+    for side, fn in sides.items():
+        grad = torch.randn_like(fn())
+        for _ in range(3):  # warm-up: compilation, autotuning, caches
+            step(fn, inputs, grad)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step(fn, inputs, grad)
+            torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+        events = prof.key_averages()
+        gpu_us = sum(e.self_device_time_total for e in events) / 5
+        cpu_us = max(e.cpu_time_total for e in events) / 5 if events else 0.0
+        lines += [f"## {side}: {gpu_us / 1e3:.3f} ms of GPU time per step, longest CPU op {cpu_us / 1e3:.3f} ms, "
+                  f"peak {peak:.0f} MiB above the inputs", "",
+                  events.table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=60), ""]
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:1] + [l for l in lines if l.startswith("## ")]), flush=True)
+
+
+def profile_pattern(L: int, dtype: torch.dtype, rows: int, out: Path) -> None:
+    """strided and fixed (causal, l = sqrt(L), B = 1, H = 16, E = 64: ``qkv bench throughput``'s pattern
+    rows) against SDPA with the dense mask of the same predicate."""
+    import math
+
+    import torch.nn.functional as F
+
+    from qkv import build_attention, masks
+
+    l = max(2, int(round(math.sqrt(L))))
+    for name, kw in (("strided", {"stride": l}), ("fixed", {"stride": l, "c": max(1, l // 8)})):
+        kernel = build_attention(name, causal=True, **kw)
+        dense = masks.materialize(kernel.pattern(L, L), L, L, device="cuda")
+        q, k, v = (torch.randn(1, 16, L, 64, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+        title = (f"# {name} {kw}, causal, L = {L}, B = 1, H = 16, E = 64, forward + backward, against SDPA with the "
+                 f"dense mask ({torch.cuda.get_device_name()}, torch {torch.__version__})")
+        profile_sides(title, {"qkv": lambda: kernel(q, k, v).output,
+                              "sdpa-dense-mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=dense)},
+                      [q, k, v], rows, out / f"profile-{name}-{L}.txt")
 
 
 def profile_bert(L: int, rows: int, out: Path) -> None:

@@ -117,7 +117,13 @@ def test_a_cuda_only_peer_is_skipped_on_the_cpu_with_the_reason(tmp_path, capsys
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_linear_causal_equals_flash_linear_attention_on_cuda():
-    """The fla pair is the same function: outputs and input gradients agree (float32 on the GPU)."""
+    """The fla pair is the same function: outputs and input gradients agree (float32 on the GPU, where
+    fla's Triton products round like TF32: 1.4e-3 relative measured on an H200), and the check is sharp:
+    a different feature map on the qkv side disagrees far beyond that."""
     case = _case_or_skip("linear-causal-fla", 300, B=2, H=2, E=64, dtype=torch.float32, device=torch.device("cuda"))
     diffs = peers.compare(case, backward=True)
-    assert diffs["max_rel_diff"] <= 1e-3 and diffs["max_rel_grad_diff"] <= 1e-2, diffs
+    assert diffs["max_rel_diff"] <= case.tolerance and diffs["max_rel_grad_diff"] <= 2 * case.tolerance, diffs
+    q, k, v = case.inputs
+    other = peers.build_attention("linear", causal=True, feature_map=lambda x: torch.relu(x) + 1e-2)
+    with torch.no_grad():
+        assert (other(q, k, v).output - case.peer()).abs().max().item() > 10 * case.tolerance

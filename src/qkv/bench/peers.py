@@ -173,8 +173,10 @@ def _linear_causal_fla(L: int, *, B: int, H: int, E: int, dtype: torch.dtype, de
         out, _ = chunk_linear_attn(phi_q, phi_k, _heads_last(v), scale=1.0, normalize=True)
         return out.transpose(1, 2)  # (B, H, L, E)
 
+    # float32 inputs differ by ~1.4e-3 relative (measured on an H200 at L = 300): the size of TF32
+    # rounding, which Triton's dot products use for float32 by default
     return Case(qkv=lambda: ours(q, k, v).output, peer=peer, inputs=[q, k, v], same_function=True,
-                tolerance=1e-3, note="elu+1 features; fla chunk_linear_attn")
+                tolerance=5e-3, note="elu+1 features; fla chunk_linear_attn")
 
 
 def _full_mask(L: int, device: torch.device):
