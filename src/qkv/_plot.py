@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Union
 
-from ._io import output_file
+from ._io import atomic_path, output_file
 
 __all__ = ["pyplot", "save_figure"]
 
@@ -33,8 +33,8 @@ def save_figure(fig: Any, path: PathLike, dpi: int = 120) -> Path:
         path = output_file(path, ("." + kind for kind in fig.canvas.get_supported_filetypes()), ".png")
         if fig.get_layout_engine() is None:
             fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=dpi)
+        with atomic_path(path) as tmp:  # a reader (or a killed run) never sees half a PNG
+            fig.savefig(tmp, dpi=dpi, format=path.suffix[1:])
     finally:
         pyplot().close(fig)
     return path

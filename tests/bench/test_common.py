@@ -93,3 +93,38 @@ def test_round_ratio_is_the_median_of_the_ratios_within_rounds():
     assert a.median / b.median == pytest.approx(4 / 3)
     with pytest.raises(ValueError, match="same rounds"):
         round_ratio(Timing([1.0]), Timing([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("write", ["markdown", "json", "figure"])
+def test_reports_are_written_atomically(tmp_path, monkeypatch, write):
+    """A run killed while writing its report (here: the rename fails) leaves the old file whole and
+    no temporary file beside it."""
+    import os
+
+    from qkv._plot import pyplot, save_figure
+
+    path = tmp_path / {"markdown": "r.md", "json": "r.json", "figure": "r.png"}[write]
+    path.write_bytes(b"old report")
+
+    def write_it():
+        if write == "markdown":
+            common.write_markdown(path, "t", common.describe_machine(torch.device("cpu")), "cmd", "date", ["a section"])
+        elif write == "json":
+            common.write_json(path, {"a": 1})
+        else:
+            fig = pyplot().figure()
+            fig.gca().plot([0, 1], [0, 1])
+            save_figure(fig, path)
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        write_it()
+    assert path.read_bytes() == b"old report" and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    monkeypatch.undo()
+    write_it()
+    assert path.read_bytes() != b"old report" and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    if write == "figure":
+        assert path.read_bytes()[:4] == b"\x89PNG"

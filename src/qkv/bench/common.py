@@ -41,6 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .._errors import UserError
+from .._io import atomic_write_text
 from .._plot import pyplot, save_figure
 from .._values import guess_value
 
@@ -312,20 +313,16 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str
 
 
 def write_json(path: Path, payload: Mapping[str, Any]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    return path
+    """``payload`` as indented JSON, written atomically (a reader sees the old file or the new one)."""
+    return atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=False) + "\n")
 
 
 def write_markdown(path: Path, title: str, machine: Mapping[str, Any], command: str, date: str,
                    sections: Sequence[str]) -> Path:
-    """A markdown report: title, machine line, command, date, then the given sections."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """A markdown report: title, machine line, command, date, then the given sections; written
+    atomically (a run killed while writing leaves the old report whole)."""
     head = [f"# {title}", "", f"- machine: {machine_line(machine)}", f"- command: `{command}`", f"- date: {date}", ""]
-    path.write_text("\n".join(head) + "\n" + "\n\n".join(sections) + "\n", encoding="utf-8")
-    return path
+    return atomic_write_text(path, "\n".join(head) + "\n" + "\n\n".join(sections) + "\n")
 
 
 def plot_loglog(path: Path, series: Mapping[str, Mapping[str, Sequence[float]]], *, title: str,
