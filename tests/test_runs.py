@@ -232,3 +232,19 @@ def test_a_task_sets_a_model_config_only_through_its_model_hints():
     lm = LanguageModelTask(torch.arange(200) % 3 + 4, vocab, block_size=8)
     assert model_hints(lm, {**fields, "vocab_size": int, "pad_id": int}) == {
         "vocab_size": vocab.size, "pad_id": vocab.pad_id, "max_len": 64, "head": "lm"}
+
+
+def test_only_rank_zero_refuses_a_directory_of_foreign_files(tmp_path, monkeypatch):
+    """Under torchrun rank 0 alone writes a run; another rank that checked --out while rank 0 wrote
+    its first files (an in-flight temporary run.json) refused them as foreign (a race seen in
+    tests/parallel/test_train_context_parallel.py), so only rank 0 checks."""
+    from qkv.runs.directory import refuse_foreign_directory
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".run.json.x1y2z3.tmp").write_text("{")
+    monkeypatch.setenv("RANK", "1")
+    refuse_foreign_directory(out)  # rank 1: rank 0 checked before it wrote
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(UserError, match="holds files that are not a qkv run"):
+        refuse_foreign_directory(out)

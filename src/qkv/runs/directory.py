@@ -57,8 +57,12 @@ def has_checkpoints(out: Path) -> bool:
 def refuse_foreign_directory(out: Path) -> None:
     """A new run goes into a new or empty directory, or one that already holds a qkv run (run.json
     or checkpoints); a directory of other files (a data folder, an exported model) is refused
-    rather than filled with a run beside them."""
-    if not out.is_dir() or (out / RUN_FILE).is_file() or has_checkpoints(out):
+    rather than filled with a run beside them.
+
+    Rank 0 alone checks (under torchrun): it alone writes, and another rank looking while rank 0
+    writes the run's first files (a temporary run.json, the vocabulary) would take them for
+    foreign files and stop — rank 0 checked the directory before writing any of them."""
+    if rank() != 0 or not out.is_dir() or (out / RUN_FILE).is_file() or has_checkpoints(out):
         return
     foreign = sorted(p.name for p in out.iterdir() if p.name != ".lock")
     if foreign:
