@@ -235,9 +235,10 @@ def test_a_task_sets_a_model_config_only_through_its_model_hints():
 
 
 def test_only_rank_zero_refuses_a_directory_of_foreign_files(tmp_path, monkeypatch):
-    """Under torchrun rank 0 alone writes a run; another rank that checked --out while rank 0 wrote
-    its first files (an in-flight temporary run.json) refused them as foreign (a race seen in
-    tests/parallel/test_train_context_parallel.py), so only rank 0 checks."""
+    """Under torchrun rank 0 alone writes a run; a rank that checked --out while another wrote run.json
+    refused the in-flight temporary file as foreign (a race seen in
+    tests/parallel/test_train_context_parallel.py: every rank wrote run.json then), so only rank 0
+    checks, and only rank 0 writes run.json and the tokenizer copy (the CP test runs two ranks)."""
     from qkv.runs.directory import refuse_foreign_directory
 
     out = tmp_path / "run"
@@ -248,3 +249,18 @@ def test_only_rank_zero_refuses_a_directory_of_foreign_files(tmp_path, monkeypat
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(UserError, match="holds files that are not a qkv run"):
         refuse_foreign_directory(out)
+
+
+def test_only_rank_zero_copies_the_tokenizer_into_the_run(tmp_path, monkeypatch):
+    from qkv.runs.directory import TOKENIZER_FILE, keep_tokenizer
+
+    source = tmp_path / "tok.json"
+    source.write_text("{}")
+    out = tmp_path / "run"
+    out.mkdir()
+    monkeypatch.setenv("RANK", "1")
+    assert keep_tokenizer(out, {"tokenizer": str(source)}) == {"tokenizer": TOKENIZER_FILE}
+    assert not (out / TOKENIZER_FILE).exists()
+    monkeypatch.setenv("RANK", "0")
+    assert keep_tokenizer(out, {"tokenizer": str(source)}) == {"tokenizer": TOKENIZER_FILE}
+    assert (out / TOKENIZER_FILE).read_text() == "{}"

@@ -60,7 +60,7 @@ def refuse_foreign_directory(out: Path) -> None:
     rather than filled with a run beside them.
 
     Rank 0 alone checks (under torchrun): it alone writes, and another rank looking while rank 0
-    writes the run's first files (a temporary run.json, the vocabulary) would take them for
+    writes the run's first files (a temporary run.json, the tokenizer copy) would take them for
     foreign files and stop — rank 0 checked the directory before writing any of them."""
     if rank() != 0 or not out.is_dir() or (out / RUN_FILE).is_file() or has_checkpoints(out):
         return
@@ -150,7 +150,7 @@ def keep_tokenizer(out: Path, options: Mapping[str, Any]) -> Dict[str, Any]:
     source = Path(str(path)).expanduser()
     source = source / TOKENIZER_FILE if source.is_dir() else source
     copy = out / TOKENIZER_FILE
-    if source.resolve() != copy.resolve():
+    if rank() == 0 and source.resolve() != copy.resolve():  # under torchrun rank 0 alone writes
         with atomic_path(copy) as tmp:
             shutil.copyfile(source, tmp)
     return {**options, "tokenizer": TOKENIZER_FILE}

@@ -160,7 +160,8 @@ class Run:
         self.settings = dataclasses.replace(settings, model_config=dataclasses.asdict(model.config), train=train,
                                             task_options=files.keep_tokenizer(out, settings.task_options))
         self.task, self.model, self.config, self.resume = task, model, config, resume
-        files.write_run(out, self.settings.record())
+        if files.rank() == 0:  # under torchrun only rank 0 writes (the others would race it for run.json)
+            files.write_run(out, self.settings.record())
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "Run":
