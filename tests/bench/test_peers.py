@@ -111,7 +111,7 @@ def test_a_cuda_only_peer_is_skipped_on_the_cpu_with_the_reason(tmp_path, capsys
           "--target-seconds", "0.01", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "peers.json").read_text())
     assert result["rows"] == [] and "linear-causal-fla" in result["skipped"]
-    assert "linear-causal-fla: skipped" in capsys.readouterr().out
+    assert "linear-causal-fla: skipped: the peer runs on CUDA only (--device cpu)" in capsys.readouterr().out
 
 
 @pytest.mark.cuda

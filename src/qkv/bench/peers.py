@@ -445,9 +445,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     common.check_lengths("--lengths", lengths)
     common.check_range("--target-seconds", args.target_seconds, 0.0)
     selected = [PAIRS[p] for p in (args.pairs or list(PAIRS))]
-    skipped = {p.name: reason for p in selected if (reason := available(p)) is not None}
-    skipped.update({p.name: f"the peer runs on CUDA only (--device {device.type})" for p in selected
-                    if p.cuda_only and device.type != "cuda" and p.name not in skipped})
+    skipped = {p.name: f"the peer runs on CUDA only (--device {device.type})" for p in selected
+               if p.cuda_only and device.type != "cuda"}
+    skipped.update({p.name: reason for p in selected if p.name not in skipped and (reason := available(p)) is not None})
     if args.list:
         for p in PAIRS.values():
             reason = available(p)
