@@ -28,7 +28,7 @@ def step(fn, inputs, grad):
     fn().backward(grad)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", nargs="*", default=["lsh", "linformer"], choices=sorted(peers.PAIRS))
     p.add_argument("--bert", type=int, nargs="*", default=[], metavar="L", help="profile bert-forward at these lengths")
@@ -38,7 +38,11 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--rows", type=int, default=18, help="ops listed per side")
     p.add_argument("--out", type=Path, default=Path("bench-out/gpu"))
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    for name, values in (("--length", [args.length]), ("--patterns", args.patterns), ("--bert", args.bert)):
+        bad = [v for v in values if v < 4]
+        if bad:  # refused before anything is built or profiled
+            p.error(f"{name} takes lengths >= 4, got {bad[0]}")
     if not torch.cuda.is_available():
         raise SystemExit("gpu_profile.py needs a CUDA device")
     args.out.mkdir(parents=True, exist_ok=True)
