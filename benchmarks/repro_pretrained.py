@@ -15,10 +15,10 @@ from everything that file holds):
     same fraction of the budget), its learning rate picked among ``--scratch-lrs`` by validation
     accuracy at the largest budget on the first seed; one run per seed and budget. The claim: the
     pre-trained model against the scratch model at its largest budget; the others are its curve.
-    The published run (about 26 minutes of one loaded core)::
+    The published run (equal budgets: both arms 300 steps; about 45 minutes of one core)::
 
-        benchmarks/repro_pretrained.py --part finetune --steps 30 --batch-size 8 --max-len 64 --warmup 8 \
-            --scratch-steps 30 100 300 --scratch-lrs 3e-4 1e-3 --threads 1
+        benchmarks/repro_pretrained.py --part finetune --steps 300 --batch-size 8 --max-len 64 --warmup 80 \
+            --scratch-steps 30 100 300 --scratch-lrs 3e-4 1e-3 --threads 1 --seeds 0 1 2 3 4
 ``swap`` — efficient attention in a pretrained model (Choromanski et al. 2020, the Performer's
     fine-tuning compatibility; Kasai et al. 2021, T2R; Zhang et al. 2024, Hedgehog): each kernel
     that fits replaces softmax in MiniLM (``BERT.from_pretrained(dir, attention=...)``). Per kernel:
@@ -454,7 +454,7 @@ def _finetune_section(a: Dict[str, Any]) -> List[str]:
            + (f", picked among {', '.join(sc['lr_sweep'])} by validation accuracy at {largest} steps on seed "
               f"{sc['sweep_seed']} (the test split plays no part in the pick)" if len(sc.get("lr_sweep", {})) > 1 else "")
            + ". The claim compares the pre-trained model with the scratch model at its largest budget "
-             f"({int(largest) / s['steps']:.0f}x the fine-tuning steps); the smaller budgets are its curve.", "",
+             f"({_as_many(int(largest), s['steps'])} as the fine-tuning); the smaller budgets are its curve.", "",
            "| initialisation | steps | test accuracy (%), mean ± std | per seed |", "|---|---|---|---|"]
     rows = [("MiniLM (pretrained)", str(s["steps"]), a["accuracy"]["pretrained"])]
     rows += [("random (BERT's N(0, 0.02))", b, sc["budgets"][b]) for b in budgets]
@@ -577,6 +577,11 @@ def _speed_ratios(rows: Dict[str, Dict[str, float]], lengths) -> str:
             + ", ".join(t for _, t in sorted(parts)) + f" — {faster} of {len(parts)} faster than sdpa.")
 
 
+def _as_many(scratch: int, steps: int) -> str:
+    """The scratch budget against the fine-tuning budget, in words: "as many steps", "10x as many steps"."""
+    return "as many steps" if scratch == steps else f"{scratch / steps:.0f}x as many steps"
+
+
 def record_claims(results: Dict[str, Any], measured: Optional[bool] = None) -> None:
     """Record part finetune's claim in docs/reproductions/claims.json (verdict computed there from
     the per-seed accuracies; ``benchmarks/claims.py``): the pre-trained model fine-tuned ``--steps``
@@ -606,11 +611,11 @@ def record_claims(results: Dict[str, Any], measured: Optional[bool] = None) -> N
         id="bert-pretrained-finetune", model="bert", measured=measured,
         paper="Devlin et al. 2019, BERT: Pre-training of Deep Bidirectional Transformers (arXiv:1810.04805)",
         claim=f"Fine-tuning a pre-trained BERT (all-MiniLM-L6-v2) for {s['steps']} steps beats the same architecture "
-              f"trained from random initialisation for {int(largest) / s['steps']:.0f}x as many steps ({largest}; "
+              f"trained from random initialisation for {_as_many(int(largest), s['steps'])} ({largest}; "
               f"same batch and schedule" + (", its learning rate picked on validation" if len(sc["lr_sweep"]) > 1 else "")
               + ") on bbc-news test accuracy.",
         command=a["command"], better="higher", ours=ours["runs"], baseline=best["runs"],
-        why={"reproduced": f"{said}: pre-training beats {int(largest) / s['steps']:.0f}x the task training.",
+        why={"reproduced": f"{said}: pre-training wins against {_as_many(int(largest), s['steps'])} of task training.",
              "not reproduced": f"{said}: pre-trained not ahead at the one-sided Welch t-test's 5% level."},
         budget=f"pre-trained {s['steps']} steps, from scratch {largest} steps (curve: {', '.join(budgets)}); batch "
                f"{s['batch_size']}, {s['max_len']} tokens, {len(s['seeds'])} seeds")
