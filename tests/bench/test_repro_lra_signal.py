@@ -27,7 +27,36 @@ def test_quick_run_writes_to_the_smoke_folder(benchmark_script, monkeypatch, tmp
     script = benchmark_script("lra_signal")
     monkeypatch.setattr(script, "smoke_dir", lambda name: tmp_path)
     before = script.DOC.read_text() if script.DOC.exists() else None
-    results = script.main(["--quick"])
-    assert set(results) == {"text", "retrieval"} and all(r["signal"] for r in results.values())
+    results = script.main(["--quick", "--pathfinder-sizes", "16"])
+    assert set(results) == {"text", "retrieval", "pathfinder 16x16"}
+    assert results["text"]["signal"] and results["retrieval"]["signal"]
+    path = results["pathfinder 16x16"]  # a smoke run: five updates, no signal expected, the fields there
+    assert path["options"]["size"] == 16 and path["train_size"] == 64 and len(path["per_seed"]) == 1
+    assert "pathfinder 16x16" in (tmp_path / "lra-signal.md").read_text()
     assert json.loads((tmp_path / "lra-signal.json").read_text()) == json.loads(json.dumps(results))
     assert (script.DOC.read_text() if script.DOC.exists() else None) == before  # the published page untouched
+
+
+def test_path_cnn_pools_down_to_a_receptive_field_that_covers_the_image(benchmark_script):
+    import torch
+
+    script = benchmark_script("lra_signal")
+    torch.manual_seed(0)
+    model = script.path_cnn(8, 32)
+    assert sum(isinstance(m, torch.nn.MaxPool2d) for m in model) == 3  # after the 2nd, 4th and 6th convolution
+    assert model(torch.zeros(3, 1, 32, 32)).shape == (3, 2)
+    x = torch.rand(1, 1, 32, 32, requires_grad=True)  # a feature at the far corner sees pixel (0, 0)
+    model[:-3](x)[0, :, -1, -1].sum().backward()
+    assert x.grad[0, 0, 0, 0] != 0
+    shallow = script.path_cnn(2, 32)  # two convolutions see 5 x 5 pixels: the corner cannot
+    y = torch.rand(1, 1, 32, 32, requires_grad=True)
+    shallow[:-3](y)[0, :, -1, -1].sum().backward()
+    assert y.grad[0, 0, 0, 0] == 0
+
+
+def test_pathfinder_sizes_are_checked(benchmark_script):
+    import pytest
+
+    script = benchmark_script("lra_signal")
+    with pytest.raises(SystemExit, match="--pathfinder-sizes"):
+        script.pathfinder_options(20)

@@ -238,3 +238,28 @@ def test_pathfinder_cache_keeps_batches_the_same_and_bounded():
     for step in (0, 1, 2, 0):
         assert _equal(cached.get_batch("train", 4, step), uncached.get_batch("train", 4, step))
     assert cached._cached <= 8 and uncached._cached == 0
+
+
+def test_pathfinder_fixed_training_set_cycles_through_its_images():
+    """train_size=N: the training batches read a fixed set of N images, each image once per epoch in a
+    seeded order (another seed: another order, the same images); the held-out sets do not change."""
+    task = Pathfinder(size=16, contour_length=3, n_distractors=1, distractor_length=2, eval_size=4, train_size=12)
+    stream = Pathfinder(size=16, contour_length=3, n_distractors=1, distractor_length=2, eval_size=4)
+
+    def rows(batch):
+        return [tuple(r.tolist()) for r in batch["input_ids"]]
+
+    epoch = [rows(task.get_batch("train", 4, step, seed=1)) for step in range(3)]
+    flat = [r for b in epoch for r in b]
+    assert len(set(flat)) == 12  # every image of the set once in the first epoch
+    second = [r for step in range(3, 6) for r in rows(task.get_batch("train", 4, step, seed=1))]
+    assert set(second) == set(flat) and second != flat  # the same images, a new order
+    other = [r for step in range(3) for r in rows(task.get_batch("train", 4, step, seed=2))]
+    assert set(other) == set(flat) and other != flat
+    assert _equal(task.get_batch("train", 4, 1, seed=1), Pathfinder(
+        size=16, contour_length=3, n_distractors=1, distractor_length=2, train_size=12).get_batch("train", 4, 1, seed=1))
+    held = next(task.eval_batches("test", 4))
+    assert _equal(held, next(stream.eval_batches("test", 4)))
+    assert not set(rows(held)) & set(flat)  # the test images are not in the training set
+    with pytest.raises(ValueError, match="train_size"):
+        Pathfinder(train_size=0)
