@@ -114,6 +114,15 @@ def test_a_cuda_only_peer_is_skipped_on_the_cpu_with_the_reason(tmp_path, capsys
     assert "linear-causal-fla: skipped: the peer runs on CUDA only (--device cpu)" in capsys.readouterr().out
 
 
+def test_list_gives_a_cuda_only_pair_the_reason_a_run_would(monkeypatch, capsys):
+    """--list on the CPU says what a run says of the CUDA-only pair, even where its package is installed."""
+    monkeypatch.setattr(peers, "available", lambda pair: None)  # as if every peer's package were there
+    main(["peers", "--list"])
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")}
+    assert "[skipped: the peer runs on CUDA only (--device cpu)]" in lines["linear-causal-fla"]
+    assert lines["mha"].endswith("[ready]")
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_linear_causal_equals_flash_linear_attention_on_cuda():

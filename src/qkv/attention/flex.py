@@ -147,7 +147,12 @@ def lse_attend(q: Tensor, k: Tensor, v: Tensor, block_mask):
     eagerly, FlexAttention is its dense reference implementation)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    out, lse = flex_attention(q, k, v, block_mask=block_mask, return_lse=True)
+    return _zero_empty_rows(*flex_attention(q, k, v, block_mask=block_mask, return_lse=True))
+
+
+def _zero_empty_rows(out: Tensor, lse: Tensor):
+    """``(out, lse)`` with ``out`` zero on the rows no key was allowed (``lse = -inf``; FlexAttention
+    leaves them undefined)."""
     return out.masked_fill(torch.isneginf(lse).unsqueeze(-1), 0.0), lse
 
 
@@ -180,8 +185,7 @@ def attend_parts(q: Tensor, k: Tensor, v: Tensor, mod: masks.MaskMod, key_valid:
     """
     B, H, M, _ = q.shape
     block_mask = part_mask(mod, key_valid, B, H, M, k.shape[-2], q.device, key)
-    out, lse = _flex(q, k, v, block_mask)
-    return out.masked_fill(torch.isneginf(lse).unsqueeze(-1), 0.0), lse
+    return _zero_empty_rows(*_flex(q, k, v, block_mask))
 
 
 def attend_pattern(q: Tensor, k: Tensor, v: Tensor, mod: masks.MaskMod, mask: Optional[Tensor],

@@ -448,11 +448,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     skipped = {p.name: f"the peer runs on CUDA only (--device {device.type})" for p in selected
                if p.cuda_only and device.type != "cuda"}
     skipped.update({p.name: reason for p in selected if p.name not in skipped and (reason := available(p)) is not None})
-    if args.list:
+    if args.list:  # every pair, with the reason a run on this device would skip it (the same as below)
+        listed = {p.name: (f"the peer runs on CUDA only (--device {device.type})" if p.cuda_only and device.type != "cuda"
+                           else available(p)) for p in PAIRS.values()}
         for p in PAIRS.values():
-            reason = available(p)
+            reason = listed[p.name]
             print(f"  {p.name:<17} {p.description}" + (f"  [skipped: {reason}]" if reason else "  [ready]"))
-        return {"pairs": {p: available(PAIRS[p]) for p in PAIRS}}
+        return {"pairs": listed}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: List[Dict[str, Any]] = []
