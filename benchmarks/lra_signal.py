@@ -198,6 +198,7 @@ def main(argv: Sequence[str] = None) -> Dict[str, Dict[str, float]]:
     parser.add_argument("--pathfinder-train", type=int, default=20000, help="images in Pathfinder's fixed training set")
     parser.add_argument("--seeds", type=int, default=3, help="seeds of each Pathfinder CNN")
     args = parser.parse_args(argv)
+    command = " " + " ".join(argv if argv is not None else sys.argv[1:]) if (argv or sys.argv[1:]) else ""
     articles = articles_for_quick() if args.quick else None
     doc = smoke_dir("lra-signal") / DOC.name if args.quick else DOC
     results = {"text": text_signal(BBCBytes(max_len=args.text_len, articles=articles)),
@@ -216,7 +217,8 @@ def main(argv: Sequence[str] = None) -> Dict[str, Dict[str, float]]:
     paths = [r for name, r in results.items() if name.startswith("pathfinder")]
     doc.write_text("\n".join([
         "# Long Range Arena stand-ins: signal without a Transformer", "",
-        f"`PYTHONPATH=src .venv/bin/python benchmarks/lra_signal.py` (deterministic; raw numbers in "
+        f"`PYTHONPATH=src .venv/bin/python benchmarks/lra_signal.py{command}` (Text and Retrieval deterministic, "
+        f"Pathfinder per seed; raw numbers in "
         f"[lra-signal.json](lra-signal.json)). Text (`bbc-bytes`): hashed byte 1-3-gram TF-IDF of each article's "
         f"first {args.text_len} bytes, nearest class centroid. Retrieval (`bbc-match`): TF-IDF cosine of the two "
         f"articles' first {args.retrieval_len} bytes, the threshold that best separates {args.train_pairs} training pairs. Accuracy on the tasks' test "
@@ -225,9 +227,12 @@ def main(argv: Sequence[str] = None) -> Dict[str, Dict[str, float]]:
         *([f"Pathfinder (`pathfinder`): a CNN of {paths[0]['layers']} 3x3 convolutions (32 channels, ReLU, 2x2 max "
            f"pooling after every second), global max pooling and a linear layer, {paths[0]['steps']} updates of "
            f"{paths[0]['batch_size']} images from a fixed training set of {paths[0]['train_size']}, AdamW "
-           f"lr 2e-3 with cosine decay, {paths[0]['seeds']} seeds; at " + "; ".join(
-               f"{r['size']}x{r['size']} (contour length {r['contour_length']})" for r in paths)
-           + ". For Pathfinder p is the largest of the seeds' and signal means every seed's test is below 5 %.", ""]
+           f"lr 2e-3 with cosine decay, {paths[0]['seeds']} seed{'s' if paths[0]['seeds'] != 1 else ''}; at " + "; ".join(
+               f"{r['size']}x{r['size']} ({r['options']['contour_length']} dashes per path, {r['options']['n_distractors']} "
+               f"distractor{'s' if r['options']['n_distractors'] != 1 else ''} of {r['options']['distractor_length']})"
+               for r in paths)
+           + ". For Pathfinder z is the seeds' mean, p the largest of the seeds' and signal means every seed's test "
+             "is below 5 %.", ""]
           if paths else []),
         "| task | accuracy | majority class | test examples | z | p | signal |",
         "| --- | --- | --- | --- | --- | --- | --- |", *rows, "",
