@@ -214,3 +214,13 @@ def test_report_only_writes_the_page_from_saved_results_and_trains_nothing(tmp_p
     with pytest.raises(SystemExit):
         main(["lra", "--report-only", "--out", str(out), "--report", str(page)])
     assert "holds no finished cells" in capsys.readouterr().err
+
+
+def test_the_page_goes_beside_the_results_unless_report_names_another(tmp_path, monkeypatch):
+    """Without --report the page is OUT/lra.md: a run started in some folder writes no
+    docs/reproductions/lra.md there (it used to, over the published page when run in the repository)."""
+    out = tmp_path / "saved"
+    _saved_results(out)
+    monkeypatch.chdir(tmp_path)
+    assert main(["lra", "--report-only", "--out", str(out)]) == 0
+    assert (out / "lra.md").is_file() and not (tmp_path / "docs").exists()

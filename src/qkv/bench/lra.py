@@ -6,7 +6,8 @@ test accuracy) and on training speed and peak memory relative to the Transformer
 tokens (their Table 2). This benchmark trains one encoder-classifier (``lra-encoder``, and the
 two-tower ``lra-dual-encoder`` for Retrieval; ``qkv.models.transformer.lra``) per (task, kernel,
 seed) with the same settings within a task, evaluates it on the task's test set, measures one
-training step per kernel and length, and writes the page ``docs/reproductions/lra.md``: our
+training step per kernel and length, and writes a page (``--out``/``lra.md``; the published one is
+``--report docs/reproductions/lra.md``): our
 Table 1 beside the published one, the speed and memory ratios beside LRA's, a plot, the machine
 and the time. Text, Retrieval and Image are stand-ins (``qkv.tasks.lra``).
 
@@ -21,7 +22,7 @@ cells took 199 min of one-thread training and testing: **1 h 45 min two cells at
 with two one-thread processes that split the kernels between them, which ``--jobs 2 --threads 1``
 does by itself, handing the next cell to whichever process is free), about 3 h 20 min in one
 process with one thread; the speed table adds minutes. The page records the time each invocation took. ``--quick``
-is a smoke run of seconds that writes its page into ``--out``, never over docs/reproductions.
+is a smoke run of seconds.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cells trained at once, each in its own process with --threads torch threads (default "
                              "1 thread there); CPU only. --jobs 2 --threads 1 uses two cores best (default: 1 job)")
     parser.add_argument("--report", default=None,
-                        help="the page to write (default docs/reproductions/lra.md; --quick: OUT/lra.md)")
+                        help="the page to write (default OUT/lra.md; the published one: docs/reproductions/lra.md)")
     parser.add_argument("--report-only", action="store_true",
                         help=f"write the page from the results already in OUT/{RESULTS_FILE}, training and measuring "
                              "nothing (every seed there unless --seeds)")
@@ -439,12 +440,13 @@ def _check(args: argparse.Namespace, device: torch.device) -> _Checked:
 
 
 def _report_path(args: argparse.Namespace) -> Path:
-    """The page ``--report`` names (checked), or its default: docs/reproductions/lra.md; OUT/lra.md with ``--quick``."""
+    """The page ``--report`` names (checked), or its default: OUT/lra.md, beside the results (never a
+    path of its own choosing: a run in another folder must not create or overwrite a page there;
+    the published page is ``--report docs/reproductions/lra.md``)."""
     from .._io import output_file
 
-    default_report = Path(args.out) / "lra.md" if args.quick else Path("docs/reproductions/lra.md")
     try:
-        return output_file(args.report or default_report, (".md",), ".md")
+        return output_file(args.report or Path(args.out) / "lra.md", (".md",), ".md")
     except UserError as err:
         raise UserError(f"--report: {err}") from None
 
