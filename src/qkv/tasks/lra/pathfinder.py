@@ -161,7 +161,7 @@ class Pathfinder(LRATask):
         cache_images: training images kept in memory (drawing one takes milliseconds; every
             kernel of ``qkv bench lra`` reads the same batches, so they are drawn once).
         train_size: ``None`` (default): every training batch is freshly drawn, an endless stream;
-            ``N``: the training split is a fixed set of ``N`` images (as LRA's is: 200K files),
+            ``N``: the training split is a fixed set of ``N`` images (as LRA's is),
             drawn once and read in a fresh order every epoch (the order set by the seed), so that
             a long run draws ``N`` images, not one per example (32x32 images take ~30 ms each).
 
