@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _repro import smoke_dir  # noqa: E402
 
+from qkv._io import atomic_write_text  # noqa: E402
 from qkv.tasks.lra import BBCBytes, BBCMatch, Pathfinder  # noqa: E402
 
 DOC = ROOT / "docs" / "reproductions" / "lra-signal.md"
@@ -177,10 +178,8 @@ PATHFINDER_OPTIONS = {32: {"size": 32, "contour_length": 14},  # qkv bench lra's
 
 
 def pathfinder_options(side: int) -> Dict[str, int]:
-    """Pathfinder's options at image side ``side`` (``PATHFINDER_OPTIONS``: LRA's at 32; at 16 the
-    longest paths and the most distractors that the generator can place on the canvas)."""
-    if side not in PATHFINDER_OPTIONS:
-        raise SystemExit(f"--pathfinder-sizes: expected sides among {sorted(PATHFINDER_OPTIONS)}, got {side}")
+    """Pathfinder's options at image side ``side`` (a key of ``PATHFINDER_OPTIONS``, which ``main``
+    checks: LRA's at 32; at 16 the longest paths and the most distractors the generator can place)."""
     return dict(PATHFINDER_OPTIONS[side])
 
 
@@ -198,6 +197,13 @@ def main(argv: Sequence[str] = None) -> Dict[str, Dict[str, float]]:
     parser.add_argument("--pathfinder-train", type=int, default=20000, help="images in Pathfinder's fixed training set")
     parser.add_argument("--seeds", type=int, default=3, help="seeds of each Pathfinder CNN")
     args = parser.parse_args(argv)
+    for name in ("text_len", "retrieval_len", "train_pairs", "pathfinder_steps", "pathfinder_layers", "pathfinder_train",
+                 "seeds"):  # every option checked before any work
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for side in args.pathfinder_sizes:
+        if side not in PATHFINDER_OPTIONS:
+            parser.error(f"--pathfinder-sizes: expected sides among {sorted(PATHFINDER_OPTIONS)}, got {side}")
     command = " " + " ".join(argv if argv is not None else sys.argv[1:]) if (argv or sys.argv[1:]) else ""
     articles = articles_for_quick() if args.quick else None
     doc = smoke_dir("lra-signal") / DOC.name if args.quick else DOC
@@ -210,12 +216,12 @@ def main(argv: Sequence[str] = None) -> Dict[str, Dict[str, float]]:
             Pathfinder(**options, eval_size=200 if args.quick else 1000, train_size=64 if args.quick else args.pathfinder_train),
             5 if args.quick else args.pathfinder_steps,
             1 if args.quick else args.seeds, args.pathfinder_layers)
-    doc.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    atomic_write_text(doc.with_suffix(".json"), json.dumps(results, indent=1) + "\n")  # old or new, never half
     rows = [f"| {name} | {r['accuracy']:.3f}" + (f" (per seed {', '.join(f'{x:.3f}' for x in r['per_seed'])})" if "per_seed" in r else "")
             + f" | {r['majority']:.3f} | {r['n']} | {r['z']:.1f} | {r['p']:.2g} | "
             f"{'yes' if r['signal'] else 'no'} |" for name, r in results.items()]
     paths = [r for name, r in results.items() if name.startswith("pathfinder")]
-    doc.write_text("\n".join([
+    atomic_write_text(doc, "\n".join([
         "# Long Range Arena stand-ins: signal without a Transformer", "",
         f"`PYTHONPATH=src .venv/bin/python benchmarks/lra_signal.py{command}` (Text and Retrieval deterministic, "
         f"Pathfinder per seed; raw numbers in "

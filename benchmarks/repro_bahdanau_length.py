@@ -38,6 +38,7 @@ import claims  # noqa: E402  (benchmarks/claims.py: the claims table and its ver
 from _repro import replace_section, smoke_dir, train_fresh  # noqa: E402
 from repro_rnn_attention import BAHDANAU, BIBLE_BUCKETS, seeded_arms, translate_and_score  # noqa: E402
 
+from qkv._io import atomic_path, atomic_write_text  # noqa: E402
 from qkv._plot import pyplot, save_figure  # noqa: E402
 from qkv.models.rnn.seq2seq import Seq2Seq, Seq2SeqConfig  # noqa: E402
 
@@ -74,13 +75,18 @@ def names() -> List[str]:
     return [f"{lo}-{hi}" for lo, hi in BIBLE_BUCKETS]
 
 
+def per_arm(per_seed: Dict[str, List[Dict]], bucket: str, key: str) -> Dict[str, List[float]]:
+    """Each arm's per-seed ``key`` (bleu, chrf) on source-length ``bucket``."""
+    return {label: [r["buckets"][bucket][key] for r in runs] for label, runs in per_seed.items()}
+
+
 def plot(per_seed: Dict[str, List[Dict]], path: Path, steps: int) -> None:
     """BLEU and chrF per source-length bucket, mean ± standard error over seeds, one line per arm."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for label, runs in per_seed.items():
         for ax, key in zip(axes, ("bleu", "chrf")):
-            xs = [[r["buckets"][k][key] for r in runs] for k in names()]
+            xs = [per_arm({label: runs}, k, key)[label] for k in names()]
             ax.errorbar(names(), [claims.mean(x) for x in xs],
                         yerr=[claims.standard_error(x) if len(x) > 1 else 0.0 for x in xs], marker="o", capsize=3,
                         label=label)
@@ -100,7 +106,7 @@ def write_section(doc: Path, per_seed: Dict[str, List[Dict]], args, verdict: str
     first = per_seed["Bahdanau"][0]["buckets"]
     rows = [f"| {what} {label} | " + " | ".join(claims.fmt([r["buckets"][k][key] for r in runs]) for k in cols) + " |"
             for key, what in (("bleu", "BLEU"), ("chrf", "chrF")) for label, runs in per_seed.items()]
-    chrf = {label: [r["buckets"][LONG]["chrf"] for r in runs] for label, runs in per_seed.items()}
+    chrf = per_arm(per_seed, LONG, "chrf")
     seconds = "; ".join(f"{label} {claims.fmt([r['train_seconds'] for r in runs])}" for label, runs in per_seed.items())
     lines = [SECTION[0], "",
              f"**{args.steps:,} steps, {args.seeds} seeds** (initialisation and batch order), "
@@ -113,15 +119,13 @@ def write_section(doc: Path, per_seed: Dict[str, List[Dict]], args, verdict: str
              f"{', '.join(f'{x:.1f}' for x in chrf['Bahdanau'])} against {', '.join(f'{x:.1f}' for x in chrf['no attention'])}: "
              f"**{verdict}** (one-sided Welch t-test at 5 %).", "",
              f"![bible-en-es, {args.steps} steps, {args.seeds} seeds]({picture})", "", SECTION[1]]
-    if not doc.exists():
-        doc.write_text("")
-    replace_section(doc, "\n".join(lines), SECTION, "## 5. Pointer network")
+    with atomic_path(doc) as tmp:  # the page is replaced whole: a kill leaves the old page or the new one
+        tmp.write_text(doc.read_text() if doc.exists() else "")
+        replace_section(tmp, "\n".join(lines), SECTION, "## 5. Pointer network")
 
 
 def record(per_seed: Dict[str, List[Dict]], args, n_test: int) -> None:
-    chrf = {label: [r["buckets"][LONG]["chrf"] for r in runs] for label, runs in per_seed.items()}
-    bleu = {label: [r["buckets"][LONG]["bleu"] for r in runs] for label, runs in per_seed.items()}
-    every = {label: [r["buckets"]["1-100"]["chrf"] for r in runs] for label, runs in per_seed.items()}
+    chrf, bleu, every = per_arm(per_seed, LONG, "chrf"), per_arm(per_seed, LONG, "bleu"), per_arm(per_seed, "1-100", "chrf")
     n_long = per_seed["Bahdanau"][0]["buckets"][LONG]["n"]
     said = (f"chrF on the {n_long} test verses of {LONG} source characters: Bahdanau {claims.fmt(chrf['Bahdanau'])}, "
             f"no attention {claims.fmt(chrf['no attention'])} (per seed {[round(x, 1) for x in chrf['Bahdanau']]} vs "
@@ -163,13 +167,13 @@ def main(argv: List[str] = None) -> Dict[str, List[Dict]]:
     n_test = per_seed["Bahdanau"][0]["buckets"]["1-100"]["n"]
     picture = f"rnn-bible-length-{args.steps}-seeds.png"
     plot(per_seed, img / picture, args.steps)
-    chrf = {label: [r["buckets"][LONG]["chrf"] for r in runs] for label, runs in per_seed.items()}
+    chrf = per_arm(per_seed, LONG, "chrf")
     verdict = (claims.verdict(chrf["Bahdanau"], chrf["no attention"], "higher") if args.seeds >= claims.MIN_SEEDS
                else f"no verdict from {args.seeds} seed{'s' if args.seeds != 1 else ''}")
     write_section(doc, per_seed, args, verdict, f"img/{picture}")
     results = {"steps": args.steps, "seeds": args.seeds, "test_verses": n_test, "per_seed": per_seed}
-    (doc.parent / ("bahdanau-length.json" if not args.quick else "bahdanau-length-quick.json")).write_text(
-        json.dumps(results, indent=1) + "\n")
+    atomic_write_text(doc.parent / ("bahdanau-length.json" if not args.quick else "bahdanau-length-quick.json"),
+                      json.dumps(results, indent=1) + "\n")
     if not args.quick and args.seeds >= claims.MIN_SEEDS:
         record(per_seed, args, n_test)
     print(f"bahdanau-length: {verdict}; wrote {doc}", flush=True)

@@ -4,6 +4,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 
 
 def test_binomial_test_against_the_majority_class(benchmark_script):
@@ -54,9 +55,24 @@ def test_path_cnn_pools_down_to_a_receptive_field_that_covers_the_image(benchmar
     assert y.grad[0, 0, 0, 0] == 0
 
 
-def test_pathfinder_sizes_are_checked(benchmark_script):
-    import pytest
+BAD_OPTIONS = [
+    (["--pathfinder-sizes", "20"], "--pathfinder-sizes: expected sides among [16, 32], got 20"),
+    (["--pathfinder-steps", "0"], "--pathfinder-steps must be >= 1, got 0"),
+    (["--seeds", "0"], "--seeds must be >= 1, got 0"),
+    (["--pathfinder-train", "-5"], "--pathfinder-train must be >= 1, got -5"),
+    (["--pathfinder-layers", "0"], "--pathfinder-layers must be >= 1, got 0"),
+    (["--text-len", "0"], "--text-len must be >= 1, got 0"),
+    (["--train-pairs", "x"], "--train-pairs: invalid int value: 'x'"),
+]
 
+
+@pytest.mark.parametrize("argv, message", BAD_OPTIONS)
+def test_bad_options_are_refused_before_any_work(benchmark_script, monkeypatch, tmp_path, capsys, argv, message):
     script = benchmark_script("lra_signal")
-    with pytest.raises(SystemExit, match="--pathfinder-sizes"):
-        script.pathfinder_options(20)
+    monkeypatch.setattr(script, "smoke_dir", lambda name: tmp_path)
+    worked = []
+    monkeypatch.setattr(script, "text_signal", lambda *a, **k: worked.append("text"))
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--quick", *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert worked == [] and list(tmp_path.iterdir()) == []  # refused before any check ran or any file was written
