@@ -263,3 +263,21 @@ def test_pathfinder_fixed_training_set_cycles_through_its_images():
     assert not set(rows(held)) & set(flat)  # the test images are not in the training set
     with pytest.raises(ValueError, match="train_size"):
         Pathfinder(train_size=0)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "100", True])
+def test_pathfinder_train_size_refuses_what_is_not_a_positive_int(bad):
+    with pytest.raises(ValueError, match=r"train_size must be an int >= 1, got"):
+        Pathfinder(train_size=bad)
+
+
+def test_pathfinder_fixed_set_split_over_ranks_is_the_single_process_batch():
+    """Under DDP (world_size 2) the two ranks' batches at a step are together the one batch a single
+    process reads at that step: the same images of the fixed set, none read twice, none skipped."""
+    task = Pathfinder(size=16, contour_length=3, n_distractors=1, distractor_length=2, train_size=10)
+    rows = lambda b: sorted(tuple(r.tolist()) for r in b["input_ids"])  # noqa: E731
+    for step in (0, 1, 2):  # step 2 crosses into the second epoch of 10 images
+        whole = rows(task.get_batch("train", 4, step, seed=3))
+        split = rows(task.get_batch("train", 2, step, seed=3, rank=0, world_size=2)) + \
+            rows(task.get_batch("train", 2, step, seed=3, rank=1, world_size=2))
+        assert sorted(split) == whole
