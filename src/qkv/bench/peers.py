@@ -435,6 +435,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list", action="store_true", help="list the pairs and whether each can run, then exit")
 
 
+def skip_reason(pair: "Pair", device: torch.device) -> Optional[str]:
+    """Why ``pair`` cannot run on ``device`` (a CUDA-only peer elsewhere first, then ``available``), or None."""
+    if pair.cuda_only and device.type != "cuda":
+        return f"the peer runs on CUDA only (--device {device.type})"
+    return available(pair)
+
+
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     device = common.resolve_device(args.device)
     dtype = getattr(torch, args.dtype)
@@ -445,12 +452,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     common.check_lengths("--lengths", lengths)
     common.check_range("--target-seconds", args.target_seconds, 0.0)
     selected = [PAIRS[p] for p in (args.pairs or list(PAIRS))]
-    skipped = {p.name: f"the peer runs on CUDA only (--device {device.type})" for p in selected
-               if p.cuda_only and device.type != "cuda"}
-    skipped.update({p.name: reason for p in selected if p.name not in skipped and (reason := available(p)) is not None})
-    if args.list:  # every pair, with the reason a run on this device would skip it (the same as below)
-        listed = {p.name: (f"the peer runs on CUDA only (--device {device.type})" if p.cuda_only and device.type != "cuda"
-                           else available(p)) for p in PAIRS.values()}
+    skipped = {p.name: reason for p in selected if (reason := skip_reason(p, device)) is not None}
+    if args.list:  # every pair, with the reason a run on this device would skip it
+        listed = {p.name: skip_reason(p, device) for p in PAIRS.values()}
         for p in PAIRS.values():
             reason = listed[p.name]
             print(f"  {p.name:<17} {p.description}" + (f"  [skipped: {reason}]" if reason else "  [ready]"))
