@@ -483,7 +483,10 @@ def record(*, path: Path = CLAIMS, readme: Optional[Path] = README, pending: Pat
     stamped with its provenance (the current commit and date, and the dependent files with
     uncommitted changes), drop it from the pending list, and regenerate ``readme`` (None: leave
     it). Arguments as ``make_claim``. The recorded claim's budget-curve points stay (re-measuring
-    the main budget does not erase the larger ones), except those ``curve`` gives again. Returns
+    the main budget does not erase the larger ones), except those ``curve`` gives again. A claim
+    recorded again at another main budget (its ``budget`` text differs) keeps the measurement it
+    replaces as a curve point named by that earlier ``budget`` text, with the commit and date it was
+    measured at: raising a budget after seeing a verdict leaves the earlier verdict in view. Returns
     the entry.
 
     ``measured``: True when this run measured the numbers (stamped now), False when the script
@@ -508,10 +511,22 @@ def record(*, path: Path = CLAIMS, readme: Optional[Path] = README, pending: Pat
         return _record(path, readme, pending, ours, fields)
 
 
+def _main_to_curve(entry: Mapping[str, Any]) -> Dict[str, Any]:
+    """``entry`` with its main measurement also kept as a point of its curve, named by its ``budget``
+    text and carrying its provenance (a point of that name already there is left as it is)."""
+    curve = list(entry.get("curve", []))
+    if all(p["budget"] != entry["budget"] for p in curve):
+        curve.append({"budget": entry["budget"], "ours": entry["ours"], "baseline": entry["baseline"],
+                      "verdict": entry["verdict"], **{k: entry[k] for k in ("commit", "date", "dirty") if k in entry}})
+    return {**entry, "curve": sorted(curve, key=lambda p: _budget_key(p["budget"]))}
+
+
 def _record(path: Path, readme: Optional[Path], pending: Path, ours: List[float], fields: Dict[str, Any]) -> Dict[str, Any]:
     """``record``'s read-modify-write of the claims, under the lock."""
     entries = load(path)
     at = next((i for i, e in enumerate(entries) if e["id"] == fields.get("id")), None)
+    if at is not None and "budget" in fields and entries[at]["budget"] != fields["budget"]:
+        entries[at] = _main_to_curve(entries[at])
     if at is not None and entries[at].get("curve"):
         given = [dict(p, budget=str(p["budget"])) for p in fields.get("curve", ())]
         kept = [p for p in entries[at]["curve"] if p["budget"] not in {g["budget"] for g in given}]

@@ -401,3 +401,27 @@ def test_curve_points_keep_their_provenance_through_a_new_main_measurement(tmp_p
     claims.record(id="a", ours=[0.6, 0.7, 0.7], measured=True,
                   curve=[dict(old, ours=[0.85, 0.85, 0.85])], **common)  # new numbers at 900: stamped now
     assert claims.load(path)[0]["curve"][0]["commit"] == claims.load(path)[0]["commit"]
+
+
+def test_a_claim_recorded_at_another_budget_keeps_the_replaced_measurement_in_its_curve(tmp_path):
+    """Raising a claim's budget after seeing its verdict must not erase the earlier verdict: the
+    measurement it replaces stays as a curve point named by its budget, with its own provenance."""
+    path, pending, readme = tmp_path / "claims.json", tmp_path / "pending.json", tmp_path / "README.md"
+    common = dict(path=path, pending=pending, readme=readme, model="m", paper="p", claim="c.",
+                  command="python benchmarks/repro_x.py", better="higher", baseline=[0.5, 0.5, 0.5], why="w")
+    claims.save([claims.make_claim(id="a", ours=[0.5, 0.6, 0.4], budget="600 steps of 16", commit="c" * 40,
+                                   date="2026-01-01", curve=[{"budget": "900 steps", "ours": [0.6, 0.6, 0.7],
+                                                              "baseline": [0.5], "commit": "d" * 40, "date": "2026-01-02"}],
+                                   **{k: v for k, v in common.items() if k not in ("path", "pending", "readme")})], path)
+    claims.record(id="a", ours=[0.9, 0.9, 0.95], budget="3000 steps of 16", measured=True, **common)
+    e = claims.load(path)[0]
+    assert e["budget"] == "3000 steps of 16" and e["verdict"] == "reproduced"
+    curve = {p["budget"]: p for p in e["curve"]}
+    assert [p["budget"] for p in e["curve"]] == ["600 steps of 16", "900 steps"]  # ordered by budget
+    assert curve["600 steps of 16"]["ours"] == [0.5, 0.6, 0.4]
+    assert curve["600 steps of 16"]["verdict"] == "not reproduced"
+    assert (curve["600 steps of 16"]["commit"], curve["600 steps of 16"]["date"]) == ("c" * 40, "2026-01-01")
+    assert curve["900 steps"]["commit"] == "d" * 40  # the earlier curve point untouched
+    assert claims.check(path, pending, readme) == []
+    claims.record(id="a", ours=[0.9, 0.9, 0.9], budget="3000 steps of 16", measured=True, **common)
+    assert [p["budget"] for p in claims.load(path)[0]["curve"]] == ["600 steps of 16", "900 steps"]  # same budget
