@@ -64,6 +64,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
+from qkv._io import atomic_write_text  # a killed writer leaves the old file or the new one
+
 ROOT = Path(__file__).resolve().parents[1]
 CLAIMS = ROOT / "docs" / "reproductions" / "claims.json"
 PENDING = ROOT / "docs" / "reproductions" / "claims-pending.json"
@@ -309,7 +311,7 @@ def save(entries: Sequence[Mapping[str, Any]], path: Path = CLAIMS) -> None:
         raise ValueError(f"claim ids must be unique, got {sorted(i for i in ids if ids.count(i) > 1)}")
     for e in entries:
         check_claim(e)
-    Path(path).write_text(json.dumps(list(entries), indent=1, ensure_ascii=False) + "\n")
+    atomic_write_text(path, json.dumps(list(entries), indent=1, ensure_ascii=False) + "\n")
 
 
 # ------------------------------------------------------------------ provenance
@@ -566,7 +568,7 @@ def _record(path: Path, readme: Optional[Path], pending: Path, ours: List[float]
     save(entries, path)
     waiting = [p for p in load(pending) if p["id"] != entry["id"]]
     if Path(pending).exists():
-        Path(pending).write_text(json.dumps(waiting, indent=1, ensure_ascii=False) + "\n")
+        atomic_write_text(pending, json.dumps(waiting, indent=1, ensure_ascii=False) + "\n")
     if readme is not None:
         write_readme(path, pending, readme)
     print(f"claim {entry['id']}: {entry['verdict']} (ours {fmt(entry['ours'])}, baseline {fmt(entry['baseline'])})"
@@ -592,7 +594,7 @@ def _pend(item: Dict[str, Any], path: Path, readme: Optional[Path], claims_path:
         print(f"claim {id}: one seed measured ({one_seed}); the recorded claim with its seeds stays")
         return item
     waiting = [p for p in load(path) if p["id"] != id] + [item]
-    Path(path).write_text(json.dumps(waiting, indent=1, ensure_ascii=False) + "\n")
+    atomic_write_text(path, json.dumps(waiting, indent=1, ensure_ascii=False) + "\n")
     if readme is not None:
         write_readme(claims_path, path, readme)
     print(f"claim {id}: pending ({one_seed}); rerun with {MIN_SEEDS} seeds: {command}")
@@ -720,7 +722,7 @@ def render_readme(entries: Sequence[Mapping[str, Any]], pending: Sequence[Mappin
 
 def write_readme(path: Path = CLAIMS, pending: Path = PENDING, readme: Path = README) -> str:
     text = render_readme(load(path), load(pending))
-    Path(readme).write_text(text)
+    atomic_write_text(readme, text)
     return text
 
 

@@ -425,3 +425,31 @@ def test_a_claim_recorded_at_another_budget_keeps_the_replaced_measurement_in_it
     assert claims.check(path, pending, readme) == []
     claims.record(id="a", ours=[0.9, 0.9, 0.9], budget="3000 steps of 16", measured=True, **common)
     assert [p["budget"] for p in claims.load(path)[0]["curve"]] == ["600 steps of 16", "900 steps"]  # same budget
+
+
+def _save_forever(path):
+    big = [claims.make_claim(id=f"c{i}", model="m", paper="p", claim="c.", command="x", better="higher",
+                             ours=[0.9, 0.9, 0.9], baseline=[0.5], why="w" * 20000, budget="b") for i in range(30)]
+    while True:
+        for n in (10, 30):
+            claims.save(big[:n], path)
+
+
+def test_kill_9_while_saving_the_claims_leaves_the_old_or_the_new_file(tmp_path):
+    """claims.json is the record of every verdict: a writer killed mid-save must leave a whole file
+    (10 or 30 claims), never a truncated one (a plain write_text fails this)."""
+    import multiprocessing
+    import random
+    import time
+
+    path = tmp_path / "claims.json"
+    claims.save([], path)
+    ctx, rng = multiprocessing.get_context("fork"), random.Random(0)
+    for _ in range(5):
+        proc = ctx.Process(target=_save_forever, args=(path,))
+        proc.start()
+        time.sleep(0.3 + rng.random() * 0.3)
+        proc.kill()
+        proc.join()
+        assert len(claims.load(path)) in (0, 10, 30)  # parses: the old or the new file, whole
+        assert all(p.name.startswith(".claims.json.") for p in tmp_path.iterdir() if p != path)
