@@ -709,9 +709,7 @@ def write_report(results: Mapping[str, Any], path: Path, plan: Mapping[str, Task
     reading = _reading(results, seeds)
     sections.append("## Reading: does the ranking agree with the paper?\n\n" + ("\n".join(reading) if reading else
                     "Not enough cells for a reading (it needs `softmax` and its rivals on ListOps or Pathfinder).") +
-                    "\n\nScale matters here: our models are about 1/50 of LRA's in parameters and train for a few "
-                    "hundred updates on a CPU, on sequences 1/4-1/2 as long; a kernel that needs many updates to "
-                    "find long-range structure (LRA trained Pathfinder for 200 epochs) may rank differently after few.")
+                    "\n\n" + _scale_sentence(results))
     sections += _time_sections(results)
     common.write_markdown(path, "Long Range Arena at small scale", results["machine"], results["command"],
                           results.get("date", common.now_iso()), sections)
@@ -772,6 +770,9 @@ def _accuracy_sections(results: Mapping[str, Any], order: Sequence[str], tasks_r
     rows.append(["majority class", ""] + [f"{_baseline(results, t)[0]:.2f}" for t, _ in tasks_run] + tail)
     rows.append(["learned?", ""] + ["yes" if verdicts[t][0] else "no" for t, _ in tasks_run] + tail)
     n_seeds = len({c["seed"] for c in cells.values()})
+    per_task = {col: len({c["seed"] for c in cells.values() if c["task"] == t}) for t, col in tasks_run}
+    seeds_text = (f"{n_seeds} seed(s)" if len(set(per_task.values())) <= 1 else
+                  "seeds per task: " + ", ".join(f"{col} {n}" for col, n in per_task.items()))
     rule = ("a task is *learned* when its best kernel beats the majority class by more than two binomial standard "
             "errors on its test set")
     if counted:
@@ -781,7 +782,7 @@ def _accuracy_sections(results: Mapping[str, Any], order: Sequence[str], tasks_r
                     if left_out else "") + f" ({rule})")
     else:
         average = f"**No task was learned by any kernel**, so no average is given ({rule})"
-    sections.append(f"## Table 1: test accuracy (%)\n\nOurs ({n_seeds} seed(s){'; mean ± sd' if n_seeds > 1 else ''}; "
+    sections.append(f"## Table 1: test accuracy (%)\n\nOurs ({seeds_text}{'; mean ± sd' if n_seeds > 1 else ''}; "
                     f"`local-2d` only on the image tasks; `–`: not run). {average}.\n\n" +
                     common.markdown_table(header, rows))
     columns = [col for _, col in TASKS]  # PUBLISHED's order
@@ -835,13 +836,26 @@ def _speed_sections(results: Mapping[str, Any], device: torch.device) -> List[st
     return sections
 
 
+def _scale_sentence(results: Mapping[str, Any]) -> str:
+    """How far our cells are from LRA's: the updates and the device they actually ran with."""
+    settings = [c["settings"] for c in results["cells"].values()]
+    steps = sorted({s["steps"] for s in settings})
+    devices = sorted({s.get("device", "cpu") for s in settings})
+    budget = f"{steps[0]:,}" if len(steps) == 1 else f"{steps[0]:,}-{steps[-1]:,}"
+    where = " and ".join("a GPU" if d == "cuda" else "a CPU" if d == "cpu" else d for d in devices)
+    return (f"Scale matters here: our models are about 1/50 of LRA's in parameters and train for {budget} updates "
+            f"on {where}, most on shorter sequences than LRA's; a kernel that needs many updates to find "
+            "long-range structure (LRA trained Pathfinder for 200 epochs) may rank differently after few.")
+
+
 def _time_sections(results: Mapping[str, Any]) -> List[str]:
     """Where the time went, where the results are, and the invocations that produced them."""
     cells = results["cells"]
     train_seconds = sum(c["seconds"] for c in cells.values())
     sections = []
     speed_seconds = sum(p.get("seconds", 0) for p in results.get("speed", {}).values())
-    sections.append(f"Time: {train_seconds / 60:.1f} min training and testing {len(cells)} cells, "
+    sections.append(f"Time: {train_seconds / 60:.1f} min training and testing {len(cells)} cells (summed over the "
+                    "cells; cells of parallel processes overlap), "
                     f"{speed_seconds / 60:.1f} min measuring {len(results.get('speed', {}))} speed points "
                     f"(the last invocation: {results.get('last_run_seconds', 0) / 60:.1f} min). Results: "
                     f"`{RESULTS_FILE}` in the run's `--out` folder; every cell's training curve is in "

@@ -1,0 +1,59 @@
+"""Merge the results of several ``qkv bench lra`` runs (one process per cell, as
+``benchmarks/gpu_lra.sh`` runs them on one GPU) into one results file, then write its page:
+
+    python benchmarks/lra_merge.py OUT RUN_DIR [RUN_DIR ...]
+
+OUT/lra-results.json gets every run's cells, tasks and invocations (a cell key found in two runs is
+an error: it would hide one of them); the page, OUT/lra.md, is ``qkv bench lra --report-only --out OUT``'s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from qkv._io import atomic_write_text  # noqa: E402
+
+
+def merge(runs: list[Path]) -> dict:
+    merged: dict = {"cells": {}, "speed": {}, "tasks": {}, "missing": {}, "invocations": []}
+    for run in runs:
+        path = run / "lra-results.json"
+        if not path.is_file():
+            print(f"lra_merge: {run}: no lra-results.json (the run did not finish a cell); left out", file=sys.stderr)
+            continue
+        data = json.loads(path.read_text(encoding="utf-8"))
+        clash = sorted(set(data["cells"]) & set(merged["cells"]))
+        if clash:
+            raise SystemExit(f"lra_merge: {run}: cell {clash[0]!r} is in an earlier run too")
+        merged["cells"].update(data["cells"])
+        merged["tasks"].update(data.get("tasks", {}))
+        merged["missing"].update(data.get("missing", {}))
+        merged["invocations"].extend(data.get("invocations", []))
+        merged["machine"] = data["machine"]
+        merged["date"] = max(merged.get("date", ""), data.get("date", ""))
+    if not merged["cells"]:
+        raise SystemExit("lra_merge: no finished cell in any run")
+    merged["command"] = "; ".join(i["command"] for i in merged["invocations"])
+    merged["last_run_seconds"] = max(i["seconds"] for i in merged["invocations"])
+    return merged
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="folder for the merged lra-results.json and lra.md")
+    parser.add_argument("runs", type=Path, nargs="+", help="the runs' --out folders")
+    args = parser.parse_args()
+    merged = merge(args.runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out / "lra-results.json", json.dumps(merged, indent=1) + "\n")
+    print(f"lra_merge: {len(merged['cells'])} cells from {len(merged['invocations'])} runs -> {args.out}/lra-results.json")
+    subprocess.run([sys.executable, "-m", "qkv", "bench", "lra", "--report-only", "--out", str(args.out)], check=True)
+
+
+if __name__ == "__main__":
+    main()

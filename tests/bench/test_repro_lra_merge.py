@@ -1,0 +1,53 @@
+"""benchmarks/lra_merge.py: the results of one-cell runs (benchmarks/gpu_lra.sh) merged into one page."""
+
+import json
+
+import pytest
+
+
+def _run_dir(folder, task, model, seed, accuracy, device="cuda", steps=12000):
+    """One `qkv bench lra` run's results file, as a one-cell process leaves it."""
+    cell = {"task": task, "model": model, "seed": seed, "test_accuracy": accuracy, "test_loss": 0.69,
+            "test_examples": 1000, "seconds": 300.0,
+            "settings": {"task_options": {}, "steps": steps, "batch_size": 32, "device": device}}
+    command = f"qkv bench lra --tasks {task} --models {model} --seeds {seed}"
+    results = {"cells": {f"{task}|{model}|{seed}": cell}, "speed": {},
+               "tasks": {task: {"test_examples": 1000, "majority": 0.5 if task == "pathfinder" else 0.2,
+                                "n_classes": 2 if task == "pathfinder" else 10}},
+               "missing": {}, "machine": {"cpu": "x", "cores": 16, "torch_threads": 1, "device": device,
+                                          "device_name": "NVIDIA H200", "torch": "t", "python": "p"},
+               "command": command, "date": f"2026-11-27T00:0{seed}:00+00:00", "last_run_seconds": 300.0,
+               "invocations": [{"command": command, "seconds": 300.0 + seed, "date": "d", "cells_run": 1,
+                                "machine": "m"}]}
+    folder.mkdir(parents=True)
+    (folder / "lra-results.json").write_text(json.dumps(results))
+    return folder
+
+
+def test_merge_joins_every_run_and_writes_the_page(benchmark_script, tmp_path):
+    script = benchmark_script("lra_merge")
+    runs = [_run_dir(tmp_path / f"pf-{s}", "pathfinder", "softmax", s, a) for s, a in ((0, 0.62), (1, 0.58), (2, 0.55))]
+    runs.append(_run_dir(tmp_path / "lo", "listops", "softmax", 0, 0.39, steps=5000))
+    (tmp_path / "killed").mkdir()  # a run cut at the deadline leaves no results file: left out, not an error
+    merged = script.merge(runs + [tmp_path / "killed"])
+    assert sorted(merged["cells"]) == ["listops|softmax|0", "pathfinder|softmax|0", "pathfinder|softmax|1",
+                                       "pathfinder|softmax|2"]
+    assert len(merged["invocations"]) == 4 and merged["last_run_seconds"] == 302.0
+    assert merged["tasks"]["listops"]["majority"] == 0.2 and merged["tasks"]["pathfinder"]["majority"] == 0.5
+    with pytest.raises(SystemExit, match="is in an earlier run too"):
+        script.merge([runs[0], runs[0]])
+    with pytest.raises(SystemExit, match="no finished cell"):
+        script.merge([tmp_path / "killed"])
+
+    from qkv.bench import lra as bench_lra
+    out = tmp_path / "merged"
+    out.mkdir()
+    (out / "lra-results.json").write_text(json.dumps(merged))
+    page = bench_lra.write_report(merged, out / "lra.md", {}, [], [0, 1, 2], __import__("torch").device("cuda"))
+    text = page.read_text()
+    # seeds differ per task: the table says so instead of claiming three seeds everywhere
+    assert "Ours (seeds per task: ListOps 1, Pathfinder 3; mean ± sd" in text
+    assert "| `softmax` | Transformer | 39.00 | 58.33 ± 3.51 |" in text
+    # the scale sentence gives the updates and the device the cells ran with, not a CPU's few hundred
+    assert "train for 5,000-12,000 updates on a GPU" in text and "hundred updates on a CPU" not in text
+    assert "summed over the cells; cells of parallel processes overlap" in text
