@@ -26,15 +26,21 @@ def merge(runs: list[Path]) -> dict:
         if not path.is_file():
             print(f"lra_merge: {run}: no lra-results.json (the run did not finish a cell); left out", file=sys.stderr)
             continue
-        data = json.loads(path.read_text(encoding="utf-8"))
-        clash = sorted(set(data["cells"]) & set(merged["cells"]))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            cells, machine = data["cells"], data["machine"]
+            if not isinstance(cells, dict):
+                raise TypeError("its cells are not a mapping")
+        except (ValueError, KeyError, TypeError) as err:
+            raise SystemExit(f"lra_merge: {path} is not a `qkv bench lra` results file ({type(err).__name__}: {err})")
+        clash = sorted(set(cells) & set(merged["cells"]))
         if clash:
             raise SystemExit(f"lra_merge: {run}: cell {clash[0]!r} is in an earlier run too")
-        merged["cells"].update(data["cells"])
+        merged["cells"].update(cells)
         merged["tasks"].update(data.get("tasks", {}))
         merged["missing"].update(data.get("missing", {}))
         merged["invocations"].extend(data.get("invocations", []))
-        merged["machine"] = data["machine"]
+        merged["machine"] = machine
         merged["date"] = max(merged.get("date", ""), data.get("date", ""))
     if not merged["cells"]:
         raise SystemExit("lra_merge: no finished cell in any run")

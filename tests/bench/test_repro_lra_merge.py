@@ -38,6 +38,10 @@ def test_merge_joins_every_run_and_writes_the_page(benchmark_script, tmp_path):
         script.merge([runs[0], runs[0]])
     with pytest.raises(SystemExit, match="no finished cell"):
         script.merge([tmp_path / "killed"])
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / "lra-results.json").write_text('{"cells": {')  # a file cut mid-write: one clear line
+    with pytest.raises(SystemExit, match="torn/lra-results.json is not a `qkv bench lra` results file"):
+        script.merge([runs[0], tmp_path / "torn"])
 
     from qkv.bench import lra as bench_lra
     out = tmp_path / "merged"
