@@ -1,7 +1,7 @@
 """Why does Long Range Arena's Image stand-in favour `linformer` (69.1 %) over `softmax` (33.9 %)?
 (docs/reproductions/lra.md's default run, one seed; issue 38, item 6.)
 
-    PYTHONPATH=src .venv/bin/python benchmarks/lra_image.py --seeds 3    # ~40 min on one CPU thread
+    PYTHONPATH=src .venv/bin/python benchmarks/lra_image.py --seeds 3    # ~60 min on one CPU thread
     PYTHONPATH=src .venv/bin/python benchmarks/lra_image.py --quick      # seconds; a temporary folder
 
 ``fashion-mnist-seq`` is a 28 x 28 image read as 784 pixel tokens. Linformer's kernel owns two
