@@ -80,6 +80,31 @@ def test_bad_arguments_say_what_is_wrong(tmp_path, capsys):
         with pytest.raises(SystemExit):
             main(["lra", "--quick", flag, "0", "--out", str(tmp_path)])
         assert f"{flag} must be > 0, got 0" in capsys.readouterr().err
+    for value in ("0", "-1e-3"):
+        with pytest.raises(SystemExit):
+            main(["lra", "--quick", f"--lr={value}", "--out", str(tmp_path)])
+        assert f"--lr must be a positive finite number, got {float(value)}" in capsys.readouterr().err
+    for value in ("nan", "inf"):
+        with pytest.raises(SystemExit):
+            main(["lra", "--quick", f"--lr={value}", "--out", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert "--lr" in err and "finite" in err and "Traceback" not in err  # nan / inf: argparse's finite check
+
+
+def test_lr_reaches_the_cells_and_the_page(tmp_path):
+    """--lr is every cell's peak learning rate: recorded in its settings (a cell at another lr is
+    trained again), and the setup table names it when it is not the plan's 1e-3."""
+    args = bench_lra_args(["--quick", "--tasks", "listops", "--lr", "3e-4"])
+    plan = bench_lra._plan(args)
+    assert plan["listops"].lr == 3e-4
+    assert bench_lra._cell_settings(plan["listops"], __import__("torch").device("cpu"))["lr"] == 3e-4
+    assert bench_lra._plan(bench_lra_args(["--quick", "--tasks", "listops"]))["listops"].lr == 1e-3
+    results = _two_tasks(listops=(0.38, 0.30), pathfinder=(0.50, 0.51))
+    for cell in results["cells"].values():
+        cell["settings"] = {"task_options": {}, "steps": 100, "batch_size": 32,
+                            "lr": 3e-4 if cell["task"] == "listops" else 1e-3}
+    setup = "\n".join(bench_lra._setup_sections(results))
+    assert "| 100 x 32, lr 0.0003 |" in setup and "| 100 x 32 |" in setup  # the plan's lr is not repeated
 
 
 @pytest.mark.skipif(not (is_bbc_cached() and is_cached("fashion-mnist")),
@@ -224,3 +249,18 @@ def test_the_page_goes_beside_the_results_unless_report_names_another(tmp_path, 
     monkeypatch.chdir(tmp_path)
     assert main(["lra", "--report-only", "--out", str(out)]) == 0
     assert (out / "lra.md").is_file() and not (tmp_path / "docs").exists()
+
+
+def bench_lra_args(argv):
+    """``qkv bench lra ARGV`` parsed, as the command line parses it."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="bench-out/lra")
+    bench_lra.add_arguments(parser)
+    return parser.parse_args(argv)
+

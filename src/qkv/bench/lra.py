@@ -140,6 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "1000 for ListOps, 250 for the others)")
     parser.add_argument("--batch-size", type=int, help="examples per update, every task (default: the plan's, 32)")
     parser.add_argument("--eval-examples", type=int, help="test examples per cell (default: the plan's, 1000)")
+    parser.add_argument("--lr", type=float, help="peak learning rate, every task (default: the plan's, 1e-3)")
     parser.add_argument("--set", action="append", default=[], metavar="TASK.OPTION=VALUE",
                         help="a task option of the plan, e.g. listops.max_len=2000 or pathfinder.contour_length=6 "
                              "(repeatable)")
@@ -184,6 +185,10 @@ def _plan(args: argparse.Namespace) -> Dict[str, TaskPlan]:
         for name, value in (("steps", args.steps), ("batch_size", args.batch_size), ("eval_examples", args.eval_examples)):
             if value is not None:
                 changes[name] = _checks.positive_int(f"--{name.replace('_', '-')}", value)
+        if args.lr is not None:
+            if not (math.isfinite(args.lr) and args.lr > 0):
+                raise UserError(f"--lr must be a positive finite number, got {args.lr}")
+            changes["lr"] = float(args.lr)
         plan[task] = dataclasses.replace(p, **changes)
     return plan
 
@@ -731,7 +736,8 @@ def _setup_sections(results: Mapping[str, Any]) -> List[str]:
             note += " — brackets kept" if s["task_options"].get("brackets", True) else " — brackets dropped (LRA's release)"
         options = ", ".join(f"{k}={v}" for k, v in s["task_options"].items())
         setup_rows.append([f"{column}: `{task}`{note}", LRA_LENGTHS[task], options or "defaults",
-                           f"{s['steps']} x {s['batch_size']}", _baseline(results, task)[1]])
+                           f"{s['steps']} x {s['batch_size']}" + (f", lr {s['lr']:g}" if s.get("lr", 1e-3) != 1e-3 else ""),
+                           _baseline(results, task)[1]])
     sections.append(
         "Long Range Arena (Tay et al. 2020, arXiv:2011.04006) at small scale, produced by `qkv bench lra` "
         "(`qkv.bench.lra`). One encoder-classifier (`lra-encoder`; the two-tower `lra-dual-encoder` reading "
