@@ -55,3 +55,6 @@ def test_merge_joins_every_run_and_writes_the_page(benchmark_script, tmp_path):
     # the scale sentence gives the updates and the device the cells ran with, not a CPU's few hundred
     assert "train for 5,000-12,000 updates on a GPU" in text and "hundred updates on a CPU" not in text
     assert "summed over the cells; cells of parallel processes overlap" in text
+    # a run with no finished cell still gets its sentence (a page is written even then)
+    assert "no cell was trained" in bench_lra._scale_sentence({"cells": {}})
+

@@ -845,6 +845,8 @@ def _speed_sections(results: Mapping[str, Any], device: torch.device) -> List[st
 def _scale_sentence(results: Mapping[str, Any]) -> str:
     """How far our cells are from LRA's: the updates and the device they actually ran with."""
     settings = [c["settings"] for c in results["cells"].values()]
+    if not settings:  # nothing trained (every task's data missing): nothing to compare
+        return "Scale matters here: our models are about 1/50 of LRA's in parameters; no cell was trained."
     steps = sorted({s["steps"] for s in settings})
     devices = sorted({s.get("device", "cpu") for s in settings})
     budget = f"{steps[0]:,}" if len(steps) == 1 else f"{steps[0]:,}-{steps[-1]:,}"
