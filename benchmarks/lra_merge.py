@@ -4,19 +4,25 @@
     python benchmarks/lra_merge.py OUT RUN_DIR [RUN_DIR ...]
 
 OUT/lra-results.json gets every run's cells, tasks and invocations (a cell key found in two runs is
-an error: it would hide one of them); the page, OUT/lra.md, is ``qkv bench lra --report-only --out OUT``'s.
+an error: it would hide one of them); the page, OUT/lra.md and OUT/img/lra.png, is what
+``qkv bench lra --report-only --out OUT`` writes. Every run is read and checked before OUT changes,
+and OUT changes as a whole (``qkv._io.atomic_directory``; other files there stay): a merge killed at
+any point leaves the old results and page or the new ones, never new results beside an old page.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from qkv._io import atomic_write_text  # noqa: E402
+import torch  # noqa: E402
+
+from qkv._errors import UserError  # noqa: E402
+from qkv._io import atomic_directory, atomic_write_text  # noqa: E402
+from qkv.bench import lra  # noqa: E402
 
 
 def merge(runs: list[Path]) -> dict:
@@ -49,17 +55,36 @@ def merge(runs: list[Path]) -> dict:
     return merged
 
 
-def main() -> None:
+def write(out: Path, merged: dict) -> Path:
+    """``merged`` and its page into ``out``, as one change of the folder."""
+    seeds = sorted({c["seed"] for c in merged["cells"].values()})
+    device = torch.device(merged["machine"].get("device", "cpu"))
+    with atomic_directory(out) as new:
+        atomic_write_text(new / lra.RESULTS_FILE, json.dumps(merged, indent=1) + "\n")
+        lra.write_report(merged, new / "lra.md", {}, [], seeds, device)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="folder for the merged lra-results.json and lra.md")
     parser.add_argument("runs", type=Path, nargs="+", help="the runs' --out folders")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for run in args.runs:
+        if not run.is_dir():
+            parser.error(f"{run}: not a folder (give the --out folders of `qkv bench lra` runs)")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"{args.out}: a file, not a folder for the merged results")
     merged = merge(args.runs)
-    args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "lra-results.json", json.dumps(merged, indent=1) + "\n")
-    print(f"lra_merge: {len(merged['cells'])} cells from {len(merged['invocations'])} runs -> {args.out}/lra-results.json")
-    subprocess.run([sys.executable, "-m", "qkv", "bench", "lra", "--report-only", "--out", str(args.out)], check=True)
+    try:
+        write(args.out, merged)
+    except UserError as err:
+        print(f"lra_merge: {err}", file=sys.stderr)
+        return 2
+    print(f"lra_merge: {len(merged['cells'])} cells from {len(merged['invocations'])} runs -> "
+          f"{args.out}/{lra.RESULTS_FILE} and {args.out}/lra.md")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
