@@ -141,14 +141,14 @@ def page(res: Dict[str, Any]) -> List[str]:
         f"Time: {res['minutes']:.1f} min on one CPU thread."]
 
 
-def main() -> None:
+def main(argv: List[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=None, help="updates per arm (default: the LRA plan's for Image, 250)")
     p.add_argument("--long", type=int, default=4, help="softmax's longer run: this many times --steps")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="a few updates on a few test images (numbers meaningless)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     for name in ("seeds", "long", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")

@@ -48,3 +48,16 @@ def test_page_reads_the_arms_it_was_given(benchmark_script):
     assert "614,656 of its 757,898 trained parameters" in reading
     assert "66.0 % against 69.0 % trained (+3.0 points)" in reading
     assert "56.0 % (+22.0 points over 250 updates)" in reading and "reaches 72.0 %" in reading
+
+
+def test_bad_options_are_refused_before_any_training(benchmark_script, monkeypatch, capsys):
+    script = benchmark_script("lra_image")
+    monkeypatch.setattr(script, "train_encoder", lambda *a, **k: pytest.fail("trained despite a bad option"))
+    monkeypatch.setattr(script, "train_pixels", lambda *a, **k: pytest.fail("trained despite a bad option"))
+    for argv, said in ((["--seeds", "0"], "--seeds must be >= 1, got 0"), (["--long", "0"], "--long must be >= 1"),
+                       (["--threads", "-1"], "--threads must be >= 1"), (["--steps", "0"], "--steps must be >= 1"),
+                       (["--seeds", "two"], "invalid int value: 'two'")):
+        with pytest.raises(SystemExit):
+            script.main(argv)
+        assert said in capsys.readouterr().err
+
