@@ -144,7 +144,9 @@ def duplication(args) -> Dict[str, Any]:
 
 #: the language models' shape (both sides; the Reformer's LSH knobs come on top)
 LM_SIZES = dict(n_layers=2, d_model=128, n_heads=4, d_ff=512, dropout=0.0)
-TRAX = {"score_scale": 1.0}  # LSHAttention's scores as the authors' code computes them
+#: the Reformer preset scores shared-QK attention as the authors' code does (``score_scale=1.0``: unit keys, no
+#: 1/sqrt(d)); the ``-eq1`` arms take eq. 1's literal scores instead (``score_scale=None``: 1/sqrt(d) on unit keys)
+EQ1 = {"score_scale": None}
 LM_MARGIN = 0.05  # "matches": test bits per byte within 0.05 of the same-size GPT's (fixed before the runs)
 
 
@@ -153,14 +155,14 @@ LM_MARGIN = 0.05  # "matches": test bits per byte within 0.05 of the same-size G
 #: shared-QK attention, a position attending to itself only when nothing else is there); the
 #: Reformer adds LSH (chunks of 32, 2 rounds) to that.
 ABLATION = ("reversible", "reversible-shared-qk")
-#: the same two shared-QK arms with the scores of the authors' trax code (``score_scale=1.0``: unit keys,
-#: no 1/sqrt(d); attention/lsh.py): ``--only ablation --arms reversible-shared-qk-trax reformer-trax``
-TRAX_ARMS = ("reversible-shared-qk-trax", "reformer-trax")
+#: the same two shared-QK arms with eq. 1's scores (``score_scale=None``: 1/sqrt(d) on unit keys;
+#: attention/lsh.py): ``--only ablation --arms reversible-shared-qk-eq1 reformer-eq1``
+EQ1_ARMS = ("reversible-shared-qk-eq1", "reformer-eq1")
 ARM_PARTS = {"gpt": "exact softmax, ordinary pre-LN residuals", "reversible": "reversible layers, exact softmax",
              "reversible-shared-qk": "reversible layers, exact shared-QK attention",
              "reformer": "reversible layers, shared-QK, LSH (chunks of 32, 2 rounds)",
-             "reversible-shared-qk-trax": "as reversible-shared-qk, scores q·k/‖k‖ (the authors' code)",
-             "reformer-trax": "as reformer, scores q·k/‖k‖ (the authors' code)"}
+             "reversible-shared-qk-eq1": "as reversible-shared-qk, scores q·k/(‖k‖ sqrt(d)) (eq. 1)",
+             "reformer-eq1": "as reformer, scores q·k/(‖k‖ sqrt(d)) (eq. 1)"}
 
 
 def language_model(args, plot: bool = True, names=("reformer", "gpt")) -> Dict[str, Any]:
@@ -174,10 +176,9 @@ def language_model(args, plot: bool = True, names=("reformer", "gpt")) -> Dict[s
         "reversible": lambda: Reformer(ReformerConfig(**sizes, attention="softmax", ff_chunk_size=128)),
         "reversible-shared-qk": lambda: Reformer(ReformerConfig(**sizes, n_buckets=1, bucket_size=block, n_rounds=1,
                                                                 ff_chunk_size=128)),
-        "reversible-shared-qk-trax": lambda: Reformer(ReformerConfig(**sizes, n_buckets=1, bucket_size=block, n_rounds=1,
-                                                                     ff_chunk_size=128, attention_kwargs=TRAX)),
-        "reformer-trax": lambda: Reformer(ReformerConfig(**sizes, bucket_size=32, n_rounds=2, ff_chunk_size=128,
-                                                         attention_kwargs=TRAX)),
+        "reversible-shared-qk-eq1": lambda: Reformer(ReformerConfig(**sizes, n_buckets=1, bucket_size=block, n_rounds=1,
+                                                                    ff_chunk_size=128, **EQ1)),
+        "reformer-eq1": lambda: Reformer(ReformerConfig(**sizes, bucket_size=32, n_rounds=2, ff_chunk_size=128, **EQ1)),
     }
     models = {name: arms[name] for name in names}
     results: Dict[str, Any] = {"steps": steps, "block_size": block, "batch": batch, "lr": 1e-3, "models": {}}
@@ -401,7 +402,7 @@ def ablation_lines(results: Dict[str, Any]) -> List[str]:
     if "gpt" not in arms:
         return []
     steps = results["lm_ablation"]["steps"]
-    order = [a for a in ("gpt", "reversible", "reversible-shared-qk", "reformer", *TRAX_ARMS) if a in arms]
+    order = [a for a in ("gpt", "reversible", "reversible-shared-qk", "reformer", *EQ1_ARMS) if a in arms]
     lines = [f"Which part costs it, at {steps:,} steps (`{COMMAND} --only ablation --lm-steps {steps} --seeds "
              f"{len(arms['gpt'])}`; the GPT and Reformer rows are the runs above with the same steps and seeds; "
              "difference: mean ± standard error of the per-seed differences):", "",
@@ -441,23 +442,23 @@ def ablation_reading(results: Dict[str, Any]) -> str:
     text = (f"At {results['lm_ablation']['steps']:,} steps over {len(ablation_arms(results)['gpt'])} seeds the Reformer "
             f"is {split['total']:+.3f} bits per byte from the GPT: reversible layers alone {split['reversible']:+.3f}, "
             f"adding shared-QK {split['shared-qk']:+.3f}, adding LSH {split['lsh']:+.3f} (the ablation table above).")
-    trax = trax_split(results)
-    if trax is not None:
-        text += (f" With the scores of the authors' code (unit shared-QK keys without the 1/sqrt(d) of eq. 1, "
-                 f"`score_scale=1.0`; {trax['factor']:.1f} times sharper here) shared-QK costs {trax['shared-qk']:+.3f} "
-                 f"instead of {split['shared-qk']:+.3f}, and the Reformer is {trax['total']:+.3f} from the GPT.")
+    eq1 = eq1_split(results)
+    if eq1 is not None:
+        text += (f" With eq. 1's scores instead of the authors' (unit shared-QK keys with 1/sqrt(d), "
+                 f"`score_scale=None`; {eq1['factor']:.1f} times flatter here) shared-QK costs {eq1['shared-qk']:+.3f} "
+                 f"instead of {split['shared-qk']:+.3f}, and the Reformer is {eq1['total']:+.3f} from the GPT.")
     return text
 
 
-def trax_split(results: Dict[str, Any]) -> Optional[Dict[str, float]]:
-    """With the authors' scores: shared-QK's cost over the reversible arm and the Reformer's gap to the
-    GPT (means of per-seed differences), and how much sharper those scores are (sqrt of the head
-    size); None unless both trax arms were run at the ablation's steps."""
+def eq1_split(results: Dict[str, Any]) -> Optional[Dict[str, float]]:
+    """With eq. 1's scores: shared-QK's cost over the reversible arm and the Reformer's gap to the
+    GPT (means of per-seed differences), and how much flatter those scores are (sqrt of the head
+    size); None unless both eq1 arms were run at the ablation's steps."""
     arms = ablation_arms(results)
-    if not all(a in arms for a in ("gpt", "reversible", *TRAX_ARMS)):
+    if not all(a in arms for a in ("gpt", "reversible", *EQ1_ARMS)):
         return None
-    return {"shared-qk": arm_gap(arms, "reversible-shared-qk-trax", "reversible"),
-            "total": arm_gap(arms, "reformer-trax", "gpt"),
+    return {"shared-qk": arm_gap(arms, "reversible-shared-qk-eq1", "reversible"),
+            "total": arm_gap(arms, "reformer-eq1", "gpt"),
             "factor": math.sqrt(LM_SIZES["d_model"] / LM_SIZES["n_heads"])}
 
 
@@ -535,18 +536,19 @@ def record_claims(results: Dict[str, Any], args) -> None:
 
 def record_shared_qk_claim(results: Dict[str, Any]) -> None:
     """Fig. 3's claim from the ablation: exact shared-QK attention against separate queries and keys,
-    both in the reversible model, seed by seed; with the authors' scores measured too, what they give."""
+    both in the reversible model, seed by seed; with eq. 1's scores measured too, what they give."""
     arms = ablation_arms(results)
-    base_arm, arm, trax_arm = "reversible", "reversible-shared-qk", "reversible-shared-qk-trax"
+    base_arm, arm, eq1_arm = "reversible", "reversible-shared-qk", "reversible-shared-qk-eq1"
     seeds = sorted(set(arms.get(base_arm, {})) & set(arms.get(arm, {})))
     if len(seeds) < claims.MIN_SEEDS:
         return
     steps = results["lm_ablation"]["steps"]
     ours, base = [arms[arm][s] for s in seeds], [arms[base_arm][s] for s in seeds]
-    trax = ""
-    if set(seeds) <= set(arms.get(trax_arm, {})):
-        t = [arms[trax_arm][s] for s in seeds]
-        trax = (f"; with the authors' code's scores (unit keys without 1/sqrt(d): score_scale=1.0) shared-QK gives "
+    eq1, arm_names = "", f"{base_arm} {arm}"
+    if set(seeds) <= set(arms.get(eq1_arm, {})):
+        t = [arms[eq1_arm][s] for s in seeds]
+        arm_names += f" {eq1_arm}"
+        eq1 = (f"; with eq. 1's scores instead of the authors' (unit keys with 1/sqrt(d): score_scale=None) shared-QK gives "
                 f"{claims.fmt(t)} (per seed {[round(x, 3) for x in t]}): "
                 f"{claims.gap(t, base, 'lower', LM_MARGIN, 'bits per byte')} against separate Q and K")
     claims.record(
@@ -554,17 +556,18 @@ def record_shared_qk_claim(results: Dict[str, Any]) -> None:
         claim=f"Shared-QK attention does not perform worse than attention with separate queries and keys (Figure 3, "
               f"enwik8; here: test bits per byte within {LM_MARGIN} of the same reversible model with separate Q and "
               "K after the same steps).",
-        command=f"{COMMAND} --only ablation --lm-steps {steps} --seeds {len(seeds)} --arms {base_arm} {arm} {trax_arm}",
+        command=f"{COMMAND} --only ablation --lm-steps {steps} --seeds {len(seeds)} --arms {arm_names}",
         better="lower", margin=LM_MARGIN, ours=ours, baseline=base,
         budget=f"enwiki-bytes, {LM_SIZES['n_layers']} reversible layers d_model {LM_SIZES['d_model']}, "
                f"{LM_SIZES['n_heads']} heads, block 256, {steps} updates of 8; exact "
-               "attention (one bucket, one chunk); test bits per byte on 96 blocks; CPU, one thread",
+               "attention (one bucket, one chunk), the authors' scores (score_scale=1.0); test bits per byte on 96 "
+               "blocks; CPU, one thread",
         why={"reproduced": f"test bits per byte shared-QK {claims.fmt(ours)}, separate Q and K {claims.fmt(base)}: "
-                           f"within the margin of {LM_MARGIN}" + trax,
+                           f"within the margin of {LM_MARGIN}" + eq1,
              "not reproduced": f"test bits per byte shared-QK {claims.fmt(ours)} against separate Q and K "
                                f"{claims.fmt(base)} (per seed {[round(x, 3) for x in ours]} vs "
                                f"{[round(x, 3) for x in base]}): {claims.gap(ours, base, 'lower', LM_MARGIN, 'bits per byte')}"
-                               + trax})
+                               + eq1})
 
 
 def main() -> None:
@@ -575,7 +578,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", choices=SECTIONS + ("ablation",), default=list(SECTIONS),
                         help="sections to run (the others keep the results of reformer.json); ablation: the "
                              "Reformer's parts one at a time at --lm-steps, --seeds seeds")
-    parser.add_argument("--arms", nargs="+", choices=ABLATION + TRAX_ARMS, default=list(ABLATION),
+    parser.add_argument("--arms", nargs="+", choices=ABLATION + EQ1_ARMS, default=list(ABLATION),
                         help="ablation: the arms to run (the others keep their results at the same --lm-steps)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--lm-steps", type=int, default=250, help="lm: training steps of both models")

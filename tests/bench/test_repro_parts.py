@@ -183,18 +183,18 @@ def test_reformer_ablation_arms_train_and_split_the_gap(benchmark_script, monkey
     reading = script.ablation_reading(results)
     assert "+0.500" in reading and "reversible layers alone +0.100" in reading and "adding LSH +0.300" in reading
     assert "gap (+0.500) splits into reversible layers +0.100, shared-QK +0.100, LSH +0.300" in script.ablation_why(results)
-    assert "authors' code" not in reading
+    assert "eq. 1's scores" not in reading
 
-    # the arms with the authors' scores, run later at the same steps: added beside the others, which stay
-    args.arms = list(script.TRAX_ARMS)
+    # the arms with eq. 1's scores, run later at the same steps: added beside the others, which stay
+    args.arms = list(script.EQ1_ARMS)
     script.run_lm_ablation(args, results)
     runs = results["lm_ablation"]["per_seed"]
-    assert all(set(r["models"]) == {*script.ABLATION, *script.TRAX_ARMS} for r in runs)
+    assert all(set(r["models"]) == {*script.ABLATION, *script.EQ1_ARMS} for r in runs)
     assert all(r["models"]["reversible"]["test_bpb"] == gpt[r["seed"]] + 0.1 for r in runs)  # kept, not rerun
     for r in runs:
-        r["models"]["reversible-shared-qk-trax"]["test_bpb"] = gpt[r["seed"]] + 0.12
-        r["models"]["reformer-trax"]["test_bpb"] = gpt[r["seed"]] + 0.25
-    assert "| reformer-trax | as reformer, scores q·k/‖k‖ (the authors' code) |" in "\n".join(script.ablation_lines(results))
+        r["models"]["reversible-shared-qk-eq1"]["test_bpb"] = gpt[r["seed"]] + 0.12
+        r["models"]["reformer-eq1"]["test_bpb"] = gpt[r["seed"]] + 0.25
+    assert "| reformer-eq1 | as reformer, scores q·k/(‖k‖ sqrt(d)) (eq. 1) |" in "\n".join(script.ablation_lines(results))
     reading = script.ablation_reading(results)
     assert "shared-QK costs +0.020 instead of +0.100, and the Reformer is +0.250 from the GPT" in reading
     recorded = []
@@ -202,7 +202,8 @@ def test_reformer_ablation_arms_train_and_split_the_gap(benchmark_script, monkey
     script.record_shared_qk_claim(results)
     (claim,) = recorded
     assert claim["id"] == "reformer-shared-qk" and claim["ours"] == [gpt[s] + 0.2 for s in (0, 1, 2)]
-    assert claim["baseline"] == [gpt[s] + 0.1 for s in (0, 1, 2)] and "score_scale=1.0" in claim["why"]["not reproduced"]
+    assert claim["baseline"] == [gpt[s] + 0.1 for s in (0, 1, 2)] and "score_scale=None" in claim["why"]["not reproduced"]
+    assert claim["command"].endswith("--arms reversible reversible-shared-qk reversible-shared-qk-eq1")
 
 
 def test_with_budgets_runs_the_main_budget_then_each_larger_one(benchmark_script):

@@ -125,6 +125,42 @@ def test_save_load_and_config_checks(tmp_path):
     assert agreeing.attention_kwargs["bucket_size"] == 16
 
 
+def test_scores_are_the_authors_and_eq1_is_one_field_away(tmp_path):
+    """The preset scores shared-QK attention as the authors' code does (unit keys, no 1/sqrt(d));
+    ``score_scale=None`` gives eq. 1's 1/sqrt(d). The two differ, and the kernel holds the field's value."""
+    authors, eq1 = tiny(hash_seed=1).eval(), tiny(hash_seed=1, score_scale=None).eval()
+    assert authors.config.score_scale == 1.0 and authors.stack.layers[0].self_attn.kernel.score_scale == 1.0
+    assert eq1.stack.layers[0].self_attn.kernel.score_scale is None
+    eq1.load_state_dict(authors.state_dict())  # same weights: only the scores' factor differs
+    with torch.no_grad():
+        a, b = authors(ids()).logits, eq1(ids()).logits
+    assert not torch.allclose(a, b, atol=1e-4)
+    with pytest.raises(ValueError, match=r"attention_kwargs.score_scale=0.5 conflicts with score_scale=1.0"):
+        ReformerConfig(attention_kwargs={"score_scale": 0.5})
+    with pytest.raises(ValueError, match="score_scale"):
+        tiny(score_scale=-1.0)
+
+
+def test_config_saved_before_score_scale_loads_with_its_own_scores(tmp_path):
+    """A config.json written before the field existed (LSH knobs in attention_kwargs, no
+    score_scale) was trained with eq. 1's scores: it loads with them, giving the logits it gave."""
+    import json
+
+    model = tiny(hash_seed=1, score_scale=None).eval()
+    model.save_pretrained(tmp_path / "old")
+    path = tmp_path / "old" / "config.json"
+    config = json.loads(path.read_text())
+    del config["score_scale"], config["attention_kwargs"]["score_scale"]  # as an older qkv wrote it
+    path.write_text(json.dumps(config))
+    back = Reformer.from_pretrained(tmp_path / "old").eval()
+    assert back.config.score_scale is None
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids()).logits, model(ids()).logits)
+    fresh = Reformer.from_config({"vocab_size": 11, "max_len": 48, "n_layers": 1, "d_model": 16, "n_heads": 2,
+                                  "d_ff": 32})  # a new dict without the field: the preset's default
+    assert fresh.config.score_scale == 1.0
+
+
 def test_cli_train(tmp_path, shakespeare_cache, capsys, train_argv):
     run = tmp_path / "run"
     argv = train_argv("reformer", "shakespeare-char", run, "--set", "task.block_size=64", "--set", "n_layers=2",

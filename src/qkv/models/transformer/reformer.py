@@ -20,6 +20,13 @@ with a mean-pooled classification head (``head="classification"``, e.g. ``bbc-ne
 The depth loop is ``ReformerStack.run_layers`` (the stack's depth hook). ``reversible=False``
 runs the same layers as ordinary pre-LN residual blocks (the baseline of the memory benchmark).
 
+Scores follow the authors' code: shared-QK scores are ``q_i . k_j`` on unit keys
+(``score_scale=1.0``, as trax and Hugging Face's port compute them), not the ``q_i . k_j / sqrt(d)``
+that eq. 1 with ``k_j = q_j / ||q_j||`` reads as; ``score_scale=None`` gives eq. 1's. On enwiki-bytes
+eq. 1's scores cost shared-QK +0.59 bits per byte at 2,000 steps, the authors' none
+(docs/reproductions/reformer.md). A ``config.json`` saved before this field existed (its LSH knobs
+in ``attention_kwargs`` without ``score_scale``) loads with the scores it was trained with (None).
+
 Deviations: learned absolute positions (the paper's axial positions are for 64K-token inputs);
 the number of buckets is fixed from ``max_len`` (``n_buckets=None``: ``2 max_len / bucket_size``
 rounded up to a power of two) so that the hashing of a sequence does not change while it is
@@ -70,6 +77,7 @@ class ReformerConfig(GPTConfig):
     n_rounds: int = 2  # LSH hash rounds (the paper: 1 to 8)
     n_buckets: Union[int, Tuple[int, ...], None] = None  # None: derived from max_len (fixed per model)
     dedup: bool = False  # count a key met in several rounds once
+    score_scale: Optional[float] = 1.0  # LSH scores s q.k on unit keys: 1.0 the authors' code; None: 1/sqrt(d) (eq. 1)
     hash_seed: Optional[int] = None  # None: new random rotations every call (the paper); int: fixed
     reversible: bool = True  # reversible residual layers (False: ordinary pre-LN residual blocks)
     ff_chunk_size: Optional[int] = 128  # feed-forward over length chunks of this size
@@ -90,7 +98,7 @@ class ReformerConfig(GPTConfig):
         if self.attention == "lsh":
             n_buckets = self.n_buckets if self.n_buckets is not None else derived_n_buckets(self.max_len, self.bucket_size)
             own = {"bucket_size": self.bucket_size, "n_rounds": self.n_rounds, "n_buckets": n_buckets,
-                   "dedup": self.dedup, "seed": self.hash_seed}
+                   "dedup": self.dedup, "score_scale": self.score_scale, "seed": self.hash_seed}
             field_of = {"seed": "hash_seed"}  # the kernel's knob -> this config's field
             for knob, value in own.items():  # one source of truth: the fields; attention_kwargs may only agree
                 given = self.attention_kwargs.get(knob, value)
@@ -102,6 +110,15 @@ class ReformerConfig(GPTConfig):
             self.attention_kwargs = {**self.attention_kwargs, **own}
             _check_hashing_size(self, n_buckets)
         super().__post_init__()
+
+
+def _saved_before_score_scale(values: Dict[str, Any]) -> bool:
+    """Whether ``values`` is an LSH Reformer's ``config.json`` written before the ``score_scale``
+    field: ``__post_init__`` had merged its LSH knobs into ``attention_kwargs`` (so
+    ``bucket_size`` is there), and no ``score_scale`` is given anywhere."""
+    kwargs = values.get("attention_kwargs")
+    return (values.get("attention", "lsh") == "lsh" and "score_scale" not in values
+            and isinstance(kwargs, dict) and "bucket_size" in kwargs and "score_scale" not in kwargs)
 
 
 def _check_hashing_size(config: "ReformerConfig", n_buckets: Any) -> None:
@@ -203,6 +220,15 @@ class Reformer(GPT):
     task_kinds = frozenset({"lm", "classification"})
     stack_class = ReformerStack
     train_defaults = {"lr": 1e-3, "steps": 500, "batch_size": 8, "warmup": 50, "eval_max_examples": 64}
+
+    @classmethod
+    def from_config(cls, config: Union[ReformerConfig, Dict[str, Any]]) -> "Reformer":
+        """Build from a ``ReformerConfig`` or a dict of its fields. A dict saved before
+        ``score_scale`` existed (LSH knobs merged into ``attention_kwargs``, no ``score_scale``
+        anywhere) gets ``score_scale=None``: the scores its weights were trained with."""
+        if isinstance(config, dict) and _saved_before_score_scale(config):
+            config = {**config, "score_scale": None}
+        return super().from_config(config)
 
     def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
                 need_weights: bool = False, state: Optional[StackState] = None,
