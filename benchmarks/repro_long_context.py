@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/repro_long_context.py               # lm, tmaze, tmaze_wide: ~35 min of one core
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/repro_long_context.py --only tmaze  # one section (~25 min of one idle core)
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/repro_long_context.py --only tmaze_budgets --tmaze-budgets 1200  # the memory claim's curve
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/repro_long_context.py --quick       # smoke run (numbers meaningless)
 
 Sections:
@@ -320,6 +321,53 @@ def section_tmaze(quick: bool) -> Dict[str, Any]:
     return result
 
 
+def section_tmaze_budgets(quick: bool, budgets: List[int]) -> Dict[str, Any]:
+    """The memory claim's budget curve: section 2's 2-layer GTrXL and its LSTM (the same corridors, learning
+    rates and seeds) trained for more updates (``--tmaze-budgets``). If GTrXL's shortfall beyond the direct
+    span were a matter of training time, it would close here; if it is the bounded XL memory, it would not."""
+    segment = 4
+    lrs = [1e-3, 1e-2] if quick else [1e-3, 3e-3, 1e-2]
+    seeds = [0] if quick else [0, 1, 2, 3, 4]
+    batch = 16 if quick else 64
+    lengths = list(range(1, tmaze_reach(segment, 2) + 1))
+    points: Dict[str, Dict[str, Any]] = {}
+    for updates in budgets:
+        start, runs = time.time(), {}
+        for kind, depth in (("gtrxl", 2), ("lstm", 1)):
+            runs[kind] = {f"{depth}/{lr:g}": [train_tmaze(kind, lengths[-1], seed, updates, batch, segment, depth, lr,
+                                                          lengths, lengths) for seed in seeds] for lr in lrs}
+            print("tmaze budget", updates, kind, {c: [r["success"] for r in rs] for c, rs in runs[kind].items()}, flush=True)
+        points[str(updates)] = {"runs": runs, "seconds": round(time.time() - start, 1)}
+    return {"lengths": lengths, "direct": tmaze_reach(segment, 1), "lrs": lrs, "seeds": seeds, "batch": batch,
+            "segment": segment, "budgets": points}
+
+
+def tmaze_budget_values(tb: Dict[str, Any], updates: str) -> Dict[str, List[float]]:
+    """``{kind: [greedy success beyond the direct span, one per run]}`` at one budget of ``tmaze_budgets``."""
+    return {kind: [beyond_success(r, tb) for cell in cells.values() for r in cell]
+            for kind, cells in tb["budgets"][updates]["runs"].items()}
+
+
+def _tmaze_budget_lines(tb: Optional[Dict[str, Any]], tm: Optional[Dict[str, Any]]) -> List[str]:
+    """``--only tmaze_budgets``: the memory claim at more updates (its budget curve)."""
+    if not tb or not tb.get("budgets"):
+        return []
+    rows = []
+    if tm and "lengths" in tm:
+        shallow = [r for lr in tm["lrs"] for r in tm["runs"]["gtrxl"][f"{tm['depths'][0]}/{lr:g}"]]
+        lstm = [r for lr in tm["lrs"] for r in tm["runs"]["lstm"][f"1/{lr:g}"]]
+        rows.append(f"| {tm['updates']:,} (section 2) | {claims.fmt([beyond_success(r, tm) for r in shallow])} | "
+                    f"{claims.fmt([beyond_success(r, tm) for r in lstm])} |")
+    for updates in sorted(tb["budgets"], key=int):
+        v = tmaze_budget_values(tb, updates)
+        rows.append(f"| {int(updates):,} | {claims.fmt(v['gtrxl'])} | {claims.fmt(v['lstm'])} |")
+    return [f"**More updates** (`--only tmaze_budgets --tmaze-budgets {' '.join(sorted(tb['budgets'], key=int))}`): "
+            f"the 2-layer GTrXL and the LSTM of section 2, {len(tb['lrs'])} learning rates x {len(tb['seeds'])} seeds "
+            f"each, greedy success on the corridors beyond the direct span (L = {tb['direct'] + 1}..{tb['lengths'][-1]}; "
+            "mean ± standard error over the runs; the claim's curve in claims.json):", "",
+            "| updates | GTrXL, 2 layers | LSTM |", "| --- | --- | --- |", *rows, ""]
+
+
 def mean_of(xs) -> float:
     xs = list(xs)
     return sum(xs) / len(xs)
@@ -449,6 +497,7 @@ def write_doc(results: Dict[str, Any], command: str) -> None:
             f"({tm['updates']}: never), per cell of the grid:", "", grid_head, grid_sep, *grid, "",
             "![T-maze](img/long-context-tmaze.png)", "",
             _tmaze_verdict(tm), ""]
+    lines += _tmaze_budget_lines(results.get("tmaze_budgets"), tm)
     lines += _tmaze_depth_lines(results.get("tmaze_depth"))
     wide = results.get("tmaze_wide")
     if wide:
@@ -613,6 +662,11 @@ def record_curves(results: Dict[str, Any], only: List[str]) -> None:
             at = {m: [r["xl_bpc"][i] for r in ps] for i, m in enumerate(mems)}
             claims.add_point("transformer-xl-lm", f"{steps} updates", at[L], [r["gpt_bpc"] for r in ps])
             claims.add_point("transformer-xl-memory", f"{steps} updates", at[mems[-1]], at[L])
+    tb = results.get("tmaze_budgets")
+    if "tmaze_budgets" in only and tb and len(tb["seeds"]) >= claims.MIN_SEEDS:
+        for updates in tb["budgets"]:
+            v = tmaze_budget_values(tb, updates)
+            claims.add_point("gtrxl-vs-lstm-memory", f"{updates} updates", v["gtrxl"], v["lstm"])
     td = results.get("tmaze_depth")
     if "tmaze_depth" in only and td and len(td["seeds"]) >= claims.MIN_SEEDS:
         for depth in td["depths"]:
@@ -695,9 +749,10 @@ def record_claims(results: Dict[str, Any], command: str, ran: Sequence[str] = ()
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="*", choices=["lm", "tmaze", "tmaze_wide", "lm_budgets", "tmaze_depth"], default=None,
-                        help="sections to run (default: lm, tmaze, tmaze_wide); lm_budgets and tmaze_depth are the "
-                             "claims' budget curves (--lm-budgets, --depths)")
+    parser.add_argument("--only", nargs="*", choices=["lm", "tmaze", "tmaze_wide", "lm_budgets", "tmaze_depth",
+                                                      "tmaze_budgets"], default=None,
+                        help="sections to run (default: lm, tmaze, tmaze_wide); lm_budgets, tmaze_depth and "
+                             "tmaze_budgets are the claims' budget curves (--lm-budgets, --depths, --tmaze-budgets)")
     parser.add_argument("--quick", action="store_true", help="tiny smoke run; numbers meaningless, doc not rewritten")
     parser.add_argument("--doc", action="store_true", help="only rewrite the markdown from the saved results")
     parser.add_argument("--seeds", type=int, default=1,
@@ -706,15 +761,20 @@ def main() -> None:
                         help="lm_budgets: larger numbers of updates for section 1 (each with --seeds seeds)")
     parser.add_argument("--depths", type=int, nargs="+", default=[4, 8],
                         help="tmaze_depth: deeper stacks for GTrXL and post-LN Transformer-XL")
+    parser.add_argument("--tmaze-budgets", type=int, nargs="+", default=[1200],
+                        help="tmaze_budgets: more REINFORCE updates for section 2's GTrXL and LSTM (the memory claim's curve)")
     args = parser.parse_args()
     if args.seeds < 1:
         parser.error(f"--seeds must be a positive integer, got {args.seeds}")
+    if any(b < 1 for b in args.tmaze_budgets + args.lm_budgets + args.depths):
+        parser.error("--tmaze-budgets, --lm-budgets and --depths take positive integers")
     torch.set_num_threads(1)
     IMG.mkdir(parents=True, exist_ok=True)
     sections = {"lm": lambda quick: section_lm_seeds(quick, args.seeds), "tmaze": section_tmaze,
                 "tmaze_wide": section_tmaze_wide,
                 "lm_budgets": lambda quick: section_lm_budgets(quick, args.seeds, args.lm_budgets),
-                "tmaze_depth": lambda quick: section_tmaze_depth(quick, args.depths)}
+                "tmaze_depth": lambda quick: section_tmaze_depth(quick, args.depths),
+                "tmaze_budgets": lambda quick: section_tmaze_budgets(quick, args.tmaze_budgets)}
     for name in [] if args.doc else args.only or ["lm", "tmaze", "tmaze_wide"]:
         result = sections[name](args.quick)
         print(name, json.dumps({k: v for k, v in result.items() if k not in ("curves", "runs", "per_seed")}), flush=True)

@@ -76,3 +76,30 @@ def test_a_diverged_run_fails_without_stopping_the_grid(benchmark_script, monkey
     out = script.train_tmaze("gtrxl", 3, 0, 5, 4, 4, 2, 1e-2, [1, 2, 3], [1, 3])
     assert out["diverged_at"] == 1 and out["solved_at"] is None
     assert out["success"] == 0.0 and out["by_length"] == {"1": 0.0, "3": 0.0}
+
+
+def test_tmaze_budgets_give_the_memory_claim_its_curve(benchmark_script, monkeypatch, tmp_path):
+    """``--only tmaze_budgets``: section 2's 2-layer GTrXL and LSTM at more updates become one curve
+    point of gtrxl-vs-lstm-memory, one value per run (greedy success beyond the direct span), and a
+    table on the page."""
+    script = benchmark_script("repro_long_context")
+    tb = script.section_tmaze_budgets(True, [3])
+    assert set(tb["budgets"]) == {"3"} and set(tb["budgets"]["3"]["runs"]) == {"gtrxl", "lstm"}
+    assert set(tb["budgets"]["3"]["runs"]["gtrxl"]) == {f"2/{lr:g}" for lr in tb["lrs"]}
+    tb["seeds"] = [0, 1, 2]
+    for kind, cells in tb["budgets"]["3"]["runs"].items():
+        for cell in cells:
+            cells[cell] = [copy.deepcopy(r) for r in cells[cell] * 3]
+    best = tb["budgets"]["3"]["runs"]["lstm"]["1/0.001"][0]
+    best["by_length"] = {str(L): 1.0 for L in tb["lengths"]}  # one LSTM run learns beyond the span
+    points = []
+    monkeypatch.setattr(script.claims, "add_point", lambda *a, **kw: points.append(a))
+    script.record_curves({"tmaze_budgets": tb}, ["tmaze_budgets"])
+    ((claim, budget, ours, base),) = points
+    assert claim == "gtrxl-vs-lstm-memory" and budget == "3 updates"
+    assert len(ours) == len(base) == len(tb["lrs"]) * 3 and base[0] == 1.0
+    assert ours == [script.beyond_success(r, tb) for c in tb["budgets"]["3"]["runs"]["gtrxl"].values() for r in c]
+    script.record_curves({"tmaze_budgets": tb}, ["tmaze"])  # not run now: no point
+    assert len(points) == 1
+    lines = "\n".join(script._tmaze_budget_lines(tb, None))
+    assert "| 3 | " in lines and "--tmaze-budgets 3" in lines
