@@ -406,6 +406,7 @@ def run_gat() -> Dict[str, Any]:
 SEEDS = 3  # seeds per model (--seeds); claims need claims.MIN_SEEDS
 BUDGETS: list = []  # gat, ntm, seeded (SE only): larger numbers of updates (--budgets), each a point of the claim's budget curve
 BUDGETS_ONLY = False  # ntm, seeded: keep the saved main budget, run only --budgets
+NW_BUDGETS: list = []  # seeded: other numbers of updates for the learned NW width (--nw-budgets), its claim's curve
 COMMAND = "python benchmarks/repro_pooling_memory.py --only seeded"
 
 
@@ -456,7 +457,12 @@ def run_seeded() -> Dict[str, Any]:
     fetch(["mnist"])
     res["se_budgets"] = {**res.get("se_budgets", {}), **{
         str(steps): {k: seeds(lambda s: se(k == "se", s, steps)) for k in ("se", "plain")} for steps in BUDGETS}}
+    res["nw_budgets"] = {**res.get("nw_budgets", {}), **{str(steps): nw_against_tuned_width(SEEDS, steps)
+                                                         for steps in NW_BUDGETS}}
     if not QUICK:
+        for steps in map(str, NW_BUDGETS):
+            claims.add_point("nw-learned-kernel", f"{steps} updates", res["nw_budgets"][steps]["learned"],
+                             res["nw_budgets"][steps]["tuned"])
         if not BUDGETS_ONLY:
             record_seeded(res)
         for steps in map(str, BUDGETS):
@@ -467,17 +473,19 @@ def run_seeded() -> Dict[str, Any]:
 NW_WIDTHS = [round(0.25 * 1.25 ** i, 4) for i in range(25)]  # candidate fixed widths w = 1 / bandwidth, 0.25 ... 53
 
 
-def nw_against_tuned_width(n_seeds: int) -> Dict[str, Any]:
+def nw_against_tuned_width(n_seeds: int, steps: int = 200) -> Dict[str, Any]:
     """Per seed (the data seed of ``NWRegression`` and the initialisation alike): the learned kernel
     width trained on the task's leave-one-out loss, against the fixed width chosen from ``NW_WIDTHS``
-    by the same leave-one-out error on the training points (no test data), and the untuned w = 1."""
+    by the same leave-one-out error on the training points (no test data), and the untuned w = 1.
+    ``steps``: full-batch updates of the learned width."""
     out: Dict[str, Any] = {"learned": [], "tuned": [], "fixed": [], "learned_w": [], "tuned_w": [],
                            "widths": NW_WIDTHS}
     for seed in range(n_seeds):
         task = NWRegression(seed=seed)
         torch.manual_seed(seed)
         model = NadarayaWatson(NadarayaWatsonConfig(kernel="learned"))
-        train(model, task, f"nw-learned-s{seed}", 200, 50, 0.5, warmup=0, schedule="constant", seed=seed)
+        train(model, task, f"nw-learned-s{seed}" + (f"-{steps}" if steps != 200 else ""), steps, 50, 0.5, warmup=0,
+              schedule="constant", seed=seed)
         out["learned"].append(task.evaluate(model, "test")["mse"])
         out["learned_w"].append(float(model.w.detach().abs()))
 
@@ -739,6 +747,12 @@ def write_doc(results: Dict[str, Any]) -> None:
                   f"{[round(x, 4) for x in r['nw']['tuned']]}, untuned w = 1 {[round(x, 4) for x in r['nw']['fixed']]}. "
                   "The learned width minimises the same leave-one-out error the grid search scores, so the comparison "
                   "with the untuned w = 1 (the page's first section) shows tuning, not learning, at work.", ""]
+        if r.get("nw_budgets"):
+            L += ["Nadaraya-Watson with other numbers of updates of the learned width (`--nw-budgets`; the same "
+                  "data seeds; test MSE, learned against the leave-one-out-tuned fixed width): " + "; ".join(
+                      f"{steps} updates: learned {claims.fmt(b['learned'])} (w {claims.fmt(b['learned_w'])}), tuned "
+                      f"{claims.fmt(b['tuned'])}, {claims.verdict(b['learned'], b['tuned'], 'lower')}"
+                      for steps, b in sorted(r["nw_budgets"].items(), key=lambda kv: int(kv[0]))) + ".", ""]
         if r.get("se_budgets"):
             L += [budget_line("SE at larger budgets (the same seeds; digits accuracy): ", r["se_budgets"],
                               ("se", "CNN + SE"), ("plain", "CNN")), ""]
@@ -781,7 +795,7 @@ def write_doc(results: Dict[str, Any]) -> None:
 
 
 def main() -> None:
-    global QUICK, SEEDS, BUDGETS, BUDGETS_ONLY
+    global QUICK, SEEDS, BUDGETS, BUDGETS_ONLY, NW_BUDGETS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", choices=sorted(SECTIONS), help="sections to run (default: all)")
     parser.add_argument("--quick", action="store_true", help="a few steps per model (smoke test)")
@@ -791,8 +805,14 @@ def main() -> None:
                         help="gat, ntm, seeded (SE only): larger numbers of updates, each with --seeds seeds, into the claim's budget curve")
     parser.add_argument("--budgets-only", action="store_true",
                         help="ntm, seeded: keep the saved results of the main budget and run only --budgets")
+    parser.add_argument("--nw-budgets", type=int, nargs="*", default=[],
+                        help="seeded: other numbers of updates of the learned Nadaraya-Watson width, each with --seeds "
+                             "seeds, into its claim's budget curve")
     args = parser.parse_args()
+    if args.seeds < 1 or any(b < 1 for b in args.budgets + args.nw_budgets):
+        parser.error("--seeds, --budgets and --nw-budgets take positive integers")
     QUICK, SEEDS, BUDGETS, BUDGETS_ONLY = args.quick, args.seeds, args.budgets, args.budgets_only
+    NW_BUDGETS = args.nw_budgets
     if QUICK:
         global DOC, RESULTS, IMG
         DOC = smoke_dir("pooling-memory") / "pooling-memory.md"

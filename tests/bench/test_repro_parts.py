@@ -113,6 +113,22 @@ def test_pooling_memory_san_and_memn2n_quick(benchmark_script, monkeypatch, tmp_
     assert CLAIMS.read_text() == before
 
 
+def test_nw_budgets_train_the_width_longer_and_become_curve_points(benchmark_script, monkeypatch):
+    """``--nw-budgets``: the learned NW width trained for other numbers of updates against the same
+    leave-one-out-tuned grid width, one value per data seed; bad budgets are refused before anything runs."""
+    script = benchmark_script("repro_pooling_memory")
+    monkeypatch.setattr(script, "train", lambda model, task, name, steps, *a, **kw: model.w.data.fill_(1.0 + steps))
+    short, long = script.nw_against_tuned_width(2, steps=1), script.nw_against_tuned_width(2, steps=40)
+    assert short["learned_w"] == [2.0, 2.0] and long["learned_w"] == [41.0, 41.0]
+    assert short["tuned"] == long["tuned"] and short["tuned_w"] == long["tuned_w"]  # the grid does not train
+    assert short["learned"] != long["learned"]
+    for bad in (["--nw-budgets", "0"], ["--budgets", "-5"], ["--seeds", "0"]):
+        monkeypatch.setattr(sys, "argv", ["repro_pooling_memory.py", "--quick", "--only", "seeded", *bad])
+        monkeypatch.setattr(script, "SECTIONS", {k: lambda: pytest.fail("ran") for k in script.SECTIONS})  # nothing may run
+        with pytest.raises(SystemExit):
+            script.main()
+
+
 @pytest.mark.skipif(not data.is_cached("shakespeare"), reason="run `qkv data fetch shakespeare`")
 def test_long_context_budget_curves(benchmark_script, monkeypatch):
     """``--only lm_budgets tmaze_depth``: the memory sweep after more updates and the T-maze with
