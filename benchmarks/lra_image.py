@@ -52,7 +52,7 @@ TASK = "fashion-mnist-seq"
 def encoder(kernel: str, task: Any, seed: int, frozen: bool = False) -> nn.Module:
     """``qkv bench lra``'s Image encoder with ``kernel`` (its initialisation for ``seed``); with
     ``frozen``, every linformer projection (E, F) is left out of training."""
-    model = lra._model_for(TASK, task, kernel, seed)
+    model = lra.model_for(TASK, task, kernel, seed)
     if frozen:
         names = [n for n, p in model.named_parameters() if n.endswith((".E", ".F"))]
         if not names:
@@ -160,7 +160,7 @@ def main(argv: List[str] | None = None) -> None:
     test_examples = 50 if args.quick else plan.eval_examples
     out_dir = smoke_dir("lra-image") if args.quick else ROOT / "docs" / "reproductions"
     runs = Path("/tmp" if args.quick else ROOT / "runs") / "lra_image"
-    task = lra._build_task(TASK, plan.options)
+    task = lra.build_lra_task(TASK, plan.options)
     seeds = list(range(args.seeds))
     start = time.time()
     arms: Dict[str, List[Dict[str, Any]]] = {k: [] for k in
@@ -175,7 +175,7 @@ def main(argv: List[str] | None = None) -> None:
     for seed in seeds:
         arms["softmax-long"].append(train_encoder("softmax-long", "softmax", task, seed, steps * args.long,
                                                   **common_args))
-    knobs = lra._model_for(TASK, task, "linformer", 0).config.attention_kwargs
+    knobs = lra.model_for(TASK, task, "linformer", 0).config.attention_kwargs
     res = {"task": TASK, "steps": steps, "long": args.long, "batch": plan.batch_size, "lr": plan.lr,
            "seeds": seeds, "test_examples": test_examples, "n": task.max_len, "k": knobs.get("k"),
            "arms": {k: summary(v) for k, v in arms.items()}, "machine": common.describe_machine(torch.device("cpu")),

@@ -9,7 +9,7 @@ from qkv.tasks.data import is_cached
 def _task():
     from qkv.bench import lra
 
-    return lra._build_task("fashion-mnist-seq", lra.PLAN["fashion-mnist-seq"].options)
+    return lra.build_lra_task("fashion-mnist-seq", lra.PLAN["fashion-mnist-seq"].options)
 
 
 @pytest.mark.skipif(not is_cached("fashion-mnist"), reason="needs `qkv data fetch fashion-mnist`")

@@ -47,8 +47,8 @@ from .._io import atomic_path
 from ..registry import lookup
 from . import common
 
-__all__ = ["add_arguments", "run", "PLAN", "QUICK_PLAN", "MODELS", "TASKS", "PUBLISHED", "PUBLISHED_SPEED_4K",
-           "LRA_NAMES", "TaskPlan", "learned", "write_report"]
+__all__ = ["add_arguments", "run", "build_lra_task", "model_for", "PLAN", "QUICK_PLAN", "MODELS", "TASKS", "PUBLISHED",
+           "PUBLISHED_SPEED_4K", "LRA_NAMES", "TaskPlan", "learned", "write_report"]
 
 #: every kernel that fits an encoder; ``local-2d`` only where the task is an image
 MODELS = ("softmax", "local-1d", "window", "strided", "fixed", "linformer", "lsh", "linear", "performer", "efficient",
@@ -206,7 +206,9 @@ class MissingData(Exception):
     """A task's data set is not in the cache."""
 
 
-def _build_task(name: str, options: Mapping[str, Any]):
+def build_lra_task(name: str, options: Mapping[str, Any]):
+    """The task ``name`` with a plan's ``options`` (``PLAN[name].options``); ``MissingData`` when its
+    data set is not cached."""
     from ..tasks import build_task
 
     try:
@@ -225,7 +227,7 @@ def _model_defaults() -> Dict[str, Any]:
             if f.name not in decided and f.default is not dataclasses.MISSING}
 
 
-def _model_for(task_name: str, task: Any, kernel: str, seed: int):
+def model_for(task_name: str, task: Any, kernel: str, seed: int):
     """The encoder of ``task`` with ``kernel`` — every other setting the task's (same for all kernels)."""
     from ..models.transformer.lra import LRADualEncoder, LRAEncoder, LRAEncoderConfig
     from ..runs.settings import fields_of, model_hints
@@ -294,7 +296,7 @@ def _train_cell(task_name: str, task: Any, kernel: str, seed: int, plan: TaskPla
     run_dir.mkdir(parents=True, exist_ok=True)
     with atomic_path(marker) as tmp:
         tmp.write_text(json.dumps(settings, indent=1) + "\n")
-    model = _model_for(task_name, task, kernel, seed)
+    model = model_for(task_name, task, kernel, seed)
     train = dict(steps=plan.steps, batch_size=plan.batch_size, lr=plan.lr, warmup=min(plan.warmup, plan.steps // 4),
                  schedule="cosine", eval_every=0, eval_batches=0, eval_max_examples=min(256, plan.eval_examples),
                  save_every=max(50, plan.steps // 4), keep_last=1, seed=seed, device=device,
@@ -328,7 +330,7 @@ def _cell_job(task_name: str, plan: TaskPlan, kernel: str, seed: int, run_dir: P
     key = json.dumps([task_name, _jsonable(dict(plan.options))])
     if key not in _WORKER_TASKS:
         _WORKER_TASKS.clear()  # one task's data in memory at a time
-        _WORKER_TASKS[key] = _build_task(task_name, plan.options)
+        _WORKER_TASKS[key] = build_lra_task(task_name, plan.options)
     return _train_cell(task_name, _WORKER_TASKS[key], kernel, seed, plan, run_dir, device, settings, progress=False)
 
 
@@ -429,7 +431,7 @@ def _check(args: argparse.Namespace, device: torch.device) -> _Checked:
     for name, p in plan.items():
         try:
             with user_input():
-                tasks[name] = _build_task(name, p.options)
+                tasks[name] = build_lra_task(name, p.options)
         except MissingData as err:  # the other tasks still run; the page says what to fetch
             missing[name] = str(err)
             continue
