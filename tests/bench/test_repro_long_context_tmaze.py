@@ -5,6 +5,9 @@ from one value per run of that grid."""
 from __future__ import annotations
 
 import copy
+import sys
+
+import pytest
 
 
 def test_reach_of_the_xl_stack(benchmark_script):
@@ -103,3 +106,14 @@ def test_tmaze_budgets_give_the_memory_claim_its_curve(benchmark_script, monkeyp
     assert len(points) == 1
     lines = "\n".join(script._tmaze_budget_lines(tb, None))
     assert "| 3 | " in lines and "--tmaze-budgets 3" in lines
+
+
+def test_bad_budgets_are_refused_before_anything_runs(benchmark_script, monkeypatch):
+    script = benchmark_script("repro_long_context")
+    monkeypatch.setattr(script, "section_tmaze_budgets", lambda *a: pytest.fail("ran"))
+    for bad in (["--tmaze-budgets", "0"], ["--tmaze-budgets", "-3"], ["--lm-budgets", "0"], ["--depths", "0"],
+                ["--seeds", "0"], ["--tmaze-budgets", "many"]):
+        monkeypatch.setattr(sys, "argv", ["repro_long_context.py", "--quick", "--only", "tmaze_budgets", *bad])
+        with pytest.raises(SystemExit) as e:
+            script.main()
+        assert e.value.code == 2
