@@ -139,6 +139,11 @@ def test_scores_are_the_authors_and_eq1_is_one_field_away(tmp_path):
         ReformerConfig(attention_kwargs={"score_scale": 0.5})
     with pytest.raises(ValueError, match="score_scale"):
         tiny(score_scale=-1.0)
+    sizes = {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_ff": 32, "max_len": 32}
+    for bad in (float("nan"), True, "abc", [1.0]):  # a config.json's hostile values: one line naming the field
+        with pytest.raises((TypeError, ValueError), match="score_scale") as e:
+            Reformer.from_config({**sizes, "score_scale": bad})
+        assert "\n" not in str(e.value)
 
 
 def test_config_saved_before_score_scale_loads_with_its_own_scores(tmp_path):
