@@ -188,6 +188,7 @@ BUILDERS = {
     "pathfinder": lambda: build_task("pathfinder", contour_length=6, eval_size=8),
     "bbc-bytes": lambda: build_task("bbc-bytes", max_len=96, articles=fake_articles()),
     "bbc-match": lambda: build_task("bbc-match", max_len=96, eval_size=8, articles=fake_articles()),
+    "bbc-match (words)": lambda: build_task("bbc-match", max_len=24, eval_size=8, unit="words", articles=fake_articles()),
     "fashion-mnist-seq": lambda: build_task("fashion-mnist-seq", size=30, images=fake_images()[0],
                                             labels=fake_images()[1]),
 }
@@ -224,6 +225,35 @@ def test_bbc_match_pairs_are_labelled_by_category():
         first, second = bytes(a[ma].tolist()), bytes(b[mb].tolist())
         assert first != second and (by_text[first] == by_text[second]) == bool(y)
     assert 0 < int(batch["labels"].sum()) < 32
+
+
+def test_bbc_match_in_words_reads_the_same_pairs_as_words_of_the_training_vocabulary():
+    articles = fake_articles()
+    by_bytes = build_task("bbc-match", max_len=4096, eval_size=8, articles=articles)
+    by_words = build_task("bbc-match", max_len=4096, eval_size=8, unit="words", articles=articles)
+    assert by_words.vocab_size == by_words.vocab.size == by_words.model_hints()["vocab_size"] < 20
+    first, again = by_bytes.get_batch("train", 16, 2, seed=3), by_words.get_batch("train", 16, 2, seed=3)
+    assert torch.equal(first["labels"], again["labels"])  # the same pairs, read another way
+    for ids, mask, row, row_mask in zip(again["input_ids"], again["attention_mask"], first["input_ids"],
+                                        first["attention_mask"]):
+        text = bytes(row[row_mask].tolist()).decode()
+        assert by_words.vocab.decode(ids[mask].tolist()) == text  # every word of the article, in order
+    assert int(again["attention_mask"].sum(1).max()) < 100  # a word per id, not a byte
+    assert by_words.examples(1)[0]["input"].split()[0] in by_words.vocab.words
+    # The vocabulary is the training split's words seen MIN_COUNT (3) times; the rest read as <unk>.
+    rare = build_task("bbc-match", eval_size=8, unit="words", articles=articles + [("zebra zebra market", CLASSES[0])])
+    assert "zebra" not in rare.vocab.words and rare.vocab.encode("zebra market") == [rare.vocab.unk_id,
+                                                                                     rare.vocab.words.index("market")]
+    held = by_words._parts["test"][0]  # a word only a held-out article has is not in the vocabulary
+    text, klass = articles[held]
+    leaky = build_task("bbc-match", eval_size=8, unit="words",
+                       articles=articles[:held] + [("quokka " * 5 + text, klass)] + articles[held + 1:])
+    assert "quokka" not in leaky.vocab.words
+
+
+def test_bbc_match_refuses_an_unknown_unit():
+    with pytest.raises(ValueError, match=r"unit must be one of \('bytes', 'words'\), got 'chars'"):
+        build_task("bbc-match", unit="chars", articles=fake_articles())
 
 
 def test_data_tasks_keep_the_splits_apart():

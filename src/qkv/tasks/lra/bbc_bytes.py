@@ -3,6 +3,7 @@ topic) and ``bbc-match`` (do two articles share a category? two towers)."""
 
 from __future__ import annotations
 
+import collections
 import random
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -102,20 +103,33 @@ class BBCMatch(BBCBytes):
     one category, a negative pair two articles of different categories. Pairs are drawn within a
     split (the ``bbc-news`` partition), so no held-out article is seen in training.
 
+    ``unit="words"`` reads each article as words instead of bytes (an easier difficulty, not
+    LRA's: lower-cased words as ``bbc-news`` splits them, the training split's words seen at
+    least ``MIN_COUNT`` times, at most ``MAX_VOCAB`` of them, ``<unk>`` for the rest): the same
+    pairs, the same two towers, ``max_len`` words per article. At the byte level no budget tried
+    moved the two-tower model off ln 2 (docs/reproductions/lra-gpu/README.md).
+
     Args:
-        max_len: bytes kept per article; eval_size: pairs in each fixed held-out set;
-        cache_dir, articles: as ``bbc-bytes``.
+        max_len: bytes (or words) kept per article; eval_size: pairs in each fixed held-out set;
+        unit: ``"bytes"`` (LRA's reading) or ``"words"``; cache_dir, articles: as ``bbc-bytes``.
 
     Batches: ``input_ids``, ``attention_mask`` (first article), ``input_ids_2``,
     ``attention_mask_2`` (second), all ``(B, max_len)``, and ``labels (B,)``.
     """
 
     n_classes = 2
+    UNITS = ("bytes", "words")
+    MIN_COUNT, MAX_VOCAB = 3, 20000  # as bbc-news's vocabulary
 
-    def __init__(self, *, max_len: int = 4096, eval_size: int = 1000, cache_dir: Optional[str] = None,
-                 articles: Optional[List[Tuple[str, str]]] = None) -> None:
+    def __init__(self, *, max_len: int = 4096, eval_size: int = 1000, unit: str = "bytes",
+                 cache_dir: Optional[str] = None, articles: Optional[List[Tuple[str, str]]] = None) -> None:
+        if unit not in self.UNITS:
+            raise ValueError(f"unit must be one of {self.UNITS}, got {unit!r}")
         super().__init__(max_len=max_len, cache_dir=cache_dir, articles=articles)
         self.eval_size = int_option("eval_size", eval_size)
+        self.unit = unit
+        if unit == "words":
+            self._read_words()
         self._by_class: Dict[str, Dict[int, List[int]]] = {}
         for split in SPLITS:
             groups: Dict[int, List[int]] = {}
@@ -125,6 +139,31 @@ class BBCMatch(BBCBytes):
                 raise ValueError(f"bbc-match: the {split} split needs two categories and a category with two articles")
             self._by_class[split] = groups
         self._held: Dict[str, List[tuple]] = {}
+
+    def _read_words(self) -> None:
+        """Each article as word ids (``self._data`` then holds id arrays) over the training split's vocabulary."""
+        from ..bbc import tokenize
+        from ..vocab import WordVocab
+
+        words = [[w for sentence in tokenize(text.decode("utf-8")) for w in sentence] for text, _ in self._data]
+        counts = collections.Counter(w for i in self._parts["train"] for w in words[i])
+        kept = sorted((w for w, c in counts.items() if c >= self.MIN_COUNT), key=lambda w: (-counts[w], w))
+        self.vocab = WordVocab(kept[: self.MAX_VOCAB], split=lambda text: [w for s in tokenize(text) for w in s])
+        index = self.vocab._index
+        self._data = [(np.array([index.get(w, WordVocab.unk_id) for w in ws], dtype=np.int64), y)
+                      for ws, (_, y) in zip(words, self._data)]
+
+    def _units(self, article) -> np.ndarray:
+        """The first ``max_len`` ids of an article: its bytes, or its word ids (``unit``)."""
+        if self.unit == "words":
+            return article[: self.max_len]
+        return np.frombuffer(article[: self.max_len], dtype=np.uint8)
+
+    def _shown(self, article, n: int) -> str:
+        """The article's first ``n`` bytes (or words) as text."""
+        if self.unit == "words":
+            return self.vocab.decode(article[:n].tolist())
+        return article[:n].decode("utf-8", errors="replace")
 
     def _pair(self, split: str, rng: random.Random) -> tuple:
         groups = self._by_class[split]
@@ -151,17 +190,16 @@ class BBCMatch(BBCBytes):
         return self.eval_size
 
     def collate(self, examples):
-        first, first_mask = self._pad([np.frombuffer(a[: self.max_len], dtype=np.uint8) for a, _, _ in examples],
-                                      self.vocab.pad_id)
-        second, second_mask = self._pad([np.frombuffer(b[: self.max_len], dtype=np.uint8) for _, b, _ in examples],
-                                        self.vocab.pad_id)
+        first, first_mask = self._pad([self._units(a) for a, _, _ in examples], self.vocab.pad_id)
+        second, second_mask = self._pad([self._units(b) for _, b, _ in examples], self.vocab.pad_id)
         return {"input_ids": first, "attention_mask": first_mask, "input_ids_2": second,
                 "attention_mask_2": second_mask, "labels": torch.tensor([y for _, _, y in examples])}
 
     def examples(self, n: int = 5) -> List[Dict[str, Any]]:
-        """``n`` training pairs (the first 120 bytes of each article) with their labels."""
+        """``n`` training pairs (the first 120 bytes, or 24 words, of each article) with their labels."""
         check_positive_int("n", n)
-        return [{"input": a[:120].decode("utf-8", errors="replace"), "input_2": b[:120].decode("utf-8", errors="replace"),
+        k = 24 if self.unit == "words" else 120
+        return [{"input": self._shown(a, k), "input_2": self._shown(b, k),
                  "label": "same category" if y else "different categories"}
                 for a, b, y in self._draw("train", n, 0, 0, 0, 1)]
 
@@ -169,5 +207,8 @@ class BBCMatch(BBCBytes):
         """Self-attention of the (shared) tower on the first article of a held-out pair."""
         a, b, y = self._held_out("test", 1)[0]
         batch = self.collate([(a, b, y)])
-        tokens = [chr(c) if 32 <= c < 127 else f"\\x{c:02x}" for c in a[: self.max_len]]
+        if self.unit == "words":
+            tokens = [self.vocab.decode([int(i)]) or "<unk>" for i in a[: self.max_len]]
+        else:
+            tokens = [chr(c) if 32 <= c < 127 else f"\\x{c:02x}" for c in a[: self.max_len]]
         return self._token_view(model, batch, tokens, "same category" if y else "different categories", max_len)
