@@ -95,6 +95,17 @@ CLAIMS = [
 ]
 
 
+def last_level_cache() -> Optional[str]:
+    """The size and level of the CPU's last-level cache as Linux reports it (e.g. ``32768K (L3)``), or None."""
+    caches = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"))
+    for index in reversed(caches):
+        try:
+            return f"{(index / 'size').read_text().strip()} (L{(index / 'level').read_text().strip()})"
+        except OSError:
+            continue
+    return None
+
+
 def measure(name: str, causal: bool, lengths: Sequence[int], seed: int, target_seconds: float) -> Dict[str, Any]:
     """One kernel at every length: median seconds of one forward + backward, peak bytes, FLOPs, knobs."""
     points = []
@@ -139,7 +150,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     chosen = CLAIMS
     results: Dict[str, Any] = {"date": common.now_iso(), "machine": common.describe_machine(torch.device("cpu")),
                                "lengths": lengths, "softmax_lengths": soft_lengths, "B": B, "H": H, "E": E,
-                               "seeds": list(range(args.seeds)), "kernels": {}, "softmax": {}}
+                               "seeds": list(range(args.seeds)), "last_level_cache": last_level_cache(), "kernels": {}, "softmax": {}}
     for seed in range(args.seeds):
         for causal in sorted({c.causal for c in chosen}):  # exact attention, as each claim's kernel is built
             soft = measure("softmax", causal, soft_lengths, seed, target)
@@ -158,6 +169,12 @@ def _exponents(runs: Sequence[Dict[str, Any]], key: str) -> List[float]:
     return [r["exponents"][key] for r in runs if key in r["exponents"]]
 
 
+def _doublings(runs: Sequence[Dict[str, Any]]) -> List[float]:
+    """The mean over seeds of each length's time over the previous length's (x2 per doubling for O(n))."""
+    n = len(runs[0]["points"])
+    return [sum(r["points"][i]["seconds"] / r["points"][i - 1]["seconds"] for r in runs) / len(runs) for i in range(1, n)]
+
+
 def record_claims(results: Dict[str, Any], chosen: Sequence[Claim], seeds: int) -> None:
     budget_lengths = f"{results['lengths'][0]:,} ... {results['lengths'][-1]:,}"
     for c in chosen:
@@ -165,10 +182,13 @@ def record_claims(results: Dict[str, Any], chosen: Sequence[Claim], seeds: int) 
         time = _exponents(runs, "time")
         soft = _exponents(results["softmax"]["causal" if c.causal else "bidirectional"], "time")
         memory, flops = _exponents(runs, "memory"), _exponents(runs, "flops")
+        steps = _doublings(runs)
         context = (f"time ~ n^e with e = {claims.fmt(time)} for `{c.kernel}` ({_knob_text(runs[0]['points'])}) "
                    f"against {claims.fmt(soft)} for exact softmax attention{' (causal)' if c.causal else ''}, the "
                    f"same seeds; peak memory n^{claims.fmt(memory)}"
-                   + (f", counted FLOPs n^{claims.fmt(flops)}" if flops else ""))
+                   + (f", counted FLOPs n^{claims.fmt(flops)}" if flops else "")
+                   + f"; time per doubling of n x{', x'.join(f'{r:.2f}' for r in steps)} (seed means), peak "
+                     f"{runs[0]['points'][-1]['peak_bytes'] / 2**20:.0f} MiB at n = {results['lengths'][-1]:,}")
         claims.record(
             id=c.id, deterministic=True, measured=True, model=c.model, paper=c.paper,
             claim=f"The attention's cost grows as {c.order} in the sequence length n where exact attention's grows "
@@ -198,15 +218,16 @@ def write_page(results: Dict[str, Any], out: Path, chosen: Sequence[Claim]) -> N
         rows.append([f"`softmax` ({key})", "O(n^2)", "SDPA", ", ".join(f"{e:.2f}" for e in _exponents(soft, "time")),
                      "—", claims.fmt(_exponents(soft, "memory")),
                      claims.fmt(_exponents(soft, "flops")) if _exponents(soft, "flops") else "— (not counted)"])
-    ms = []
-    for c in chosen:
-        runs = results["kernels"][c.id]
-        ms.append([f"`{c.kernel}`"] + [f"{1e3 * sum(r['points'][i]['seconds'] for r in runs) / len(runs):.1f}"
-                                      for i in range(len(results["lengths"]))])
-    for key, soft in results["softmax"].items():
-        ms.append([f"`softmax` ({key})"] + [f"{1e3 * sum(r['points'][i]['seconds'] for r in soft) / len(soft):.1f}"
-                                            if i < len(results["softmax_lengths"]) else "—"
-                                            for i in range(len(results["lengths"]))])
+    def cell(runs: Sequence[Dict[str, Any]], i: int) -> str:
+        if i >= len(runs[0]["points"]):
+            return "—"
+        seconds = sum(r["points"][i]["seconds"] for r in runs) / len(runs)
+        return f"{1e3 * seconds:.1f} / {runs[0]['points'][i]['peak_bytes'] / 2**20:.1f}"
+
+    ms = [[f"`{c.kernel}`"] + [cell(results["kernels"][c.id], i) for i in range(len(results["lengths"]))]
+          for c in chosen]
+    ms += [[f"`softmax` ({key})"] + [cell(soft, i) for i in range(len(results["lengths"]))]
+           for key, soft in results["softmax"].items()]
     text = "\n".join([
         "# The cost of efficient attention against the length (Linformer, Performer, linear and efficient attention, "
         "Reformer's LSH, Sparse Transformer)", "",
@@ -225,12 +246,14 @@ def write_page(results: Dict[str, Any], out: Path, chosen: Sequence[Claim]) -> N
         "[claims.json](claims.json); the raw numbers in [cost.json](cost.json).", "",
         common.markdown_table(["kernel", "paper's order", "knobs (default at n)", "time exponent per seed", "bound",
                                "memory exponent", "FLOP exponent"], rows), "",
-        "Milliseconds per step (mean over seeds):", "",
+        "Milliseconds per step (mean over seeds) / peak MiB of the step's tensors (allocation count, the same "
+        f"in every seed); this machine's last-level cache: {results.get('last_level_cache') or 'unknown'}:", "",
         common.markdown_table(["kernel"] + [f"n = {L:,}" for L in results["lengths"]], ms), "",
         "![cost](img/cost.png)", "",
         "Reading: the time exponent is what the papers plot; on a CPU it also carries cache effects (a kernel "
-        "whose working set leaves the cache between two lengths steps up there), so it can sit above the "
-        "operation count's exponent. Exact attention's memory grows linearly here because SDPA's fused kernel "
+        "whose working set leaves the cache between two lengths steps up there, by more than the x2 of its "
+        "operations), so it can sit above the operation count's exponent; the claims' `why` in claims.json gives "
+        "each kernel's time ratio per doubling. Exact attention's memory grows linearly here because SDPA's fused kernel "
         "never holds the n x n weights; its time still grows as n^2.", ""])
     atomic_write_text(out / "cost.md", text)
     plt = pyplot()
