@@ -262,9 +262,9 @@ def write_page(results: Dict[str, Any], out: Path, chosen: Sequence[Claim]) -> N
         runs = results["kernels"][c.id]
         ax.loglog(results["lengths"], [sum(r["points"][i]["seconds"] for r in runs) / len(runs)
                                        for i in range(len(results["lengths"]))], "o-", label=f"{c.kernel} ({c.order})")
-    for key, soft in results["softmax"].items():
+    for (key, soft), style in zip(results["softmax"].items(), ("k--", "k:")):
         ax.loglog(results["softmax_lengths"], [sum(r["points"][i]["seconds"] for r in soft) / len(soft)
-                                               for i in range(len(results["softmax_lengths"]))], "k--",
+                                               for i in range(len(results["softmax_lengths"]))], style,
                   label=f"softmax, {key} (O(n^2))")
     ax.set_xlabel("sequence length n")
     ax.set_ylabel("seconds per forward + backward")
