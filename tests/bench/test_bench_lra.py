@@ -91,6 +91,17 @@ def test_bad_arguments_say_what_is_wrong(tmp_path, capsys):
         assert "--lr" in err and "finite" in err and "Traceback" not in err  # nan / inf: argparse's finite check
 
 
+@pytest.mark.skipif(not is_bbc_cached(), reason="needs `qkv data fetch bbc`")
+def test_a_bad_task_option_is_refused_before_any_cell_trains(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench_lra, "_train_cells", lambda *a, **k: pytest.fail("trained before refusing"))
+    with pytest.raises(SystemExit):
+        main(["lra", "--quick", "--no-speed", "--tasks", "bbc-match", "--set", "bbc-match.unit=chars",
+              "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert "unit must be one of ('bytes', 'words'), got 'chars'" in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "lra-results.json").exists()
+
+
 def test_lr_reaches_the_cells_and_the_page(tmp_path):
     """--lr is every cell's peak learning rate: recorded in its settings (a cell at another lr is
     trained again), and the setup table names it when it is not the plan's 1e-3."""

@@ -1,6 +1,11 @@
 """benchmarks/repro_cost.py: the efficient-attention papers' cost claims (smoke run, and its parts)."""
 
+import json
 import math
+import multiprocessing
+import random
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,3 +47,57 @@ def test_bad_seeds_are_refused(benchmark_script, capsys):
     with pytest.raises(SystemExit):
         script.main(["--seeds", "0"])
     assert "--seeds must be a positive int, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--seeds", "0"], "--seeds must be a positive int, got 0"),
+    (["--seeds", "-2"], "--seeds must be a positive int, got -2"),
+    (["--seeds", "three"], "argument --seeds: invalid int value: 'three'"),
+    (["--seeds"], "argument --seeds: expected one argument"),
+    (["--lengths", "8"], "unrecognized arguments: --lengths 8"),
+])
+def test_bad_options_are_refused_before_any_measurement(benchmark_script, capsys, monkeypatch, argv, expected):
+    script = benchmark_script("repro_cost")
+    monkeypatch.setattr(script, "run", lambda args: pytest.fail("measured before refusing"))
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and expected in err and len(err.strip().splitlines()[-1]) < 200
+
+
+def _write_forever(script, results, out):
+    import copy
+
+    old, new = copy.deepcopy(results), copy.deepcopy(results)
+    old["date"], new["date"] = "2001-01-01T00:00:00", "2002-02-02T00:00:00"
+    while True:
+        for version in (old, new):
+            script.atomic_write_text(out / "cost.json", json.dumps(version, indent=1))
+            script.write_page(version, out, script.CLAIMS)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="fork and SIGKILL are POSIX")
+def test_kill_9_while_the_page_is_written_leaves_whole_files(benchmark_script, tmp_path, monkeypatch):
+    """cost.json, cost.md and img/cost.png are each replaced whole: a kill -9 at any moment leaves
+    the old file or the new one, never a truncated one."""
+    script = benchmark_script("repro_cost")
+    monkeypatch.setattr(script, "smoke_dir", lambda name: tmp_path)
+    results = script.main(["--quick", "--seeds", "1"])
+    ctx = multiprocessing.get_context("fork")
+    rng = random.Random(0)
+    for _ in range(5):
+        proc = ctx.Process(target=_write_forever, args=(script, results, tmp_path))
+        proc.start()
+        time.sleep(0.4 + rng.random() * 0.6)
+        proc.kill()
+        proc.join()
+        saved = json.loads((tmp_path / "cost.json").read_text())  # a truncated file is not JSON
+        assert saved["date"][:4] in ("2001", "2002", results["date"][:4]) and set(saved["kernels"]) == \
+            {c.id for c in script.CLAIMS}
+        page = (tmp_path / "cost.md").read_text()
+        assert page.startswith("# The cost of efficient attention") and page.rstrip().endswith("its time still grows as n^2.")
+        assert (tmp_path / "img" / "cost.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        # Besides them only a killed writer's hidden temporary file (qkv._io.atomic_path), never a visible one.
+        visible = {p.name for p in tmp_path.rglob("*") if p.is_file() and not p.name.startswith(".")}
+        assert visible == {"cost.json", "cost.md", "cost.png"}, visible
+        assert all(p.name.endswith(".tmp") for p in tmp_path.rglob(".*") if p.is_file())

@@ -251,9 +251,12 @@ def test_bbc_match_in_words_reads_the_same_pairs_as_words_of_the_training_vocabu
     assert "quokka" not in leaky.vocab.words
 
 
-def test_bbc_match_refuses_an_unknown_unit():
-    with pytest.raises(ValueError, match=r"unit must be one of \('bytes', 'words'\), got 'chars'"):
-        build_task("bbc-match", unit="chars", articles=fake_articles())
+@pytest.mark.parametrize("unit", ["chars", "", "WORDS", " words", None, 1, True, ["words"], b"words"])
+def test_bbc_match_refuses_a_hostile_unit_in_one_line_naming_it(unit):
+    with pytest.raises(ValueError) as info:
+        build_task("bbc-match", unit=unit, articles=fake_articles())
+    message = str(info.value)
+    assert message == f"unit must be one of ('bytes', 'words'), got {unit!r}" and "\n" not in message
 
 
 def test_data_tasks_keep_the_splits_apart():
