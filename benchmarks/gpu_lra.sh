@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 38's device run (one lease, at most 10 minutes on a fresh H100 / H200), rerunnable:
-#     bash benchmarks/gpu_lra.sh [OUT_DIR] [DEADLINE_S]     (default bench-out/gpu-lra, 480 s; needs CUDA)
+#     [PLAN=pairs] bash benchmarks/gpu_lra.sh [OUT_DIR] [DEADLINE_S]     (default bench-out/gpu-lra, 480 s; needs CUDA)
 # Long Range Arena budgets the 2-core CPU cannot reach, every cell its own one-thread process, all at
 # once on the one GPU (each cell's results in OUT/NAME/lra-results.json, its log in OUT/NAME.log):
 # 1. Pathfinder 16 x 16 (the lra-budget setting: 3 dashes, 1 distractor of 2, a fixed set of 20,000
@@ -13,6 +13,10 @@
 # A cell still training at DEADLINE_S is killed and has no result (its log says how far it got).
 # Pathfinder at LRA's 32 x 32 (14 dashes) is not here: drawing its images costs 23 ms each on one
 # CPU core, 0.75 s per batch of 32, more than a whole update on the GPU.
+# PLAN=pairs runs the second lease's sixteen cells instead (Retrieval with InferSent's |u-v| head):
+# 4. Retrieval (bbc-match, 2 x 512 bytes), `--set model.pair_features=abs-diff`, RT_STEPS updates of 32:
+#    softmax seeds 0-4, linear and performer seeds 0-2; softmax seeds 1 2 with LRA's head, the same budget;
+# 5. Pathfinder 16 x 16 as in 1., softmax seeds 3 4 5.
 # Overrides for a smoke run on the CPU: DEVICE=cpu PF_STEPS=20 LO_STEPS=5 RT_STEPS=5.
 set -u
 OUT=${1:-bench-out/gpu-lra}
@@ -43,17 +47,35 @@ cell() {  # NAME then `qkv bench lra` options
       --out "$OUT/$name" --report "$OUT/$name/lra.md" "$@" > "$OUT/$name.log" 2>&1
     echo "$name rc=$? seconds=$(( $(date +%s) - start ))" >> "$OUT/done.txt" ) &
 }
-for kernel in softmax linear; do
-  for seed in 0 1 2; do
-    cell "pf16-$kernel-$seed" --tasks pathfinder --models $kernel --seeds $seed $PF --steps "$PF_STEPS"
+if [ "${PLAN:-budgets}" = pairs ]; then
+  AD="--set model.pair_features=abs-diff"
+  for seed in 0 1 2 3 4; do
+    cell "retrieval-ad-softmax-$seed" --tasks bbc-match --models softmax --seeds $seed $AD --steps "$RT_STEPS"
   done
-done
-for kernel in softmax linear performer; do
-  cell "listops2k-$kernel" --tasks listops --models $kernel --seeds 0 $LO --steps "$LO_STEPS"
-done
-for kernel in softmax linear; do
-  cell "retrieval-$kernel" --tasks bbc-match --models $kernel --seeds 0 --steps "$RT_STEPS"
-done
+  for kernel in linear performer; do
+    for seed in 0 1 2; do
+      cell "retrieval-ad-$kernel-$seed" --tasks bbc-match --models $kernel --seeds $seed $AD --steps "$RT_STEPS"
+    done
+  done
+  for seed in 1 2; do
+    cell "retrieval-lra-softmax-$seed" --tasks bbc-match --models softmax --seeds $seed --steps "$RT_STEPS"
+  done
+  for seed in 3 4 5; do
+    cell "pf16-softmax-$seed" --tasks pathfinder --models softmax --seeds $seed $PF --steps "$PF_STEPS"
+  done
+else
+  for kernel in softmax linear; do
+    for seed in 0 1 2; do
+      cell "pf16-$kernel-$seed" --tasks pathfinder --models $kernel --seeds $seed $PF --steps "$PF_STEPS"
+    done
+  done
+  for kernel in softmax linear performer; do
+    cell "listops2k-$kernel" --tasks listops --models $kernel --seeds 0 $LO --steps "$LO_STEPS"
+  done
+  for kernel in softmax linear; do
+    cell "retrieval-$kernel" --tasks bbc-match --models $kernel --seeds 0 --steps "$RT_STEPS"
+  done
+fi
 wait
 pkill -f "nvidia-smi --query-gpu=timestamp" 2>/dev/null
 cat "$OUT/done.txt"

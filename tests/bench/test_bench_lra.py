@@ -102,6 +102,59 @@ def test_a_bad_task_option_is_refused_before_any_cell_trains(tmp_path, capsys, m
     assert not (tmp_path / "out" / "lra-results.json").exists()
 
 
+def test_model_fields_reach_the_cells_and_the_page_and_old_cells_stay_valid(tmp_path):
+    """--set model.FIELD=VALUE: every cell's encoder takes it, its settings record it (so a cell
+    trained without it runs again) and the setup table names it; a cell cached before
+    ``pair_features`` existed has the settings of a run that leaves it at its default."""
+    import torch
+
+    cpu = torch.device("cpu")
+    plan = bench_lra._plan(bench_lra_args(["--quick", "--tasks", "bbc-match", "--set", "model.pair_features=abs-diff",
+                                           "--set", "model.mlp_dim=32"]))["bbc-match"]
+    assert dict(plan.model) == {"pair_features": "abs-diff", "mlp_dim": 32}
+    settings = bench_lra._cell_settings(plan, cpu)
+    assert settings["model"]["pair_features"] == "abs-diff" and settings["model"]["mlp_dim"] == 32
+    default = bench_lra._plan(bench_lra_args(["--quick", "--tasks", "bbc-match"]))["bbc-match"]
+    assert "pair_features" not in bench_lra._cell_settings(default, cpu)["model"]  # what cached cells recorded
+    at_default = bench_lra._plan(bench_lra_args(["--quick", "--tasks", "bbc-match",
+                                                 "--set", "model.pair_features=lra"]))["bbc-match"]
+    assert bench_lra._cell_settings(at_default, cpu) == bench_lra._cell_settings(default, cpu)
+    assert settings != bench_lra._cell_settings(default, cpu)
+    results = _two_tasks(listops=(0.38, 0.30), pathfinder=(0.50, 0.51))
+    for cell in results["cells"].values():
+        cell["settings"] = {"task_options": {}, "steps": 100, "batch_size": 32, "lr": 1e-3,
+                            "model": settings["model"] if cell["task"] == "listops" else
+                            bench_lra._cell_settings(default, cpu)["model"]}
+    setup = "\n".join(bench_lra._setup_sections(results))
+    assert setup.count("**encoder: ") == 1 and "**encoder: mlp_dim=32, pair_features=abs-diff**" in setup
+
+
+@pytest.mark.skipif(not is_bbc_cached(), reason="needs `qkv data fetch bbc`")
+def test_pair_features_run_on_retrieval_and_are_refused_elsewhere_before_any_cell_trains(tmp_path, capsys,
+                                                                                        monkeypatch):
+    out = tmp_path / "out"
+    assert main(["lra", "--quick", "--threads", "1", "--no-speed", "--tasks", "bbc-match", "--models", "softmax",
+                 "--set", "model.pair_features=abs-diff", "--out", str(out)]) == 0
+    cell = _cells(out)["bbc-match|softmax|0"]
+    assert cell["settings"]["model"]["pair_features"] == "abs-diff"
+    assert "pair_features=abs-diff" in (out / "lra.md").read_text()
+    monkeypatch.setattr(bench_lra, "_train_cells", lambda *a, **k: pytest.fail("trained before refusing"))
+    for argv, expected in (
+            (["--tasks", "listops", "bbc-match", "--set", "model.pair_features=abs-diff"],
+             "--set model (listops): pair_features='abs-diff' is read by the two-tower lra-dual-encoder"),
+            (["--tasks", "bbc-match", "--set", "model.pair_features=absdiff"],
+             "pair_features must be one of ['abs-diff', 'lra'], got 'absdiff'"),
+            (["--tasks", "bbc-match", "--set", "model.max_len=9"], "--set model.max_len: the task"),
+            (["--tasks", "bbc-match", "--set", "model.attention=linear"], "--set model.attention: the task (or --models"),
+            (["--tasks", "bbc-match", "--set", "model.d_model=63"], "d_model (63) must be divisible by n_heads (2)"),
+            (["--tasks", "bbc-match", "--set", "model.nope=1"], "unknown --set model option 'nope'")):
+        with pytest.raises(SystemExit):
+            main(["lra", "--quick", "--no-speed"] + argv + ["--out", str(tmp_path / "refused")])
+        err = capsys.readouterr().err
+        assert expected in err and "Traceback" not in err, (argv, err)
+        assert not (tmp_path / "refused" / "lra-results.json").exists()
+
+
 def test_lr_reaches_the_cells_and_the_page(tmp_path):
     """--lr is every cell's peak learning rate: recorded in its settings (a cell at another lr is
     trained again), and the setup table names it when it is not the plan's 1e-3."""

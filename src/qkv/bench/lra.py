@@ -96,6 +96,7 @@ class TaskPlan:
     eval_examples: int  # test examples scored per cell (fewer if the test set is smaller)
     lr: float = 1e-3  # peak learning rate (linear warm-up, cosine decay)
     warmup: int = 30  # warm-up updates
+    model: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # encoder fields set by --set model.FIELD=V
 
 
 #: The default plan, sized for 2 cores: 57 cells (5 tasks x 11 kernels + local-2d on the 2 image
@@ -142,7 +143,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-examples", type=int, help="test examples per cell (default: the plan's, 1000)")
     parser.add_argument("--lr", type=float, help="peak learning rate, every task (default: the plan's, 1e-3)")
     parser.add_argument("--set", action="append", default=[], metavar="TASK.OPTION=VALUE",
-                        help="a task option of the plan, e.g. listops.max_len=2000 or pathfinder.contour_length=6 "
+                        help="a task option of the plan, e.g. listops.max_len=2000 or pathfinder.contour_length=6, "
+                             "or an encoder field of every cell, model.FIELD=VALUE, e.g. model.pair_features=abs-diff "
                              "(repeatable)")
     parser.add_argument("--speed-lengths", nargs="+", type=int, metavar="L",
                         help=f"lengths of the speed and memory table (default {' '.join(map(str, SPEED_LENGTHS))}, LRA's)")
@@ -173,15 +175,19 @@ def _plan(args: argparse.Namespace) -> Dict[str, TaskPlan]:
     for item in args.set:
         key, sep, value = item.partition("=")
         task, dot, option = key.partition(".")
-        if not sep or not dot or not option or task not in base:
-            raise UserError(f"--set must be TASK.OPTION=VALUE with TASK one of {sorted(base)}, got {item!r}")
+        if not sep or not dot or not option or (task not in base and task != "model"):
+            raise UserError(f"--set must be TASK.OPTION=VALUE with TASK one of {sorted(base)}, or model.FIELD=VALUE, "
+                            f"got {item!r}")
         given.setdefault(task, {})[option] = value
+    for field in set(given.get("model", {})) & _DECIDED:
+        raise UserError(f"--set model.{field}: the task (or --models, for the kernel) decides {field}")
+    model = typed(given.pop("model", {}), _model_fields(), "--set model")
     overrides = {task: typed(options, init_params(lookup("task", task)), f"--set {task}")
                  for task, options in given.items()}
     plan = {}
     for task in tasks:
         p = base[task]
-        changes: Dict[str, Any] = {"options": {**p.options, **overrides.get(task, {})}}
+        changes: Dict[str, Any] = {"options": {**p.options, **overrides.get(task, {})}, "model": model}
         for name, value in (("steps", args.steps), ("batch_size", args.batch_size), ("eval_examples", args.eval_examples)):
             if value is not None:
                 changes[name] = _checks.positive_int(f"--{name.replace('_', '-')}", value)
@@ -218,22 +224,46 @@ def build_lra_task(name: str, options: Mapping[str, Any]):
         raise MissingData(f"its data is not cached: run `qkv data fetch {data}`") from None
 
 
+#: encoder fields that the task or the kernel decides (``--set model.FIELD`` may not set them)
+_DECIDED = frozenset({"vocab_size", "n_classes", "max_len", "image_size", "attention", "attention_kwargs"})
+#: encoder fields added after cells were first cached: a cell's settings name one only where it is not
+#: at its default, so that cells trained before the field existed (at its default) stay valid
+_NAMED_WHEN_SET = frozenset({"pair_features"})
+
+
+def _model_fields() -> Dict[str, Any]:
+    """The encoder fields ``--set model.FIELD=VALUE`` may set, and their types."""
+    from ..models.transformer.lra import LRAEncoderConfig
+    from ..runs.settings import fields_of
+
+    return {k: v for k, v in fields_of(LRAEncoderConfig).items() if k not in _DECIDED}
+
+
 def _model_defaults() -> Dict[str, Any]:
     """The encoder's settings that no task decides (sizes, wiring): a cell trained with others is stale."""
     from ..models.transformer.lra import LRAEncoderConfig
 
-    decided = {"vocab_size", "n_classes", "max_len", "image_size", "attention", "attention_kwargs"}
     return {f.name: f.default for f in dataclasses.fields(LRAEncoderConfig)
-            if f.name not in decided and f.default is not dataclasses.MISSING}
+            if f.name not in _DECIDED | _NAMED_WHEN_SET and f.default is not dataclasses.MISSING}
 
 
-def model_for(task_name: str, task: Any, kernel: str, seed: int):
-    """The encoder of ``task`` with ``kernel`` — every other setting the task's (same for all kernels)."""
+def _model_settings(model: Mapping[str, Any]) -> Dict[str, Any]:
+    """The encoder settings a cell records: the defaults with ``--set model.*`` over them."""
+    from ..models.transformer.lra import LRAEncoderConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(LRAEncoderConfig)}
+    return {**_model_defaults(), **{k: v for k, v in model.items() if k not in _NAMED_WHEN_SET or v != defaults[k]}}
+
+
+def model_for(task_name: str, task: Any, kernel: str, seed: int, model: Optional[Mapping[str, Any]] = None):
+    """The encoder of ``task`` with ``kernel`` — every other setting the task's (same for all kernels),
+    with ``model``'s fields (``--set model.FIELD=VALUE``) over the defaults."""
     from ..models.transformer.lra import LRADualEncoder, LRAEncoder, LRAEncoderConfig
     from ..runs.settings import fields_of, model_hints
     from ..tasks.base import stable_seed
 
-    config = LRAEncoderConfig(attention=kernel, **model_hints(task, fields_of(LRAEncoderConfig)))  # the ones it has
+    hints = model_hints(task, fields_of(LRAEncoderConfig))  # the ones it has
+    config = LRAEncoderConfig(attention=kernel, **{**dict(model or {}), **hints})
     torch.manual_seed(stable_seed("lra", task_name, seed))  # one initialisation per (task, seed), whatever the kernel
     return (LRADualEncoder if task_name == "bbc-match" else LRAEncoder)(config)
 
@@ -296,7 +326,7 @@ def _train_cell(task_name: str, task: Any, kernel: str, seed: int, plan: TaskPla
     run_dir.mkdir(parents=True, exist_ok=True)
     with atomic_path(marker) as tmp:
         tmp.write_text(json.dumps(settings, indent=1) + "\n")
-    model = model_for(task_name, task, kernel, seed)
+    model = model_for(task_name, task, kernel, seed, plan.model)
     train = dict(steps=plan.steps, batch_size=plan.batch_size, lr=plan.lr, warmup=min(plan.warmup, plan.steps // 4),
                  schedule="cosine", eval_every=0, eval_batches=0, eval_max_examples=min(256, plan.eval_examples),
                  save_every=max(50, plan.steps // 4), keep_last=1, seed=seed, device=device,
@@ -437,6 +467,12 @@ def _check(args: argparse.Namespace, device: torch.device) -> _Checked:
             continue
         except UserError as err:
             raise UserError(f"--set {name}: {err}") from None
+        if p.model:  # --set model.*: built once per task now, so that a field no model of it takes stops the run here
+            try:
+                with user_input():
+                    model_for(name, tasks[name], "softmax", 0, p.model)
+            except UserError as err:
+                raise UserError(f"--set model ({name}): {err}") from None
         rows = 2 if name == "bbc-match" else 1
         _bounded(f"{name} (its inputs are {tasks[name].max_len:,} tokens)", tasks[name].max_len, p.batch_size * rows,
                  f"--batch-size {p.batch_size}" + (" (x 2 articles)" if rows == 2 else ""))
@@ -537,7 +573,7 @@ def _cell_settings(p: TaskPlan, device: torch.device) -> Dict[str, Any]:
     """What a cell was trained with: a finished cell whose settings differ is trained again."""
     return _jsonable({"task_options": dict(p.options), "steps": p.steps, "batch_size": p.batch_size, "lr": p.lr,
                       "warmup": p.warmup, "eval_examples": p.eval_examples, "device": device.type,
-                      "model": _model_defaults()})
+                      "model": _model_settings(p.model)})
 
 
 def _train_cells(cells: Sequence[Tuple[str, str, int]], checked: _Checked, args: argparse.Namespace,
@@ -737,6 +773,10 @@ def _setup_sections(results: Mapping[str, Any]) -> List[str]:
         if task == "listops":
             note += " — brackets kept" if s["task_options"].get("brackets", True) else " — brackets dropped (LRA's release)"
         options = ", ".join(f"{k}={v}" for k, v in s["task_options"].items())
+        defaults = _model_defaults()
+        changed = {k: v for k, v in s.get("model", {}).items() if k not in defaults or defaults[k] != v}
+        if changed:  # --set model.*: a departure from the encoder the page describes
+            options += "; **encoder: " + ", ".join(f"{k}={v}" for k, v in changed.items()) + "**"
         setup_rows.append([f"{column}: `{task}`{note}", LRA_LENGTHS[task], options or "defaults",
                            f"{s['steps']} x {s['batch_size']}" + (f", lr {s['lr']:g}" if s.get("lr", 1e-3) != 1e-3 else ""),
                            _baseline(results, task)[1]])

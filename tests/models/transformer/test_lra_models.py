@@ -84,6 +84,32 @@ def test_dual_encoder_reads_both_documents():
         model(ids, attention_mask=torch.ones(3, 64, dtype=torch.bool), input_ids_2=other)
 
 
+def test_abs_diff_pair_features_are_infersents_and_symmetric_in_the_pair():
+    """``pair_features="abs-diff"``: the head reads [u, v, u*v, |u-v|] (checked against the pooled
+    vectors by hand); the default stays LRA's [u, v, u*v, u-v]. Only the two-tower model takes it,
+    and a saved config without the field (written before it existed) loads as LRA's."""
+    torch.manual_seed(0)
+    lra = LRADualEncoder(small("softmax", n_classes=2)).eval()
+    absdiff = LRADualEncoder(small("softmax", n_classes=2, pair_features="abs-diff")).eval()
+    absdiff.load_state_dict(lra.state_dict())  # the same weights: only the features differ
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randint(0, 20, (4, 64), generator=g), torch.randint(0, 20, (4, 64), generator=g)
+    u, v = lra.encode(a)[0], lra.encode(b)[0]
+    torch.testing.assert_close(lra(a, input_ids_2=b).logits, lra.head(torch.cat([u, v, u * v, u - v], -1)))
+    torch.testing.assert_close(absdiff(a, input_ids_2=b).logits,
+                               absdiff.head(torch.cat([u, v, u * v, (u - v).abs()], -1)))
+    assert not torch.allclose(lra(a, input_ids_2=b).logits, absdiff(a, input_ids_2=b).logits)
+    with pytest.raises(ValueError, match="two-tower"):
+        LRAEncoder(small("softmax", pair_features="abs-diff"))
+    import dataclasses
+
+    old = {k: v for k, v in dataclasses.asdict(lra.config).items() if k != "pair_features"}
+    assert LRADualEncoder.from_config(old).config.pair_features == "lra"
+    for bad in ("ABS-DIFF", "abs_diff", "", None, ["lra"], 1):
+        with pytest.raises(ValueError, match="pair_features must be one of"):
+            small("softmax", pair_features=bad)
+
+
 def test_config_checks_image_size():
     with pytest.raises(ValueError, match="max_len"):
         small("softmax", image_size=(4, 4))

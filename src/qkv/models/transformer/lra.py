@@ -9,6 +9,8 @@ is swapped by name, every other setting kept the same within a task.
 
 For LRA's Retrieval task the same encoder is a **two-tower** model: both documents are encoded
 by the one encoder, and the classifier reads ``[u, v, u * v, u - v]`` (Tay et al. 2020, §2.2.3).
+``pair_features="abs-diff"`` reads ``[u, v, u * v, |u - v|]`` instead (InferSent's features,
+Conneau et al. 2017, §3.2): a departure from LRA, for a label that is symmetric in the pair.
 
 Image inputs (``image_size`` set: the sequence is an ``(H, W)`` image in raster order) keep their
 positions tied to the pixel; for ``local-2d`` the embedded pixels are reordered into the kernel's
@@ -43,7 +45,7 @@ from ..base import ModelOutput, QKVModel
 from ..losses import check_labels, float32_at_least
 from .stack import StackConfig, TransformerStack, check_token_mask, init_normal
 
-__all__ = ["LRAEncoder", "LRAEncoderConfig", "LRADualEncoder", "kernel_knobs"]
+__all__ = ["LRAEncoder", "LRAEncoderConfig", "LRADualEncoder", "PAIR_FEATURES", "kernel_knobs"]
 
 
 def kernel_knobs(name: str, max_len: int, n_heads: int, d_head: int,
@@ -59,6 +61,10 @@ def kernel_knobs(name: str, max_len: int, n_heads: int, d_head: int,
         raise ValueError(f"attention {cls.registry_name!r} needs an image task (image_size=(H, W)); this task is a "
                          "1-D sequence")
     return knobs
+
+
+#: what the two-tower head reads of the pooled vectors u and v: LRA's, or InferSent's |u - v|
+PAIR_FEATURES = {"lra": "[u, v, u*v, u-v]", "abs-diff": "[u, v, u*v, |u-v|]"}
 
 
 @dataclass
@@ -78,9 +84,12 @@ class LRAEncoderConfig(StackConfig):
     residual: str = "pre-ln"  # x + F(LN(x)) and a final LayerNorm (stable from the first steps)
     positional: str = "learned"  # learned positions, on the scale of the token embeddings (N(0, 0.02))
     mlp_dim: int = 128  # hidden width of the classifier MLP
+    pair_features: str = "lra"  # two-tower head: "lra" [u, v, u*v, u-v] (Tay et al.) or "abs-diff" [u, v, u*v, |u-v|]
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not isinstance(self.pair_features, str) or self.pair_features not in PAIR_FEATURES:
+            raise ValueError(f"pair_features must be one of {sorted(PAIR_FEATURES)}, got {self.pair_features!r}")
         _checks.positive_int("vocab_size", self.vocab_size)
         _checks.positive_int("n_classes", self.n_classes)
         _checks.positive_int("mlp_dim", self.mlp_dim)
@@ -114,6 +123,9 @@ class LRAEncoder(QKVModel):
     def __init__(self, config: LRAEncoderConfig) -> None:
         super().__init__(config)
         c = config
+        if self.n_towers == 1 and c.pair_features != "lra":
+            raise ValueError(f"pair_features={c.pair_features!r} is read by the two-tower lra-dual-encoder (Retrieval) "
+                             f"only; {type(self).__name__} reads one document")
         self.stack = TransformerStack(c, vocab_size=c.vocab_size)
         self.head = nn.Sequential(nn.Linear(4 * c.d_model if self.n_towers == 2 else c.d_model, c.mlp_dim), nn.GELU(),
                                   nn.Linear(c.mlp_dim, c.n_classes))
@@ -176,6 +188,8 @@ class LRAEncoder(QKVModel):
 class LRADualEncoder(LRAEncoder):
     """Long Range Arena's two-tower model for Retrieval: one encoder reads both documents, an MLP reads [u, v, u*v, u-v] (Tay et al. 2020).
 
+    ``config.pair_features="abs-diff"`` reads ``[u, v, u*v, |u-v|]`` (InferSent's) instead.
+
     ``forward(input_ids, attention_mask=None, input_ids_2=..., attention_mask_2=None, labels=None,
     need_weights=False)``: both ``(B, L)``; ``weights`` are the first document's.
     """
@@ -198,7 +212,8 @@ class LRADualEncoder(LRAEncoder):
         mask = None if attention_mask is None else torch.cat([attention_mask, attention_mask_2])
         pooled, weights, hidden = self.encode(both, mask, need_weights)
         u, v = pooled[:B], pooled[B:]  # (B, d_model) each
-        features = torch.cat([u, v, u * v, u - v], dim=-1)  # (B, 4 d_model)
+        diff = u - v if self.config.pair_features == "lra" else (u - v).abs()  # abs-diff: the same for (v, u)
+        features = torch.cat([u, v, u * v, diff], dim=-1)  # (B, 4 d_model)
         if weights is not None:
             weights = [w[:B] for w in weights]
         return self._classify(features, labels, weights, hidden[:B])  # hidden: the first document's
