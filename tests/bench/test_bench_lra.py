@@ -141,7 +141,7 @@ def test_pair_features_run_on_retrieval_and_are_refused_elsewhere_before_any_cel
     monkeypatch.setattr(bench_lra, "_train_cells", lambda *a, **k: pytest.fail("trained before refusing"))
     for argv, expected in (
             (["--tasks", "listops", "bbc-match", "--set", "model.pair_features=abs-diff"],
-             "--set model (listops): pair_features='abs-diff' is read by the two-tower lra-dual-encoder"),
+             "--set model (listops): pair_features is a field of the two-tower model's config (task bbc-match) only"),
             (["--tasks", "bbc-match", "--set", "model.pair_features=absdiff"],
              "pair_features must be one of ['abs-diff', 'lra'], got 'absdiff'"),
             (["--tasks", "bbc-match", "--set", "model.max_len=9"], "--set model.max_len: the task"),

@@ -226,44 +226,54 @@ def build_lra_task(name: str, options: Mapping[str, Any]):
 
 #: encoder fields that the task or the kernel decides (``--set model.FIELD`` may not set them)
 _DECIDED = frozenset({"vocab_size", "n_classes", "max_len", "image_size", "attention", "attention_kwargs"})
-#: encoder fields added after cells were first cached: a cell's settings name one only where it is not
-#: at its default, so that cells trained before the field existed (at its default) stay valid
-_NAMED_WHEN_SET = frozenset({"pair_features"})
+
+
+def _config_class(task_name: str) -> type:
+    """The config of the model that runs ``task_name``: the two-tower one for Retrieval."""
+    from ..models.transformer.lra import LRADualEncoderConfig, LRAEncoderConfig
+
+    return LRADualEncoderConfig if task_name == "bbc-match" else LRAEncoderConfig
 
 
 def _model_fields() -> Dict[str, Any]:
-    """The encoder fields ``--set model.FIELD=VALUE`` may set, and their types."""
-    from ..models.transformer.lra import LRAEncoderConfig
+    """The encoder fields ``--set model.FIELD=VALUE`` may set (the two-tower model has them all), and their types."""
     from ..runs.settings import fields_of
 
-    return {k: v for k, v in fields_of(LRAEncoderConfig).items() if k not in _DECIDED}
+    return {k: v for k, v in fields_of(_config_class("bbc-match")).items() if k not in _DECIDED}
 
 
 def _model_defaults() -> Dict[str, Any]:
-    """The encoder's settings that no task decides (sizes, wiring): a cell trained with others is stale."""
+    """The encoder's settings that no task decides (sizes, wiring): a cell trained with others is stale.
+    The two-tower model's own fields (its head's ``pair_features``) are named only where set (below)."""
     from ..models.transformer.lra import LRAEncoderConfig
 
     return {f.name: f.default for f in dataclasses.fields(LRAEncoderConfig)
-            if f.name not in _DECIDED | _NAMED_WHEN_SET and f.default is not dataclasses.MISSING}
+            if f.name not in _DECIDED and f.default is not dataclasses.MISSING}
 
 
 def _model_settings(model: Mapping[str, Any]) -> Dict[str, Any]:
-    """The encoder settings a cell records: the defaults with ``--set model.*`` over them."""
-    from ..models.transformer.lra import LRAEncoderConfig
-
-    defaults = {f.name: f.default for f in dataclasses.fields(LRAEncoderConfig)}
-    return {**_model_defaults(), **{k: v for k, v in model.items() if k not in _NAMED_WHEN_SET or v != defaults[k]}}
+    """The encoder settings a cell records: the defaults with ``--set model.*`` over them. A field
+    the shared encoder lacks is named only away from its default, so that the cells trained before
+    it existed (at its default) keep their settings."""
+    defaults = {f.name: f.default for f in dataclasses.fields(_config_class("bbc-match"))}
+    shared = _model_defaults()
+    return {**shared, **{k: v for k, v in model.items() if k in shared or v != defaults[k]}}
 
 
 def model_for(task_name: str, task: Any, kernel: str, seed: int, model: Optional[Mapping[str, Any]] = None):
     """The encoder of ``task`` with ``kernel`` — every other setting the task's (same for all kernels),
     with ``model``'s fields (``--set model.FIELD=VALUE``) over the defaults."""
-    from ..models.transformer.lra import LRADualEncoder, LRAEncoder, LRAEncoderConfig
+    from ..models.transformer.lra import LRADualEncoder, LRAEncoder
     from ..runs.settings import fields_of, model_hints
     from ..tasks.base import stable_seed
 
-    hints = model_hints(task, fields_of(LRAEncoderConfig))  # the ones it has
-    config = LRAEncoderConfig(attention=kernel, **{**dict(model or {}), **hints})
+    config_class = _config_class(task_name)
+    fields = fields_of(config_class)
+    for name in model or {}:
+        if name not in fields:
+            raise ValueError(f"{name} is a field of the two-tower model's config (task bbc-match) only; "
+                             f"{config_class.__name__} has no {name}")
+    config = config_class(attention=kernel, **{**dict(model or {}), **model_hints(task, fields)})
     torch.manual_seed(stable_seed("lra", task_name, seed))  # one initialisation per (task, seed), whatever the kernel
     return (LRADualEncoder if task_name == "bbc-match" else LRAEncoder)(config)
 

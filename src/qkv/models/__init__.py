@@ -36,7 +36,7 @@ from .transformer.universal_transformer import (UniversalTransformer, UniversalT
 from .transformer.image_transformer import ImageTransformer, ImageTransformerConfig
 from .transformer.sparse_transformer import SparseTransformer, SparseTransformerConfig
 from .transformer.reformer import Reformer, ReformerConfig
-from .transformer.lra import LRADualEncoder, LRAEncoder, LRAEncoderConfig
+from .transformer.lra import LRADualEncoder, LRADualEncoderConfig, LRAEncoder, LRAEncoderConfig
 
 __all__ = [
     "ModelOutput", "QKVModel", "load_pretrained", "StackConfig", "TransformerStack",
@@ -54,5 +54,5 @@ __all__ = [
     "Linformer", "LinformerConfig", "LinearTransformer", "LinearTransformerConfig", "Performer", "PerformerConfig",
     "PerformerEncoder", "PerformerEncoderConfig", "QuaternionTransformer", "QuaternionTransformerConfig",
     "QuaternionEncoder", "QuaternionEncoderConfig",
-    "Reformer", "ReformerConfig", "LRAEncoder", "LRAEncoderConfig", "LRADualEncoder",
+    "Reformer", "ReformerConfig", "LRAEncoder", "LRAEncoderConfig", "LRADualEncoder", "LRADualEncoderConfig",
 ]

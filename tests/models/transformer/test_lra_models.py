@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from qkv import masks
-from qkv.models.transformer.lra import LRADualEncoder, LRAEncoder, LRAEncoderConfig, kernel_knobs
+from qkv.models.transformer.lra import LRADualEncoder, LRADualEncoderConfig, LRAEncoder, LRAEncoderConfig, kernel_knobs
 
 ONE_D = ["softmax", "local-1d", "window", "strided", "fixed", "linformer", "linear", "performer", "efficient",
          "adaptive-span"]
@@ -17,6 +17,10 @@ def small(attention: str, **kw) -> LRAEncoderConfig:
                 mlp_dim=16, dropout=0.0)
     base.update(kw)
     return LRAEncoderConfig(**base)
+
+
+def dual(attention: str, **kw) -> LRADualEncoderConfig:
+    return LRADualEncoderConfig(**{**small(attention).__dict__, "attention_kwargs": {}, **kw})
 
 
 @pytest.mark.parametrize("attention", ONE_D)
@@ -90,7 +94,7 @@ def test_abs_diff_pair_features_are_infersents_and_symmetric_in_the_pair():
     and a saved config without the field (written before it existed) loads as LRA's."""
     torch.manual_seed(0)
     lra = LRADualEncoder(small("softmax", n_classes=2)).eval()
-    absdiff = LRADualEncoder(small("softmax", n_classes=2, pair_features="abs-diff")).eval()
+    absdiff = LRADualEncoder(dual("softmax", n_classes=2, pair_features="abs-diff")).eval()
     absdiff.load_state_dict(lra.state_dict())  # the same weights: only the features differ
     g = torch.Generator().manual_seed(3)
     a, b = torch.randint(0, 20, (4, 64), generator=g), torch.randint(0, 20, (4, 64), generator=g)
@@ -99,15 +103,16 @@ def test_abs_diff_pair_features_are_infersents_and_symmetric_in_the_pair():
     torch.testing.assert_close(absdiff(a, input_ids_2=b).logits,
                                absdiff.head(torch.cat([u, v, u * v, (u - v).abs()], -1)))
     assert not torch.allclose(lra(a, input_ids_2=b).logits, absdiff(a, input_ids_2=b).logits)
-    with pytest.raises(ValueError, match="two-tower"):
-        LRAEncoder(small("softmax", pair_features="abs-diff"))
+    assert isinstance(lra.config, LRADualEncoderConfig) and lra.config.pair_features == "lra"  # from an encoder's config
+    with pytest.raises(TypeError, match="pair_features"):  # the one-document encoder has no such field
+        small("softmax", pair_features="abs-diff")
     import dataclasses
 
     old = {k: v for k, v in dataclasses.asdict(lra.config).items() if k != "pair_features"}
     assert LRADualEncoder.from_config(old).config.pair_features == "lra"
     for bad in ("ABS-DIFF", "abs_diff", "", None, ["lra"], 1):
         with pytest.raises(ValueError, match="pair_features must be one of"):
-            small("softmax", pair_features=bad)
+            dual("softmax", pair_features=bad)
 
 
 def test_config_checks_image_size():

@@ -9,7 +9,7 @@ is swapped by name, every other setting kept the same within a task.
 
 For LRA's Retrieval task the same encoder is a **two-tower** model: both documents are encoded
 by the one encoder, and the classifier reads ``[u, v, u * v, u - v]`` (Tay et al. 2020, §2.2.3).
-``pair_features="abs-diff"`` reads ``[u, v, u * v, |u - v|]`` instead (InferSent's features,
+``LRADualEncoderConfig(pair_features="abs-diff")`` reads ``[u, v, u * v, |u - v|]`` instead (InferSent's features,
 Conneau et al. 2017, §3.2): a departure from LRA, for a label that is symmetric in the pair.
 
 Image inputs (``image_size`` set: the sequence is an ``(H, W)`` image in raster order) keep their
@@ -31,6 +31,7 @@ task's loss alone (no span penalty) and clamped to ``[0, S]`` each update.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
@@ -45,7 +46,7 @@ from ..base import ModelOutput, QKVModel
 from ..losses import check_labels, float32_at_least
 from .stack import StackConfig, TransformerStack, check_token_mask, init_normal
 
-__all__ = ["LRAEncoder", "LRAEncoderConfig", "LRADualEncoder", "PAIR_FEATURES", "kernel_knobs"]
+__all__ = ["LRAEncoder", "LRAEncoderConfig", "LRADualEncoder", "LRADualEncoderConfig", "PAIR_FEATURES", "kernel_knobs"]
 
 
 def kernel_knobs(name: str, max_len: int, n_heads: int, d_head: int,
@@ -84,12 +85,9 @@ class LRAEncoderConfig(StackConfig):
     residual: str = "pre-ln"  # x + F(LN(x)) and a final LayerNorm (stable from the first steps)
     positional: str = "learned"  # learned positions, on the scale of the token embeddings (N(0, 0.02))
     mlp_dim: int = 128  # hidden width of the classifier MLP
-    pair_features: str = "lra"  # two-tower head: "lra" [u, v, u*v, u-v] (Tay et al.) or "abs-diff" [u, v, u*v, |u-v|]
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.pair_features, str) or self.pair_features not in PAIR_FEATURES:
-            raise ValueError(f"pair_features must be one of {sorted(PAIR_FEATURES)}, got {self.pair_features!r}")
         _checks.positive_int("vocab_size", self.vocab_size)
         _checks.positive_int("n_classes", self.n_classes)
         _checks.positive_int("mlp_dim", self.mlp_dim)
@@ -102,6 +100,18 @@ class LRAEncoderConfig(StackConfig):
                                  f"max_len is {self.max_len}; they must agree")
         knobs = kernel_knobs(self.attention, self.max_len, self.n_heads, self.d_model // self.n_heads, self.image_size)
         self.attention_kwargs = self.attention_kwargs or knobs
+
+
+@dataclass
+class LRADualEncoderConfig(LRAEncoderConfig):
+    """The two-tower model's config: the encoder's, and what its head reads of the pair."""
+
+    pair_features: str = "lra"  # "lra": [u, v, u*v, u-v] (Tay et al.); "abs-diff": [u, v, u*v, |u-v|] (InferSent)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.pair_features, str) or self.pair_features not in PAIR_FEATURES:
+            raise ValueError(f"pair_features must be one of {sorted(PAIR_FEATURES)}, got {self.pair_features!r}")
 
 
 @register("model", "lra-encoder")
@@ -123,9 +133,6 @@ class LRAEncoder(QKVModel):
     def __init__(self, config: LRAEncoderConfig) -> None:
         super().__init__(config)
         c = config
-        if self.n_towers == 1 and c.pair_features != "lra":
-            raise ValueError(f"pair_features={c.pair_features!r} is read by the two-tower lra-dual-encoder (Retrieval) "
-                             f"only; {type(self).__name__} reads one document")
         self.stack = TransformerStack(c, vocab_size=c.vocab_size)
         self.head = nn.Sequential(nn.Linear(4 * c.d_model if self.n_towers == 2 else c.d_model, c.mlp_dim), nn.GELU(),
                                   nn.Linear(c.mlp_dim, c.n_classes))
@@ -194,8 +201,14 @@ class LRADualEncoder(LRAEncoder):
     need_weights=False)``: both ``(B, L)``; ``weights`` are the first document's.
     """
 
+    config_class = LRADualEncoderConfig
     suggested_tasks = ("bbc-match",)
     n_towers = 2
+
+    def __init__(self, config: LRAEncoderConfig) -> None:
+        if type(config) is LRAEncoderConfig:  # an encoder's config: LRA's head
+            config = LRADualEncoderConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+        super().__init__(config)
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, input_ids_2: Optional[Tensor] = None,
                 attention_mask_2: Optional[Tensor] = None, labels: Optional[Tensor] = None,
