@@ -14,7 +14,7 @@
 # Pathfinder at LRA's 32 x 32 (14 dashes) is not here: drawing its images costs 23 ms each on one
 # CPU core, 0.75 s per batch of 32, more than a whole update on the GPU.
 # PLAN=pairs runs the second lease's sixteen cells instead (Retrieval with InferSent's |u-v| head):
-# 4. Retrieval (bbc-match, 2 x 512 bytes), `--set model.pair_features=abs-diff`, RT_STEPS updates of 32:
+# 4. Retrieval (bbc-match, 2 x 512 bytes), `--set model.pair_features=abs-diff`, 4,000 updates of 32:
 #    softmax seeds 0-4, linear and performer seeds 0-2; softmax seeds 1 2 with LRA's head, the same budget;
 # 5. Pathfinder 16 x 16 as in 1., softmax seeds 3 4 5.
 # Overrides for a smoke run on the CPU: DEVICE=cpu PF_STEPS=20 LO_STEPS=5 RT_STEPS=5.
@@ -24,7 +24,7 @@ DEADLINE=${2:-480}
 DEVICE=${DEVICE:-cuda}
 PF_STEPS=${PF_STEPS:-12000}
 LO_STEPS=${LO_STEPS:-5000}
-RT_STEPS=${RT_STEPS:-8000}
+RT_STEPS=${RT_STEPS:-$([ "${PLAN:-budgets}" = pairs ] && echo 4000 || echo 8000)}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 : > "$OUT/done.txt"
