@@ -127,6 +127,16 @@ def test_model_fields_reach_the_cells_and_the_page_and_old_cells_stay_valid(tmp_
                             bench_lra._cell_settings(default, cpu)["model"]}
     setup = "\n".join(bench_lra._setup_sections(results))
     assert setup.count("**encoder: ") == 1 and "**encoder: mlp_dim=32, pair_features=abs-diff**" in setup
+    # the page's description of the two-tower head follows what its Retrieval cells read
+    for heads, expected in ((["lra"], "reading `[u, v, u*v, u-v]` for Retrieval"),
+                            (["abs-diff"], "reading `[u, v, u*v, |u-v|]` (`pair_features=abs-diff`, not LRA's head) for"),
+                            (["lra", "abs-diff"], "reading `[u, v, u*v, u-v]` or `[u, v, u*v, |u-v|]`")):
+        pairs = _fake({("bbc-match", f"k{i}"): 0.6 for i in range(len(heads))}, majority=0.5)
+        for cell, head in zip(pairs["cells"].values(), heads):
+            cell["settings"] = {"task_options": {}, "steps": 100, "batch_size": 32, "lr": 1e-3,
+                                "model": {**bench_lra._model_defaults(),
+                                          **({} if head == "lra" else {"pair_features": head})}}
+        assert expected in "\n".join(bench_lra._setup_sections(pairs)), heads
 
 
 @pytest.mark.skipif(not is_bbc_cached(), reason="needs `qkv data fetch bbc`")

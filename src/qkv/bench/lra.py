@@ -790,10 +790,16 @@ def _setup_sections(results: Mapping[str, Any]) -> List[str]:
         setup_rows.append([f"{column}: `{task}`{note}", LRA_LENGTHS[task], options or "defaults",
                            f"{s['steps']} x {s['batch_size']}" + (f", lr {s['lr']:g}" if s.get("lr", 1e-3) != 1e-3 else ""),
                            _baseline(results, task)[1]])
+    from ..models.transformer.lra import PAIR_FEATURES
+
+    heads = sorted({c["settings"].get("model", {}).get("pair_features", "lra") for c in cells.values()
+                    if c["task"] == "bbc-match"}, key=lambda h: (h != "lra", h)) or ["lra"]  # LRA's first
+    reads = " or ".join(f"`{PAIR_FEATURES[h]}`" + ("" if h == "lra" else f" (`pair_features={h}`, not LRA's head)")
+                        for h in heads)
     sections.append(
         "Long Range Arena (Tay et al. 2020, arXiv:2011.04006) at small scale, produced by `qkv bench lra` "
         "(`qkv.bench.lra`). One encoder-classifier (`lra-encoder`; the two-tower `lra-dual-encoder` reading "
-        "`[u, v, u*v, u-v]` for Retrieval) with the attention kernel swapped by name and every other setting the "
+        f"{reads} for Retrieval) with the attention kernel swapped by name and every other setting the "
         "same within a task: 2 pre-LN layers, width 64, 2 heads, feed-forward 128, learned positions, mean "
         "pooling, an MLP head of 128 (LRA: 4-6 layers, width 256-512); AdamW, linear warm-up then cosine decay, "
         "one initialisation per (task, seed) for every kernel. Kernel knobs follow the length "
