@@ -139,3 +139,14 @@ def test_softmax_encoder_learns_shallow_listops():
         optimizer.zero_grad()
     accuracy = task.evaluate(model)["accuracy"]
     assert accuracy > majority + 0.06, (accuracy, majority)
+
+
+def test_abs_diff_head_survives_save_and_reload(tmp_path):
+    """A saved two-tower model with |u-v| reloads with |u-v| (not LRA's default), the same logits."""
+    torch.manual_seed(0)
+    model = LRADualEncoder(dual("softmax", n_classes=2, pair_features="abs-diff")).eval()
+    model.save_pretrained(tmp_path / "m")
+    again = LRADualEncoder.from_pretrained(tmp_path / "m").eval()
+    assert again.config.pair_features == "abs-diff"
+    a, b = torch.randint(0, 20, (3, 64)), torch.randint(0, 20, (3, 64))
+    torch.testing.assert_close(again(a, input_ids_2=b).logits, model(a, input_ids_2=b).logits, rtol=0, atol=0)
