@@ -228,18 +228,18 @@ def build_lra_task(name: str, options: Mapping[str, Any]):
 _DECIDED = frozenset({"vocab_size", "n_classes", "max_len", "image_size", "attention", "attention_kwargs"})
 
 
-def _config_class(task_name: str) -> type:
-    """The config of the model that runs ``task_name``: the two-tower one for Retrieval."""
-    from ..models.transformer.lra import LRADualEncoderConfig, LRAEncoderConfig
+def _model_class(task_name: str) -> type:
+    """The model that runs ``task_name``: the two-tower one for Retrieval."""
+    from ..models.transformer.lra import LRADualEncoder, LRAEncoder
 
-    return LRADualEncoderConfig if task_name == "bbc-match" else LRAEncoderConfig
+    return LRADualEncoder if task_name == "bbc-match" else LRAEncoder
 
 
 def _model_fields() -> Dict[str, Any]:
     """The encoder fields ``--set model.FIELD=VALUE`` may set (the two-tower model has them all), and their types."""
     from ..runs.settings import fields_of
 
-    return {k: v for k, v in fields_of(_config_class("bbc-match")).items() if k not in _DECIDED}
+    return {k: v for k, v in fields_of(_model_class("bbc-match").config_class).items() if k not in _DECIDED}
 
 
 def _model_defaults() -> Dict[str, Any]:
@@ -255,7 +255,7 @@ def _model_settings(model: Mapping[str, Any]) -> Dict[str, Any]:
     """The encoder settings a cell records: the defaults with ``--set model.*`` over them. A field
     the shared encoder lacks is named only away from its default, so that the cells trained before
     it existed (at its default) keep their settings."""
-    defaults = {f.name: f.default for f in dataclasses.fields(_config_class("bbc-match"))}
+    defaults = {f.name: f.default for f in dataclasses.fields(_model_class("bbc-match").config_class)}
     shared = _model_defaults()
     return {**shared, **{k: v for k, v in model.items() if k in shared or v != defaults[k]}}
 
@@ -263,11 +263,11 @@ def _model_settings(model: Mapping[str, Any]) -> Dict[str, Any]:
 def model_for(task_name: str, task: Any, kernel: str, seed: int, model: Optional[Mapping[str, Any]] = None):
     """The encoder of ``task`` with ``kernel`` — every other setting the task's (same for all kernels),
     with ``model``'s fields (``--set model.FIELD=VALUE``) over the defaults."""
-    from ..models.transformer.lra import LRADualEncoder, LRAEncoder
     from ..runs.settings import fields_of, model_hints
     from ..tasks.base import stable_seed
 
-    config_class = _config_class(task_name)
+    model_class = _model_class(task_name)
+    config_class = model_class.config_class
     fields = fields_of(config_class)
     for name in model or {}:
         if name not in fields:
@@ -275,7 +275,7 @@ def model_for(task_name: str, task: Any, kernel: str, seed: int, model: Optional
                              f"{config_class.__name__} has no {name}")
     config = config_class(attention=kernel, **{**dict(model or {}), **model_hints(task, fields)})
     torch.manual_seed(stable_seed("lra", task_name, seed))  # one initialisation per (task, seed), whatever the kernel
-    return (LRADualEncoder if task_name == "bbc-match" else LRAEncoder)(config)
+    return model_class(config)
 
 
 # ============================================================================================ results
