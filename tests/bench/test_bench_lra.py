@@ -338,3 +338,55 @@ def bench_lra_args(argv):
     bench_lra.add_arguments(parser)
     return parser.parse_args(argv)
 
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("model.n_layers=0", "n_layers must be > 0, got 0"),
+    ("model.dropout=2", "dropout must be in [0, 1), got 2.0"),
+    ("model.pair_features=", "pair_features must be one of ['abs-diff', 'lra'], got ''"),
+    ("model.pair_features=abs-diff,lra", "got 'abs-diff,lra'"),
+    ("model.=x", "or model.FIELD=VALUE, got 'model.=x'"),
+    ("model.n_layers=abc", "--set model option n_layers must be an int, got 'abc'"),
+    ("model.mlp_dim=-3", "mlp_dim must be > 0, got -3"),
+    ("model.positional=nope", "unknown positional 'nope'"),
+])
+@pytest.mark.skipif(not is_bbc_cached(), reason="needs `qkv data fetch bbc`")
+def test_hostile_model_fields_are_one_line_refusals(tmp_path, capsys, monkeypatch, value, expected):
+    monkeypatch.setattr(bench_lra, "_train_cells", lambda *a, **k: pytest.fail("trained before refusing"))
+    with pytest.raises(SystemExit):
+        main(["lra", "--quick", "--no-speed", "--tasks", "bbc-match", "--set", value, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists() or not (tmp_path / "o" / "lra-results.json").exists()
+
+
+@pytest.mark.skipif(not is_bbc_cached(), reason="needs `qkv data fetch bbc`")
+def test_kill_9_while_cells_with_model_fields_are_saved_leaves_whole_results(tmp_path):
+    """``kill -9`` at random moments of a run with ``--set model.pair_features=abs-diff`` over a
+    results file of LRA's head: the file is always whole JSON, each cell whole, with the settings
+    of one head or the other, and a run let finish holds only the new head's cells."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    base = [sys.executable, "-m", "qkv", "bench", "lra", "--quick", "--threads", "1", "--no-speed", "--tasks",
+            "bbc-match", "--models", "softmax", "linear", "--seeds", "0", "1", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run(base, check=True, env=env, capture_output=True)  # LRA's head: the old state
+    rng = random.Random(0)
+    for _ in range(3):
+        proc = subprocess.Popen(base + ["--set", "model.pair_features=abs-diff"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(4 + rng.random() * 4)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        for key, cell in _cells(out).items():  # json.loads fails on a torn file
+            assert {"test_accuracy", "settings", "seconds"} <= set(cell), key
+            assert cell["settings"]["model"].get("pair_features", "lra") in ("lra", "abs-diff")
+    subprocess.run(base + ["--set", "model.pair_features=abs-diff"], check=True, env=env, capture_output=True)
+    cells = _cells(out)
+    assert len(cells) == 4 and all(c["settings"]["model"]["pair_features"] == "abs-diff" for c in cells.values())

@@ -150,3 +150,19 @@ def test_abs_diff_head_survives_save_and_reload(tmp_path):
     assert again.config.pair_features == "abs-diff"
     a, b = torch.randint(0, 20, (3, 64)), torch.randint(0, 20, (3, 64))
     torch.testing.assert_close(again(a, input_ids_2=b).logits, model(a, input_ids_2=b).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("pair_features", ["lra", "abs-diff"])
+def test_a_padded_pair_scores_as_the_same_pair_alone(pair_features):
+    """Both towers pool over real tokens only: a pair padded to 64 beside a longer pair gives the
+    logits of the same pair alone, cut to its own length."""
+    torch.manual_seed(0)
+    model = LRADualEncoder(dual("softmax", n_classes=2, pair_features=pair_features)).eval()
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randint(2, 20, (2, 64), generator=g), torch.randint(2, 20, (2, 64), generator=g)
+    lengths = torch.tensor([[37], [64]])
+    mask = torch.arange(64)[None] < lengths
+    a, b = a.masked_fill(~mask, 0), b.masked_fill(~mask, 0)
+    both = model(a, attention_mask=mask, input_ids_2=b, attention_mask_2=mask).logits
+    alone = model(a[:1, :37], input_ids_2=b[:1, :37]).logits
+    torch.testing.assert_close(both[:1], alone, atol=1e-5, rtol=1e-5)
