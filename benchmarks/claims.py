@@ -56,6 +56,7 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import re
 import shlex
 import subprocess
@@ -612,7 +613,14 @@ def record(*, path: Path = CLAIMS, readme: Optional[Path] = README, pending: Pat
     ``measured``: True when this run measured the numbers (stamped now), False when the script
     re-records saved ones (the recorded provenance stays; a new claim's is unknown); None (the
     default): stamped now unless the numbers are the same as the recorded ones — pass True from a
-    rerun of a deterministic or exactly reseeded measurement, which repeats its numbers bit for bit.
+    rerun of a deterministic or exactly reseeded measurement, which repeats its numbers bit for bit
+    (``qkv reproduce ID`` does so for claim ID through the environment variable ``QKV_REPRODUCE``).
+
+    A claim recorded again at the same budget keeps its recorded command (``run``, with the seeds
+    now measured; a script's own command line names a new claim or a new budget) and what no script
+    measures (``STRUCTURE``: its kind, its estimated minutes). One measured with fewer seeds than the
+    recorded entry at the same budget does not replace it: a smaller measurement never overwrites a
+    bigger one (the recorded entry is returned).
 
     A run with fewer than ``MIN_SEEDS`` seeds (a claim that is not ``deterministic``) gets no
     verdict: the claim goes on the pending list instead (``pend``), with its command rerun at
@@ -670,6 +678,8 @@ def _record(path: Path, readme: Optional[Path], pending: Path, ours: List[float]
         kept = [p for p in entries[at]["curve"] if p["budget"] not in {g["budget"] for g in given}]
         fields = {**fields, "curve": sorted(given + kept, key=lambda p: _budget_key(p["budget"]))}
     measured = fields.pop("measured", None)
+    if measured is None and os.environ.get("QKV_REPRODUCE") == fields.get("id"):
+        measured = True  # `qkv reproduce ID` ran this claim's own command: its numbers are measured now
     if "commit" not in fields:
         before = entries[at] if at is not None else None
         same = before is not None and before["ours"] == ours and before["baseline"] == _numbers("baseline", fields["baseline"])
