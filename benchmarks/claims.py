@@ -504,7 +504,7 @@ def machine() -> str:
     import torch
     from qkv.bench.common import describe_machine
     info = describe_machine(torch.device("cpu"))
-    return f"{info['cpu']}, {info['cores']} cores, torch {info['torch']}, {info['platform']}"
+    return f"{info['cpu']}, {info['cores']} cores, torch {info['torch']}"
 
 
 def stale(entry: Mapping[str, Any], root: Path = ROOT) -> Optional[str]:
