@@ -6,6 +6,11 @@ Every entry is one claim of one paper, measured over at least ``MIN_SEEDS`` seed
     {"id", "model", "paper", "claim", "command", "better", "seeds", "ours", "baseline",
      "margin", "verdict", "why", "budget", "commit", "date"}
 
+and, beside them: ``run``, the command as data (``{"script": "benchmarks/NAME.py", "args": [...]}``,
+which ``command`` renders; ``benchmarks/reproduce.py``, ``qkv reproduce ID``, runs it), ``machine``,
+``kind`` (``KINDS``: a reproduction, or an implementation check with its ``kind_reason``) and
+``minutes`` (the estimated wall-clock minutes of the command).
+
 ``ours`` holds one value per seed of the measurement the paper predicts to win, ``baseline``
 one value per seed (or a single value for a fixed baseline, such as an exact optimum). The
 verdict is computed here and only here (``verdict``), by a one-sided Welch t-test at ``ALPHA``:

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLAIMS_IN = Path("docs") / "reproductions" / "claims.json"  # where a repository keeps its claims
 SCRATCH = ("benchmarks", "docs/reproductions")  # what a scratch run copies (src is linked)
 
-__all__ = ["Plan", "find", "listing", "plan", "describe", "run", "compare", "ROOT"]
+__all__ = ["Plan", "load", "find", "listing", "plan", "describe", "run", "compare", "ROOT", "CLAIMS_IN"]
 
 
 def load(root: Path = ROOT) -> List[Dict[str, Any]]:
