@@ -136,12 +136,15 @@ def _siblings(entry: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) ->
 def describe(p: Plan, root: Path = ROOT) -> List[str]:
     """``--dry-run``: what would run, where it would write, and how long it took when recorded."""
     others = _siblings(p.entry, load(root))
+    dirty = claims.provenance(claims.depends(p.entry, root), root)["dirty"] if p.in_place else []
     return [f"claim {p.entry['id']} ({_paper(p.entry)}; {p.entry.get('kind', claims.KINDS[0])}): {p.reason}",
             f"  run in {root if p.in_place else 'a scratch copy of ' + ', '.join(SCRATCH)}: {p.command}",
             f"  budget: {p.entry['budget']}",
             f"  recorded: {_verdict_line(p.entry)}",
             f"  estimated minutes: {_minutes(p.entry)}"
-            + (f"; the same command measures {', '.join(others)} too" if others else "")]
+            + (f"; the same command measures {', '.join(others)} too" if others else "")] \
+        + ([f"  uncommitted changes to {', '.join(dirty)}: the new entry will be stale until rerun on committed "
+            "code"] if dirty else [])
 
 
 def _verdict_line(e: Mapping[str, Any]) -> str:
@@ -181,7 +184,7 @@ def run(p: Plan, root: Path = ROOT, python: str = sys.executable) -> int:
     """Rerun plan ``p``; print the new verdict beside the recorded one. Returns the script's exit
     status, or 1 when it wrote no new entry for the claim."""
     cid = p.entry["id"]
-    for line in describe(p, root)[:2]:
+    for line in describe(p, root):
         print(line, flush=True)
     with tempfile.TemporaryDirectory(prefix=f"qkv-reproduce-{cid}-") as tmp:
         where = Path(root) if p.in_place else _scratch(Path(root), Path(tmp), cid)

@@ -233,3 +233,15 @@ def test_reproduce_has_its_help_with_an_example(capsys):
         cli.main(["reproduce", "--help"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0 and "usage: qkv reproduce" in out and "Example: qkv reproduce" in " ".join(out.split())
+
+
+def test_dry_run_warns_of_uncommitted_changes_under_the_claim(checkout, capsys):
+    helper = checkout / "benchmarks" / "approximation.py"  # what the errors claims depend on (DEPENDS)
+    text = helper.read_text()
+    helper.write_text(text + "\nX = 1\n")
+    try:
+        p = reproduce.plan(reproduce.find(reproduce.load(checkout), CHEAP))
+        assert "uncommitted changes to benchmarks/approximation.py" in "\n".join(reproduce.describe(p, checkout))
+    finally:
+        helper.write_text(text)
+    assert not any("uncommitted" in line for line in reproduce.describe(p, checkout))
