@@ -2,7 +2,6 @@
 recorded; one claim rerun end to end in a copy of the repository; --list, --dry-run and a bad id;
 a smaller measurement never replaces a bigger one; claims of kind implementation-check."""
 
-import json
 import re
 import shutil
 import subprocess
