@@ -99,6 +99,18 @@ class GGUFTokenizer:
             config["chat_template"] = self.chat_template
         return config
 
+    def save(self, folder: PathLike) -> Path:
+        """Write ``tokenizer.json`` and ``tokenizer_config.json`` into ``folder`` (which must exist):
+        what ``transformers.AutoTokenizer.from_pretrained(folder)`` reads. Returns ``folder``."""
+        folder = Path(folder)
+        self.backend.save(str(folder / "tokenizer.json"))
+        (folder / "tokenizer_config.json").write_text(_json(self.config()), encoding="utf-8")
+        return folder
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
 
 # --------------------------------------------------------------------------- the rotary row order
 
@@ -432,16 +444,11 @@ def convert_gguf(gguf_path: PathLike, out_dir: PathLike) -> Path:
 
     config, state_dict, tokenizer = read_gguf(gguf_path)
     generation = {key: config[key] for key in ("bos_token_id", "eos_token_id", "pad_token_id") if key in config}
-
-    def dump(value: Any) -> str:
-        return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-
     with atomic_folder(out_dir, _is_conversion) as tmp:
-        (tmp / "config.json").write_text(dump({**config, "torch_dtype": "float32"}), encoding="utf-8")
+        (tmp / "config.json").write_text(_json({**config, "torch_dtype": "float32"}), encoding="utf-8")
         save_file(state_dict, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        tokenizer.backend.save(str(tmp / "tokenizer.json"))
-        (tmp / "tokenizer_config.json").write_text(dump(tokenizer.config()), encoding="utf-8")
-        (tmp / "generation_config.json").write_text(dump(generation), encoding="utf-8")
+        tokenizer.save(tmp)
+        (tmp / "generation_config.json").write_text(_json(generation), encoding="utf-8")
     return Path(out_dir)
 
 
