@@ -152,6 +152,9 @@ def test_unpermute_is_the_inverse_of_llama_cpps_permutation():
     back = qgguf.unpermute_rotary_rows(torch.from_numpy(llama_cpp_permute(w, 3)), 3)
     assert torch.equal(back, torch.from_numpy(w))
     assert not np.array_equal(llama_cpp_permute(w, 3), w)  # the permutation moves rows
+    for bad, heads in ((torch.zeros(24), 3), (torch.zeros(24, 5), 5), (torch.zeros(18, 5), 6), (torch.zeros(24, 5), 0)):
+        with pytest.raises(ValueError, match="weight must be 2-D|n_heads must split"):
+            qgguf.unpermute_rotary_rows(bad, heads)
 
 
 def test_unpermuted_rows_give_transformers_rotary_the_scores_llama_cpp_computes():
@@ -334,6 +337,12 @@ def test_unknown_and_integer_tensor_types(tmp_path):
 def test_tokenizers_qkv_does_not_read(tmp_path):
     refused(write_tiny_gguf(tmp_path / "l.gguf", tokenizer_model="llama"), "tokenizer.ggml.model is 'llama'")
     refused(write_tiny_gguf(tmp_path / "p.gguf", pre="qwen2"), "tokenizer.ggml.pre is 'qwen2'")
+
+
+def test_without_the_gguf_package_says_what_to_install(tiny, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "gguf", None)  # `import gguf` fails as where it is absent
+    with pytest.raises(UserError, match=r"needs the `gguf` package: pip install 'qkv\[hf\]'"):
+        qgguf.read_gguf(tiny)
 
 
 def test_convert_refuses_before_writing_and_keeps_other_folders(tiny, tmp_path):

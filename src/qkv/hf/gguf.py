@@ -119,7 +119,11 @@ def unpermute_rotary_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     """``W_q`` or ``W_k`` ``(n_heads·E, d_in)`` from llama.cpp's row order (pairs ``(2i, 2i+1)``
     rotated together) to transformers' (halves ``(i, i + E/2)``): row ``h·E + p·E/2 + i`` of the
     result is row ``h·E + 2i + p`` of ``weight``."""
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D (n_heads * d_head, d_in), got shape {tuple(weight.shape)}")
     rows, d_in = weight.shape
+    if n_heads <= 0 or rows % n_heads or (rows // n_heads) % 2:
+        raise ValueError(f"n_heads must split the {rows} rows of weight into heads of an even width, got {n_heads}")
     d_head = rows // n_heads
     w = weight.reshape(n_heads, d_head // 2, 2, d_in)  # (H, i, p, d_in): GGUF row 2i + p
     return w.transpose(1, 2).reshape(rows, d_in)       # (H, p, i, d_in): transformers' row p·E/2 + i
