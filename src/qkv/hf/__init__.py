@@ -4,7 +4,8 @@
   (``QKVModel.from_pretrained(dir)``, ``save_pretrained(dir, format="huggingface")``);
 - ``attention``: qkv's kernels inside any transformers model, as ``attn_implementation="qkv-<kernel>"``;
 - ``pretrained``: a run started from a pretrained checkpoint (``qkv train ... --init DIR``);
-- ``export``: a finished run as a folder transformers' pipelines load (``qkv export``).
+- ``export``: a finished run as a folder transformers' pipelines load (``qkv export``);
+- ``gguf``: llama.cpp's GGUF files read as transformers Llama checkpoints (``qkv data fetch smollm2``).
 
 It sits on the top floor with the other faces (``runs``, ``cli``): ``export`` reads runs, and
 ``checkpoints`` builds qkv's models; ``QKVModel.from_pretrained`` finds the checkpoint format in
@@ -15,3 +16,4 @@ tokenizers are imported when used). The old paths ``qkv.integrations.huggingface
 """
 
 from . import checkpoints  # noqa: F401  (registers the "huggingface" checkpoint format)
+from . import gguf  # noqa: F401  (registers the conversion `qkv data fetch smollm2` ends with)
