@@ -355,3 +355,80 @@ def test_multihead_computes_the_gates_from_the_tokens(name):
 def test_multihead_of_retention_has_no_gates():
     assert qkv.MultiHeadAttention(8, 2, "retention", causal=True).gates is None
     assert qkv.MultiHeadAttention(8, 2, "softmax").gates is None
+
+
+# ------------------------------------------------------------------ fla's signatures (qkv.functional)
+
+
+def fla_inputs(B=2, T=9, H=2, Hv=4, K=3, V=2, seed=0):
+    q, k, v = rand(B, T, H, K, seed=seed), rand(B, T, H, K, seed=seed + 1), rand(B, T, Hv, V, seed=seed + 2)
+    g = -torch.rand(B, T, Hv, generator=torch.Generator().manual_seed(seed + 3), dtype=F64)
+    beta = torch.rand(B, T, Hv, generator=torch.Generator().manual_seed(seed + 4), dtype=F64)
+    return q, k, v, g, beta
+
+
+def fla_literal(q, k, v, g, beta, scale, S0=None, l2=False):
+    """fla's layout (B, T, H, K), state (B, Hv, K, V), value heads sharing query/key heads, into the literal."""
+    rep = v.shape[2] // q.shape[2]
+    q, k = (x.repeat_interleave(rep, dim=2).transpose(1, 2) for x in (q, k))  # (B, Hv, T, K)
+    if l2:
+        q, k = (x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (q, k))
+    o, S = literal(q * scale, k, v.transpose(1, 2), g.transpose(1, 2), beta.transpose(1, 2), True,
+                   None if S0 is None else S0.transpose(-1, -2))
+    return o.transpose(1, 2), S.transpose(-1, -2)
+
+
+@pytest.mark.parametrize("fn", [qkv.functional.chunk_gated_delta_rule, qkv.functional.fused_recurrent_gated_delta_rule])
+def test_fla_signatures_compute_the_gated_delta_rule(fn):
+    q, k, v, g, beta = fla_inputs()
+    S0 = rand(2, 4, 3, 2, seed=9)
+    for l2, scale in ((True, None), (False, 0.7)):
+        kw = {"chunk_size": 4} if fn is qkv.functional.chunk_gated_delta_rule else {}
+        o, S = fn(q, k, v, g, beta, scale=scale, initial_state=S0, output_final_state=True,
+                  use_qk_l2norm_in_kernel=l2, **kw)
+        ref_o, ref_S = fla_literal(q, k, v, g, beta, 3 ** -0.5 if scale is None else scale, S0, l2)
+        torch.testing.assert_close(o, ref_o, rtol=0, atol=1e-12)
+        torch.testing.assert_close(S, ref_S, rtol=0, atol=1e-12)
+    assert fn(q, k, v, g, beta)[1] is None
+    o, _ = fn(q.float(), k.float(), v.float(), g.float(), beta.float())
+    assert o.dtype == torch.float32
+
+
+def test_fla_cu_seqlens_keep_packed_documents_apart():
+    q, k, v, g, beta = fla_inputs(B=1, T=9)
+    cu = torch.tensor([0, 4, 5, 9])
+    packed, _ = qkv.functional.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, chunk_size=3)
+    step, _ = qkv.functional.fused_recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu)
+    alone = torch.cat([qkv.functional.chunk_gated_delta_rule(*(x[:, a:b] for x in (q, k, v, g, beta)))[0]
+                       for a, b in ((0, 4), (4, 5), (5, 9))], dim=1)
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-12)
+    torch.testing.assert_close(step, alone, rtol=0, atol=1e-12)
+
+
+def test_fla_signatures_name_bad_arguments():
+    f = qkv.functional.chunk_gated_delta_rule
+    q, k, v, g, beta = fla_inputs()
+    with pytest.raises(ValueError, match="g .*finite"):
+        f(q, k, v, g.clone().fill_(float("inf")), beta)
+    with pytest.raises(ValueError, match="g .*<= 0"):
+        f(q, k, v, -g + 0.1, beta)
+    with pytest.raises(ValueError, match=r"beta .*\[0, 1\]"):
+        f(q, k, v, g, beta - 0.5)
+    with pytest.raises(ValueError, match=r"g must have shape \(2, 9, 4\)"):
+        f(q, k, v, g[..., :2], beta)
+    with pytest.raises(ValueError, match="multiple of q's and k's heads"):
+        f(q, k, v[:, :, :3], g[..., :3], beta[..., :3])
+    with pytest.raises(ValueError, match="q must have k's shape"):
+        f(q[:, :, :1], k, v, g, beta)
+    with pytest.raises(ValueError, match="v must be"):
+        f(q, k, v[:, :5], g, beta)
+    with pytest.raises(ValueError, match=r"initial_state must have shape \(B, Hv, K, V\)"):
+        f(q, k, v, g, beta, initial_state=rand(2, 4, 2, 3))
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        f(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 9]))  # B = 2
+    with pytest.raises(ValueError, match="cu_seqlens must rise"):
+        f(*(x[:1] for x in (q, k, v, g, beta)), cu_seqlens=torch.tensor([0, 5, 8]))
+    with pytest.raises(ValueError, match="cu_seqlens with initial_state"):
+        f(*(x[:1] for x in (q, k, v, g, beta)), cu_seqlens=torch.tensor([0, 9]), output_final_state=True)
+    with pytest.raises(ValueError, match="q must be 4-D"):
+        f(q[0], k, v, g, beta)

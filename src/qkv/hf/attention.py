@@ -92,6 +92,13 @@ REFUSED: Dict[str, str] = {
     "linformer": "its learned projections E and F of the keys and values are in no pretrained checkpoint",
     "adaptive-span": "its learned spans are in no pretrained checkpoint",
     "relative": "its learned position terms (u, v, W_kR) are in no pretrained checkpoint",
+    "gla": "its gates are computed from the tokens by learned projections that are in no pretrained softmax "
+           "checkpoint (Qwen3-Next's gated delta rule is put in place by register(), qkv.hf.qwen3_next)",
+    "deltanet": "its writing strengths beta are computed from the tokens by learned projections that are in no "
+                "pretrained softmax checkpoint",
+    "gated-deltanet": "its gates are computed from the tokens by learned projections that are in no pretrained "
+                      "softmax checkpoint; Qwen3-Next's own layers get qkv's gated delta rule from register() "
+                      "(qkv.hf.qwen3_next)",
 }
 #: kernels whose similarity has no temperature: transformers' ``scaling`` does not apply
 _UNSCALED = frozenset({"linear", "efficient"})
@@ -154,6 +161,8 @@ def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: 
     kernels that cannot serve under their ``qkv-<kernel>`` names, as functions that raise that reason
     and list the names that exist — a model set to ``attn_implementation="qkv-linformer"`` says why
     at its first call. A kernel with a ``seed`` knob gets :data:`DEFAULT_SEED` unless given one.
+    ``register()`` also puts qkv's gated delta rule in Qwen3-Next's layers (``qkv.hf.qwen3_next.patch``;
+    ``unpatch()`` restores transformers' functions).
     """
     try:
         from transformers import AttentionInterface
@@ -197,6 +206,10 @@ def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: 
         if impl not in _registered:  # a name registered with knobs that fit (local-2d's image_size) stays
             AttentionInterface.register(impl, _refusing_function(impl, why))
             AttentionMaskInterface.register(impl, _refusing_function(impl, why))
+    if name is None and kernel is None:
+        from . import qwen3_next
+
+        qwen3_next.patch()  # Qwen3-Next's gated delta rule on qkv's engine (qwen3_next.unpatch() gives it back)
     _explain_unknown_names()
     return dict(wanted)
 
