@@ -25,8 +25,11 @@ other kernels refuse it and say why.
 Which kernels fit a pretrained model: the kernels that map the model's own ``Q``, ``K``, ``V``
 projections to outputs without weights of their own — ``softmax`` (exact: transformers' eager
 attention), ``window``, ``local-1d``, ``strided``, ``fixed`` (softmax restricted to a pattern),
-``performer`` (random features: an unbiased estimate of softmax), ``linear`` and ``efficient``
-(other similarity functions), and ``lsh`` with ``shared_qk=False`` (encoders only). Refused:
+``performer`` (random features: an unbiased estimate of softmax), ``linear``, ``efficient`` and
+``retention`` (other similarity functions; retention's decays are fixed), and ``lsh`` with
+``shared_qk=False`` (encoders only). Refused: ``gla``, ``deltanet``, ``gated-deltanet`` (their gates
+come from learned projections of the tokens; Qwen3-Next's own layers get qkv's gated delta rule
+through ``register()``, see ``qwen3_next``),
 ``linformer`` (its learned projections ``E``, ``F`` are not in any pretrained checkpoint),
 ``adaptive-span`` and ``relative`` (learned spans, learned position terms), ``lsh`` with shared
 queries and keys (a pretrained model has separate key weights), ``local-2d`` without an
