@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["recurrent", "chunkwise", "parallel", "multiscale_log_decay", "l2_normalize", "check_gates",
+__all__ = ["recurrent", "chunkwise", "parallel", "scan", "multiscale_log_decay", "l2_normalize", "check_gates",
            "resets_from_position_ids", "resets_from_cu_seqlens"]
 
 
@@ -217,13 +217,23 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
         U1, Qs = Vb, qc * Gamma
         M = gamma_C.unsqueeze(-2) if channel else gamma_C[..., None, None]  # S_end = S_start Diag(gamma_C) + R
     R = U1.transpose(-1, -2) @ K_end  # (B, H, T, Ev, E): what the chunk writes, at its end
-    starts = []
-    for M_c, R_c in zip(M.unbind(2), R.unbind(2)):  # the scan over chunks (unbind: one stack in backward)
-        starts.append(S)
-        S = (S @ M_c if delta else S * M_c) + R_c
-    S_start = torch.stack(starts, dim=2)  # (B, H, T, Ev, E)
+    S_start, S = scan(S, M, R, matrix=delta)  # (B, H, T, Ev, E): the state before each chunk
     o = A @ U1 + Qs @ S_start.transpose(-1, -2)  # (B, H, T, C, Ev): within the chunk + from the state before
     return o.view(B, H, T * C, Ev)[:, :, :N], S
+
+
+def scan(S: Tensor, M: Tensor, R: Tensor, matrix: bool = False) -> Tuple[Tensor, Tensor]:
+    """The scan over chunks, ``S_{c+1} = S_c M_c + R_c`` (``M_c`` a matrix when ``matrix``, else
+    factors broadcast against ``S``): ``S (B, H, X, Y)``, ``M``, ``R`` stacked over the ``T`` chunks
+    at dim 2. Returns ``(S before each chunk (B, H, T, X, Y), S after the last)``. The one loop of
+    the chunkwise forms (also linear attention's rescaled running sums, ``attention/_ops.py``)."""
+    starts = []
+    for M_c, R_c in zip(M.unbind(2), R.unbind(2)):  # unbind: one stack in backward
+        starts.append(S)
+        S = (S @ M_c if matrix else S * M_c) + R_c
+    if not starts:
+        return R.new_zeros(*S.shape[:2], 0, *S.shape[2:]), S
+    return torch.stack(starts, dim=2), S
 
 
 def parallel(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta: Optional[Tensor] = None, *,
