@@ -22,11 +22,11 @@ Three forms, equal to rounding (tests/attention/test_gated_linear.py):
   same document), the delta rule's written values ``u_t = beta_t (v_t - S_{t-1} Diag(a_t) k_t)``
   solve one unit lower-triangular system, ``(I + L) U = diag(beta) V - diag(beta) (K o Gamma) S0^T``
   with ``L_tj = beta_t (k_t . k_j)_D`` (``j < t``) — the UT transform ``T = (I + L)^{-1}``. Every
-  chunk's ``U' = T diag(beta) V``, ``W = T diag(beta) (K o Gamma)``, the intra-chunk products and
-  the chunk's transition ``S_end = S_start M_c + R_c`` are batched over all chunks at once; only
-  that linear scan over chunks is a loop; the outputs ``O = A U' + (Q o Gamma - A W) S_start^T``
-  (``A_tj = (q_t . k_j)_D``, ``j <= t``) are batched again. Every exponent is ``<= 0`` (``g <= 0``):
-  nothing overflows, whatever the chunk length;
+  chunk's ``U' = T diag(beta) V``, ``W = T diag(beta) (K o Gamma)`` and the intra-chunk products
+  are batched over all chunks at once; only the scan over chunks is a loop —
+  ``U = U' - W S_start^T``, ``S_end = S_start Diag(gamma_C) + U^T (K o Gamma_end)``, two products —
+  and the outputs ``O = A U + (Q o Gamma) S_start^T`` (``A_tj = (q_t . k_j)_D``, ``j <= t``) are
+  batched again. Every exponent is ``<= 0`` (``g <= 0``): nothing overflows, whatever the chunk length;
 - ``parallel``: the chunkwise form with one chunk, which for the additive rule is RetNet's parallel
   form ``O = (Q K^T o D)(beta V) + (Q o Gamma) S0^T`` (Sun et al. 2023, eq. 5).
 
@@ -202,6 +202,7 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
     A = decayed(qc, kc)  # (B, H, T, C, C): A_tj = (q_t . k_j)_D, j <= t
     Vb = vc if bc is None else vc * bc  # diag(beta) V
     K_end = kc * Gamma_end  # (B, H, T, C, E): k_j o exp(b_C - b_j)
+    decay = gamma_C.unsqueeze(-2) if channel else gamma_C[..., None, None]  # S Diag(gamma_C): (B, H, T, 1|1, 1|E)
     if delta:
         # (I + L) [U' W] = diag(beta) [V  K o Gamma],  L_tj = beta_t (k_t . k_j)_D for j < t: the UT transform
         Kb = kc if bc is None else kc * bc
@@ -209,28 +210,32 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
         eye = torch.eye(C, dtype=L.dtype, device=L.device)
         rhs = torch.cat([Vb, Kb * Gamma], dim=-1)  # (B, H, T, C, Ev + E)
         U1, W = torch.linalg.solve_triangular(L + eye, rhs, upper=False, unitriangular=True).split([Ev, E], dim=-1)
-        Qs = qc * Gamma - A @ W  # (B, H, T, C, E): o_t = ... + S_start q'_t
-        # S_end = S_start (Diag(gamma_C) - W^T K_end) + U'^T K_end
-        decay = torch.diag_embed(gamma_C if channel else gamma_C.unsqueeze(-1).expand(B, H, T, E))
-        M = decay - W.transpose(-1, -2) @ K_end  # (B, H, T, E, E)
+        # the scan: the written values U = U' - W S_start^T need the state before the chunk, then
+        # S_end = S_start Diag(gamma_C) + U^T K_end (2 C E Ev per chunk and head)
+        starts, written = [], []
+        for U1_c, W_c, K_c, decay_c in zip(U1.unbind(2), W.unbind(2), K_end.unbind(2), decay.unbind(2)):
+            starts.append(S)
+            U_c = U1_c - W_c @ S.transpose(-1, -2)  # (B, H, C, Ev)
+            written.append(U_c)
+            S = S * decay_c + U_c.transpose(-1, -2) @ K_c
+        S_start, U = torch.stack(starts, dim=2), torch.stack(written, dim=2)  # (B, H, T, Ev, E), (B, H, T, C, Ev)
     else:
-        U1, Qs = Vb, qc * Gamma
-        M = gamma_C.unsqueeze(-2) if channel else gamma_C[..., None, None]  # S_end = S_start Diag(gamma_C) + R
-    R = U1.transpose(-1, -2) @ K_end  # (B, H, T, Ev, E): what the chunk writes, at its end
-    S_start, S = scan(S, M, R, matrix=delta)  # (B, H, T, Ev, E): the state before each chunk
-    o = A @ U1 + Qs @ S_start.transpose(-1, -2)  # (B, H, T, C, Ev): within the chunk + from the state before
+        U = Vb  # what each key writes, known before the scan
+        S_start, S = scan(S, decay, U.transpose(-1, -2) @ K_end)  # S_end = S_start Diag(gamma_C) + V^T K_end
+    o = A @ U + (qc * Gamma) @ S_start.transpose(-1, -2)  # (B, H, T, C, Ev): within the chunk + from the state before
     return o.view(B, H, T * C, Ev)[:, :, :N], S
 
 
-def scan(S: Tensor, M: Tensor, R: Tensor, matrix: bool = False) -> Tuple[Tensor, Tensor]:
-    """The scan over chunks, ``S_{c+1} = S_c M_c + R_c`` (``M_c`` a matrix when ``matrix``, else
-    factors broadcast against ``S``): ``S (B, H, X, Y)``, ``M``, ``R`` stacked over the ``T`` chunks
-    at dim 2. Returns ``(S before each chunk (B, H, T, X, Y), S after the last)``. The one loop of
-    the chunkwise forms (also linear attention's rescaled running sums, ``attention/_ops.py``)."""
+def scan(S: Tensor, M: Tensor, R: Tensor) -> Tuple[Tensor, Tensor]:
+    """The scan over chunks of a diagonal transition, ``S_{c+1} = S_c M_c + R_c`` (``M_c`` factors
+    broadcast against ``S``): ``S (B, H, X, Y)``, ``M``, ``R`` stacked over the ``T`` chunks at dim 2.
+    Returns ``(S before each chunk (B, H, T, X, Y), S after the last)``. The additive rule's scan here
+    and linear attention's rescaled running sums (``attention/_ops.py``); the delta rule's, whose
+    update reads the state, is written in ``chunkwise``."""
     starts = []
     for M_c, R_c in zip(M.unbind(2), R.unbind(2)):  # unbind: one stack in backward
         starts.append(S)
-        S = (S @ M_c if matrix else S * M_c) + R_c
+        S = S * M_c + R_c
     if not starts:
         return R.new_zeros(*S.shape[:2], 0, *S.shape[2:]), S
     return torch.stack(starts, dim=2), S

@@ -100,7 +100,7 @@ class GatedRecurrence(AttentionKernel):
     beta=None, position_ids=None)`` with ``q (B, H, M, E)``, ``k (B, H, N, E)``, ``v (B, H, N, Ev)``;
     ``g``, ``beta`` the gates of the ``N`` keys (shapes in the subclass), ``position_ids (B, N)``
     (a 0 starts a document: causal only). ``return_state=True`` returns ``RecurrentState(S (B, H, Ev, E))``.
-    Cost: ``O(N C (E + Ev) + N E Ev)`` time (``O(N E^2 Ev / C)`` more for the delta rule), ``O(E Ev)`` state.
+    Cost: ``O(N C (E + Ev) + N E Ev)`` time (the delta rule: three ``N E Ev`` products), ``O(E Ev)`` state.
     """
 
     supports_mask = "key_padding"
