@@ -432,3 +432,15 @@ def test_fla_signatures_name_bad_arguments():
         f(*(x[:1] for x in (q, k, v, g, beta)), cu_seqlens=torch.tensor([0, 9]), output_final_state=True)
     with pytest.raises(ValueError, match="q must be 4-D"):
         f(q[0], k, v, g, beta)
+
+
+def test_fla_chunk_gated_delta_rule_gradcheck():
+    q, k, v, g, beta = (x.requires_grad_() for x in fla_inputs(B=1, T=5, H=1, Hv=2, K=3, V=2))
+    S0 = rand(1, 2, 3, 2, seed=9).requires_grad_()
+
+    def f(q, k, v, g, beta, S0):
+        o, S = qkv.functional.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=S0, output_final_state=True,
+                                                     use_qk_l2norm_in_kernel=True, chunk_size=2)
+        return o, S
+
+    assert torch.autograd.gradcheck(f, (q, k, v, g, beta, S0))
