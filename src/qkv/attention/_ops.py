@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import _checks, masks
+from .. import _checks, _chunkwise, masks
 from ..functional import masked_softmax, scaled_scores
 from ..types import AttentionOutput, KVCache, LinearState  # LinearState: still importable from here
 
@@ -637,11 +637,7 @@ def _running_sum(P: Tensor, own: Tensor, step: Optional[Tensor]) -> tuple[Tensor
     if step is None:
         before_P = P.unsqueeze(2) + F.pad(own.cumsum(2)[:, :, :-1], (0, 0, 0, 0, 1, 0))
         return before_P, before_P[:, :, -1] + own[:, :, -1]
-    running = []
-    for own_t, step_t in zip(own.unbind(2), step.unbind(-1)):  # unbind: one stack in backward
-        running.append(P)
-        P = P * step_t[..., None, None] + own_t
-    return torch.stack(running, dim=2), P
+    return _chunkwise.scan(P, step[..., None, None], own)  # P <- P step_t + own_t, chunk by chunk
 
 
 def split_key_mask(mask: Optional[Tensor], state: Optional[LinearState], N: int, cached: int) -> Optional[Tensor]:

@@ -96,6 +96,9 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"attention must be a registry name or an AttentionKernel, got {type(attention).__name__}")
         if self.kernel.shared_qk:
             self.k_proj = None  # shared-QK kernels (Reformer) take the queries as keys: no key projection
+        # per-token gates of a kernel whose state update depends on the token (GLA, DeltaNet): computed
+        # from the key input by the kernel's own projections and passed to each call (None: no gates)
+        self.gates = self.kernel.gate_projections(kdim, n_heads, self.d_head)
         self._joined_in_proj: dict = {}  # number of projections -> (their parameters' key, (weight, bias) views)
         self._pack_in_proj()
 
@@ -261,6 +264,9 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("give either key/value or kv (projected heads), not both")
             if not (isinstance(kv, tuple) and len(kv) == 2):
                 raise TypeError(f"kv must be the (k, v) pair returned by project_kv, got {type(kv).__name__}")
+            if self.gates is not None:
+                raise ValueError(f"attention {self.kernel.registry_name!r} computes its gates from the key input: "
+                                 f"pass key/value, not projected kv")
             k, v = kv
         else:
             qkv = None
@@ -268,14 +274,20 @@ class MultiHeadAttention(nn.Module):
                 qkv = self._in_proj(query, (self.q_proj, self.k_proj, self.v_proj))  # [Q K V] = x [W^Q W^K W^V]
             if qkv is not None:  # self-attention, one product; q, k, v: (B, H, L, E) each
                 out = self.kernel(*map(self._split, qkv), mask=mask, state=state, need_weights=need_weights,
-                                  return_state=return_state)
+                                  return_state=return_state, **self._gates(query))
                 del qkv  # freed before the output projection allocates its result
                 return self._merge(out)
             k, v = self.project_kv(query if key is None else key, value)  # (B, H, N, E) each
         _checks.same("query", query.shape[0], "key", k.shape[0], "the batch size")
         q = self._split(self._project(self.q_proj, query))  # (B, H, M, E)
-        out = self.kernel(q, k, v, mask=mask, state=state, need_weights=need_weights, return_state=return_state)
+        gates = self._gates(query if key is None else key) if kv is None else {}
+        out = self.kernel(q, k, v, mask=mask, state=state, need_weights=need_weights, return_state=return_state,
+                          **gates)
         return self._merge(out)
+
+    def _gates(self, x: Tensor) -> dict:
+        """The kernel's gates of the keys written by ``x (B, N, kdim)`` (``AttentionKernel.gate_projections``); {} without."""
+        return {} if self.gates is None else self.gates(x)
 
     def _merge(self, out: AttentionOutput) -> AttentionOutput:
         """Merge the kernel's heads ``(B, H, M, E)`` and apply the output projection."""

@@ -5,7 +5,8 @@
 - ``attention``: qkv's kernels inside any transformers model, as ``attn_implementation="qkv-<kernel>"``;
 - ``pretrained``: a run started from a pretrained checkpoint (``qkv train ... --init DIR``);
 - ``export``: a finished run as a folder transformers' pipelines load (``qkv export``);
-- ``gguf``: llama.cpp's GGUF files read as transformers Llama checkpoints (``qkv data fetch smollm2``).
+- ``gguf``: llama.cpp's GGUF files read as transformers Llama checkpoints (``qkv data fetch smollm2``);
+- ``qwen3_next``: qkv's gated delta rule in transformers' Qwen3-Next layers (``attention.register()`` patches).
 
 It sits on the top floor with the other faces (``runs``, ``cli``): ``export`` reads runs, and
 ``checkpoints`` builds qkv's models; ``QKVModel.from_pretrained`` finds the checkpoint format in

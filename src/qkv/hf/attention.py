@@ -25,8 +25,11 @@ other kernels refuse it and say why.
 Which kernels fit a pretrained model: the kernels that map the model's own ``Q``, ``K``, ``V``
 projections to outputs without weights of their own — ``softmax`` (exact: transformers' eager
 attention), ``window``, ``local-1d``, ``strided``, ``fixed`` (softmax restricted to a pattern),
-``performer`` (random features: an unbiased estimate of softmax), ``linear`` and ``efficient``
-(other similarity functions), and ``lsh`` with ``shared_qk=False`` (encoders only). Refused:
+``performer`` (random features: an unbiased estimate of softmax), ``linear``, ``efficient`` and
+``retention`` (other similarity functions; retention's decays are fixed), and ``lsh`` with
+``shared_qk=False`` (encoders only). Refused: ``gla``, ``deltanet``, ``gated-deltanet`` (their gates
+come from learned projections of the tokens; Qwen3-Next's own layers get qkv's gated delta rule
+through ``register()``, see ``qwen3_next``),
 ``linformer`` (its learned projections ``E``, ``F`` are not in any pretrained checkpoint),
 ``adaptive-span`` and ``relative`` (learned spans, learned position terms), ``lsh`` with shared
 queries and keys (a pretrained model has separate key weights), ``local-2d`` without an
@@ -92,6 +95,13 @@ REFUSED: Dict[str, str] = {
     "linformer": "its learned projections E and F of the keys and values are in no pretrained checkpoint",
     "adaptive-span": "its learned spans are in no pretrained checkpoint",
     "relative": "its learned position terms (u, v, W_kR) are in no pretrained checkpoint",
+    "gla": "its gates are computed from the tokens by learned projections that are in no pretrained softmax "
+           "checkpoint (Qwen3-Next's gated delta rule is put in place by register(), qkv.hf.qwen3_next)",
+    "deltanet": "its writing strengths beta are computed from the tokens by learned projections that are in no "
+                "pretrained softmax checkpoint",
+    "gated-deltanet": "its gates are computed from the tokens by learned projections that are in no pretrained "
+                      "softmax checkpoint; Qwen3-Next's own layers get qkv's gated delta rule from register() "
+                      "(qkv.hf.qwen3_next)",
 }
 #: kernels whose similarity has no temperature: transformers' ``scaling`` does not apply
 _UNSCALED = frozenset({"linear", "efficient"})
@@ -154,6 +164,8 @@ def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: 
     kernels that cannot serve under their ``qkv-<kernel>`` names, as functions that raise that reason
     and list the names that exist — a model set to ``attn_implementation="qkv-linformer"`` says why
     at its first call. A kernel with a ``seed`` knob gets :data:`DEFAULT_SEED` unless given one.
+    ``register()`` also puts qkv's gated delta rule in Qwen3-Next's layers (``qkv.hf.qwen3_next.patch``;
+    ``unpatch()`` restores transformers' functions).
     """
     try:
         from transformers import AttentionInterface
@@ -197,6 +209,10 @@ def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: 
         if impl not in _registered:  # a name registered with knobs that fit (local-2d's image_size) stays
             AttentionInterface.register(impl, _refusing_function(impl, why))
             AttentionMaskInterface.register(impl, _refusing_function(impl, why))
+    if name is None and kernel is None:
+        from . import qwen3_next
+
+        qwen3_next.patch()  # Qwen3-Next's gated delta rule on qkv's engine (qwen3_next.unpatch() gives it back)
     _explain_unknown_names()
     return dict(wanted)
 
