@@ -215,8 +215,9 @@ class AttentionKernel(nn.Module):
         G = k.shape[1]  # key/value heads: H, or (grouped_kv) a divisor of H
         if (k.shape[0] != B or v.shape[:2] != k.shape[:2] or H % max(G, 1)
                 or (G != H and not self.grouped_kv) or (G == 0) != (H == 0)):
-            heads = "(batch, heads)" if not self.grouped_kv else "the batch, and k and v heads that divide q's"
-            raise ValueError(f"q, k and v must share {heads}; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+            groups = " (k and v may have fewer heads, dividing q's: grouped_kv)" if self.grouped_kv else ""
+            raise ValueError(f"q, k and v must share (batch, heads){groups}; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                             f"v {tuple(v.shape)}")
         _checks.same("q", E, "k", k.shape[-1], "the head size (dim -1)")
         _checks.same("k", k.shape[-2], "v", v.shape[-2], "the number of keys (dim -2)")
         if not (q.dtype == k.dtype == v.dtype):
