@@ -172,5 +172,7 @@ class GRUGate(GatedResidual):
 
 def build_residual(name: str, d_model: int, dropout: float = 0.0, eps: float = 1e-5,
                    norm: str = "layernorm") -> ResidualWiring:
-    """The residual wiring registered as ``name`` (``"post-ln"``, ``"pre-ln"``, ...), normalising with ``norm``."""
-    return lookup("residual", name)(d_model, dropout=dropout, eps=eps, norm=norm)
+    """The residual wiring registered as ``name`` (``"post-ln"``, ``"pre-ln"``, ...), normalising with
+    ``norm`` (a wiring registered without a ``norm`` argument gets none when it is LayerNorm)."""
+    cls = lookup("residual", name)
+    return cls(d_model, dropout=dropout, eps=eps, **({} if norm == "layernorm" else {"norm": norm}))
