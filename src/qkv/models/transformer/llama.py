@@ -23,8 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from torch import Tensor
+
 from ... import _checks
 from ...registry import register
+from ..base import CHECKPOINT_FORMATS
 from .gpt import GPT, GPTConfig
 
 __all__ = ["Llama", "LlamaConfig"]
@@ -88,3 +91,12 @@ class Llama(GPT):
                        "rope_theta": 10000.0, "tie_embeddings": True,
                        "train": {"steps": 600, "batch_size": 32, "lr": 3e-3, "warmup": 50}}}
     default_preset = "cpu"
+
+    @classmethod
+    def from_hf(cls, config: Dict[str, Any], state_dict: Dict[str, Tensor], **overrides: Any) -> "Llama":
+        """A Llama from a transformers config dict (``config.json``'s contents: ``model_type`` llama,
+        mistral, qwen2 or qwen3) and a state dict with transformers' tensor names (``model.layers.0
+        .self_attn.q_proj.weight``, ...; a tied ``lm_head.weight`` may be left out) — what
+        ``from_pretrained`` reads from a directory, with the same checks (``qkv/hf/llama.py``);
+        ``overrides``: config fields that keep the weights' shapes (``attention="linear"``, ...)."""
+        return CHECKPOINT_FORMATS["huggingface"].from_state(cls, config, state_dict, **overrides)
