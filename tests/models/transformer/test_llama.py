@@ -148,3 +148,9 @@ def test_llama_trains_from_the_command_line(tmp_path, capsys):
                  "--threads", "1", "--out", str(run), "--progress", "false", "--set", "n_layers=1"]) == 0, \
         capsys.readouterr().err
     assert main(["generate", str(run), "--prompt", "a", "--max-new-tokens", "4"]) == 0, capsys.readouterr().err
+
+
+def test_context_parallelism_refuses_rotary_positions():
+    from qkv.parallel.model import Sharding
+    with pytest.raises(ValueError, match="context parallelism does not shard rotary positions"):
+        Sharding(tiny())
