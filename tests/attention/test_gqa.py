@@ -125,3 +125,60 @@ def test_bad_head_counts_are_refused():
         qkv.build_attention("window", radius=2)(torch.zeros(1, 4, 3, 2), torch.zeros(1, 2, 3, 2), torch.zeros(1, 2, 3, 2))
     with pytest.raises(ValueError, match="must share"):
         qkv.build_attention("softmax")(torch.zeros(1, 4, 3, 2), torch.zeros(1, 3, 3, 2), torch.zeros(1, 3, 3, 2))
+
+
+def test_literal_llama_attention_with_qk_norm_and_rotary():
+    """MultiHeadAttention with grouped keys, qk-norm and rotary, against its equations in float64 loops:
+    q_h = R(m) g_q * norm(x W^Q_h), k_g = R(n) g_k * norm(x W^K_g), out = sum_h softmax(q_h k_g / sqrt(E)) v_g W^O_h."""
+    from qkv.rotary import RotaryEmbedding
+
+    torch.manual_seed(5)
+    Hq, Gk, E, M = 4, 2, 4, 5
+    rope = RotaryEmbedding(E, base=50.0)
+    mha = MultiHeadAttention(8, Hq, causal=True, n_kv_heads=Gk, d_head=E, bias=False, qk_norm=True, norm_eps=1e-6,
+                             rotary=rope).double()
+    with torch.no_grad():
+        mha.q_norm.weight.copy_(torch.rand(E) + 0.5)
+        mha.k_norm.weight.copy_(torch.rand(E) + 0.5)
+    x = torch.randn(1, M, 8, dtype=torch.float64)
+    positions = torch.tensor([3, 4, 5, 6, 7])
+    out = mha(x, positions=positions).output[0]
+
+    def norm(vec, g):
+        rms = math.sqrt(sum(t * t for t in vec.tolist()) / E + 1e-6)
+        return vec / rms * g
+
+    def turn(vec, m):  # pairs (i, i + E/2) turned by m theta_i
+        res = vec.clone()
+        for i, t in enumerate(rope.theta.tolist()):
+            a, b = vec[i].item(), vec[i + E // 2].item()
+            res[i] = a * math.cos(m * t) - b * math.sin(m * t)
+            res[i + E // 2] = a * math.sin(m * t) + b * math.cos(m * t)
+        return res
+
+    Wq, Wk, Wv, Wo = (p.weight.detach() for p in (mha.q_proj, mha.k_proj, mha.v_proj, mha.out_proj))
+    q = [[turn(norm(Wq[h * E:(h + 1) * E] @ x[0, i], mha.q_norm.weight.detach()), positions[i].item())
+          for i in range(M)] for h in range(Hq)]
+    k = [[turn(norm(Wk[g * E:(g + 1) * E] @ x[0, j], mha.k_norm.weight.detach()), positions[j].item())
+          for j in range(M)] for g in range(Gk)]
+    v = [[Wv[g * E:(g + 1) * E] @ x[0, j] for j in range(M)] for g in range(Gk)]
+    for i in range(M):
+        heads = []
+        for h in range(Hq):
+            g = h * Gk // Hq
+            s = [float(q[h][i] @ k[g][j]) / math.sqrt(E) for j in range(i + 1)]
+            w = [math.exp(t - max(s)) for t in s]
+            heads.append(sum(wj / sum(w) * v[g][j] for j, wj in enumerate(w)))
+        torch.testing.assert_close(out[i], Wo @ torch.cat(heads), rtol=0, atol=1e-12)
+    # positions default to those after the state: a cached continuation equals the parallel pass at 0..M-1
+    parallel = mha(x).output
+    state, steps = None, []
+    for t in range(M):
+        o = mha(x[:, t:t + 1], state=state, return_state=True)
+        state = o.state
+        steps.append(o.output)
+    torch.testing.assert_close(torch.cat(steps, 1), parallel, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="self-attention only"):
+        mha(x, torch.randn(1, 3, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="no rotary embedding"):
+        MultiHeadAttention(8, 2)(x.float(), positions=positions)
