@@ -182,3 +182,17 @@ def test_literal_llama_attention_with_qk_norm_and_rotary():
         mha(x, torch.randn(1, 3, 8, dtype=torch.float64))
     with pytest.raises(ValueError, match="no rotary embedding"):
         MultiHeadAttention(8, 2)(x.float(), positions=positions)
+
+
+def test_grouped_projections_are_packed_and_fused_in_inference():
+    """q (H E rows), k and v (G E rows each) lie in one buffer; without gradients one product
+    computes all three, with the same result as three."""
+    mha = MultiHeadAttention(16, 4, causal=True, n_kv_heads=2).eval()
+    q, k, v = mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight
+    assert k.data_ptr() == q.data_ptr() + q.numel() * q.element_size()
+    assert v.data_ptr() == k.data_ptr() + k.numel() * k.element_size()
+    x = torch.randn(2, 9, 16)
+    with torch.no_grad():
+        fused = mha(x).output
+        assert mha._in_proj(x, (mha.q_proj, mha.k_proj, mha.v_proj))[1].shape == (2, 9, 8)
+    torch.testing.assert_close(fused, mha(x).output, rtol=1e-5, atol=1e-6)  # with gradients: three products

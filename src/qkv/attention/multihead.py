@@ -154,7 +154,8 @@ class MultiHeadAttention(nn.Module):
 
     def _in_proj_params(self, projs: Sequence[Optional[nn.Module]]) -> Optional[tuple[list, Optional[list]]]:
         """The weights and biases (None: no biases) of ``projs`` when they fuse — dense
-        (``_linear.plain_dense``), of one shape, dtype and device, with biases on all or none — else None."""
+        (``_linear.plain_dense``), of one input size, dtype and device, with biases on all or none — else
+        None. Their output sizes may differ (grouped-query attention: keys and values have fewer heads)."""
         weights, biases = [], []
         for p in projs:
             if not _linear.plain_dense(p):
@@ -163,7 +164,7 @@ class MultiHeadAttention(nn.Module):
             biases.append(p.bias)
         w = weights[0]
         for t in weights[1:]:
-            if t.shape != w.shape or t.dtype != w.dtype or t.device != w.device:
+            if t.shape[1:] != w.shape[1:] or t.dtype != w.dtype or t.device != w.device:
                 return None
         if biases[0] is None:
             return (weights, None) if all(b is None for b in biases) else None
@@ -179,7 +180,7 @@ class MultiHeadAttention(nn.Module):
                 continue
             with torch.no_grad():
                 buffer = torch.cat([p.detach() for p in params])  # (3 d_model, ...)
-            for p, part in zip(params, buffer.chunk(len(params))):
+            for p, part in zip(params, buffer.split([t.shape[0] for t in params])):
                 p.data = part  # the same Parameter object (optimizers keep it), its storage now the buffer's
 
     def _apply(self, fn, *args, **kwargs):  # .to(), .double(), .cuda(): each parameter is converted alone
@@ -231,7 +232,7 @@ class MultiHeadAttention(nn.Module):
             if key is not None and _joined(weights, copy=False) is not None and (
                     biases is None or _joined(biases, copy=False) is not None):
                 self._joined_in_proj[len(projs)] = (key, (weight, bias))  # views of the parameters, not copies
-        return _linear.linear(x, weight, bias).chunk(len(projs), dim=-1)
+        return _linear.linear(x, weight, bias).split([p.weight.shape[0] for p in projs], dim=-1)
 
     def _project(self, proj: nn.Module, x: Tensor) -> Tensor:
         """``proj(x)``; a plain dense layer through ``qkv._linear.linear`` (oneDNN in inference on the CPU)."""
@@ -320,8 +321,8 @@ class MultiHeadAttention(nn.Module):
             qkv = None
             if (key is None or key is query) and (value is None or value is query):
                 qkv = self._in_proj(query, (self.q_proj, self.k_proj, self.v_proj))  # [Q K V] = x [W^Q W^K W^V]
-            if qkv is not None:  # self-attention, one product; q, k, v: (B, H, L, E) each
-                q, k, v = map(self._split, qkv)
+            if qkv is not None:  # self-attention, one product; q (B, H, L, E), k, v (B, G, L, E)
+                q, k, v = self._split(qkv[0]), self._split(qkv[1], self.n_kv_heads), self._split(qkv[2], self.n_kv_heads)
                 del qkv  # the heads are views of it; freed with them, before the output projection
                 return self._attend(q, k, v, **run)
             if self.rotary is not None and key is not None and key is not query:
@@ -371,20 +372,25 @@ class MultiHeadAttention(nn.Module):
 
 
 def _joined(params: Sequence[Tensor], copy: bool = True) -> Optional[Tensor]:
-    """``cat(params)`` along dim 0, for use without a gradient — read in place when the (contiguous,
-    equal) tensors lie side by side in memory, within the first one's storage (``_pack_in_proj``'s
-    layout); else (``copy``) the concatenation; None when not side by side and ``copy`` is False."""
+    """``cat(params)`` along dim 0, for use without a gradient — read in place when the contiguous
+    tensors (of equal trailing sizes) lie side by side in memory, within the first one's storage
+    (``_pack_in_proj``'s layout); else (``copy``) the concatenation; None when not side by side and
+    ``copy`` is False."""
     first = params[0]
     try:
-        size = first.numel() * first.element_size()
         start = first.data_ptr()
+        ends = [0]
+        for t in params:  # byte offset of each tensor from the first
+            ends.append(ends[-1] + t.numel() * t.element_size())
         storage = first.untyped_storage()
-        side_by_side = (storage.data_ptr() + storage.nbytes() >= start + len(params) * size
-                        and all(t.is_contiguous() and t.data_ptr() == start + i * size for i, t in enumerate(params)))
+        side_by_side = (storage.data_ptr() + storage.nbytes() >= start + ends[-1]
+                        and all(t.is_contiguous() and t.shape[1:] == first.shape[1:] and t.data_ptr() == start + ends[i]
+                                for i, t in enumerate(params)))
     except (RuntimeError, NotImplementedError):  # no memory to look at (functorch wrappers)
         side_by_side = False
     if side_by_side:  # no copy
-        return first.detach().as_strided((len(params) * first.shape[0], *first.shape[1:]), first.stride())
+        rows = sum(t.shape[0] for t in params)
+        return first.detach().as_strided((rows, *first.shape[1:]), first.stride())
     return torch.cat([t.detach() for t in params]) if copy else None
 
 
