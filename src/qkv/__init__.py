@@ -16,6 +16,7 @@ from .attention import (
     build_attention,
     list_attention,
 )
+from .models import Llama, LlamaConfig
 from .types import AttentionOutput, KVCache
 
 __version__ = "0.1.0"
@@ -23,5 +24,5 @@ __version__ = "0.1.0"
 __all__ = [
     "AttentionOutput", "KVCache", "AttentionKernel", "MultiHeadAttention", "build_attention",
     "list_attention", "functional", "masks", "positional", "registry", "scores", "tasks", "SoftAttention",
-    "HardAttention", "LocalAttention", "UserError",
+    "HardAttention", "LocalAttention", "UserError", "Llama", "LlamaConfig",
 ]

@@ -60,6 +60,7 @@ ACTIVATIONS = {
     "relu": (("relu", ""), F.relu),
     "gelu": (("gelu", "none"), F.gelu),  # exact (erf)
     "gelu-tanh": (("gelu", "tanh"), lambda x: F.gelu(x, approximate="tanh")),
+    "silu": (("swish", ""), F.silu),  # x sigmoid(x), Swish_1 (SwiGLU's gate)
 }
 
 

@@ -22,7 +22,7 @@ from . import _checks
 from .registry import register
 
 __all__ = ["sinusoid_table", "table_dtype", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "NoPositionalEncoding",
-           "TimestepEncoding", "RowColumnEmbedding"]
+           "RotaryPositions", "TimestepEncoding", "RowColumnEmbedding"]
 
 
 def table_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -141,6 +141,18 @@ class NoPositionalEncoding(nn.Module):
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         return self.dropout(x)
+
+
+@register("positional", "rotary", "rope")
+class RotaryPositions(NoPositionalEncoding):
+    """Rotary positions (Su et al. 2021): nothing is added to the embeddings; the stack gives each
+    self-attention a ``qkv.rotary.RotaryEmbedding`` that turns queries and keys by their positions
+    (``StackConfig.rope_theta``, ``rope_scaling``)."""
+
+    rotary: ClassVar[bool] = True  # the stack builds a RotaryEmbedding for its attention
+
+    def forward(self, x: Tensor, offset: int = 0, positions: Optional[Tensor] = None) -> Tensor:
+        return self.dropout(x)  # the positions reach the attention through the stack
 
 
 @register("positional", "timestep", "coordinate")

@@ -52,7 +52,7 @@ def _select_away_masked(k: Tensor, v: Tensor, mask: Tensor, causal: bool = False
     cols = mask[..., mask.shape[-1] - k.shape[-2]:]  # (B|1, H|1, M|1, N)
     if k.device.type == "cpu" and not torch.compiler.is_compiling():  # a traced graph takes the branch-free path
         if cols.shape[-2] == 1:  # key padding: (B|1, H|1, 1, N), O(B N) to read
-            hidden_rows = ~cols[..., 0, :]
+            hidden_rows = _per_key_head(~cols[..., 0, :], k.shape[1])
             if not bool(hidden_rows.any()):
                 return k, v
             k_hidden = k.detach()[hidden_rows.expand(k.shape[:-1])]  # (count, E): only the hidden rows
@@ -64,10 +64,19 @@ def _select_away_masked(k: Tensor, v: Tensor, mask: Tensor, causal: bool = False
     if causal and cols.shape[-2] > 1:  # a key-padding row: the last query sees every key, causality hides none
         M, N = cols.shape[-2:]
         cols = cols & torch.ones(M, N, dtype=torch.bool, device=cols.device).tril(N - M)
-    hidden = ~(cols[..., 0, :] if cols.shape[-2] == 1 else cols.any(-2)).unsqueeze(-1)  # (B|1, H|1, N, 1): masked for every query
+    hidden = _per_key_head(~(cols[..., 0, :] if cols.shape[-2] == 1 else cols.any(-2)), k.shape[1]).unsqueeze(-1)  # (B|1, G|1, N, 1): masked for every query
     # elementwise, O(N E), two kernels per tensor and no branch on the data (no host-device sync on
     # accelerators): nan_to_num leaves finite entries as they are
     return tuple(torch.where(hidden, x.nan_to_num(0.0, 0.0, 0.0), x) for x in (k, v))
+
+
+def _per_key_head(hidden: Tensor, G: int) -> Tensor:
+    """``hidden (B|1, H|1, N)`` (a key hidden from a query head's every query) per key/value head
+    ``(B|1, G|1, N)``: hidden from a group only when hidden from each of its query heads."""
+    H = hidden.shape[1]
+    if H in (1, G):
+        return hidden
+    return hidden.unflatten(1, (G, H // G)).all(2)
 
 
 class AttentionKernel(nn.Module):
@@ -110,6 +119,10 @@ class AttentionKernel(nn.Module):
     #: applies ``dropout`` somewhere (the paper's or authors' practice); a kernel that forms no
     #: attention-weight matrix and whose authors apply none sets False and refuses ``dropout > 0``.
     applies_dropout: ClassVar[bool] = True
+    #: takes keys and values with fewer heads than the queries (grouped-query attention: ``k, v
+    #: (B, G, N, E)`` with ``G`` dividing ``H``, query head ``h`` reading key head ``floor(h G / H)``)
+    #: and keeps its state per key/value head; ``MultiHeadAttention`` repeats them for the others.
+    grouped_kv: ClassVar[bool] = False
     #: how ``qkv.parallel`` splits a sequence over processes: "ring", "halo", "summary", "state", "projection", "ulysses" (heads or batch rows, all-to-all) or "ulysses-batch" (whole batch rows: per-head parameters or draws).
     context_parallel: ClassVar[str] = "ulysses"
 
@@ -199,8 +212,12 @@ class AttentionKernel(nn.Module):
         for name, x in (("q", q), ("k", k), ("v", v)):
             _checks.tensor(name, x, ndim=4, floating=True)
         B, H, M, E = q.shape
-        if k.shape[:2] != (B, H) or v.shape[:2] != (B, H):
-            raise ValueError(f"q, k and v must share (batch, heads); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+        G = k.shape[1]  # key/value heads: H, or (grouped_kv) a divisor of H
+        if (k.shape[0] != B or v.shape[:2] != k.shape[:2] or H % max(G, 1)
+                or (G != H and not self.grouped_kv) or (G == 0) != (H == 0)):
+            groups = " (k and v may have fewer heads, dividing q's: grouped_kv)" if self.grouped_kv else ""
+            raise ValueError(f"q, k and v must share (batch, heads){groups}; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                             f"v {tuple(v.shape)}")
         _checks.same("q", E, "k", k.shape[-1], "the head size (dim -1)")
         _checks.same("k", k.shape[-2], "v", v.shape[-2], "the number of keys (dim -2)")
         if not (q.dtype == k.dtype == v.dtype):
@@ -241,6 +258,8 @@ class AttentionKernel(nn.Module):
         B, H, M, _ = q.shape
         N = k.shape[-2]
         if (B * H * M == 0 or n_total == 0) and (not return_state or (state is not None and N == 0)):
+            if k.shape[1] != H:  # grouped keys: repeated to the query heads for this empty product
+                k, v = k.repeat_interleave(H // max(k.shape[1], 1), dim=1), v.repeat_interleave(H // max(k.shape[1], 1), dim=1)
             out = (q @ k.transpose(-1, -2)) @ v  # (B, H, M, Ev) zeros: an empty sum, still in the graph
             weights = v.new_zeros(B, H, M, n_total) if need_weights else None
             return AttentionOutput(out, weights, state if return_state else None)

@@ -321,10 +321,16 @@ class GatedDeltaNetAttention(GatedRecurrence):
 # ----------------------------------------------------------------------------- gates from the hidden states
 
 
+def _at_least_float(x: Tensor) -> Tensor:
+    """``x`` in float32 when it is half precision (gates are accumulated in float32), else as it is
+    (float64 gates stay float64, so a float64 model is exact end to end)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 class GLAGates(nn.Module):
     """GLA's forget gate (Yang et al. 2023, §4.4): ``alpha_t = sigmoid(x_t W_1 W_2 + b)^{1/tau}`` per key
     channel, a low-rank projection (rank 16) and ``tau = 16``; returns ``{"g": log alpha (B, H, N, E)}``
-    (``logsigmoid(...) / tau``, in float32)."""
+    (``logsigmoid(...) / tau``, in float32 for half inputs)."""
 
     def __init__(self, d_in: int, n_heads: int, d_head: int, rank: int = 16, tau: float = 16.0) -> None:
         super().__init__()
@@ -334,7 +340,7 @@ class GLAGates(nn.Module):
 
     def forward(self, x: Tensor) -> dict:
         B, N, _ = x.shape
-        logits = self.up(self.down(x)).float()  # (B, N, H E)
+        logits = _at_least_float(self.up(self.down(x)))  # (B, N, H E)
         g = F.logsigmoid(logits) / self.tau  # log alpha_t = log sigmoid(.) / tau <= 0
         return {"g": g.view(B, N, self.n_heads, self.d_head).transpose(1, 2)}  # (B, H, N, E)
 
@@ -343,7 +349,7 @@ class DeltaGates(nn.Module):
     """The delta rule's writing strength ``beta_t = sigmoid(x_t W_beta)`` per head and, with ``decay``,
     Gated DeltaNet's ``g_t = log alpha_t = -exp(A) softplus(x_t W_a + dt_bias)`` (Mamba-2's
     discretisation, as Qwen3-Next; ``A`` in ``[1, 16]``, ``softplus(dt_bias)`` in ``[0.001, 0.1]`` at
-    initialisation). Returns ``{"beta": (B, H, N)[, "g": (B, H, N)]}`` in float32."""
+    initialisation). Returns ``{"beta": (B, H, N)[, "g": (B, H, N)]}`` in float32 for half inputs, else in the input dtype."""
 
     def __init__(self, d_in: int, n_heads: int, decay: bool) -> None:
         super().__init__()
@@ -355,8 +361,9 @@ class DeltaGates(nn.Module):
             self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
 
     def forward(self, x: Tensor) -> dict:
-        gates = {"beta": torch.sigmoid(self.beta(x).float()).transpose(1, 2)}  # (B, H, N)
+        gates = {"beta": torch.sigmoid(_at_least_float(self.beta(x))).transpose(1, 2)}  # (B, H, N)
         if self.a is not None:
-            g = -self.A_log.float().exp() * F.softplus(self.a(x).float() + self.dt_bias.float())  # (B, N, H), <= 0
+            a = _at_least_float(self.a(x))
+            g = -self.A_log.to(a.dtype).exp() * F.softplus(a + self.dt_bias.to(a.dtype))  # (B, N, H), <= 0
             gates["g"] = g.transpose(1, 2)
         return gates

@@ -5,6 +5,10 @@ arXiv:1706.03762).
 
 Fast path: ``F.scaled_dot_product_attention`` (fused kernels; FlashAttention on GPU) whenever the
 weights are not requested. The explicit path computes the weights with ``masked_softmax``.
+
+Grouped-query attention (Ainslie et al. 2023): keys and values may have ``G`` heads dividing the
+queries' ``H`` — query head ``h`` reads key head ``floor(h G / H)``, SDPA's ``enable_gqa`` — and
+the ``KVCache`` holds ``G`` heads.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class SoftmaxAttention(AttentionKernel):
     supports_mask = "full"
     supports_state = True
     state_type = KVCache
+    grouped_kv = True  # k, v (B, G, N, E) with G | H: the cache holds G heads
     context_parallel = "ring"  # qkv.parallel: key/value blocks around the group, merged by log-sum-exp
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0, scale: Optional[float] = None) -> None:
@@ -53,22 +58,27 @@ class SoftmaxAttention(AttentionKernel):
             k, v, cache = append_cache(state, k, v)
         M, N = q.shape[-2], k.shape[-2]
         dropout_p = self.dropout if self.training else 0.0
+        gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}  # query head h reads key head floor(h G / H)
         if not need_weights:
             if self.causal and M == N and mask is None:
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale, **gqa)
             elif self.causal and M == 1 and mask is None:
                 # one query at the end of the keys (a decoding step) sees every key: no mask to build
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale)
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.scale, **gqa)
             else:
                 if self.causal:
                     # SDPA's is_causal aligns queries to the start; qkv aligns them to the end.
                     allowed = causal_mask(M, N, offset=N - M, device=q.device)  # (M, N)
                     mask = allowed if mask is None else mask & allowed
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scale)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scale,
+                                                     **gqa)
                 if mask is not None and q.device.type != "cpu":
                     # Not every fused backend zeroes rows with no allowed key; enforce the convention.
                     out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
             return AttentionOutput(out, None, cache)
+        if gqa:  # the weights are (B, H, M, N) anyway: keys and values repeated to the query heads
+            G = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)  # (B, H, N, E)
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
         scores = scaled_scores(q, k, scale)  # (B, H, M, N), float32 for half types
         if self.causal:

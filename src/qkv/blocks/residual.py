@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from .. import _checks
 from ..registry import lookup, register
+from .norms import build_norm
 
 __all__ = ["ResidualWiring", "PostLN", "PreLN", "build_residual", "GatedResidual", "GRUGate", "InputGate", "ReLUSum"]
 
@@ -35,15 +36,16 @@ class ResidualWiring(nn.Module):
 
     ``dropout`` is the paper's residual dropout (§5.4), applied to the sub-layer output before
     it is added. ``final_norm`` says whether a stack of such blocks needs a closing LayerNorm.
+    ``norm`` names the normalisation (``qkv.blocks.NORMS``: ``"layernorm"``, ``"rmsnorm"``).
     """
 
     final_norm: ClassVar[bool] = False
     registry_name: ClassVar[str] = ""
 
-    def __init__(self, d_model: int, dropout: float = 0.0, eps: float = 1e-5) -> None:
+    def __init__(self, d_model: int, dropout: float = 0.0, eps: float = 1e-5, *, norm: str = "layernorm") -> None:
         super().__init__()
         _checks.positive_int("d_model", d_model)
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.norm = build_norm(norm, d_model, eps=eps)
         self.dropout = nn.Dropout(_checks.probability("dropout", dropout))
 
     def enter(self, x: Tensor) -> Tensor:
@@ -91,8 +93,9 @@ class GatedResidual(ResidualWiring):
 
     final_norm = True
 
-    def __init__(self, d_model: int, dropout: float = 0.0, eps: float = 1e-5, gate_bias: float = 2.0) -> None:
-        super().__init__(d_model, dropout, eps)
+    def __init__(self, d_model: int, dropout: float = 0.0, eps: float = 1e-5, gate_bias: float = 2.0, *,
+                 norm: str = "layernorm") -> None:
+        super().__init__(d_model, dropout, eps, norm=norm)
         if isinstance(gate_bias, bool) or not isinstance(gate_bias, (int, float)):
             raise TypeError(f"gate_bias must be a float, got {gate_bias!r}")
         self.gate_bias = float(gate_bias)
@@ -119,8 +122,9 @@ class ReLUSum(GatedResidual):
 class InputGate(GatedResidual):
     """GTrXL input gating (Parisotto et al. 2019): g = sigmoid(W_g x) * x + y, y = relu(Sublayer(LayerNorm(x)))."""
 
-    def __init__(self, d_model: int, dropout: float = 0.0, eps: float = 1e-5, gate_bias: float = 2.0) -> None:
-        super().__init__(d_model, dropout, eps, gate_bias)
+    def __init__(self, d_model: int, dropout: float = 0.0, eps: float = 1e-5, gate_bias: float = 2.0, *,
+                 norm: str = "layernorm") -> None:
+        super().__init__(d_model, dropout, eps, gate_bias, norm=norm)
         self.w_g = nn.Linear(d_model, d_model)  # W_g (with a bias)
 
     def gate(self, x: Tensor, y: Tensor) -> Tensor:
@@ -144,8 +148,9 @@ class GRUGate(GatedResidual):
     (GPT's scale), which keeps the other terms small at initialisation too.
     """
 
-    def __init__(self, d_model: int, dropout: float = 0.0, eps: float = 1e-5, gate_bias: float = 2.0) -> None:
-        super().__init__(d_model, dropout, eps, gate_bias)
+    def __init__(self, d_model: int, dropout: float = 0.0, eps: float = 1e-5, gate_bias: float = 2.0, *,
+                 norm: str = "layernorm") -> None:
+        super().__init__(d_model, dropout, eps, gate_bias, norm=norm)
         self.w = nn.Linear(d_model, 3 * d_model, bias=False)  # [W_r; W_z; W_g] y
         self.u_rz = nn.Linear(d_model, 2 * d_model, bias=False)  # [U_r; U_z] x
         self.u_g = nn.Linear(d_model, d_model, bias=False)  # U_g (r * x)
@@ -165,6 +170,9 @@ class GRUGate(GatedResidual):
         return (1 - z) * x + z * h
 
 
-def build_residual(name: str, d_model: int, dropout: float = 0.0, eps: float = 1e-5) -> ResidualWiring:
-    """The residual wiring registered as ``name`` (``"post-ln"``, ``"pre-ln"``, ...)."""
-    return lookup("residual", name)(d_model, dropout=dropout, eps=eps)
+def build_residual(name: str, d_model: int, dropout: float = 0.0, eps: float = 1e-5,
+                   norm: str = "layernorm") -> ResidualWiring:
+    """The residual wiring registered as ``name`` (``"post-ln"``, ``"pre-ln"``, ...), normalising with
+    ``norm`` (a wiring registered without a ``norm`` argument gets none when it is LayerNorm)."""
+    cls = lookup("residual", name)
+    return cls(d_model, dropout=dropout, eps=eps, **({} if norm == "layernorm" else {"norm": norm}))

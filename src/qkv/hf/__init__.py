@@ -2,6 +2,7 @@
 
 - ``checkpoints``: Hugging Face BERT and GPT-2 checkpoints in and out of qkv's ``BERT`` and ``GPT``
   (``QKVModel.from_pretrained(dir)``, ``save_pretrained(dir, format="huggingface")``);
+- ``llama``: Llama, Mistral, Qwen2 and Qwen3 checkpoints in and out of qkv's ``Llama`` (a family of ``checkpoints``);
 - ``attention``: qkv's kernels inside any transformers model, as ``attn_implementation="qkv-<kernel>"``;
 - ``pretrained``: a run started from a pretrained checkpoint (``qkv train ... --init DIR``);
 - ``export``: a finished run as a folder transformers' pipelines load (``qkv export``);
@@ -18,3 +19,4 @@ tokenizers are imported when used). The old paths ``qkv.integrations.huggingface
 
 from . import checkpoints  # noqa: F401  (registers the "huggingface" checkpoint format)
 from . import gguf  # noqa: F401  (registers the conversion `qkv data fetch smollm2` ends with)
+from . import llama  # noqa: F401  (registers the Llama family: llama, mistral, qwen2, qwen3)

@@ -50,11 +50,13 @@ from ..models.base import CHECKPOINT_FORMATS, CheckpointFormat, finite, short_re
 from ..models.transformer.bert import BERT
 from ..models.transformer.gpt import GPT
 
-__all__ = ["is_huggingface", "load", "save", "refuse_kernel", "HF_ACTIVATIONS", "PICKLE_FILES"]
+__all__ = ["is_huggingface", "load", "save", "refuse_kernel", "from_hf", "Family", "FAMILIES", "HF_ACTIVATIONS",
+           "PICKLE_FILES"]
 
 PathLike = Union[str, os.PathLike]
 
 WEIGHTS = "model.safetensors"
+INDEX = f"{WEIGHTS}.index.json"  # a sharded checkpoint's map of tensor -> shard file
 #: weight files that are pickles (or other formats qkv does not read); never opened
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack",
                 "model.ckpt.index")
@@ -70,6 +72,30 @@ _GPT2_ARCHITECTURES = ("GPT2Model", "GPT2LMHeadModel")
 #: config fields a checkpoint fixes (they shape the weights or the function); overrides may set the others
 _FIXED = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "n_segments", "activation", "residual",
           "positional", "layer_norm_eps", "tie_embeddings", "linear")
+
+
+@dataclass(frozen=True)
+class Family:
+    """A family of transformers architectures that one qkv model represents, beside BERT and GPT-2
+    (``qkv/hf/llama.py``: Llama, Mistral, Qwen2, Qwen3), registered in ``FAMILIES`` by model_type.
+
+    model_class: the qkv class. read_config: ``config dict -> (architecture, config fields)``,
+    refusing what it cannot represent (``CheckpointError``). rules: ``(config, tensor names) ->
+    (rules, tied copies)``. ignorable: names of buffers that carry no weights. write_config: the
+    qkv config -> transformers' ``config.json`` (raising ``ValueError`` for what has no counterpart).
+    fixed: the config fields the weights fix (overrides may not set them).
+    """
+
+    model_class: type
+    read_config: Callable[[Dict[str, Any]], Tuple[str, Dict[str, Any]]]
+    rules: Callable[[Any, Any], Tuple[List["Rule"], Dict[str, str]]]
+    ignorable: Callable[[str], bool]
+    write_config: Callable[[Any], Dict[str, Any]]
+    fixed: Tuple[str, ...] = ()
+
+
+#: model_type -> Family, for the architectures beyond bert and gpt2 (filled by ``qkv/hf/llama.py``)
+FAMILIES: Dict[str, Family] = {}
 
 
 def _error(message: str) -> Exception:
@@ -172,6 +198,8 @@ def _tables(model_type: str, c: Any, names: Any) -> Tuple[List[Rule], Dict[str, 
     config ``c``, with the prefix the file uses (``bert.``/``transformer.`` when a head model wrote
     it, none for a bare ``BertModel``/``GPT2Model``), and the tied copies (a copy's name -> the
     name of the tensor it repeats)."""
+    if model_type in FAMILIES:
+        return FAMILIES[model_type].rules(c, names)
     if model_type == "bert":
         base = "bert." if any(k.startswith("bert.") for k in names) else ""
         tied = {"cls.predictions.decoder.weight": f"{base}embeddings.word_embeddings.weight",
@@ -184,6 +212,8 @@ def _tables(model_type: str, c: Any, names: Any) -> Tuple[List[Rule], Dict[str, 
 
 def _ignorable(name: str, model_type: str) -> bool:
     """Buffers older transformers saved that carry no weights (position ids, GPT-2's causal mask)."""
+    if model_type in FAMILIES:
+        return FAMILIES[model_type].ignorable(name)
     if model_type == "bert":
         return name.endswith(("embeddings.position_ids", "embeddings.token_type_ids"))
     return name.endswith((".attn.bias", ".attn.masked_bias"))
@@ -346,8 +376,8 @@ def _check_files(directory: Path) -> Path:
     if pickles:
         raise _error(f"{directory} holds {', '.join(pickles)} and no {WEIGHTS}: qkv reads weights from safetensors only "
                      f"and never unpickles (a pickle can run code); save the model with safe_serialization=True")
-    if (directory / f"{WEIGHTS}.index.json").exists():
-        raise _error(f"{directory} holds a sharded checkpoint ({WEIGHTS}.index.json); qkv reads one {WEIGHTS}")
+    if (directory / INDEX).is_file():
+        return directory / INDEX
     raise _error(f"{directory} has no {WEIGHTS}: expected a Hugging Face checkpoint (config.json + {WEIGHTS})")
 
 
@@ -361,6 +391,27 @@ def _read_tensors(weights: Path) -> Dict[str, Tensor]:
         raise _error(f"{weights} is not a safetensors file (corrupt, truncated or another format): {e}") from None
 
 
+def _read_shards(index: Path) -> Dict[str, Tensor]:
+    """The tensors of a sharded checkpoint: ``index``'s ``weight_map`` names each tensor's shard (a
+    safetensors file beside it); a shard outside the directory, missing, or holding other tensors
+    than the map says is refused."""
+    weight_map = _read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise _error(f"{index}: weight_map must be an object of tensor name -> shard file")
+    tensors: Dict[str, Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        path = index.parent / shard
+        if Path(shard).name != shard or not path.is_file():
+            raise _error(f"{index} names shard {shard!r}, which is not a file beside it")
+        part = _read_tensors(path)
+        listed = {k for k, v in weight_map.items() if v == shard}
+        if set(part) != listed:
+            raise _error(f"{path} holds {_names(set(part) ^ listed)} against what {index.name} lists for it")
+        tensors.update(part)
+    return tensors
+
+
 def _names(names: Sequence[str], limit: int = 6) -> str:
     names = sorted(names)
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
@@ -369,9 +420,11 @@ def _names(names: Sequence[str], limit: int = 6) -> str:
 
 def _model_class(model_type: str, cls: Optional[type]) -> type:
 
-    wanted = {"bert": BERT, "gpt2": GPT}.get(model_type) if isinstance(model_type, str) else None
+    known = {"bert": BERT, "gpt2": GPT, **{k: f.model_class for k, f in FAMILIES.items()}}
+    wanted = known.get(model_type) if isinstance(model_type, str) else None
     if wanted is None:
-        raise _error(f"model_type={short_repr(model_type)} is not an architecture qkv represents; expected 'bert' or 'gpt2'")
+        raise _error(f"model_type={short_repr(model_type)} is not an architecture qkv represents; expected one of "
+                     f"{sorted(known)}")
     if cls is not None and cls is not wanted:
         raise _error(f"a Hugging Face {model_type!r} checkpoint loads into qkv.models.{wanted.__name__}, not "
                      f"{cls.__name__} (choose its kernel with {wanted.__name__}.from_pretrained(dir, attention=...))")
@@ -395,20 +448,43 @@ def load(cls: Optional[type], directory: PathLike, map_location: str = "cpu", **
     directory = settle_directory(directory)  # a save killed mid-swap: finish it
     config_path = directory / "config.json"
     config = _read_json(config_path)
+    weights = _check_files(directory)
+    if weights.name == INDEX:  # sharded: the shards' headers are checked as each is read
+        tensors = _read_shards(weights)
+        return _build(cls, config, tensors, config_path, weights, overrides, header=False).to(map_location)
+    return _build(cls, config, None, config_path, weights, overrides).to(map_location)
+
+
+def from_hf(cls: Optional[type], config: Dict[str, Any], state_dict: Dict[str, Tensor], **overrides: Any) -> Any:
+    """Build a qkv model from a transformers config dict and a state dict with transformers' tensor
+    names (float tensors; tied copies may be left out) — ``from_pretrained`` without the files,
+    the same checks (every field, every tensor's name and shape, nothing missing or left over)."""
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict (transformers' config.json), got {type(config).__name__}")
+    if not isinstance(state_dict, dict) or not all(isinstance(k, str) and isinstance(v, Tensor)
+                                                   for k, v in state_dict.items()):
+        raise TypeError("state_dict must be a dict of str -> torch.Tensor with transformers' tensor names")
+    return _build(cls, config, dict(state_dict), Path("<config>"), Path("<state_dict>"), overrides, header=False)
+
+
+def _build(cls: Optional[type], config: Dict[str, Any], tensors: Optional[Dict[str, Tensor]], config_path: Path,
+           weights: Path, overrides: Dict[str, Any], header: bool = True) -> Any:
+    """The model of ``config`` with the checkpoint's tensors (read from ``weights`` when ``tensors`` is None)."""
     model_type, model_cls, arch, values = _checked_config(config, config_path, cls)
-    fixed = sorted(set(overrides) & set(_FIXED))
+    fixed = sorted(set(overrides) & (set(_FIXED) | set(FAMILIES[model_type].fixed if model_type in FAMILIES else ())))
     if fixed:
-        raise ValueError(f"{fixed} are fixed by the checkpoint in {directory}; override only fields that keep the "
-                         f"weights' shapes (attention, attention_kwargs, dropout, head, num_labels, ...)")
+        raise ValueError(f"{fixed} are fixed by the checkpoint in {config_path.parent}; override only fields that keep "
+                         f"the weights' shapes (attention, attention_kwargs, dropout, head, num_labels, ...)")
     values.update(overrides)
     kernel = lookup("attention", values.get("attention", "softmax"))
     if not kernel.applies_dropout and "attention_dropout" not in overrides:
         values["attention_dropout"] = 0.0  # a kernel that forms no weight matrix takes no attention dropout
-    weights = _check_files(directory)
     model = _checked_model(model_cls, values, config_path, overrides)  # sizes are checked before anything is allocated
     _refuse_kernel(model)
-    _check_header(weights, model, model_type)  # names and shapes, before a tensor is read
-    tensors = _read_tensors(weights)
+    if tensors is None:
+        if header:
+            _check_header(weights, model, model_type)  # names and shapes, before a tensor is read
+        tensors = _read_tensors(weights)
     rules, tied = _tables(model_type, model.config, tensors)
     rules, tensors, tied = _without_absent_heads(model, rules, tensors, tied)
     model = _checked_weights(model, rules, tensors, weights)  # one dtype (the model's), no NaN or inf
@@ -416,9 +492,9 @@ def load(cls: Optional[type], directory: PathLike, map_location: str = "cpu", **
     if model_type == "bert":  # name the heads this head setting uses; the others are idle
         fresh = [g for g in fresh if g in _BERT_GROUPS[model.config.head]]
     if fresh:
-        warnings.warn(f"{directory} ({arch}) has no {', '.join(_HEAD_NAMES[g] for g in fresh)}: "
-                      f"{'it starts' if len(fresh) == 1 else 'they start'} fresh", stacklevel=3)
-    return model.to(map_location)
+        warnings.warn(f"{config_path.parent} ({arch}) has no {', '.join(_HEAD_NAMES[g] for g in fresh)}: "
+                      f"{'it starts' if len(fresh) == 1 else 'they start'} fresh", stacklevel=4)
+    return model
 
 
 def _checked_config(config: Dict[str, Any], path: Path, cls: Optional[type]) -> Tuple[str, type, str, Dict[str, Any]]:
@@ -429,7 +505,9 @@ def _checked_config(config: Dict[str, Any], path: Path, cls: Optional[type]) -> 
     try:
         model_type = config.get("model_type")
         model_cls = _model_class(model_type, cls)
-        arch, values = (_bert_config if model_type == "bert" else _gpt2_config)(config)
+        read = FAMILIES[model_type].read_config if model_type in FAMILIES else (
+            _bert_config if model_type == "bert" else _gpt2_config)
+        arch, values = read(config)
     except CheckpointError as e:
         raise _error(f"{path}: {e}") from None
     return model_type, model_cls, arch, values
@@ -579,6 +657,9 @@ def _check_representable(model: Any) -> str:
     """The transformers model_type ``model`` saves as, or one line saying why it cannot."""
 
     c = model.config
+    for kind, family in FAMILIES.items():
+        if type(model) is family.model_class:
+            return kind
     if type(model) is BERT:
         kind, residual = "bert", "post-ln"
     elif type(model) is GPT:  # exactly GPT: Al-Rfou's LM (a subclass) adds heads GPT-2 has no place for
@@ -612,7 +693,12 @@ def save(model: Any, directory: PathLike) -> Path:
     kind = _check_representable(model)
     c = model.config
     mine = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
-    if kind == "bert":
+    if kind in FAMILIES:
+        config = FAMILIES[kind].write_config(c)  # raises for what has no counterpart
+        kind = config["model_type"]
+        rules, _ = FAMILIES[kind].rules(c, ())
+        skip = set()
+    elif kind == "bert":
         rules = _bert_rules(c.n_layers, "" if c.head == "encoder" else "bert.")  # BertModel's names have no prefix
         skip = {"pretraining": {"classifier"}, "classification": {"mlm", "nsp"}, "encoder": {"mlm", "nsp", "classifier"}}[c.head]
         config = _hf_bert_config(c)
@@ -643,6 +729,10 @@ class _HuggingFace(CheckpointFormat):
 
     def save(self, model: Any, directory: PathLike) -> Path:
         return save(model, directory)
+
+    def from_state(self, cls: Optional[type], config: Dict[str, Any], state_dict: Dict[str, Tensor],
+                   **overrides: Any) -> Any:
+        return from_hf(cls, config, state_dict, **overrides)
 
 
 CHECKPOINT_FORMATS["huggingface"] = _HuggingFace()

@@ -10,6 +10,7 @@ from .base import ModelOutput, QKVModel, load_pretrained
 from .transformer.bert import BERT, BERTConfig
 from .transformer.gpt import GPT, GPTConfig
 from .transformer.al_rfou import AlRfouConfig, AlRfouLM
+from .transformer.llama import Llama, LlamaConfig
 from .pooling.graph_attention import GATConfig, GraphAttention
 from .pooling.han import FlatGRU, FlatGRUConfig, HANConfig, HierarchicalAttentionNetwork
 from .rnn.lstmn import LSTMN, LSTMNConfig
@@ -40,7 +41,7 @@ from .transformer.lra import LRADualEncoder, LRADualEncoderConfig, LRAEncoder, L
 
 __all__ = [
     "ModelOutput", "QKVModel", "load_pretrained", "StackConfig", "TransformerStack",
-    "Transformer", "TransformerConfig", "GPT", "GPTConfig", "AlRfouLM", "AlRfouConfig", "BERT", "BERTConfig", "Seq2Seq",
+    "Transformer", "TransformerConfig", "GPT", "GPTConfig", "Llama", "LlamaConfig", "AlRfouLM", "AlRfouConfig", "BERT", "BERTConfig", "Seq2Seq",
     "Seq2SeqConfig", "ShowAttendTell", "ShowAttendTellConfig", "PointerNetwork", "PointerNetworkConfig",
     "LSTMN", "LSTMNConfig", "NadarayaWatson", "NadarayaWatsonConfig", "DeepSets", "DeepSetsConfig",
     "AttentionMIL", "AttentionMILConfig", "HierarchicalAttentionNetwork", "HANConfig", "FlatGRU",

@@ -48,6 +48,11 @@ class Sharding:
 
     def __init__(self, model: nn.Module, group: Union[None, Group, dist.ProcessGroup] = None,
                  layout: Optional[str] = None) -> None:
+        rotary = [type(m).__name__ for m in model.modules() if getattr(m, "rotary", None) is not None
+                  and not isinstance(getattr(m, "rotary"), bool)]
+        if rotary:  # the rotation needs each shard's global positions, which the stack does not pass on here
+            raise ValueError(f"{type(model).__name__} turns queries and keys by rotary positions ({rotary[0]}): context "
+                             f"parallelism does not shard rotary positions; use positional='sinusoidal' or 'learned'")
         self.group = group if isinstance(group, Group) else Group.of(group)
         self.kernels = [m for m in model.modules() if isinstance(m, AttentionKernel)]
         if not self.kernels:

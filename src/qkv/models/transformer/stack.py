@@ -19,7 +19,11 @@ Hooks for the variants (each a name in a registry or one overridable method, nev
   ``max_len`` (``self_attention_settings``); what a kernel cannot do (be causal) is the kernel's
   error to raise.
 - **positional scheme**: ``@register("positional", name)`` on a module ``(d_model, max_len=, dropout=)``
-  whose ``forward(x, offset)`` returns ``x`` plus the encoding of positions ``offset ..``. A scheme
+  whose ``forward(x, offset)`` returns ``x`` plus the encoding of positions ``offset ..``. Rotary
+  positions (``positional="rotary"``, Su et al. 2021) add nothing: the stack builds one
+  ``qkv.rotary.RotaryEmbedding`` (``rope_theta``, ``rope_scaling``) that every self-attention
+  applies to its queries and keys at the tokens' positions (``position_ids``, else those after the
+  state's), passed down the layer loop as ``positions``. A scheme
   that changes the scores (Transformer-XL's relative positions) is an attention kernel
   (``attention="relative"``) used with ``positional="none"``: the kernel sees positions through its
   state.
@@ -30,6 +34,11 @@ Hooks for the variants (each a name in a registry or one overridable method, nev
   ``(S, Z)`` sums (linear) and segment memories (Transformer-XL) all travel this way; a block
   also reads extra earlier positions as keys/values through ``prefix`` (Transformer-XL's memory of
   hidden states, ``models/transformer/transformer_xl.py``).
+- **the parts of today's decoders** (Llama and its kin), each a field: ``norm`` (LayerNorm or
+  RMSNorm, every norm of the blocks and the final one), ``glu`` (the gated feed-forward network:
+  SwiGLU with ``activation="silu"``, GeGLU with ``"gelu"``), ``n_kv_heads`` (grouped-query
+  attention), ``d_head``, ``qk_norm`` (RMSNorm over each head's queries and keys), ``bias`` /
+  ``qkv_bias`` (bias-free projections, or biases on q/k/v only).
 - **linear layers**: ``config.linear`` names the factory (``qkv.blocks.LINEAR_LAYERS``) of every
   attention projection and feed-forward layer (dense, or quaternion for the Quaternion Transformer).
 - **shared kernel parameters**: after building the blocks the stack calls
@@ -53,8 +62,9 @@ from torch.utils.checkpoint import checkpoint
 
 from ... import _checks
 from ...attention import MultiHeadAttention
-from ...blocks import ACTIVATIONS, LINEAR_LAYERS, FeedForward, build_residual
+from ...blocks import ACTIVATIONS, LINEAR_LAYERS, NORMS, build_feedforward, build_norm, build_residual
 from ...positional import NoPositionalEncoding
+from ...rotary import RotaryEmbedding, check_rope_scaling
 from ...registry import lookup, names, register
 
 __all__ = [
@@ -114,12 +124,38 @@ class StackConfig:
     gradient_checkpointing: bool = False  # recompute each block in backward (torch.utils.checkpoint) to save memory
     layer_norm_eps: float = 1e-5  # epsilon of every LayerNorm
     linear: str = "dense"  # linear layers of the attention projections and feed-forward: "dense" | "quaternion" (qkv.blocks.LINEAR_LAYERS)
+    norm: str = "layernorm"  # every norm of the blocks and the final one: "layernorm" | "rmsnorm" (Zhang & Sennrich 2019)
+    glu: bool = False  # gated feed-forward (act(x W) * x V) W2 (Shazeer 2020): SwiGLU with activation="silu", GeGLU with "gelu"
+    n_kv_heads: Optional[int] = None  # key/value heads (grouped-query attention, Ainslie et al. 2023; 1: multi-query); None: n_heads
+    d_head: Optional[int] = None  # head size; None: d_model // n_heads
+    bias: bool = True  # biases in the attention projections and the feed-forward network (False: bias-free, as Llama)
+    qkv_bias: Optional[bool] = None  # biases in the q/k/v projections only (Qwen2: True with bias=False); None: as bias
+    qk_norm: bool = False  # RMSNorm over each head's queries and keys before rotary (Qwen3)
+    rope_theta: float = 10000.0  # rotary base (positional="rotary"; Llama 3: 500000)
+    rope_scaling: Dict[str, Any] = field(default_factory=dict)  # rotary scaling as transformers' rope_parameters ({"rope_type": "yarn", "factor": 4.0, ...}); {}: none
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "d_ff", "max_len"):
             _checks.positive_int(name, getattr(self, name))
-        if self.d_model % self.n_heads:
+        if self.d_head is not None:
+            _checks.positive_int("d_head", self.d_head)
+        elif self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_kv_heads is not None:
+            _checks.positive_int("n_kv_heads", self.n_kv_heads)
+            if self.n_heads % self.n_kv_heads:
+                raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {sorted(NORMS)}, got {self.norm!r}")
+        for name in ("glu", "bias", "qk_norm") + (("qkv_bias",) if self.qkv_bias is not None else ()):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        theta = self.rope_theta
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 1 < theta < float("inf"):
+            raise ValueError(f"rope_theta must be a number > 1, got {theta!r}")
+        if not isinstance(self.rope_scaling, dict):
+            raise TypeError(f"rope_scaling must be a dict (transformers' rope_parameters), got {self.rope_scaling!r}")
+        check_rope_scaling(self.rope_scaling or None)
         _checks.probability("dropout", self.dropout)
         _checks.probability("attention_dropout", self.attention_dropout)
         if self.activation not in ACTIVATIONS:
@@ -141,6 +177,16 @@ class StackConfig:
             raise ValueError(f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}")
         if self.linear not in LINEAR_LAYERS:
             raise ValueError(f"linear must be one of {sorted(LINEAR_LAYERS)}, got {self.linear!r}")
+        if self.head_size() % 2 and self.rotary():
+            raise ValueError(f"positional='rotary' turns pairs of features: the head size must be even, got {self.head_size()}")
+
+    def head_size(self) -> int:
+        """The size of one attention head: ``d_head``, else ``d_model // n_heads``."""
+        return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    def rotary(self) -> bool:
+        """Whether the positional scheme is rotary (applied inside self-attention)."""
+        return bool(getattr(lookup("positional", self.positional), "rotary", False))
 
 
 # ----------------------------------------------------------------------------- states and outputs
@@ -301,7 +347,7 @@ def self_attention_settings(config: StackConfig) -> Tuple[Dict[str, Any], float]
     efficient), with a warning (once) — the residual dropout still applies.
     """
     kernel = lookup("attention", config.attention)
-    knobs = kernel.knobs(config.max_len, config.n_heads, config.d_model // config.n_heads, config.attention_kwargs)
+    knobs = kernel.knobs(config.max_len, config.n_heads, config.head_size(), config.attention_kwargs)
     dropout = config.attention_dropout
     if dropout > 0 and not kernel.applies_dropout:
         warnings.warn(f"attention {kernel.registry_name!r} forms no attention-weight matrix: attention_dropout="
@@ -318,25 +364,30 @@ class TransformerBlock(nn.Module):
         causal: the self-attention kernel is built causal (decoder, LM).
         cross_attention: kernel name of a cross-attention sub-layer (None: none).
         cross_attention_kwargs: its knobs.
+        rotary: the stack's ``RotaryEmbedding`` (``positional="rotary"``), for self-attention.
     """
 
     def __init__(self, config: StackConfig, *, causal: bool = False, cross_attention: Optional[str] = None,
-                 cross_attention_kwargs: Optional[Dict[str, Any]] = None) -> None:
+                 cross_attention_kwargs: Optional[Dict[str, Any]] = None, rotary: Optional[RotaryEmbedding] = None) -> None:
         super().__init__()
         c = config
         linear = LINEAR_LAYERS[c.linear]
         knobs, attention_dropout = self_attention_settings(c)
-        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention, causal=causal,
-                                            dropout=attention_dropout, linear=linear, **knobs)
-        self.res_self = build_residual(c.residual, c.d_model, c.dropout, c.layer_norm_eps)
+        heads = dict(n_kv_heads=c.n_kv_heads, d_head=c.d_head, bias=c.bias, qkv_bias=c.qkv_bias, qk_norm=c.qk_norm,
+                     norm_eps=c.layer_norm_eps)
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention, causal=causal, dropout=attention_dropout,
+                                            linear=linear, rotary=rotary, **heads, **knobs)
+        residual = dict(dropout=c.dropout, eps=c.layer_norm_eps, norm=c.norm)
+        self.res_self = build_residual(c.residual, c.d_model, **residual)
         self.cross_attn = self.res_cross = None
         if cross_attention is not None:
             self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, cross_attention, causal=False,
-                                                 dropout=c.attention_dropout, linear=linear,
+                                                 dropout=c.attention_dropout, linear=linear, **heads,
                                                  **dict(cross_attention_kwargs or {}))
-            self.res_cross = build_residual(c.residual, c.d_model, c.dropout, c.layer_norm_eps)
-        self.ff = FeedForward(c.d_model, c.d_ff, c.activation, chunk_size=c.ff_chunk_size, linear=linear)
-        self.res_ff = build_residual(c.residual, c.d_model, c.dropout, c.layer_norm_eps)
+            self.res_cross = build_residual(c.residual, c.d_model, **residual)
+        self.ff = build_feedforward(c.d_model, c.d_ff, c.activation, glu=c.glu, chunk_size=c.ff_chunk_size,
+                                    linear=linear, bias=c.bias)
+        self.res_ff = build_residual(c.residual, c.d_model, **residual)
 
     def _cross_attend(self, h: Tensor, memory: Tensor, memory_mask: Optional[Tensor],
                       cross_kv: Optional[Tuple[Tensor, Tensor]], need_weights: bool):
@@ -354,21 +405,25 @@ class TransformerBlock(nn.Module):
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, memory: Optional[Tensor] = None,
                 memory_mask: Optional[Tensor] = None, state: Optional[BlockState] = None,
                 need_weights: bool = False, return_state: bool = False,
-                prefix: Optional[Tensor] = None) -> BlockOutput:
+                prefix: Optional[Tensor] = None, positions: Optional[Tensor] = None) -> BlockOutput:
         """``x (B, L, d_model)``; ``mask`` for self-attention (True = may attend); ``memory (B, S, d_model)``
         and ``memory_mask (B, S)`` for cross-attention. ``prefix (B, P, d_model)``: earlier inputs
         that self-attention reads as extra keys/values before ``x`` but does not update
-        (Transformer-XL's segment memory, ``[SG(m), x]``)."""
+        (Transformer-XL's segment memory, ``[SG(m), x]``). ``positions (L,) or (B, L)``: the
+        tokens' positions for rotary self-attention."""
         state = state or BlockState()
         h = self.res_self.enter(x)
         context = None
+        if prefix is not None and self.self_attn.rotary is not None:
+            raise ValueError("prefix (a segment memory) with rotary positions: the memory's keys have no positions here")
         if prefix is not None:
             _checks.tensor("prefix", prefix, ndim=3, floating=True)
             _checks.same("prefix", prefix.shape[0], "x", x.shape[0], "the batch size")
             _checks.same("prefix", prefix.shape[2], "x", x.shape[2], "the feature size (dim -1)")
             context = torch.cat([self.res_self.enter(prefix), h], dim=1)  # (B, P + L, d_model)
+        extra = {} if positions is None else {"positions": positions}
         y, self_weights, self_state = self.self_attn(h, context, context, mask=mask, state=state.self_attn,
-                                                     need_weights=need_weights, return_state=return_state)
+                                                     need_weights=need_weights, return_state=return_state, **extra)
         x = self.res_self.exit(x, y)
         del h, context, y  # freed before the feed-forward network allocates its (B, L, d_ff) hidden
         cross_weights, cross_kv = None, state.cross_kv
@@ -417,18 +472,25 @@ class TransformerStack(nn.Module):
         self.config = config
         self.causal = causal
         n_layers = config.n_layers if n_layers is None else _checks.positive_int("n_layers", n_layers)
+        self.rotary = None
+        if config.rotary():
+            if "positions" not in inspect.signature(self.run_layers).parameters:
+                raise ValueError(f"positional='rotary' needs a layer loop that passes positions to attention; "
+                                 f"{type(self).__name__}.run_layers does not")
+            self.rotary = RotaryEmbedding(config.head_size(), base=config.rope_theta, scaling=config.rope_scaling or None,
+                                          max_len=config.max_len)
         self.embed = Embeddings(vocab_size, config.d_model, positional=config.positional, max_len=config.max_len,
                                 dropout=config.dropout, scale=embedding_scale, n_segments=n_segments,
                                 norm=embedding_norm, eps=config.layer_norm_eps, token=token_embedding,
                                 token_segments=token_segments)
         self.layers = nn.ModuleList(
             TransformerBlock(config, causal=causal, cross_attention=cross_attention,
-                             cross_attention_kwargs=cross_attention_kwargs)
+                             cross_attention_kwargs=cross_attention_kwargs, rotary=self.rotary)
             for _ in range(n_layers))
         for block in self.layers[1:]:  # parameters a kernel shares across the stack (Linformer's layerwise E)
             block.self_attn.kernel.share_across_layers(self.layers[0].self_attn.kernel)
         final = lookup("residual", config.residual).final_norm
-        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if final else nn.Identity()
+        self.final_norm = build_norm(config.norm, config.d_model, eps=config.layer_norm_eps) if final else nn.Identity()
 
     def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, mask: Optional[Tensor] = None,
                 memory: Optional[Tensor] = None, memory_mask: Optional[Tensor] = None,
@@ -447,18 +509,25 @@ class TransformerStack(nn.Module):
             raise ValueError(f"input_ids reach position {offset + input_ids.shape[1]}, beyond max_len={max_len} "
                              f"of the learned positional embedding")
         x = self.embed(input_ids, token_type_ids, offset=offset, position_ids=position_ids)
+        extra = {}
+        if self.rotary is not None:  # the tokens' positions, for every self-attention to turn its queries and keys
+            positions = position_ids if position_ids is not None else torch.arange(
+                offset, offset + input_ids.shape[1], device=input_ids.device)
+            extra = {"positions": positions}
         return self.run_layers(x, mask=mask, memory=memory, memory_mask=memory_mask, state=state,
-                               need_weights=need_weights, return_state=return_state, return_hidden=return_hidden)
+                               need_weights=need_weights, return_state=return_state, return_hidden=return_hidden,
+                               **extra)
 
     def run_layers(self, x: Tensor, mask: Optional[Tensor] = None, memory: Optional[Tensor] = None,
                    memory_mask: Optional[Tensor] = None, state: Optional[StackState] = None,
                    need_weights: bool = False, return_state: bool = False,
-                   return_hidden: bool = False) -> StackOutput:
+                   return_hidden: bool = False, positions: Optional[Tensor] = None) -> StackOutput:
         """The layer loop on embeddings ``x (B, L, d_model)`` — the hook for other depths (ACT, reversible).
 
         ``mask``: self-attention mask, True = may attend (``(B, L)`` key padding, or broadcastable
         to ``(B, H, L, N)``). A key-padding mask with no padding is dropped so that kernels keep
         their fast paths. ``memory (B, S, d_model)``, ``memory_mask (B, S)``: for cross-attention.
+        ``positions (L,) or (B, L)``: the tokens' positions (rotary self-attention).
         """
         _checks.tensor("x", x, ndim=3, floating=True)
         mask = _drop_if_full(mask)
@@ -471,10 +540,10 @@ class TransformerStack(nn.Module):
         weights, cross_weights, new_states, hidden_states = [], [], [], []
         for block, s in zip(self.layers, layer_states):
             if checkpointing:
-                out = checkpoint(block, x, mask, memory, memory_mask, use_reentrant=False)
+                out = checkpoint(block, x, mask, memory, memory_mask, positions=positions, use_reentrant=False)
             else:
                 out = block(x, mask=mask, memory=memory, memory_mask=memory_mask, state=s,
-                            need_weights=need_weights, return_state=return_state)
+                            need_weights=need_weights, return_state=return_state, positions=positions)
             x = out.hidden
             weights.append(out.self_weights)
             cross_weights.append(out.cross_weights)

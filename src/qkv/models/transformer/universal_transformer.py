@@ -107,6 +107,9 @@ class UniversalStack(TransformerStack):
             raise ValueError(f"a Universal Transformer stack has one shared block; n_layers must be 1, got {n_layers}")
         # the coordinates are added here, not by the embeddings: the tokens are scaled for them all the same
         kwargs.setdefault("embedding_scale", token_scale(config.positional, config.d_model))
+        if config.rotary():
+            raise ValueError("positional='rotary' turns queries and keys inside attention; the Universal Transformer "
+                             "adds its positions before every step (use 'timestep' or 'sinusoidal')")
         super().__init__(dataclasses.replace(config, positional="none"), n_layers=1, **kwargs)
         self.coordinates = lookup("positional", config.positional)(config.d_model, max_len=config.max_len, dropout=0.0)
         self.max_steps = config.max_steps
