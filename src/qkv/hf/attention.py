@@ -39,6 +39,15 @@ get ``q`` multiplied by ``scaling * sqrt(d)``, which gives them the same scores;
 ``efficient`` have no temperature and ignore it. Grouped key/value heads (GQA, MQA) are repeated
 to the query heads, as transformers' eager attention does.
 
+Arguments: every keyword argument a model passes is honoured or refused by name. Honoured:
+``dropout``, ``scaling``, ``is_causal``, ``output_attentions``, and those in :data:`CARRIED`, which
+change nothing here (positions are in the rotated heads; packed sequences and sliding windows are
+in the mask, as for eager). Refused when given: those in :data:`UNIMPLEMENTED` (``softcap``, sinks
+``s_aux``/``sinks``, ``position_bias``, a sparse indexer's ``indices``/``block_indices`` — which
+transformers folds into the mask for eager and sdpa only — and a paged ``cache``), and any name
+not listed: a DeepSeek V3.2 layer under ``qkv-softmax`` raises naming ``indices=`` instead of
+running dense attention.
+
 Decoding under transformers' KV cache: a kernel here keeps no state of its own. transformers
 stores every key and value (``DynamicCache``) and hands the whole cache to each step, so a step is
 one query against all cached keys. The exact and pattern kernels give the same tokens as without
@@ -63,7 +72,8 @@ from torch import Tensor
 from ..attention.base import AttentionKernel
 from ..registry import check_kwargs, lookup, names
 
-__all__ = ["register", "registered", "layer_kernels", "KernelKey", "REFUSED", "DEFAULT_KNOBS", "PREFIX"]
+__all__ = ["register", "registered", "layer_kernels", "KernelKey", "REFUSED", "DEFAULT_KNOBS", "PREFIX", "CARRIED",
+           "UNIMPLEMENTED"]
 
 PREFIX = "qkv-"
 #: knobs ``register()`` gives a kernel beyond its own ``default_knobs`` (the sizes that fit the
@@ -95,6 +105,50 @@ REFUSED: Dict[str, str] = {
 }
 #: kernels whose similarity has no temperature: transformers' ``scaling`` does not apply
 _UNSCALED = frozenset({"linear", "efficient"})
+#: keyword arguments transformers passes to attention functions that change no qkv kernel's answer,
+#: and why — the names of its ``TransformersKwargs`` and ``FlashAttentionKwargs`` (which its models
+#: pass to every attention function), the inputs a model forwards with them, and the arguments
+#: that only eager's mask carries. ``dropout``, ``scaling``, ``is_causal`` and
+#: ``output_attentions`` are honoured (see the attention function). Any other argument with a value
+#: (not None) is refused by name: a name that does change nothing may be added here
+CARRIED: Dict[str, str] = {
+    "position_ids": "positions are already in the queries and keys (rotary) or the embeddings; packing is in the mask",
+    "cu_seq_lens_q": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
+    "cu_seq_lens_k": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
+    "max_length_q": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
+    "max_length_k": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
+    "seq_idx": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
+    "sliding_window": "the window is in the mask (a full mask, which qkv-softmax takes and the other kernels refuse)",
+    "deterministic": "flash attention's choice of a deterministic backward; no kernel here is nondeterministic",
+    "output_hidden_states": "what the model returns, not what attention computes",
+    "output_router_logits": "what the model returns, not what attention computes",
+    "return_dict": "what the model returns, not what attention computes",
+    "num_items_in_batch": "the loss's normaliser",
+    "use_cache": "the layer updates the KV cache before attention; the keys and values here include it",
+    "past_key_values": "the layer updates the KV cache before attention; the keys and values here include it",
+    "cache_position": "the layer updates the KV cache before attention; the mask places the queries",
+    "encoder_hidden_states": "a cross-attention layer projects them into the keys and values given here",
+    "encoder_attention_mask": "a cross-attention layer's padding is in the mask given here",
+    "input_ids": "a model input forwarded along",
+    "inputs_embeds": "a model input forwarded along",
+    "token_type_ids": "a model input forwarded along",
+    "decoder_input_ids": "a model input forwarded along",
+    "decoder_attention_mask": "a model input forwarded along (the decoder's mask is given here)",
+    "decoder_inputs_embeds": "a model input forwarded along",
+}
+#: arguments that change attention's answer, which qkv's kernels do not compute: refused by name
+#: when given (not None), with what the argument does
+UNIMPLEMENTED: Dict[str, str] = {
+    "softcap": "caps the scores (tanh softcapping)",
+    "s_aux": "adds attention sinks (a learned logit per head in the softmax)",
+    "sinks": "adds attention sinks (a learned logit per head in the softmax)",
+    "position_bias": "adds a position bias to the scores",
+    "indices": "restricts each query to the keys a sparse indexer selected (top-k); eager and sdpa take it "
+               "folded into the mask",
+    "block_indices": "restricts each query to the key blocks a sparse indexer selected; eager and sdpa take it "
+                     "folded into the mask",
+    "cache": "a paged KV cache that the attention function itself must update (continuous batching)",
+}
 
 _registered: Dict[str, Tuple[str, Dict[str, Any]]] = {}  # attn_implementation -> (kernel name, knobs)
 _warned: set = set()
@@ -398,6 +452,21 @@ def _boolean_mask(impl: str, mask: Optional[Tensor]) -> Optional[Tensor]:
     return allowed
 
 
+def _check_arguments(impl: str, kernel: str, layer: str, kwargs: Dict[str, Any]) -> None:
+    """Refuse, by name, every argument in ``kwargs`` (beyond the honoured ones) that is given and
+    is not in :data:`CARRIED`: those of :data:`UNIMPLEMENTED` with what they do, any other as unknown
+    — none is dropped without a word."""
+    for name, value in kwargs.items():
+        if value is None or name in CARRIED or name == "output_attentions":
+            continue
+        if name in UNIMPLEMENTED:
+            raise ValueError(f"{impl}: {layer} passes {name}=, which {UNIMPLEMENTED[name]}; qkv's {kernel!r} kernel "
+                             f"does not compute it (it would be ignored): use attn_implementation='eager'")
+        raise ValueError(f"{impl}: {layer} passes {name}=, an argument qkv's {kernel!r} kernel does not know "
+                         f"(it would be ignored); if it changes nothing in attention, add it to "
+                         f"qkv.hf.attention.CARRIED; else use attn_implementation='eager'")
+
+
 def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callable:
     """transformers' attention signature around qkv kernel ``kernel`` built with ``knobs``."""
 
@@ -405,10 +474,7 @@ def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callab
                   dropout: float = 0.0, scaling: Optional[float] = None, is_causal: Optional[bool] = None,
                   **kwargs: Any) -> Tuple[Tensor, Optional[Tensor]]:
         B, H, M, E = query.shape  # (B, H, M, E); key, value (B, H_kv, N, E)
-        if kwargs.get("softcap") is not None:
-            raise ValueError(f"{impl}: this model caps its scores (softcap), which qkv's kernels do not do; use 'eager'")
-        if kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None:
-            raise ValueError(f"{impl}: this model adds a score bias (position_bias / attention sinks), which qkv's kernels do not take")
+        _check_arguments(impl, kernel, type(module).__name__, kwargs)
         n_rep = H // key.shape[1]
         key, value = _repeat_kv(key, n_rep), _repeat_kv(value, n_rep)  # (B, H, N, E)
         causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
@@ -430,9 +496,11 @@ def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callab
         if use != "softmax" and use not in _UNSCALED and scaling is not None:
             query = query * (scaling * math.sqrt(E))  # the kernel divides by sqrt(E): softmax(scaling q k^T)
         if mask is not None and mask.shape[-2] != 1 and built.supports_mask != "full":
-            raise ValueError(f"{impl}: this model's attention pattern is not plain causal or bidirectional (a sliding "
-                             f"window, packed sequences or a static cache), and attention {use!r} takes key-padding "
-                             f"masks only; use qkv-softmax, or a dynamic cache without packing")
+            window = kwargs.get("sliding_window")
+            what = (f"its sliding_window={window} is a pattern" if window is not None else "its attention pattern is "
+                    "not plain causal or bidirectional (a sliding window, packed sequences or a static cache)")
+            raise ValueError(f"{impl}: {type(module).__name__}: {what}, and attention {use!r} takes key-padding masks "
+                             f"only; use qkv-softmax, or a dynamic cache without packing")
         need_weights = bool(kwargs.get("output_attentions", False))
         lead = _leading_padding(mask) if built.anchored else None
         if lead is not None:  # anchored blocks start at each row's first real token
