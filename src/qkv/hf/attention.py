@@ -39,6 +39,12 @@ get ``q`` multiplied by ``scaling * sqrt(d)``, which gives them the same scores;
 ``efficient`` have no temperature and ignore it. Grouped key/value heads (GQA, MQA) are repeated
 to the query heads, as transformers' eager attention does.
 
+Saving and loading: once ``register()`` has run, a model saved under a ``qkv-`` implementation
+records it in ``config.json`` (``attn_implementation`` and ``qkv_attention``: the kernel and its
+knobs), and ``from_pretrained`` loads it under that implementation, registering the name from the
+record when this process has not — not under sdpa. A name registered here as another kernel is
+refused; without ``register()`` in the loading process, transformers refuses the unknown name.
+
 Arguments: every keyword argument a model passes is honoured or refused by name. Honoured:
 ``dropout``, ``scaling``, ``is_causal``, ``output_attentions``, and those in :data:`CARRIED`, which
 change nothing here (positions are in the rotated heads; packed sequences and sliding windows are
@@ -73,7 +79,7 @@ from ..attention.base import AttentionKernel
 from ..registry import check_kwargs, lookup, names
 
 __all__ = ["register", "registered", "layer_kernels", "KernelKey", "REFUSED", "DEFAULT_KNOBS", "PREFIX", "CARRIED",
-           "UNIMPLEMENTED"]
+           "UNIMPLEMENTED", "RECORD_KEY"]
 
 PREFIX = "qkv-"
 #: knobs ``register()`` gives a kernel beyond its own ``default_knobs`` (the sizes that fit the
@@ -152,6 +158,9 @@ UNIMPLEMENTED: Dict[str, str] = {
 
 _registered: Dict[str, Tuple[str, Dict[str, Any]]] = {}  # attn_implementation -> (kernel name, knobs)
 _warned: set = set()
+#: the field of a saved transformers ``config.json`` that records the qkv kernel (and its knobs) the
+#: model ran under, beside ``attn_implementation`` (see ``_record_in_saved_configs``)
+RECORD_KEY = "qkv_attention"
 #: the attribute of a transformers attention layer that keeps the kernels built for it (a plain
 #: dict, not a submodule: nothing is added to the layer's state_dict, which eager and sdpa still load)
 KERNELS_ATTR = "_qkv_kernels"
@@ -252,6 +261,7 @@ def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: 
             AttentionInterface.register(impl, _refusing_function(impl, why))
             AttentionMaskInterface.register(impl, _refusing_function(impl, why))
     _explain_unknown_names()
+    _record_in_saved_configs()
     return dict(wanted)
 
 
@@ -285,14 +295,74 @@ def _explain_unknown_names() -> None:
         return
 
     def get_correct_attn_implementation(self, requested_attention, *args, **kwargs):
-        if (isinstance(requested_attention, str) and requested_attention.startswith(PREFIX)
-                and requested_attention not in ALL_ATTENTION_FUNCTIONS.valid_keys()):
-            raise ValueError(_unknown_name_message(requested_attention))
+        if isinstance(requested_attention, str) and requested_attention.startswith(PREFIX):
+            _register_recorded(getattr(self, "config", None), requested_attention)
+            if requested_attention not in ALL_ATTENTION_FUNCTIONS.valid_keys():
+                raise ValueError(_unknown_name_message(requested_attention))
         return check(self, requested_attention, *args, **kwargs)
 
     get_correct_attn_implementation._qkv_wrapped = True
     get_correct_attn_implementation.__doc__ = check.__doc__
     PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as JSON reads it back (tuples as lists)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _record_in_saved_configs() -> None:
+    """Make a transformers config set to a registered ``qkv-`` implementation say so when saved:
+    ``config.json`` gets ``attn_implementation`` (which transformers reads back as the implementation
+    to load with, so a reload does not fall back to sdpa) and :data:`RECORD_KEY`, the kernel and its
+    knobs (with which a reload registers the name when this process has not). Its ``to_dict`` is
+    wrapped once; a config under any other implementation is written as before, without a record."""
+    try:
+        from transformers import PretrainedConfig
+    except ImportError:  # pragma: no cover - register() has imported transformers already
+        return
+    to_dict = PretrainedConfig.to_dict
+    if getattr(to_dict, "_qkv_wrapped", False):
+        return
+
+    def recording_to_dict(self) -> Dict[str, Any]:
+        out = to_dict(self)
+        out.pop(RECORD_KEY, None)  # a record read from config.json describes the implementation it was saved under
+        impl = self.__dict__.get("_attn_implementation_internal")
+        if isinstance(impl, str) and impl in _registered:
+            kernel, knobs = _registered[impl]
+            out["attn_implementation"] = impl
+            out[RECORD_KEY] = {"attn_implementation": impl, "kernel": kernel, "knobs": _jsonable(knobs)}
+        return out
+
+    recording_to_dict._qkv_wrapped = True
+    recording_to_dict.__doc__ = to_dict.__doc__
+    PretrainedConfig.to_dict = recording_to_dict
+
+
+def _register_recorded(config: Any, impl: str) -> None:
+    """Before a model is set to ``impl``: register it from the record its config was saved with
+    (:data:`RECORD_KEY`) when this process has not; refuse when ``impl`` is registered here as
+    another kernel or with other knobs than the model was saved under."""
+    record = getattr(config, RECORD_KEY, None)
+    if not isinstance(record, dict) or record.get("attn_implementation") != impl:
+        return
+    kernel, knobs = record.get("kernel"), record.get("knobs") or {}
+    if not isinstance(kernel, str) or not isinstance(knobs, dict):
+        raise ValueError(f"attn_implementation={impl!r}: the config's {RECORD_KEY} is not a kernel name and its knobs: "
+                         f"{record!r}")
+    if impl in _registered:
+        mine = (_registered[impl][0], _jsonable(_registered[impl][1]))
+        if mine != (kernel, _jsonable(knobs)):
+            raise ValueError(f"attn_implementation={impl!r}: the model was saved under qkv's {kernel!r} kernel with "
+                             f"knobs {knobs}, and {impl!r} is registered here as {mine[0]!r} with {mine[1]}; register "
+                             f"the saved kernel under another name and load with attn_implementation=that name")
+        return
+    register(impl, kernel, **knobs)
 
 
 def registered() -> Dict[str, Tuple[str, Dict[str, Any]]]:
