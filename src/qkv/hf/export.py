@@ -87,7 +87,9 @@ def _write_huggingface(run: Any, folder: Path) -> None:
     with user_input():  # an architecture or option transformers has no counterpart for
         model.save_pretrained(folder, format="huggingface")
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    specials = write_hf_tokenizer(vocab, folder, model_max_length=_max_length(model, task))
+    generates = model.can_generate() and getattr(model.config, "head", "lm") == "lm"
+    specials = write_hf_tokenizer(vocab, folder, model_max_length=_max_length(model, task),
+                                  padding_side="left" if generates else "right")
     for key in ("pad", "bos", "eos", "unk"):
         if f"{key}_token" in specials:
             config[f"{key}_token_id"] = specials[f"{key}_token_id"]
@@ -96,7 +98,7 @@ def _write_huggingface(run: Any, folder: Path) -> None:
         config["id2label"] = {str(i): name for i, name in enumerate(names)}
         config["label2id"] = {name: i for i, name in enumerate(names)}
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    if model.can_generate() and getattr(model.config, "head", "lm") == "lm":
+    if generates:
         generation = {"do_sample": False, **{f"{k}_token_id": config[f"{k}_token_id"] for k in ("bos", "eos", "pad")
                                              if f"{k}_token_id" in config}}
         (folder / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n",
@@ -178,15 +180,26 @@ def _bytes_to_unicode() -> List[str]:
     return chars
 
 
-def write_hf_tokenizer(vocab: Any, folder: Union[str, Path], model_max_length: Optional[int] = None) -> Dict[str, Any]:
+def write_hf_tokenizer(vocab: Any, folder: Union[str, Path], model_max_length: Optional[int] = None,
+                       padding_side: str = "right") -> Dict[str, Any]:
     """Write ``vocab`` (see ``hf_tokenizer``) into ``folder`` as ``tokenizer.json``,
     ``tokenizer_config.json`` and ``special_tokens_map.json``; returns the special tokens and
-    their ids (``{"pad_token": "<pad>", "pad_token_id": 0, ...}``)."""
+    their ids (``{"pad_token": "<pad>", "pad_token_id": 0, ...}``). ``padding_side``: where a
+    batch's shorter rows are padded — ``"left"`` for a language model, whose next token follows
+    each row's last real token (transformers' generation reads the last column). A checkpoint's
+    WordPiece tokenizer also returns ``token_type_ids`` (0 for ``[CLS] A [SEP]``, 1 for ``B [SEP]``),
+    which BERT reads for a pair of texts."""
+    from ..tasks.pretrained_vocab import CheckpointTokenizer
+
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     folder = Path(folder)
     tok, specials = hf_tokenizer(vocab)
     tok.save(str(folder / "tokenizer.json"))
     config: Dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
-                              **specials}
+                              "padding_side": padding_side, **specials}
+    if isinstance(vocab, CheckpointTokenizer):  # segment ids: the pair template's type ids
+        config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
     if model_max_length is not None:
         config["model_max_length"] = int(model_max_length)
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")

