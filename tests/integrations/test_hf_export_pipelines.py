@@ -77,3 +77,58 @@ def test_a_batch_of_prompts_of_different_lengths_generates_each_as_alone(shakesp
     pipe = transformers.pipeline("text-generation", model=str(out))
     theirs = pipe(prompts, max_new_tokens=6, batch_size=2)
     assert [t[0]["generated_text"] for t in theirs] == ours
+
+
+def _test_texts(n):
+    """The first ``n`` articles of the bbc-news test split (bbc-bytes reads the same partition)."""
+    from qkv.tasks.bbc import load_bbc
+    from qkv.tasks.classify import split_indices
+
+    articles = load_bbc()
+    return [articles[i][0] for i in split_indices(len(articles), key="bbc-news")["test"][:n].tolist()]
+
+
+SMALL = ["--set", "n_layers=1", "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32", "--threads", "1"]
+
+
+def test_a_gpt_classifier_in_a_text_classification_pipeline(byte_data, tmp_path, train_argv, capsys):
+    """A GPT classifier exports as GPT2ForSequenceClassification (its bias moved into the final
+    norm's): the pipeline's scores on a padded batch are qkv's on each text alone."""
+    run, out = tmp_path / "run", tmp_path / "out"
+    assert main(train_argv("gpt", "bbc-bytes", run, *SMALL, "--set", "task.max_len=40", steps=3)) == 0, \
+        capsys.readouterr().err
+    assert main(["export", str(run), str(out)]) == 0, capsys.readouterr().err
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["GPT2ForSequenceClassification"]
+    trained = runs.load(run)
+    id2label = json.loads((out / "config.json").read_text())["id2label"]
+    texts, names = _test_texts(4), [id2label[str(i)] for i in range(len(id2label))]
+    assert trained.model.classifier.bias.abs().max() > 0  # a bias to move: the fold is exercised
+    pipe = transformers.pipeline("text-classification", model=str(out))
+    theirs = pipe(texts, truncation=True, top_k=None, batch_size=4)  # rows of different lengths: padded
+    for text, scores in zip(texts, theirs):
+        ids = torch.tensor([trained.task.vocab.encode(text)[:40]])
+        with torch.no_grad():
+            ours = trained.model(ids).logits.softmax(-1)[0]
+        by_name = {s["label"]: s["score"] for s in scores}
+        torch.testing.assert_close(torch.tensor([by_name[n] for n in names]), ours, atol=1e-5, rtol=0)
+
+
+def test_a_bert_pretrain_run_in_a_fill_mask_pipeline(byte_data, tmp_path, train_argv, capsys):
+    """bert-pretrain's word vocabulary exports as a WordLevel tokenizer that splits as qkv does;
+    the fill-mask pipeline's words and scores are qkv's MLM head at the ``[MASK]``."""
+    run, out = tmp_path / "run", tmp_path / "out"
+    assert main(train_argv("bert", "bert-pretrain", run, *SMALL, "--set", "task.max_len=24", steps=3)) == 0, \
+        capsys.readouterr().err
+    assert main(["export", str(run), str(out)]) == 0, capsys.readouterr().err
+    trained = runs.load(run)
+    vocab = trained.task.vocab
+    before, after = "Headline 12 news", "news sport."
+    ids = torch.tensor([[vocab.cls_id, *vocab.encode(before), vocab.mask_id, *vocab.encode(after), vocab.sep_id]])
+    with torch.no_grad():
+        probs = trained.model(ids).logits[0, 1 + len(vocab.encode(before))].softmax(-1)
+    top = probs.topk(5)
+    pipe = transformers.pipeline("fill-mask", model=str(out))
+    theirs = pipe(f"{before} [MASK] {after}", top_k=5)
+    assert [t["token"] for t in theirs] == top.indices.tolist()
+    assert [t["token_str"] for t in theirs] == [vocab.words[i] for i in top.indices.tolist()]
+    torch.testing.assert_close(torch.tensor([t["score"] for t in theirs]), top.values, atol=1e-5, rtol=0)

@@ -6,12 +6,19 @@
 - the run's tokenizer as ``tokenizer.json`` + ``tokenizer_config.json`` (the ``tokenizers``
   library's format, which ``AutoTokenizer.from_pretrained`` loads): a checkpoint's WordPiece
   tokenizer (a run started ``--init`` from MiniLM) as it is, with the ``[CLS] text [SEP]`` frame
-  that qkv's task adds, no fixed padding, and ``model_max_length`` the task's ``max_len`` (so
-  ``truncation=True`` cuts as the task does); a character vocabulary as a vocabulary of single
-  characters (unknown ones ``<unk>``), a byte vocabulary byte-level; either gives qkv's ids and
-  decodes to qkv's text (except that a text holding a special token's own string, ``<eos>``, reads
-  it as that token, as every transformers tokenizer does). A word vocabulary that qkv splits with its own rules is refused (export
-  ``--format qkv``);
+  that qkv's task adds (a pair ``[CLS] A [SEP] B [SEP]`` with ``token_type_ids`` 1 for ``B [SEP]``,
+  as BERT's own tokenizer gives), no fixed padding, and ``model_max_length`` the task's ``max_len``
+  (so ``truncation=True`` cuts as the task does); BERT's word vocabulary (``bert-pretrain``,
+  ``bbc-news`` without ``--init``) as a WordLevel tokenizer that splits as ``qkv.tasks.bbc.tokenize``
+  does, in the same frame; a character vocabulary as a vocabulary of single characters (unknown
+  ones ``<unk>``), a byte vocabulary byte-level; each gives qkv's ids and decodes to qkv's text
+  (except that a text holding a special token's own string, ``<eos>`` or ``[MASK]``, reads it as
+  that token, as every transformers tokenizer does). A language model's tokenizer pads on the left
+  (a batch of prompts generates each as alone). Any other word vocabulary, split by qkv's own
+  rules, is refused (export ``--format qkv``);
+- a GPT classifier as ``GPT2ForSequenceClassification`` (its classifier's bias moved into the
+  final norm's, which only the classifier reads there: ``_save_gpt_classifier``); a BERT
+  ``bert-pretrain`` model as ``BertForPreTraining``, which the fill-mask pipeline reads;
 - ``id2label``/``label2id`` in ``config.json`` from the task's ``class_names`` (``LABEL_i`` only
   for a task that names none);
 - for a language model, the special ids in ``config.json`` and a ``generation_config.json``
@@ -85,7 +92,10 @@ def _write_huggingface(run: Any, folder: Path) -> None:
         raise UserError(f"task {run.settings.task!r} reads no text (no vocabulary): a Hugging Face pipeline has no "
                         f"tokenizer for it; export --format qkv")
     with user_input():  # an architecture or option transformers has no counterpart for
-        model.save_pretrained(folder, format="huggingface")
+        if _is_gpt_classifier(model):
+            _save_gpt_classifier(model, folder)
+        else:
+            model.save_pretrained(folder, format="huggingface")
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     generates = model.can_generate() and getattr(model.config, "head", "lm") == "lm"
     specials = write_hf_tokenizer(vocab, folder, model_max_length=_max_length(model, task),
@@ -103,6 +113,45 @@ def _write_huggingface(run: Any, folder: Path) -> None:
                                              if f"{k}_token_id" in config}}
         (folder / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n",
                                                        encoding="utf-8")
+
+
+def _is_gpt_classifier(model: Any) -> bool:
+    from ..models import GPT
+
+    return type(model) is GPT and model.config.head == "classification"
+
+
+def _save_gpt_classifier(model: Any, folder: Path) -> None:
+    """A GPT classifier (``head="classification"``) as transformers' ``GPT2ForSequenceClassification``:
+    the body as ``GPT2LMHeadModel`` writes it (``save_pretrained(format="huggingface")``), the LM head
+    dropped and the classifier ``W_y`` as ``score``. Both classify the last real token's final
+    hidden state ``h = LN_f(x)``; GPT-2's ``score`` has no bias, so qkv's bias ``b`` moves into the
+    final norm's: ``W (beta + W^+ b) = W beta + b`` for ``W (C, d)`` of full row rank (``W^+`` its
+    pseudo-inverse), exact up to rounding; the LM head that also reads ``LN_f`` is not written."""
+    import dataclasses
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from ..models import GPT
+
+    W, b = model.classifier.weight.detach().cpu(), model.classifier.bias.detach().cpu()  # (C, d), (C,)
+    if int(torch.linalg.matrix_rank(W.double())) < W.shape[0]:
+        raise ValueError(f"the classifier's {W.shape[0]} rows are not independent: its bias cannot move into GPT-2's "
+                         f"final norm (GPT2ForSequenceClassification's score has no bias); export --format qkv")
+    body = GPT(dataclasses.replace(model.config, head="lm"))
+    body.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("classifier.")}, strict=False)
+    body.save_pretrained(folder, format="huggingface")
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors.pop("lm_head.weight", None)
+    beta = tensors["transformer.ln_f.bias"]
+    shift = torch.linalg.pinv(W.double()) @ b.double()  # (d,): W shift = b
+    tensors["transformer.ln_f.bias"] = (beta.double() + shift).to(beta.dtype).contiguous()
+    tensors["score.weight"] = W.to(beta.dtype).contiguous()
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config.update(architectures=["GPT2ForSequenceClassification"], num_labels=model.config.num_labels)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _max_length(model: Any, task: Any) -> int:
@@ -126,21 +175,32 @@ def hf_tokenizer(vocab: Any) -> Any:
     ``CheckpointTokenizer`` (its own tokenizer, framed ``[CLS] text [SEP]``), a ``CharVocab`` or a
     ``ByteVocab``. Special tokens: ``{"pad_token": "<pad>", ...}`` for ``tokenizer_config.json``."""
     try:
-        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+        from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     except ImportError as e:
         raise UserError("exporting a tokenizer needs the `tokenizers` library: pip install 'qkv[hf]'") from e
+    from ..tasks.bbc import _WORD  # the pattern of a word in qkv.tasks.bbc.tokenize
+    from ..tasks.bert_tasks import BertVocab
     from ..tasks.pretrained_vocab import CheckpointTokenizer
     from ..tasks.vocab import ByteVocab, CharVocab
 
+    if isinstance(vocab, BertVocab):
+        # qkv's split (qkv.tasks.bbc.tokenize): the runs of [a-z0-9'] of the lower-cased text, each
+        # a word of the table (<unk> else); everything between them is dropped
+        tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(vocab.words)}, unk_token="<unk>"))
+        tok.normalizer = normalizers.Lowercase()
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(_WORD.pattern), behavior="removed", invert=True)
+        tok.decoder = decoders.WordPiece(prefix="##")  # words joined by spaces
+        names = ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]
+        tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in names])
+        tok.post_processor = _bert_frame(vocab.cls_id, vocab.sep_id)
+        return tok, dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), names))
     if isinstance(vocab, CheckpointTokenizer):
         tok = Tokenizer.from_file(str(vocab.path))
         tok.no_padding()  # a pipeline pads its own batches; truncation: model_max_length
         tok.no_truncation()
-        cls, sep = "[CLS]", "[SEP]"
-        tok.post_processor = processors.TemplateProcessing(  # qkv's tasks read [CLS] text [SEP]
-            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
-            special_tokens=[(cls, vocab.cls_id), (sep, vocab.sep_id)])
-        specials = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": cls, "sep_token": sep, "mask_token": "[MASK]"}
+        tok.post_processor = _bert_frame(vocab.cls_id, vocab.sep_id)
+        specials = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                    "mask_token": "[MASK]"}
         return tok, specials
     if isinstance(vocab, CharVocab):
         names = list(CharVocab.SPECIALS)  # ids 0 .. 3, then the characters in order
@@ -166,6 +226,15 @@ def hf_tokenizer(vocab: Any) -> Any:
                     f"(--init DIR)")
 
 
+def _bert_frame(cls_id: int, sep_id: int) -> Any:
+    """qkv's BERT tasks' frame: ``[CLS] A [SEP]``, a pair ``[CLS] A [SEP] B [SEP]`` with segment
+    (token type) 1 for ``B [SEP]``."""
+    from tokenizers import processors
+
+    return processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
+
+
 def _bytes_to_unicode() -> List[str]:
     """GPT-2's byte-to-character table (``tokenizers``' ``ByteLevel`` uses the same): printable
     bytes stand for themselves, the others for the characters from U+0100 on, in byte order."""
@@ -189,6 +258,7 @@ def write_hf_tokenizer(vocab: Any, folder: Union[str, Path], model_max_length: O
     each row's last real token (transformers' generation reads the last column). A checkpoint's
     WordPiece tokenizer also returns ``token_type_ids`` (0 for ``[CLS] A [SEP]``, 1 for ``B [SEP]``),
     which BERT reads for a pair of texts."""
+    from ..tasks.bert_tasks import BertVocab
     from ..tasks.pretrained_vocab import CheckpointTokenizer
 
     if padding_side not in ("left", "right"):
@@ -198,7 +268,7 @@ def write_hf_tokenizer(vocab: Any, folder: Union[str, Path], model_max_length: O
     tok.save(str(folder / "tokenizer.json"))
     config: Dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
                               "padding_side": padding_side, **specials}
-    if isinstance(vocab, CheckpointTokenizer):  # segment ids: the pair template's type ids
+    if isinstance(vocab, (CheckpointTokenizer, BertVocab)):  # segment ids: the pair template's type ids
         config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
     if model_max_length is not None:
         config["model_max_length"] = int(model_max_length)
