@@ -132,3 +132,15 @@ def test_a_bert_pretrain_run_in_a_fill_mask_pipeline(byte_data, tmp_path, train_
     assert [t["token"] for t in theirs] == top.indices.tolist()
     assert [t["token_str"] for t in theirs] == [vocab.words[i] for i in top.indices.tolist()]
     torch.testing.assert_close(torch.tensor([t["score"] for t in theirs]), top.values, atol=1e-5, rtol=0)
+
+
+def test_generation_runs_to_the_models_positions_as_qkv_generate(shakespeare_cache, tmp_path, train_argv, capsys):
+    """generation_config.json says the limit (the model's positions): the pipeline generates up to
+    it, greedy, and gives qkv generate's text of that length."""
+    run, out = _char_lm(tmp_path, train_argv, capsys, block=16)
+    positions = runs.load(run).model.config.max_len
+    assert json.loads((out / "generation_config.json").read_text())["max_length"] == positions
+    prompt = "To be"
+    ours = _qkv_generate(run, prompt, positions - len(prompt), capsys)
+    theirs = transformers.pipeline("text-generation", model=str(out))(prompt)[0]["generated_text"]
+    assert theirs == ours and len(ours) == positions

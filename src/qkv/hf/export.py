@@ -22,7 +22,9 @@
 - ``id2label``/``label2id`` in ``config.json`` from the task's ``class_names`` (``LABEL_i`` only
   for a task that names none);
 - for a language model, the special ids in ``config.json`` and a ``generation_config.json``
-  (greedy, as ``qkv generate --temperature 0``).
+  (greedy, as ``qkv generate --temperature 0``; ``max_length`` the model's positions: a pipeline
+  generates up to them and stops there, where ``qkv generate`` goes on with a sliding context that
+  transformers' GPT-2 does not have — asked for more tokens with ``max_new_tokens``, it raises).
 
 ``qkv``: the run's ``model/`` as ``save_pretrained`` writes it, its ``vocab.json`` and, when the
 task reads a checkpoint's tokenizer, that ``tokenizer.json``.
@@ -109,8 +111,10 @@ def _write_huggingface(run: Any, folder: Path) -> None:
         config["label2id"] = {name: i for i, name in enumerate(names)}
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     if generates:
-        generation = {"do_sample": False, **{f"{k}_token_id": config[f"{k}_token_id"] for k in ("bos", "eos", "pad")
-                                             if f"{k}_token_id" in config}}
+        # max_length: GPT-2's learned positions end at n_positions; transformers' generation has no
+        # sliding context (qkv generate re-reads the last max_len tokens past it), so it stops there
+        generation = {"do_sample": False, "max_length": int(model.config.max_len),
+                      **{f"{k}_token_id": config[f"{k}_token_id"] for k in ("bos", "eos", "pad") if f"{k}_token_id" in config}}
         (folder / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n",
                                                        encoding="utf-8")
 
