@@ -144,3 +144,37 @@ def test_generation_runs_to_the_models_positions_as_qkv_generate(shakespeare_cac
     ours = _qkv_generate(run, prompt, positions - len(prompt), capsys)
     theirs = transformers.pipeline("text-generation", model=str(out))(prompt)[0]["generated_text"]
     assert theirs == ours and len(ours) == positions
+
+
+def test_save_pretrained_of_a_runs_model_writes_its_tokenizer(byte_data, tmp_path, train_argv, capsys):
+    """``run.model.save_pretrained(dir, format="huggingface")`` from Python writes what ``qkv export``
+    writes (the tokenizer, the class names): the pipeline's labels and scores are qkv's. A model
+    whose vocabulary no tokenizer reproduces is refused with the reason."""
+    from qkv._errors import UserError
+    from qkv.hf.tokenizer import remember_text
+    from qkv.tasks.vocab import WordVocab
+
+    run = tmp_path / "run"
+    assert main(train_argv("bert", "bbc-news", run, *SMALL, "--set", "task.max_len=12", steps=3)) == 0, \
+        capsys.readouterr().err
+    assert main(["export", str(run), str(tmp_path / "exported")]) == 0, capsys.readouterr().err
+    trained = runs.load(run)
+    trained.model.save_pretrained(tmp_path / "saved", format="huggingface")
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "model.safetensors"):
+        assert (tmp_path / "saved" / name).read_bytes() == (tmp_path / "exported" / name).read_bytes(), name
+    texts, vocab = _test_texts(4), trained.task.vocab
+    pipe = transformers.pipeline("text-classification", model=str(tmp_path / "saved"))
+    for text, scores in zip(texts, pipe(texts, truncation=True, top_k=None)):
+        ids = torch.tensor([[vocab.cls_id, *vocab.encode(text)[:10], vocab.sep_id]])
+        with torch.no_grad():
+            ours = trained.model(ids).logits.softmax(-1)[0]
+        by_name = {s["label"]: s["score"] for s in scores}
+        torch.testing.assert_close(torch.tensor([by_name[n] for n in trained.task.class_names]), ours, atol=1e-5, rtol=0)
+
+    class CommaWords:  # a task whose words qkv splits at commas: no tokenizers counterpart
+        vocab, max_len, class_names = WordVocab(["a", "b"], split=lambda text: text.split(",")), 12, None
+
+    remember_text(trained.model, CommaWords())
+    with pytest.raises(UserError, match="a WordVocab splits text by qkv's own rules"):
+        trained.model.save_pretrained(tmp_path / "refused", format="huggingface")
+    assert not (tmp_path / "refused").exists()

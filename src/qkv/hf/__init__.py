@@ -4,6 +4,8 @@
   (``QKVModel.from_pretrained(dir)``, ``save_pretrained(dir, format="huggingface")``);
 - ``attention``: qkv's kernels inside any transformers model, as ``attn_implementation="qkv-<kernel>"``;
 - ``pretrained``: a run started from a pretrained checkpoint (``qkv train ... --init DIR``);
+- ``tokenizer``: a run's vocabulary as a ``tokenizers`` tokenizer, and the files a pipeline needs
+  beside a checkpoint (written by ``save_pretrained(format="huggingface")`` for a run's model);
 - ``export``: a finished run as a folder transformers' pipelines load (``qkv export``).
 
 It sits on the top floor with the other faces (``runs``, ``cli``): ``export`` reads runs, and
