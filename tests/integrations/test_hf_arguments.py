@@ -55,8 +55,8 @@ def test_every_standard_argument_is_honoured_carried_or_refused():
 
 # a value of each carried argument as a model passes it
 CARRIED_VALUES = {
-    "position_ids": torch.arange(6).expand(2, 6), "cu_seq_lens_q": torch.tensor([0, 6, 12]),
-    "cu_seq_lens_k": torch.tensor([0, 6, 12]), "max_length_q": 6, "max_length_k": 6, "seq_idx": torch.zeros(2, 6),
+    "position_ids": torch.arange(6).expand(2, 6), "cu_seq_lens_q": torch.tensor([0, 6]),
+    "cu_seq_lens_k": torch.tensor([0, 6]), "max_length_q": 6, "max_length_k": 6, "seq_idx": torch.zeros(2, 6),
     "sliding_window": 2, "deterministic": True, "output_hidden_states": True, "output_router_logits": True,
     "return_dict": True, "num_items_in_batch": torch.tensor(12), "use_cache": True, "past_key_values": object(),
     "cache_position": torch.arange(6), "encoder_hidden_states": torch.zeros(2, 6, 32),
@@ -166,3 +166,28 @@ def test_a_model_that_forwards_its_inputs_still_runs():
             warnings.simplefilter("ignore")
             logits[impl] = model(input_ids=ids, decoder_input_ids=ids).logits
     torch.testing.assert_close(logits["qkv-softmax"], logits["eager"], atol=1e-5, rtol=0)
+
+
+def test_packed_sequences_travel_in_the_mask():
+    """A packed batch (position_ids restarting, cu_seq_lens_* as a flattening collator gives them):
+    the mask keeps each sequence to itself, so qkv-softmax gives each sequence's logits alone; a
+    kernel that takes padding masks only refuses the packed pattern."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(1, 40, (1, 10), generator=torch.Generator().manual_seed(1))
+    packed = dict(position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5]]), cu_seq_lens_q=torch.tensor([0, 4, 10]),
+                  cu_seq_lens_k=torch.tensor([0, 4, 10]), max_length_q=6, max_length_k=6,
+                  use_cache=False)  # as in training: transformers reads packing from position_ids without a cache
+    model.set_attn_implementation("qkv-softmax")
+    with torch.no_grad():
+        together = model(ids, **packed).logits
+        alone = torch.cat([model(ids[:, :4]).logits, model(ids[:, 4:]).logits], dim=1)
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
+    model.set_attn_implementation("qkv-performer")
+    with pytest.raises(ValueError, match="'performer' takes key-padding masks only"), torch.no_grad():
+        model(ids, **packed)
+    model.set_attn_implementation("qkv-softmax")  # with a cache transformers builds no packed mask: refused
+    with pytest.raises(ValueError, match=r"cu_seq_lens_q= for 2 packed sequences.*use_cache=False"), torch.no_grad():
+        model(ids, **{**packed, "use_cache": True})

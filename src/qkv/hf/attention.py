@@ -119,8 +119,10 @@ _UNSCALED = frozenset({"linear", "efficient"})
 #: (not None) is refused by name: a name that does change nothing may be added here
 CARRIED: Dict[str, str] = {
     "position_ids": "positions are already in the queries and keys (rotary) or the embeddings; packing is in the mask",
-    "cu_seq_lens_q": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
-    "cu_seq_lens_k": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
+    "cu_seq_lens_q": "packed sequences: the mask keeps each to itself, as for eager and sdpa (refused when the "
+                     "mask does not: _check_packing)",
+    "cu_seq_lens_k": "packed sequences: the mask keeps each to itself, as for eager and sdpa (refused when the "
+                     "mask does not: _check_packing)",
     "max_length_q": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
     "max_length_k": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
     "seq_idx": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
@@ -537,6 +539,18 @@ def _check_arguments(impl: str, kernel: str, layer: str, kwargs: Dict[str, Any])
                          f"qkv.hf.attention.CARRIED; else use attn_implementation='eager'")
 
 
+def _check_packing(impl: str, layer: str, kwargs: Dict[str, Any], mask: Optional[Tensor]) -> None:
+    """Refuse packed sequences (``cu_seq_lens_q``/``_k`` bounding more than one) that the mask does not
+    keep apart: transformers builds that mask from ``position_ids`` only without a KV cache, and
+    with a padding mask or none every sequence would read the others' keys."""
+    for name in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        bounds = kwargs.get(name)
+        if isinstance(bounds, Tensor) and bounds.numel() > 2 and (mask is None or mask.shape[-2] == 1):
+            raise ValueError(f"{impl}: {layer} passes {name}= for {bounds.numel() - 1} packed sequences, and its mask "
+                             f"does not keep them apart (transformers builds that mask from position_ids without a KV "
+                             f"cache: use_cache=False); each would attend to the others' tokens")
+
+
 def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callable:
     """transformers' attention signature around qkv kernel ``kernel`` built with ``knobs``."""
 
@@ -549,6 +563,7 @@ def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callab
         key, value = _repeat_kv(key, n_rep), _repeat_kv(value, n_rep)  # (B, H, N, E)
         causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
         mask = _boolean_mask(impl, attention_mask)
+        _check_packing(impl, type(module).__name__, kwargs, mask)
         if mask is not None and mask.shape[-2] != 1:  # the full pattern (causality included) is in the mask
             causal = False
         use, own = kernel, dict(knobs)
