@@ -57,7 +57,7 @@ def test_every_standard_argument_is_honoured_carried_or_refused():
 CARRIED_VALUES = {
     "position_ids": torch.arange(6).expand(2, 6), "cu_seq_lens_q": torch.tensor([0, 6]),
     "cu_seq_lens_k": torch.tensor([0, 6]), "max_length_q": 6, "max_length_k": 6, "seq_idx": torch.zeros(2, 6),
-    "sliding_window": 2, "deterministic": True, "output_hidden_states": True, "output_router_logits": True,
+    "sliding_window": 6, "deterministic": True, "output_hidden_states": True, "output_router_logits": True,
     "return_dict": True, "num_items_in_batch": torch.tensor(12), "use_cache": True, "past_key_values": object(),
     "cache_position": torch.arange(6), "encoder_hidden_states": torch.zeros(2, 6, 32),
     "encoder_attention_mask": torch.ones(2, 6), "input_ids": torch.ones(2, 6, dtype=torch.long),
@@ -99,6 +99,18 @@ def test_an_argument_no_kernel_computes_is_refused_by_name(impl, name):
     said = str(e.value)
     assert f"{name}=" in said and impl in said and repr(impl[len(hf.PREFIX):]) in said and "LlamaAttention" in said
     attention(layer, q, k, v, None, scaling=0.3, **{name: None})  # None: the argument is not given
+
+
+def test_a_window_or_packing_the_mask_does_not_hold_is_refused():
+    """Without a full mask the carried patterns would be dropped: a window shorter than the keys and
+    packed sequences are refused by name (a window as long as the keys restricts nothing: runs)."""
+    layer, (q, k, v) = _llama_layer().double(), _heads()
+    attention = AttentionInterface._global_mapping["qkv-softmax"]
+    with pytest.raises(ValueError, match=r"LlamaAttention passes sliding_window=2 for 6 keys"):
+        attention(layer, q, k, v, None, scaling=0.3, sliding_window=2)
+    with pytest.raises(ValueError, match=r"cu_seq_lens_k= for 2 packed sequences"):
+        attention(layer, q, k, v, None, scaling=0.3, cu_seq_lens_k=torch.tensor([0, 2, 6]))
+    attention(layer, q, k, v, None, scaling=0.3, sliding_window=6)
 
 
 def _deepseek_v32(topk):
@@ -145,6 +157,12 @@ def test_a_sliding_window_is_honoured_by_softmax_and_refused_by_the_others():
             logits[impl] = model(ids, attention_mask=mask).logits
     real = mask.bool()  # a padding position attends to no key: what it holds is no one's answer
     torch.testing.assert_close(logits["qkv-softmax"][real], logits["eager"][real], atol=1e-5, rtol=0)
+    tokens = {}
+    for impl in ("eager", "qkv-softmax"):  # decoding past the window under the KV cache: one query a step
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            tokens[impl] = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert torch.equal(tokens["qkv-softmax"], tokens["eager"])
     model.set_attn_implementation("qkv-performer")
     with pytest.raises(ValueError, match=r"sliding_window=3.*'performer' takes key-padding masks only"), torch.no_grad():
         model(ids, attention_mask=mask)

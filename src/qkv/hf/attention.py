@@ -120,13 +120,14 @@ _UNSCALED = frozenset({"linear", "efficient"})
 CARRIED: Dict[str, str] = {
     "position_ids": "positions are already in the queries and keys (rotary) or the embeddings; packing is in the mask",
     "cu_seq_lens_q": "packed sequences: the mask keeps each to itself, as for eager and sdpa (refused when the "
-                     "mask does not: _check_packing)",
+                     "mask does not: _check_in_mask)",
     "cu_seq_lens_k": "packed sequences: the mask keeps each to itself, as for eager and sdpa (refused when the "
-                     "mask does not: _check_packing)",
+                     "mask does not: _check_in_mask)",
     "max_length_q": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
     "max_length_k": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
     "seq_idx": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
-    "sliding_window": "the window is in the mask (a full mask, which qkv-softmax takes and the other kernels refuse)",
+    "sliding_window": "the window is in the mask (a full mask, which qkv-softmax takes and the other kernels refuse; "
+                      "refused when the mask does not hold it: _check_in_mask)",
     "deterministic": "flash attention's choice of a deterministic backward; no kernel here is nondeterministic",
     "output_hidden_states": "what the model returns, not what attention computes",
     "output_router_logits": "what the model returns, not what attention computes",
@@ -539,13 +540,23 @@ def _check_arguments(impl: str, kernel: str, layer: str, kwargs: Dict[str, Any])
                          f"qkv.hf.attention.CARRIED; else use attn_implementation='eager'")
 
 
-def _check_packing(impl: str, layer: str, kwargs: Dict[str, Any], mask: Optional[Tensor]) -> None:
-    """Refuse packed sequences (``cu_seq_lens_q``/``_k`` bounding more than one) that the mask does not
-    keep apart: transformers builds that mask from ``position_ids`` only without a KV cache, and
-    with a padding mask or none every sequence would read the others' keys."""
+def _check_in_mask(impl: str, layer: str, kwargs: Dict[str, Any], mask: Optional[Tensor], n_queries: int,
+                   n_keys: int) -> None:
+    """Refuse the carried patterns that the mask does not hold — with a padding mask or none, they
+    would be dropped: packed sequences (``cu_seq_lens_q``/``_k`` bounding more than one), whose mask
+    transformers builds from ``position_ids`` only without a KV cache, and a ``sliding_window``
+    shorter than the keys (one query, a decoding step, has its window in its one mask row: the
+    keys before the window must be masked there)."""
+    if mask is not None and mask.shape[-2] != 1:
+        return  # a full pattern: transformers' mask function put the window or the packing in it
+    window = kwargs.get("sliding_window")
+    if isinstance(window, int) and not isinstance(window, bool) and window < n_keys and (
+            n_queries > 1 or mask is None or bool(mask[..., : n_keys - window].any())):
+        raise ValueError(f"{impl}: {layer} passes sliding_window={window} for {n_keys} keys, and its mask does not "
+                         f"hold the window (a padding mask or none); the window would be dropped")
     for name in ("cu_seq_lens_q", "cu_seq_lens_k"):
         bounds = kwargs.get(name)
-        if isinstance(bounds, Tensor) and bounds.numel() > 2 and (mask is None or mask.shape[-2] == 1):
+        if isinstance(bounds, Tensor) and bounds.numel() > 2:
             raise ValueError(f"{impl}: {layer} passes {name}= for {bounds.numel() - 1} packed sequences, and its mask "
                              f"does not keep them apart (transformers builds that mask from position_ids without a KV "
                              f"cache: use_cache=False); each would attend to the others' tokens")
@@ -563,7 +574,7 @@ def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callab
         key, value = _repeat_kv(key, n_rep), _repeat_kv(value, n_rep)  # (B, H, N, E)
         causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
         mask = _boolean_mask(impl, attention_mask)
-        _check_packing(impl, type(module).__name__, kwargs, mask)
+        _check_in_mask(impl, type(module).__name__, kwargs, mask, M, key.shape[-2])
         if mask is not None and mask.shape[-2] != 1:  # the full pattern (causality included) is in the mask
             causal = False
         use, own = kernel, dict(knobs)
