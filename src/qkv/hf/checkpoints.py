@@ -689,6 +689,7 @@ def save(model: Any, directory: PathLike) -> Path:
     from safetensors.torch import save_file
 
     from .._io import atomic_directory
+    from .tokenizer import write_pipeline_files
 
     kind = _check_representable(model)
     c = model.config
@@ -715,6 +716,7 @@ def save(model: Any, directory: PathLike) -> Path:
     with atomic_directory(directory) as tmp:
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        write_pipeline_files(model, tmp)  # the tokenizer of a run's model (qkv.hf.export.remember_text)
     return directory
 
 
