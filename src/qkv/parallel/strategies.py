@@ -63,7 +63,7 @@ from ..types import AttentionOutput
 from .comm import Group, all_reduce_max, all_reduce_sum, exchange, send_receive
 from .layout import check_length, gather, pieces, positions
 
-__all__ = ["STRATEGIES", "attend", "strategy_for", "halo_widths"]
+__all__ = ["STRATEGIES", "attend", "strategy_for", "halo_widths", "check_rows"]
 
 STRATEGIES = ("ring", "halo", "summary", "state", "projection", "ulysses", "ulysses-batch")
 
@@ -633,17 +633,27 @@ def _drawn_once(kernel: AttentionKernel, g: Group, H: int, E: int, L: int, devic
         del kernel.hashing
 
 
+def check_rows(kernel: AttentionKernel, B: int, H: int, L: int, P: int, layout: str = "contiguous",
+               strategy: Optional[str] = None) -> None:
+    """A ValueError when ``kernel``'s strategy (default ``strategy_for``) cannot split a batch of
+    ``B`` sequences of ``L`` with ``H`` heads over ``P`` ranks: Ulysses hands each rank ``B H / P``
+    whole rows, ``ulysses-batch`` ``B / P`` whole examples. (Checked before a run starts —
+    ``qkv.runs`` — and by the strategy itself.)"""
+    chosen = strategy or strategy_for(kernel, L, P, layout)
+    if chosen == "ulysses-batch" and B % P:
+        raise ValueError(f"attention {kernel.registry_name!r} splits over whole batch rows under context parallelism "
+                         f"(its heads differ: per-head parameters or draws), so the batch ({B}) must be a multiple of "
+                         f"the {P} ranks")
+    if chosen in ("ulysses", "ulysses-batch") and (B * H) % P:
+        raise ValueError(f"Ulysses context parallelism splits the batch x heads rows ({B} x {H}) over {P} ranks: "
+                         f"their product must be a multiple of {P}")
+
+
 def _ulysses(kernel, q, k, v, mask, g: Group, L: int, layout: str, whole_batch: bool = False) -> Tensor:
     B, H, n, E = q.shape
     Ev = v.shape[-1]
     P = g.size
-    if whole_batch and B % P:
-        raise ValueError(f"attention {kernel.registry_name!r} splits over whole batch rows under context parallelism "
-                         f"(its heads differ: per-head parameters or draws), so the batch ({B}) must be a multiple of "
-                         f"the {P} ranks")
-    if (B * H) % P:
-        raise ValueError(f"Ulysses context parallelism splits the batch x heads rows ({B} x {H}) over {P} ranks: "
-                         f"their product must be a multiple of {P}")
+    check_rows(kernel, B, H, L, P, layout, "ulysses-batch" if whole_batch else "ulysses")
     R = B * H // P  # rows per rank
     rows = lambda x: x.reshape(B * H, n, x.shape[-1])
     qr, kr, vr = rows(q), rows(k), rows(v)

@@ -188,7 +188,8 @@ def context_groups(ctx: DistContext, size: int) -> ContextGroups:
 def refuse_unsplittable(model: torch.nn.Module, carries_state: bool) -> None:
     """A ``UserError`` with the reason when ``model`` cannot run on sequence shards: only
     self-attention kernels (and the positional encoding, which ``qkv.parallel`` shifts to the global
-    positions) may mix positions."""
+    positions) may mix positions, and a qkv model must declare that it splits
+    (``QKVModel.context_parallel``, ``context_parallel_refusal``: the reason, config by config)."""
     from .._errors import UserError
     from ..attention import AttentionKernel
 
@@ -206,6 +207,7 @@ def refuse_unsplittable(model: torch.nn.Module, carries_state: bool) -> None:
     if any(getattr(m, "cross_attn", None) is not None for m in model.modules()):
         raise UserError(f"{name} attends across to a second sequence (cross-attention): --context-parallel splits "
                          f"self-attention only")
-    if getattr(getattr(model, "config", None), "head", None) == "classification":
-        raise UserError(f"{name} with head='classification' reads one position of each sequence: --context-parallel "
-                         f"splits language models (head='lm')")
+    refusal = model.context_parallel_refusal() if callable(getattr(model, "context_parallel_refusal", None)) else None
+    if refusal:
+        raise UserError(f"{getattr(model, 'registry_name', '') or name} cannot be split over --context-parallel "
+                        f"ranks: {refusal}")
