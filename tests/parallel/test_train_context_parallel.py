@@ -166,3 +166,96 @@ def test_image_transformer_is_refused_before_anything_is_written(tmp_path, monke
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "reads images" in err, err
     assert not (tmp_path / "run").exists()
+
+
+# rank 1's options beside rank 0's (softmax, 3 steps, --context-parallel 2, seed 0) -> the setting both
+# ranks must name: each once hung (> 150 s) or, for the seed, ran on silently
+MISMATCHED = [
+    (["--steps", "4"], "train.steps"),
+    (["--attention", "window", "--set", "attention_kwargs.radius=3"], "model.attention"),
+    (["--context-parallel", "1"], "train.context_parallel"),
+    (["--seed", "1"], "train.seed"),
+]
+
+
+def _mismatched_rank(rank: int, world: int, data: str, root: str, results) -> None:
+    import io
+    import sys
+    from contextlib import redirect_stderr
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from qkv.cli import main
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), QKV_DATA=data)
+    dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=world)
+    try:
+        for i, (extra, _) in enumerate(MISMATCHED):
+            argv = _argv("softmax", Path(root) / f"run{i}", "--context-parallel", "2", *(extra if rank else []))
+            err = io.StringIO()
+            with redirect_stderr(err):
+                code = main(argv)
+            results[rank, i] = (code, err.getvalue().strip())
+    finally:
+        dist.destroy_process_group()
+        sys.stderr.flush()
+
+
+def _paused_rank(rank: int, world: int, data: str, port: int, results) -> None:
+    """Rank 1 joins the group (as ``qkv train`` would) and stops; rank 0 runs ``qkv train``."""
+    import io
+    import time
+    from contextlib import redirect_stderr
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), QKV_DATA=data,
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), QKV_DIST_TIMEOUT="4")
+    from qkv.cli import main
+    from qkv.train import distributed
+
+    if rank == 1:
+        distributed.setup("cpu")
+        time.sleep(12)  # paused past rank 0's timeout (from the moment both joined)
+        os._exit(0)
+    err = io.StringIO()
+    with redirect_stderr(err):
+        code = main(_argv("softmax", os.path.join(data, "..", "paused"), "--context-parallel", "2"))
+    results[rank] = (code, err.getvalue().strip())
+
+
+def _bounded(fn, args, seconds: float) -> None:
+    """Run ``fn`` on 2 spawned processes; fail (and end them) if they are not done in ``seconds``."""
+    import time
+
+    context = mp.start_processes(fn, args=args, nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + seconds
+    try:
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the ranks still run after {seconds} s: a hang")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+
+
+def test_ranks_started_with_different_settings_all_exit_naming_them(shakespeare_cache, tmp_path):
+    results = mp.Manager().dict()
+    _bounded(_mismatched_rank, (2, os.environ["QKV_DATA"], str(tmp_path), results), 120)
+    for i, (_, setting) in enumerate(MISMATCHED):
+        for rank in (0, 1):
+            code, err = results[rank, i]
+            assert code == 2 and len(err.splitlines()) == 1 and setting in err, (rank, setting, err)
+            assert "different settings" in err
+
+
+def test_a_paused_rank_ends_the_run_at_the_timeout(shakespeare_cache, tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a free port for the group's store (rank 0 binds it)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = mp.Manager().dict()
+    _bounded(_paused_rank, (2, os.environ["QKV_DATA"], port, results), 90)
+    code, err = results[0]
+    assert code == 2 and len(err.splitlines()) == 1 and "did not answer within 4 s" in err, err
