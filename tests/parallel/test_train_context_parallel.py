@@ -19,6 +19,8 @@ KERNELS = {  # kernel -> its --set options (lsh: fixed rotations, the same on ev
     "linear": [],
     "performer": [],
     "lsh": ["--set", "attention_kwargs.seed=0", "--set", "attention_kwargs.bucket_size=4"],
+    # rotations drawn at every call: the first rank draws them, as one process does (each rank drew its own)
+    "lsh/drawn": ["--set", "attention_kwargs.bucket_size=4"],
     "strided": ["--set", "attention_kwargs.stride=4"],
 }
 TINY = ["--set", "n_layers=2", "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32", "--set", "dropout=0.0",
@@ -28,7 +30,7 @@ TINY = ["--set", "n_layers=2", "--set", "d_model=16", "--set", "n_heads=2", "--s
 def _argv(kernel: str, out, *extra: str):
     return ["train", "gpt", "--task", "shakespeare-char", "--out", str(out), "--steps", "3", "--batch-size", "2",
             "--warmup", "1", "--eval-batches", "1", "--eval-max-examples", "2", "--progress", "false",
-            "--tensorboard", "false", "--attention", kernel, *TINY, *KERNELS[kernel], *extra]
+            "--tensorboard", "false", "--attention", kernel.partition("/")[0], *TINY, *KERNELS[kernel], *extra]
 
 
 def _losses(run) -> list:
@@ -48,7 +50,7 @@ def _rank(rank: int, world: int, data: str, root: str, errors) -> None:
     dist.init_process_group("gloo", init_method=f"file://{root}/store", rank=rank, world_size=world)
     try:
         for kernel in KERNELS:
-            code = main(_argv(kernel, Path(root) / f"{kernel}-cp", "--context-parallel", str(world)))
+            code = main(_argv(kernel, Path(root) / f"{kernel.replace('/', '-')}-cp", "--context-parallel", str(world)))
             assert code == 0, f"{kernel}: exit status {code}"
     except Exception:
         errors.append(f"rank {rank}: {traceback.format_exc()}")
@@ -63,14 +65,15 @@ def test_gpt_on_two_context_parallel_ranks_has_the_one_process_losses(shakespear
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     for kernel in KERNELS:  # the reference: one process, whole sequences
-        assert main(_argv(kernel, tmp_path / f"{kernel}-one")) == 0
+        assert main(_argv(kernel, tmp_path / f"{kernel.replace('/', '-')}-one")) == 0
     errors = mp.Manager().list()
     try:
         mp.spawn(_rank, args=(2, os.environ["QKV_DATA"], str(tmp_path), errors), nprocs=2)
     except Exception as error:
         raise AssertionError("\n".join(errors) or str(error)) from None
     for kernel in KERNELS:
-        one, split = _losses(tmp_path / f"{kernel}-one"), _losses(tmp_path / f"{kernel}-cp")
+        name = kernel.replace("/", "-")
+        one, split = _losses(tmp_path / f"{name}-one"), _losses(tmp_path / f"{name}-cp")
         assert len(one) == len(split) == 3, kernel
         assert max(abs(a - b) for a, b in zip(one, split)) <= 1e-5, (kernel, one, split)
     # a checkpoint written by 2 context-parallel ranks resumes in one process
