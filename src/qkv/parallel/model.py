@@ -10,8 +10,12 @@ on one process (evaluation on whole sequences, generation).
 
 Which models split: those whose only mixing across positions is self-attention kernels and a
 positional scheme of the form ``x + P(offset ..)`` (decoder- or encoder-only Transformer stacks);
-the caller refuses the others (``qkv.train``: recurrent models, memory carried across segments,
-cross-attention, classification heads that read one position).
+a qkv model declares it (``QKVModel.context_parallel``), and the caller refuses the others
+(``qkv.train.distributed.refuse_unsplittable``: recurrent models, memory carried across segments,
+cross-attention, heads that read one position, adaptive computation time).
+
+Backward runs inside ``active()`` too (the trainer's does): a block that recomputes its forward in
+backward (gradient checkpointing) must meet the kernels on shards again.
 """
 
 from __future__ import annotations
