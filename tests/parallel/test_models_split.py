@@ -34,7 +34,8 @@ SPLIT = [
     ("transformer-xl", {}),  # batches of their own: no memory carried in (a stream task is refused)
     ("gtrxl", {}),
     ("adaptive-span", {}),
-    ("sparse-transformer", {}),
+    ("sparse-transformer", {"stride": 4}),
+    ("sparse-transformer", {"stride": 4, "sparse_mode": "heads"}),  # heads [0, h/2) one pattern, [h/2, h) the other
     ("reformer", {"bucket_size": 4}),  # LSH without a seed: rank 0 draws the rotations, as one process
     ("gpt", {"attention": "lsh", "attention_kwargs": {"bucket_size": 4, "seed": None}}),
 ]
