@@ -185,7 +185,8 @@ def check_agreement(ctx: DistContext, settings: Dict[str, Any]) -> None:
         raise UserError(f"rank {ctx.rank}: the other processes of this run did not answer within "
                         f"{timeout_seconds():g} s (QKV_DIST_TIMEOUT) before the first step: a rank stopped, "
                         f"failed or is paused ({str(error).splitlines()[0] if str(error) else type(error).__name__})") from None
-    differ = sorted(k for k in set().union(*every) if any(s.get(k) != every[0].get(k) for s in every))
+    same = lambda a, b: a == b or repr(a) == repr(b)  # repr: a NaN setting equals itself
+    differ = sorted(k for k in set().union(*every) if not all(same(s.get(k), every[0].get(k)) for s in every))
     if differ:
         shown = "; ".join(f"{k} (" + ", ".join(f"rank {r}: {s.get(k)!r}" for r, s in enumerate(every)) + ")"
                           for k in differ[:3])
