@@ -206,20 +206,25 @@ def _mismatched_rank(rank: int, world: int, data: str, root: str, results) -> No
 
 
 def _paused_rank(rank: int, world: int, data: str, port: int, results) -> None:
-    """Rank 1 joins the group (as ``qkv train`` would) and stops; rank 0 runs ``qkv train``."""
+    """Rank 1 joins the group and stops; rank 0 runs ``qkv train``, whose group (``setup``) waits
+    ``QKV_DIST_TIMEOUT`` = 4 s for it."""
     import io
     import time
     from contextlib import redirect_stderr
+    from datetime import timedelta
 
+    import torch.distributed as dist
+
+    # the group's store is the test's (as torchrun's agent holds it): no rank races the other to start it
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), QKV_DATA=data,
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), QKV_DIST_TIMEOUT="4")
-    from qkv.cli import main
-    from qkv.train import distributed
-
-    if rank == 1:
-        distributed.setup("cpu")
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True")
+    if rank == 1:  # waits as long as rank 0 takes to start its group, then stops
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
         time.sleep(12)  # paused past rank 0's timeout (from the moment both joined)
         os._exit(0)
+    os.environ["QKV_DIST_TIMEOUT"] = "4"
+    from qkv.cli import main
+
     err = io.StringIO()
     with redirect_stderr(err):
         code = main(_argv("softmax", os.path.join(data, "..", "paused"), "--context-parallel", "2"))
@@ -253,12 +258,12 @@ def test_ranks_started_with_different_settings_all_exit_naming_them(shakespeare_
 
 
 def test_a_paused_rank_ends_the_run_at_the_timeout(shakespeare_cache, tmp_path):
-    import socket
+    from datetime import timedelta
 
-    with socket.socket() as s:  # a free port for the group's store (rank 0 binds it)
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, timeout=timedelta(seconds=120), wait_for_workers=False)
     results = mp.Manager().dict()
-    _bounded(_paused_rank, (2, os.environ["QKV_DATA"], port, results), 90)
+    _bounded(_paused_rank, (2, os.environ["QKV_DATA"], store.port, results), 90)
     code, err = results[0]
     assert code == 2 and len(err.splitlines()) == 1 and "did not answer within 4 s" in err, err

@@ -99,7 +99,8 @@ DEFAULT_TIMEOUT_S = 600.0
 
 def timeout_seconds() -> float:
     """The process group's timeout: ``QKV_DIST_TIMEOUT`` seconds (a positive number), default
-    ``DEFAULT_TIMEOUT_S`` — long enough for rank 0's evaluation while its peers wait at a barrier."""
+    ``DEFAULT_TIMEOUT_S`` (NCCL's own default; gloo's was 30 min). The other ranks wait at a
+    barrier while rank 0 evaluates: a run whose evaluation takes longer sets more."""
     value = os.environ.get("QKV_DIST_TIMEOUT")
     if value is None or value == "":
         return DEFAULT_TIMEOUT_S
