@@ -71,7 +71,8 @@ _BERT_HEADS = {"BertModel": "encoder", "BertForPreTraining": "pretraining", "Ber
 _GPT2_ARCHITECTURES = ("GPT2Model", "GPT2LMHeadModel")
 #: config fields a checkpoint fixes (they shape the weights or the function); overrides may set the others
 _FIXED = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "n_segments", "activation", "residual",
-          "positional", "layer_norm_eps", "tie_embeddings", "linear")
+          "positional", "layer_norm_eps", "tie_embeddings", "linear", "norm", "glu", "n_kv_heads", "d_head", "bias",
+          "qkv_bias", "qk_norm", "rope_theta", "rope_scaling")
 
 
 @dataclass(frozen=True)

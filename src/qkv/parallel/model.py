@@ -117,6 +117,9 @@ class Sharding:
             if state is not None or return_state or need_weights:
                 raise ValueError("a model on sequence shards returns outputs only: no state, return_state or "
                                  "need_weights (decode and inspect weights on one process)")
+            if k.shape[1] != q.shape[1]:  # grouped keys (n_kv_heads): the strategies split equal heads
+                R = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(R, dim=1), v.repeat_interleave(R, dim=1)  # (B, H, L/P, E)
             self._inside = True
             try:
                 return attend(kernel, q, k, v, mask=mask, group=self.group, layout=self.current_layout(self.length))
