@@ -129,7 +129,7 @@ def test_a_dead_writers_temporary_directory_is_removed_and_a_live_ones_kept(tmp_
     dead = fork.Process(target=time.sleep, args=(0,))
     dead.start()
     dead.join()
-    host = settle_directory.__globals__["_sibling_token"]().split("-")[0]
+    host = settle_directory.__globals__["owner_token"]().split("-")[0]
     (tmp_path / f".model.new-{host}-{dead.pid}-ab").mkdir()
     (tmp_path / f".model.new-{host}-{os.getpid()}-cd").mkdir()
     settle_directory(directory)

@@ -11,7 +11,7 @@ from ..models import QKVModel
 from ..registry import lookup
 from ..tasks import build_task
 from ..train import CheckpointManager, TrainConfig, load_checkpoint
-from .directory import read_run, run_train_settings, task_options_at
+from .directory import own_model, read_run, run_train_settings, task_options_at
 from .settings import (TRAIN_FIELDS, Say, Settings, apply_overrides, check_device, classes, fields_of, init_params,
                        split_overrides, train_config)
 
@@ -57,7 +57,7 @@ def trained(directory: Path) -> Tuple[Settings, Any, Any]:
     info = read_run(directory)
     with user_input():
         task = build_task(info["task"], **task_options_at(directory, info["task_options"]))
-        final = directory / "model"
+        final = own_model(directory, info)
         if (final / "config.json").is_file():
             model = QKVModel.from_pretrained(final)
         else:
