@@ -264,3 +264,36 @@ def test_only_rank_zero_copies_the_tokenizer_into_the_run(tmp_path, monkeypatch)
     monkeypatch.setenv("RANK", "0")
     assert keep_tokenizer(out, {"tokenizer": str(source)}) == {"tokenizer": TOKENIZER_FILE}
     assert (out / TOKENIZER_FILE).read_text() == "{}"
+
+
+def test_a_full_disk_during_train_is_one_line_and_leaves_whole_checkpoints(shakespeare_cache, monkeypatch, capsys):
+    """Issue 52 item 15: the disk fills while `qkv train` writes its third checkpoint (safetensors'
+    own error for ENOSPC, raised as it was): one line, exit 2, and the checkpoints written before it
+    whole, no temporary file left; --resume once there is space continues from them."""
+    from safetensors import SafetensorError
+
+    import qkv._modelfile as modelfile
+
+    run = shakespeare_cache / "run"
+    real, calls = modelfile.save_file, []
+
+    def fills(tensors, path, metadata=None):
+        calls.append(path)
+        if len(calls) < 3:
+            return real(tensors, path, metadata=metadata)
+        open(path, "wb").write(b"\0" * 100)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(modelfile, "save_file", fills)
+    argv = ["train", "gpt", "--task", "shakespeare-char", "--out", str(run), *CLI_TINY, "--save-every", "1", "--steps", "4"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "no space left on the device" in errors[0] and "Traceback" not in err, err
+    manager = runs.directory.CheckpointManager(run / "checkpoints")
+    assert [p.name for p in manager.checkpoints()] == ["step-00000001.safetensors", "step-00000002.safetensors"]
+    assert manager.latest_intact() == manager.path_for(2)
+    assert not [p for p in run.rglob("*") if p.name.endswith(".tmp") or ".new-" in p.name]
+    monkeypatch.setattr(modelfile, "save_file", real)
+    assert main([*argv, "--resume"]) == 0
+    assert (run / "model" / "config.json").is_file()

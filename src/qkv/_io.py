@@ -28,6 +28,7 @@ import secrets
 import shutil
 import socket
 import tempfile
+import threading
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Union
 
@@ -46,19 +47,29 @@ _UNWRITABLE = {
 }
 
 
+#: how many ``unwritable`` blocks this thread is in: the outermost one names the path the user asked for
+_DEPTH = threading.local()
+
+
 @contextlib.contextmanager
 def unwritable(path: Union[str, os.PathLike]) -> Iterator[None]:
     """Inside the block, an ``OSError`` that says ``path``'s place cannot be written (``ENOSPC``,
     ``EDQUOT``, ``EROFS``, ``EACCES``, ``EPERM``) becomes one ``UserError`` line naming ``path``
-    (and the file the system named, when another) and what to do; any other error passes."""
+    and what to do; any other error passes. Nested blocks (a file written inside a directory being
+    written) leave it to the outermost, which names what the user asked for, not a temporary file."""
+    depth = getattr(_DEPTH, "value", 0)
+    _DEPTH.value = depth + 1
     try:
         yield
     except OSError as e:
-        if e.errno not in _UNWRITABLE:
+        if e.errno not in _UNWRITABLE or depth:
             raise
         why, advice = _UNWRITABLE[e.errno]
-        named = f" ({e.filename})" if e.filename and str(e.filename) != str(path) else ""
-        raise UserError(f"cannot write {path}: {why}{named}; {advice} (nothing was changed)") from None
+        elsewhere = e.filename and not str(e.filename).startswith(str(Path(os.path.abspath(path)).parent))
+        named = f" ({e.filename})" if elsewhere else ""
+        raise UserError(f"cannot write {path}: {why}{named}; {advice}, then retry (it is as it was)") from None
+    finally:
+        _DEPTH.value = depth
 
 
 @contextlib.contextmanager
