@@ -297,3 +297,34 @@ def test_a_full_disk_during_train_is_one_line_and_leaves_whole_checkpoints(shake
     monkeypatch.setattr(modelfile, "save_file", real)
     assert main([*argv, "--resume"]) == 0
     assert (run / "model" / "config.json").is_file()
+
+
+def test_eval_beside_a_run_saving_every_step_reads_the_latest_intact_checkpoint(shakespeare_cache):
+    """Issue 52 item 16: `qkv eval` / `qkv generate` while the run trains, a checkpoint at every step
+    and one kept: the one being read was removed under the reader ("does not exist", or every
+    checkpoint "corrupt"). Each load now gives a model of some step, never an error."""
+    import subprocess
+    import time
+
+    run = shakespeare_cache / "run"
+    env = {**os.environ, "PYTHONPATH": str(runs.__file__).rsplit("/qkv/", 1)[0], "OMP_NUM_THREADS": "1"}
+    argv = ["train", "gpt", "--task", "shakespeare-char", "--out", str(run), *CLI_TINY, "--save-every", "1",
+            "--keep-last", "1", "--eval-every", "100000", "--log-every", "100000", "--steps", "100000"]
+    trainer = subprocess.Popen([sys.executable, "-m", "qkv", *argv], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list((run / "checkpoints").glob("step-*.safetensors")) and time.monotonic() < deadline:
+            assert trainer.poll() is None, trainer.stderr.read()
+            time.sleep(0.1)
+        loaded = 0
+        started = time.monotonic()
+        while time.monotonic() - started < 10 and loaded < 20:
+            model = runs.load(run).model  # raised CheckpointError within a few loads
+            assert isinstance(model, GPT)
+            loaded += 1
+        assert trainer.poll() is None  # it was training all along
+    finally:
+        trainer.kill()
+        trainer.wait(30)
+    assert loaded >= 5, loaded

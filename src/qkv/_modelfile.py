@@ -131,7 +131,7 @@ def read_header(path: Path) -> Dict[str, str]:
     try:
         with safe_open(str(path), framework="pt") as f:
             return dict(f.metadata() or {})
-    except (SafetensorError, OSError, ValueError) as e:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # RuntimeError: safe_open of a file removed meanwhile
         raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {_first_line(e)}") from None
 
 
@@ -141,7 +141,7 @@ def read_tensors(path: Path) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
     metadata = read_header(path)
     try:
         tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as e:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # RuntimeError: safe_open of a file removed meanwhile
         raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {_first_line(e)}") from None
     expected = metadata.get(_CHECKSUM_KEY)
     if expected is not None and tensors_checksum(tensors) != expected:
@@ -282,7 +282,7 @@ def read_layout(path: Union[str, os.PathLike]) -> Dict[str, Tuple[str, Tuple[int
     try:
         with safe_open(str(path), framework="pt") as f:
             return {name: (str(f.get_slice(name).get_dtype()), tuple(f.get_slice(name).get_shape())) for name in f.keys()}
-    except (SafetensorError, OSError, ValueError) as e:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # RuntimeError: safe_open of a file removed meanwhile
         raise CheckpointError(f"checkpoint file {str(path)!r} is not a safetensors file (corrupt, truncated or another "
                               f"format): {_first_line(e)}") from None
 
