@@ -15,7 +15,7 @@ from .._errors import UserError, user_input
 from .._modelfile import RUN_FILE
 from ..train import TrainConfig, Trainer
 from ..train.distributed import refuse_unsplittable
-from .directory import mark_model, own_model, rank, save_vocab
+from .directory import mark_model, rank, save_vocab
 from .settings import init_params
 
 
@@ -71,8 +71,6 @@ def train(model: Any, task: Any, config: TrainConfig, directory: Path, *, resume
     """Train ``model`` on ``task`` (continuing the latest intact checkpoint when ``resume``), then
     (``save``, rank 0 only) save the final ``model/`` with the task's vocabulary; the trainer's
     last metrics."""
-    if save and rank() == 0 and (directory / RUN_FILE).is_file():
-        own_model(directory)  # refused before training, not after: saving would write into another run's model
     metrics = Trainer(model, task, config).fit(resume=resume)
     if save and rank() == 0:  # under torchrun only rank 0 writes
         model.save_pretrained(directory / "model")
