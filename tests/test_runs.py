@@ -74,7 +74,9 @@ def test_create_locks_trains_and_records_the_run(shakespeare_cache):
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         finally:
             os.close(fd)
-        assert json.loads((out / runs.RUN_FILE).read_text()) == json.loads(json.dumps(run.settings.record()))
+        recorded = json.loads((out / runs.RUN_FILE).read_text())
+        assert len(recorded.pop("run_id")) == 32  # the run's id beside its settings
+        assert recorded == json.loads(json.dumps(run.settings.record()))
         metrics = run.train()
     assert metrics["bpc"] > 0 and len(_losses(out)) == 3
     assert (out / "model" / "config.json").is_file() and (out / "model" / runs.VOCAB_FILE).is_file()
@@ -107,7 +109,7 @@ def test_resume_through_the_api_equals_the_cli(shakespeare_cache, capsys):
     assert _losses(api) == _losses(cli) and len(_losses(api)) == 4
     for name in ("run.json", "train_config.json"):
         a, c = (json.loads((d / name).read_text()) for d in (api, cli))
-        a.pop("out_dir", None), c.pop("out_dir", None)
+        a.pop("out_dir", None), c.pop("out_dir", None), a.pop("run_id", None), c.pop("run_id", None)  # each run its own id
         assert a == c, name
     resumed = [json.loads(line) for line in (api / "metrics.jsonl").read_text().splitlines() if '"resume"' in line]
     assert resumed and resumed[-1]["checkpoint"] == "step-00000002.safetensors"
