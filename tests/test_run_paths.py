@@ -83,5 +83,10 @@ def test_a_model_that_is_not_the_runs_own_is_refused(shakespeare_cache, train_ar
     assert not (b.parent / "out").exists() and json.loads((b / "run.json").read_text())["train"]["steps"] == 2
     (b / "model").unlink()
     shutil.copytree(a / "model", b / "model")
+    for hostile in ("[" * 100_000, "[1]", '{"run_id": 5}', "\xff"):  # the id file, hostile: one line naming it
+        (b / "model" / "qkv-run.json").write_text(hostile, encoding="latin-1")
+        with pytest.raises(UserError, match="qkv-run.json is corrupt") as e:
+            runs.load(b)
+        assert "\n" not in str(e.value)
     (b / "model" / "qkv-run.json").unlink()  # a model/ of an older qkv: no id, read as the run's
     runs.load(b)

@@ -167,6 +167,8 @@ def own_model(run: Path, info: Optional[Mapping[str, Any]] = None) -> Path:
         return final
     written = _read_json(mark)
     theirs = written.get(RUN_ID_KEY) if isinstance(written, dict) else None
+    if not isinstance(theirs, str):
+        raise UserError(f"{mark} is corrupt: expected {{{RUN_ID_KEY!r}: the id of the run that saved the model}}")
     mine = run_id(run, info)
     if theirs != mine:
         raise UserError(f"{final} was saved by another run ({MODEL_ID_FILE} holds run id {theirs!r}, {run / RUN_FILE} "
