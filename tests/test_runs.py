@@ -330,3 +330,49 @@ def test_eval_beside_a_run_saving_every_step_reads_the_latest_intact_checkpoint(
         trainer.kill()
         trainer.wait(30)
     assert loaded >= 5, loaded
+
+
+def test_a_full_disk_while_train_logs_is_one_line_and_resume_drops_the_cut_record(shakespeare_cache, monkeypatch, capsys):
+    """The disk fills while `qkv train` appends to metrics.jsonl: one line, exit 2 (was OSError's
+    traceback); the half-written record is dropped when the run is resumed."""
+    import builtins
+    import errno
+
+    import qkv.train.trainer as trainer_module
+
+    run = shakespeare_cache / "run"
+    real, calls = builtins.open, []
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            self.f.write(text[:5])  # a part of the record, then the device is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def open_(path, mode="r", *args, **kwargs):
+        f = real(path, mode, *args, **kwargs)
+        if str(path).endswith("metrics.jsonl") and "a" in mode:
+            calls.append(path)
+            if len(calls) == 3:
+                return Full(f)
+        return f
+
+    monkeypatch.setattr(trainer_module, "open", open_, raising=False)
+    argv = ["train", "gpt", "--task", "shakespeare-char", "--out", str(run), *CLI_TINY, "--steps", "4"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "metrics.jsonl: no space left on the device" in errors[0] and "Traceback" not in err, err
+    monkeypatch.undo()
+    monkeypatch.setenv("QKV_DATA", str(shakespeare_cache / "data"))
+    assert main([*argv, "--resume"]) == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]  # every line whole
+    assert records and records[-1]["step"] == 4

@@ -67,7 +67,7 @@ def unwritable(path: Union[str, os.PathLike]) -> Iterator[None]:
         why, advice = _UNWRITABLE[e.errno]
         elsewhere = e.filename and not str(e.filename).startswith(str(Path(os.path.abspath(path)).parent))
         named = f" ({e.filename})" if elsewhere else ""
-        raise UserError(f"cannot write {path}: {why}{named}; {advice}, then retry (it is as it was)") from None
+        raise UserError(f"cannot write {path}: {why}{named}; {advice}, then retry") from None
     finally:
         _DEPTH.value = depth
 
