@@ -143,8 +143,14 @@ def draw_hashing(n_heads: int, dim: int, n_rounds: int, factors: Tuple[int, ...]
     shape = (n_heads, dim, n_rounds, sum(factors) // 2)
     if seed is None:
         return LSHHashing(torch.randn(shape, device=device, dtype=torch.float32), tuple(factors))
-    rotations = torch.from_numpy(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32))
-    return LSHHashing(rotations.to(device), tuple(factors))
+    return LSHHashing(_seeded_rotations(seed, shape).to(device), tuple(factors))
+
+
+@torch._dynamo.assume_constant_result
+def _seeded_rotations(seed: int, shape: Tuple[int, ...]) -> Tensor:
+    """``shape`` standard normal float32 numbers from NumPy's ``default_rng(seed)``; a constant of the
+    graph under ``torch.compile`` (Dynamo cannot trace NumPy's generator: a graph break each layer)."""
+    return torch.from_numpy(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32))
 
 
 @torch.no_grad()
@@ -474,7 +480,7 @@ class LSHAttention(AttentionKernel):
         o = _flat_gather(o.reshape(B, H * R, Lp, Ev), sort_q.inv.view(B, H * R, Lp)).view(B, H, R, Lp, Ev)
         z = z.view(B, H, R, Lp).gather(-1, sort_q.inv)  # (B, H, R, Lp)
         extra = None
-        if self.causal and key_mask is not None and not bool(key_mask.all()):
+        if self.causal and key_mask is not None and (torch.compiler.is_compiling() or not bool(key_mask.all())):
             o, z, extra = self._masked_queries(q, raw_q, key_mask, o, z, sort_q.bucket, sort_q.perm, keys, vp, Lp)
 
         # o_i = sum_r exp(z_i^(r) - logsumexp_r z_i^(r)) o_i^(r)   (eq. 4 and Appendix)
@@ -560,7 +566,16 @@ class LSHAttention(AttentionKernel):
         sorted_key = (b * Lp + pos).gather(-1, perm)  # (B, H, R, Lp) ascending: (bucket, position)
         where = (raw_q * Lp + pos[:L]).contiguous()  # (B, H, R, L): (h(q_i), i)
         insert = torch.searchsorted(sorted_key, where)  # sorted entries before (h(q_i), i)
-        bi, hi, ii = (~key_mask[:, :, :L]).nonzero(as_tuple=True)  # (K,) each: the masked queries
+        masked = ~key_mask[:, :, :L]  # (B, H, L)
+        keep = None
+        if torch.compiler.is_compiling():
+            # no data-dependent shape in a traced graph: every position is computed as a masked query,
+            # and its result kept where it is one (K = B H L)
+            grid = torch.meshgrid(*(torch.arange(n, device=q.device) for n in masked.shape), indexing="ij")
+            bi, hi, ii = (t.reshape(-1) for t in grid)
+            keep = masked[bi, hi, ii]  # (K,)
+        else:
+            bi, hi, ii = masked.nonzero(as_tuple=True)  # (K,) each: the masked queries
         r = torch.arange(R, device=q.device)
         slots = insert[bi, hi, :, ii][..., None] - n + torch.arange(n, device=q.device)  # (K, R, n) sorted indices
         at = slots.clamp(min=0)
@@ -579,8 +594,13 @@ class LSHAttention(AttentionKernel):
         if self.dropout and self.training:
             p_m = F.dropout(p_m, self.dropout)
         o_m = (p_m.to(v.dtype).unsqueeze(-2) @ v[at_key]).squeeze(-2)  # (K, R, Ev)
-        o = o.permute(0, 1, 3, 2, 4).index_put((bi, hi, ii), o_m).permute(0, 1, 3, 2, 4)
-        z = z.permute(0, 1, 3, 2).index_put((bi, hi, ii), z_m).permute(0, 1, 3, 2)
+        o, z = o.permute(0, 1, 3, 2, 4), z.permute(0, 1, 3, 2)  # (B, H, Lp, R, .)
+        if keep is not None:  # every position computed: the others keep their chunked results
+            o_m = torch.where(keep[:, None, None], o_m, o[bi, hi, ii])
+            z_m = torch.where(keep[:, None], z_m, z[bi, hi, ii])
+            p_m = p_m * keep[:, None, None]
+        o = o.index_put((bi, hi, ii), o_m).permute(0, 1, 3, 2, 4)
+        z = z.index_put((bi, hi, ii), z_m).permute(0, 1, 3, 2)
         return o, z, ((bi, hi, ii), p_m, key_pos)
 
     def _window_mask(self, pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, dtype,
