@@ -75,3 +75,59 @@ def test_a_query_that_sees_no_key_has_finite_gradient_in_float32(name, kw):
     for t in (q, k, v):
         assert torch.isfinite(t.grad).all()
     assert q.grad[:, :, :3].eq(0).all()
+
+
+# ---------------------------------------------------------------- item 6: lsh, a padded row and the row alone
+
+#: (L, LSH knobs): a row of ``L // 2 + 1`` tokens padded to ``L``; ``n_buckets`` fixed (the rotations,
+#: and so every real token's buckets, are those of the row alone); chunks of 4
+PADDED_LSH = [
+    (8, {}),
+    (32, {}),
+    (32, {"n_rounds": 3}),
+    (32, {"n_rounds": 2, "dedup": True}),
+    (32, {"shared_qk": False}),
+    (32, {"n_rounds": 2, "causal": True}),
+    (13, {"bucket_size": 16}),  # the row alone is one chunk, the padded batch too
+    (40, {"bucket_size": 8, "n_buckets": (2, 4), "n_rounds": 2}),
+]
+
+
+@pytest.mark.parametrize("L, kw", PADDED_LSH)
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_padded_lsh_row_is_the_row_alone(L, kw, side):
+    """Padding is never attended, and a padded row's real positions get exactly what the row gets alone
+    with the same rotations: chunk 0 looks back at the row's last chunk of real keys, not at chunks of
+    padding (non-causal: 0.74 apart at L = 32 before)."""
+    kernel = qkv.build_attention("lsh", **{"bucket_size": 4, "n_buckets": 4, "seed": 0, **kw}).double()
+    n = L // 2 + 1
+    q, k, v = _tensors(1, 2, n, 8)
+    alone = kernel(q, k, v).output
+    pad_q, pad_k, pad_v = (1e3 * t for t in _tensors(1, 2, L - n, 8, seed=1))  # loud padding: it must not count
+    real = torch.arange(L) >= L - n if side == "left" else torch.arange(L) < n
+    join = (lambda a, p: torch.cat([p, a], 2)) if side == "left" else (lambda a, p: torch.cat([a, p], 2))
+    out = kernel(join(q, pad_q), join(k, pad_k), join(v, pad_v), mask=real[None], need_weights=True)
+    torch.testing.assert_close(out.output[:, :, real], alone, atol=1e-12, rtol=0)
+    assert out.weights[:, :, :, ~real].eq(0).all()  # no query attends to padding
+
+
+def test_a_padded_lsh_batch_is_each_row_alone():
+    """A batch of rows padded by different amounts on the left, as a tokenizer gives them."""
+    kernel = qkv.build_attention("lsh", bucket_size=4, n_buckets=8, n_rounds=2, seed=0).double()
+    L, pads = 24, (0, 5, 11, 19)
+    q, k, v = _tensors(len(pads), 2, L, 8)
+    mask = _left_padded(L, pads)
+    out = kernel(q, k, v, mask=mask).output
+    for b, n in enumerate(pads):
+        alone = kernel(q[b:b + 1, :, n:], k[b:b + 1, :, n:], v[b:b + 1, :, n:]).output
+        torch.testing.assert_close(out[b:b + 1, :, n:], alone, atol=1e-12, rtol=0)
+
+
+def test_lsh_with_a_derived_bucket_count_refuses_padding():
+    """``n_buckets=None`` derives the count from the call's length (padding included), which changes the
+    rotations and so every real token's bucket: refused with a key-padding mask, with the way out."""
+    kernel = qkv.build_attention("lsh", bucket_size=4, seed=0)
+    q, k, v = _tensors(1, 1, 16, 8, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"n_buckets=None .* give n_buckets \(e\.g\. \(8,\)"):
+        kernel(q, k, v, mask=_left_padded(16, (3,)))
+    assert torch.isfinite(kernel(q, k, v).output).all()  # without padding: derived as before
