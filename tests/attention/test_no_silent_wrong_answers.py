@@ -131,3 +131,49 @@ def test_lsh_with_a_derived_bucket_count_refuses_padding():
     with pytest.raises(ValueError, match=r"n_buckets=None .* give n_buckets \(e\.g\. \(8,\)"):
         kernel(q, k, v, mask=_left_padded(16, (3,)))
     assert torch.isfinite(kernel(q, k, v).output).all()  # without padding: derived as before
+
+
+# ---------------------------------------------------------------- item 7: performer at large inputs
+
+#: (causal, std of q and k, key padding): float32 must give the float64 FAVOR+ estimate
+LARGE_INPUTS = [
+    (False, 30.0, False),
+    (False, 100.0, False),
+    (False, 30.0, True),
+    (True, 30.0, False),  # error 1.76 before
+    (True, 100.0, False),  # rows of zeros before
+    (True, 30.0, True),
+    (False, 1.0, True),  # moderate inputs: as before
+    (True, 1.0, False),
+]
+
+
+@pytest.mark.parametrize("causal, std, padded", LARGE_INPUTS)
+def test_performer_in_float32_is_the_float64_estimate_at_large_inputs(causal, std, padded):
+    kernel = qkv.build_attention("performer", causal=causal, nb_features=16, seed=0, d_head=8, chunk_size=4)
+    q, k, v = _tensors(2, 2, 12, 8, scale=std)
+    mask = _left_padded(12, (0, 3)) if padded else None
+    expected = kernel.double()(q, k, v, mask=mask).output
+    q32, k32, v32 = (t.float().requires_grad_(True) for t in (q, k, v))
+    got = kernel.float()(q32, k32, v32, mask=mask).output
+    torch.testing.assert_close(got.double(), expected, atol=2e-5, rtol=1e-4)
+    got.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q32, k32, v32))
+
+
+@pytest.mark.parametrize("std", [1.0, 30.0])
+def test_causal_performer_decodes_one_token_at_a_time_as_in_one_pass_at_large_inputs(std):
+    """The state stays valid across calls: a call that ran in float64 hands on float32 sums, and one token
+    at a time gives the one pass's numbers (some calls in float64, some not)."""
+    kernel = qkv.build_attention("performer", causal=True, nb_features=16, seed=0, d_head=8)
+    q, k, v = (t.float() for t in _tensors(1, 2, 10, 8, scale=std))
+    full = kernel(q, k, v).output
+    expected = kernel.double()(q.double(), k.double(), v.double()).output
+    kernel.float()
+    state, parts = None, []
+    for lo, hi in [(0, 3)] + [(i, i + 1) for i in range(3, 10)]:  # a prompt of 3, then one token at a time
+        out = kernel(q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], state=state, return_state=True)
+        state, parts = out.state, parts + [out.output]
+        assert state.S.dtype == torch.float32 and state.Z.dtype == torch.float32
+    torch.testing.assert_close(torch.cat(parts, 2), full, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(full.double(), expected, atol=2e-5, rtol=1e-4)
