@@ -253,3 +253,48 @@ def test_transformers_with_a_qkv_kernel_compiles_whole_and_exports_with_a_mask(i
     real = kw["attention_mask"].bool()
     torch.testing.assert_close(compiled[real], expected[real], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(exported[real], expected[real], atol=1e-6, rtol=1e-5)
+
+
+#: the lengths a dynamic export is called at (below the model's d_model = max_len = 16: a length equal to
+#: another dimension gets a guard of its own from PyTorch's contiguity checks)
+DYNAMIC = torch.export.Dim("L", min=2, max=15)
+
+
+def _export_dynamic(model):
+    with torch.no_grad():
+        return torch.export.export(model, (IDS[:, :12],), dynamic_shapes=({1: DYNAMIC},)).module()
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", DECODERS)
+def test_export_with_a_dynamic_length_or_a_clear_refusal(name):
+    """``torch.export`` with a dynamic length: one program that gives eager's logits at every length, or,
+    for a kernel whose Python computes with the length (blocks, chunks: ``AttentionKernel.static_length``),
+    a one-line refusal with the reason (was: "Constraints violated (L)!" with guards on the block count)."""
+    model = _gpt(name).eval()
+    reason = model.stack.layers[0].self_attn.kernel.static_length
+    if reason is not None:
+        with pytest.raises(ValueError, match=f"attention '{name}' cannot be exported with a dynamic sequence length"):
+            _export_dynamic(model)
+        return
+    program = _export_dynamic(model)
+    with torch.no_grad():
+        for L in (3, 12, 15):
+            torch.testing.assert_close(program(IDS[:, :L]).logits, model(IDS[:, :L]).logits, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", ["efficient", "linformer", "linear", "performer"])
+def test_an_encoder_exports_with_a_dynamic_length(name):
+    """The encoder kernels, and linear and performer without causality (no chunks), at any length."""
+    from qkv.models import BERT
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = BERT(BERT.config_class(vocab_size=32, max_len=16, n_layers=1, d_model=16, n_heads=2, d_ff=32,
+                                       dropout=0.0, attention=name)).eval()
+    program = _export_dynamic(model)
+    with torch.no_grad():
+        for L in (3, 12, 15):
+            torch.testing.assert_close(program(IDS[:, :L]).logits, model(IDS[:, :L]).logits, atol=1e-6, rtol=1e-5)

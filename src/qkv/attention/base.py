@@ -112,6 +112,9 @@ class AttentionKernel(nn.Module):
     applies_dropout: ClassVar[bool] = True
     #: how ``qkv.parallel`` splits a sequence over processes: "ring", "halo", "summary", "state", "projection", "ulysses" (heads or batch rows, all-to-all) or "ulysses-batch" (whole batch rows: per-head parameters or draws).
     context_parallel: ClassVar[str] = "ulysses"
+    #: why ``torch.export`` cannot trace the kernel at a dynamic sequence length (its Python computes
+    #: with the length: blocks, chunks, the last one's padding), or None: it can. Refused in one line.
+    static_length: ClassVar[Optional[str]] = None
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0) -> None:
         super().__init__()
@@ -198,6 +201,10 @@ class AttentionKernel(nn.Module):
         """
         for name, x in (("q", q), ("k", k), ("v", v)):
             _checks.tensor(name, x, ndim=4, floating=True)
+        if self.static_length is not None and torch.compiler.is_exporting() and not all(
+                isinstance(n, int) for n in (q.shape[-2], k.shape[-2])):
+            raise ValueError(f"attention {self.registry_name!r} cannot be exported with a dynamic sequence length: "
+                             f"{self.static_length}; export it at a fixed length (one program per length)")
         B, H, M, E = q.shape
         if k.shape[:2] != (B, H) or v.shape[:2] != (B, H):
             raise ValueError(f"q, k and v must share (batch, heads); got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")

@@ -336,6 +336,7 @@ class LSHAttention(AttentionKernel):
     state_type = LSHState
     exact = False
     context_parallel = "ulysses-batch"  # qkv.parallel: rotations drawn per head, so whole batch rows per rank
+    static_length = "its sorted positions are cut into chunks of bucket_size, in numbers of the length"
     #: with one bucket and one chunk covering the sequence this is exact shared-QK attention.
     exact_kwargs: ClassVar[dict] = {"n_buckets": 1, "bucket_size": 1 << 20}
     deterministic_kwargs: ClassVar[dict] = {"seed": 0}  # seed=None draws new rotations on every call
