@@ -619,9 +619,9 @@ def _affine(kernel, q, k, v, mask, g: Group, L: int, layout: str, gates: Dict[st
     try:
         mine = torch.stack([_shard_map(kernel, ks[i], vs[i], masks[i], gate_parts[i]) for i in range(len(runs))])
         every = all_gather(g, mine)  # (runs, B, H, E + Ev, E) of each rank, in rank order
-        maps = sorted((start, every[r][i]) for r in range(g.size)
-                      for i, (start, _) in enumerate(pieces(L, g.size, r, layout)))  # in sequence order
-        entering: Dict[int, Optional[Tensor]] = {}  # a run's start -> the state before it (None: zero)
+        maps = sorted([(start, every[r][i]) for r in range(g.size)
+                       for i, (start, _) in enumerate(pieces(L, g.size, r, layout))], key=lambda m: m[0])
+        entering: Dict[int, Optional[Tensor]] = {}  # in sequence order: a run's start -> the state before it (None: zero)
         S = None
         for start, M in maps:
             entering[start] = S
