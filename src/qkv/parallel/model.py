@@ -111,9 +111,10 @@ class Sharding:
             self.length = None
 
     def _kernel_forward(self, kernel: AttentionKernel, own):
-        def forward(q, k, v, mask=None, state=None, need_weights=False, return_state=False):
+        def forward(q, k, v, mask=None, state=None, need_weights=False, return_state=False, **gates):
             if self.length is None or self._inside:
-                return own(q, k, v, mask=mask, state=state, need_weights=need_weights, return_state=return_state)
+                return own(q, k, v, mask=mask, state=state, need_weights=need_weights, return_state=return_state,
+                           **gates)
             if state is not None or return_state or need_weights:
                 raise ValueError("a model on sequence shards returns outputs only: no state, return_state or "
                                  "need_weights (decode and inspect weights on one process)")
@@ -122,7 +123,8 @@ class Sharding:
                 k, v = k.repeat_interleave(R, dim=1), v.repeat_interleave(R, dim=1)  # (B, H, L/P, E)
             self._inside = True
             try:
-                return attend(kernel, q, k, v, mask=mask, group=self.group, layout=self.current_layout(self.length))
+                return attend(kernel, q, k, v, mask=mask, group=self.group, layout=self.current_layout(self.length),
+                              **gates)  # per-token gates (gated_linear's g, beta) cut like q, k, v
             finally:
                 self._inside = False
         return forward
