@@ -171,3 +171,12 @@ def test_knobs_on_any_stack_model():
 def test_bad_knobs_are_refused(field, value, error, message):
     with pytest.raises(error, match=message):
         StackConfig(**{field: value})
+
+
+def test_context_parallel_refuses_the_short_convolution():
+    from qkv._errors import UserError
+    from qkv.train.distributed import refuse_unsplittable
+
+    with pytest.raises(UserError, match="short_conv"):
+        refuse_unsplittable(GPT(GPTConfig(**SMALL, short_conv=2)), carries_state=False)
+    refuse_unsplittable(GPT(GPTConfig(**SMALL, output_gate=True)), carries_state=False)  # the gate is per position

@@ -191,6 +191,7 @@ def refuse_unsplittable(model: torch.nn.Module, carries_state: bool) -> None:
     positions) may mix positions."""
     from .._errors import UserError
     from ..attention import AttentionKernel
+    from ..blocks import ShortConv
 
     name = type(model).__name__
     if carries_state:
@@ -203,6 +204,9 @@ def refuse_unsplittable(model: torch.nn.Module, carries_state: bool) -> None:
     if not any(isinstance(m, AttentionKernel) for m in model.modules()):
         raise UserError(f"{name} has no self-attention kernel to split: --context-parallel splits Transformer "
                          f"stacks (gpt, bert, the efficient-attention language models)")
+    if any(isinstance(m, ShortConv) for m in model.modules()):
+        raise UserError(f"{name} mixes neighbouring positions outside attention (short_conv): a shard's first positions "
+                        f"would need the previous shard's last inputs, so it cannot be split over --context-parallel ranks")
     if any(getattr(m, "cross_attn", None) is not None for m in model.modules()):
         raise UserError(f"{name} attends across to a second sequence (cross-attention): --context-parallel splits "
                          f"self-attention only")
