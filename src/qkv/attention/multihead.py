@@ -347,11 +347,13 @@ class MultiHeadAttention(nn.Module):
 
     def _attend(self, q: Tensor, k: Optional[Tensor], v: Tensor, mask: Optional[Tensor], state: Any,
                 need_weights: bool, return_state: bool, positions: Optional[Tensor],
-                gates: Optional[dict] = None) -> AttentionOutput:
+                gates: Optional[dict] = None, gate_output: Optional[Callable[[Tensor], Tensor]] = None) -> AttentionOutput:
         """qk-norm and rotary on the projected heads ``q (B, H, M, E)``, ``k (B, G, N, E)`` (None:
         the queries are the keys, shared-QK), then the kernel — keys and values repeated to the
         query heads for a kernel that does not take groups — and the output projection. ``gates``:
-        the kernel's per-token gates (``_gates``; None: none), passed to its call."""
+        the kernel's per-token gates (``_gates``; None: none), passed to its call. ``gate_output``: a
+        function of the merged heads ``(B, M, H E)`` applied before the output projection (an output
+        gate, ``GatedSelfAttention``)."""
         gates = gates or {}
         if self.q_norm is not None:
             q = self.q_norm(q)
@@ -369,22 +371,25 @@ class MultiHeadAttention(nn.Module):
         G = self.n_heads // v.shape[1]  # query heads per key/value head
         if G == 1 or self.kernel.grouped_kv:
             return self._merge(self.kernel(q, k, v, mask=mask, state=state, need_weights=need_weights,
-                                           return_state=return_state, **gates))
+                                           return_state=return_state, **gates), gate_output)
         if k.shape[1] != self.n_heads:
             k = k.repeat_interleave(G, dim=1)  # (B, H, N, E): query head h reads key head floor(h / G)
         v = v.repeat_interleave(G, dim=1)
         out = self.kernel(q, k, v, mask=mask, state=state_heads(state, G, self.n_heads), need_weights=need_weights,
                           return_state=return_state, **gates)
-        return self._merge(out._replace(state=state_heads(out.state, G, self.n_heads, grouped=True)))
+        return self._merge(out._replace(state=state_heads(out.state, G, self.n_heads, grouped=True)), gate_output)
 
     def _gates(self, x: Tensor) -> dict:
         """The kernel's gates of the keys written by ``x (B, N, kdim)`` (``AttentionKernel.gate_projections``); {} without."""
         return {} if self.gates is None else self.gates(x)
 
-    def _merge(self, out: AttentionOutput) -> AttentionOutput:
-        """Merge the kernel's heads ``(B, H, M, E)`` and apply the output projection."""
+    def _merge(self, out: AttentionOutput, gate_output: Optional[Callable[[Tensor], Tensor]] = None) -> AttentionOutput:
+        """Merge the kernel's heads ``(B, H, M, E)`` and apply the output projection (after
+        ``gate_output`` of the merged heads, when given)."""
         B, H, M, E = out.output.shape
         merged = out.output.transpose(1, 2).reshape(B, M, H * E)  # (B, M, H E)
+        if gate_output is not None:
+            merged = gate_output(merged)
         return AttentionOutput(self._project(self.out_proj, merged), out.weights, out.state)
 
 

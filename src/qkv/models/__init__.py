@@ -27,6 +27,7 @@ from .transformer.stack import StackConfig, TransformerStack
 from .transformer.transformer import Transformer, TransformerConfig
 from .transformer.linformer import Linformer, LinformerConfig
 from .transformer.linear_transformer import LinearTransformer, LinearTransformerConfig
+from .transformer.gated_linear import GLA, DeltaNet, DeltaNetConfig, GLAConfig
 from .transformer.performer import Performer, PerformerConfig, PerformerEncoder, PerformerEncoderConfig
 from .transformer.quaternion import (QuaternionEncoder, QuaternionEncoderConfig, QuaternionTransformer,
                                      QuaternionTransformerConfig)
@@ -53,6 +54,7 @@ __all__ = [
     "UniversalTransformer", "UniversalTransformerConfig", "UniversalTransformerLM", "UniversalTransformerLMConfig",
     "ImageTransformer", "ImageTransformerConfig", "SparseTransformer", "SparseTransformerConfig",
     "Linformer", "LinformerConfig", "LinearTransformer", "LinearTransformerConfig", "Performer", "PerformerConfig",
+    "GLA", "GLAConfig", "DeltaNet", "DeltaNetConfig",
     "PerformerEncoder", "PerformerEncoderConfig", "QuaternionTransformer", "QuaternionTransformerConfig",
     "QuaternionEncoder", "QuaternionEncoderConfig",
     "Reformer", "ReformerConfig", "LRAEncoder", "LRAEncoderConfig", "LRADualEncoder", "LRADualEncoderConfig",

@@ -15,6 +15,7 @@ reverse            seq2seq    same as copy
 sort               seq2seq    same as copy
 addition           seq2seq    ``min_len=1``, ``max_len=5`` (digits per operand), ``eval_size=1000``
 dates              seq2seq    ``min_year=1900``, ``max_year=2099``, ``eval_size=1000``
+mqar               lm         ``vocab_size=64``, ``n_pairs=8``, ``n_queries=n_pairs``, ``seq_len`` (Zoology's recall; loss on the answers)
 listops            class.     Long Range Arena (``qkv.tasks.lra``): ``min_len=500``, ``max_len=2000``, ``brackets=True``
 pathfinder         class.     LRA: ``size=32``, ``contour_length=14`` (difficulty), ``n_distractors=3``
 bbc-bytes          class.     LRA Text stand-in: BBC News topic from bytes, ``max_len=4096``
@@ -33,7 +34,7 @@ from typing import Any, List, Tuple
 
 from qkv import registry
 from qkv.tasks import sword, vocab, base, data
-from qkv.tasks import lm, translation, generated
+from qkv.tasks import lm, translation, generated, mqar
 from qkv.tasks import captions, pointer_tasks
 from qkv.tasks import babi, bags, bbc, classify, digits, graphs, ntm_copy, regression
 from qkv.tasks import images
@@ -43,6 +44,7 @@ from qkv.tasks.base import GeneratedSeq2SeqTask, LanguageModelTask, PairsSeq2Seq
 from qkv.tasks.data import DATASETS, fetch, load_bible, load_enwiki, load_mnist, load_shakespeare
 from qkv.tasks.generated import AdditionTask, CopyTask, DatesTask, ReverseTask, SortTask
 from qkv.tasks.lm import EnwikiBytes, ShakespeareChar
+from qkv.tasks.mqar import MQARTask
 from qkv.tasks.translation import BibleEnEs
 from qkv.tasks.vocab import ByteVocab, CharVocab
 
@@ -50,7 +52,7 @@ __all__ = [
     "build_task", "list_tasks", "fetch", "DATASETS",
     "Task", "LanguageModelTask", "Seq2SeqTask", "GeneratedSeq2SeqTask", "PairsSeq2SeqTask",
     "ShakespeareChar", "EnwikiBytes", "BibleEnEs",
-    "CopyTask", "ReverseTask", "SortTask", "AdditionTask", "DatesTask",
+    "CopyTask", "ReverseTask", "SortTask", "AdditionTask", "DatesTask", "MQARTask",
     "CharVocab", "ByteVocab",
     "load_shakespeare", "load_enwiki", "load_bible", "load_mnist",
 ]

@@ -222,6 +222,7 @@ def refuse_unsplittable(model: torch.nn.Module, carries_state: bool) -> None:
     (``QKVModel.context_parallel``, ``context_parallel_refusal``: the reason, config by config)."""
     from .._errors import UserError
     from ..attention import AttentionKernel
+    from ..blocks import ShortConv
 
     name = type(model).__name__
     if carries_state:
@@ -234,6 +235,9 @@ def refuse_unsplittable(model: torch.nn.Module, carries_state: bool) -> None:
     if not any(isinstance(m, AttentionKernel) for m in model.modules()):
         raise UserError(f"{name} has no self-attention kernel to split: --context-parallel splits Transformer "
                          f"stacks (gpt, bert, the efficient-attention language models)")
+    if any(isinstance(m, ShortConv) for m in model.modules()):
+        raise UserError(f"{name} mixes neighbouring positions outside attention (short_conv): a shard's first positions "
+                        f"would need the previous shard's last inputs, so it cannot be split over --context-parallel ranks")
     if any(getattr(m, "cross_attn", None) is not None for m in model.modules()):
         raise UserError(f"{name} attends across to a second sequence (cross-attention): --context-parallel splits "
                          f"self-attention only")

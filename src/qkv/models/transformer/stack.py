@@ -62,7 +62,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ... import _checks
 from ...attention import MultiHeadAttention
-from ...blocks import ACTIVATIONS, LINEAR_LAYERS, NORMS, build_feedforward, build_norm, build_residual
+from ...blocks import ACTIVATIONS, LINEAR_LAYERS, NORMS, OutputGate, ShortConv, build_feedforward, build_norm, build_residual
 from ...positional import NoPositionalEncoding
 from ...rotary import RotaryEmbedding, check_rope_scaling
 from ...registry import lookup, names, register
@@ -70,7 +70,7 @@ from ...registry import lookup, names, register
 __all__ = [
     "StackConfig", "TransformerStack", "TransformerBlock", "Embeddings", "BlockState", "StackState",
     "BlockOutput", "StackOutput", "NoPositionalEncoding", "check_token_mask", "reorder_state", "copy_torch_layer",
-    "init_normal", "token_scale", "self_attention_settings",
+    "init_normal", "token_scale", "self_attention_settings", "GatedSelfAttention", "GatedSelfAttentionState",
 ]
 
 
@@ -133,6 +133,10 @@ class StackConfig:
     qk_norm: bool = False  # RMSNorm over each head's queries and keys before rotary (Qwen3)
     rope_theta: float = 10000.0  # rotary base (positional="rotary"; Llama 3: 500000)
     rope_scaling: Dict[str, Any] = field(default_factory=dict)  # rotary scaling as transformers' rope_parameters ({"rope_type": "yarn", "factor": 4.0, ...}); {}: none
+    short_conv: int = 0  # causal depthwise convolution (+ SiLU) of this many positions on self-attention's q, k, v (0: none; DeltaNet: 4)
+    output_gate: bool = False  # gate self-attention's merged heads by SiLU(x W_r) before the output projection (GLA, DeltaNet)
+    hybrid_every: int = 0  # every k-th layer (k, 2k, ...) uses hybrid_attention instead of attention (0: none; Qwen3-Next: 4)
+    hybrid_attention: str = "softmax"  # the kernel of those layers (its default knobs; no short_conv or output_gate)
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "d_ff", "max_len"):
@@ -177,6 +181,17 @@ class StackConfig:
             raise ValueError(f"layer_norm_eps must be a positive float, got {self.layer_norm_eps!r}")
         if self.linear not in LINEAR_LAYERS:
             raise ValueError(f"linear must be one of {sorted(LINEAR_LAYERS)}, got {self.linear!r}")
+        _checks.positive_int("short_conv", self.short_conv, allow_zero=True)
+        if not isinstance(self.output_gate, bool):
+            raise TypeError(f"output_gate must be a bool, got {self.output_gate!r}")
+        _checks.positive_int("hybrid_every", self.hybrid_every, allow_zero=True)
+        try:
+            lookup("attention", self.hybrid_attention)
+        except ValueError as e:
+            raise ValueError(f"hybrid_attention: {e}") from None
+        except TypeError:
+            raise TypeError(f"hybrid_attention must be a str (one of {names('attention')}), got "
+                            f"{self.hybrid_attention!r}") from None
         if self.head_size() % 2 and self.rotary():
             raise ValueError(f"positional='rotary' turns pairs of features: the head size must be even, got {self.head_size()}")
 
@@ -187,6 +202,13 @@ class StackConfig:
     def rotary(self) -> bool:
         """Whether the positional scheme is rotary (applied inside self-attention)."""
         return bool(getattr(lookup("positional", self.positional), "rotary", False))
+
+    def layer_attention(self, layer: int) -> str:
+        """The self-attention kernel of layer ``layer`` (0-based): ``hybrid_attention`` on every
+        ``hybrid_every``-th layer (layers ``k - 1, 2k - 1, ...``), else ``attention``."""
+        if self.hybrid_every and (layer + 1) % self.hybrid_every == 0:
+            return self.hybrid_attention
+        return self.attention
 
 
 # ----------------------------------------------------------------------------- states and outputs
@@ -337,8 +359,9 @@ class Embeddings(nn.Module):
 # ----------------------------------------------------------------------------- one block
 
 
-def self_attention_settings(config: StackConfig) -> Tuple[Dict[str, Any], float]:
-    """The self-attention kernel's knobs and dropout under ``config``.
+def self_attention_settings(config: StackConfig, attention: Optional[str] = None) -> Tuple[Dict[str, Any], float]:
+    """The self-attention kernel's knobs and dropout under ``config`` (``attention``: another kernel
+    than ``config.attention``, a hybrid layer's, which takes its default knobs only).
 
     Knobs: the kernel's ``knobs(max_len, n_heads, d_head, config.attention_kwargs)`` (its default
     knobs for the model's length, the head arguments left to ``MultiHeadAttention``, under the given
@@ -346,14 +369,76 @@ def self_attention_settings(config: StackConfig) -> Tuple[Dict[str, Any], float]
     kernel that forms no attention-weight matrix (``applies_dropout = False``: linear, performer,
     efficient), with a warning (once) — the residual dropout still applies.
     """
-    kernel = lookup("attention", config.attention)
-    knobs = kernel.knobs(config.max_len, config.n_heads, config.head_size(), config.attention_kwargs)
+    own = attention is None or attention == config.attention
+    kernel = lookup("attention", config.attention if own else attention)
+    knobs = kernel.knobs(config.max_len, config.n_heads, config.head_size(), config.attention_kwargs if own else {})
     dropout = config.attention_dropout
     if dropout > 0 and not kernel.applies_dropout:
         warnings.warn(f"attention {kernel.registry_name!r} forms no attention-weight matrix: attention_dropout="
                       f"{dropout} is not applied inside it (the residual dropout still is)", stacklevel=3)
         dropout = 0.0
     return knobs, dropout
+
+
+class GatedSelfAttention(MultiHeadAttention):
+    """Self-attention with the parts gated linear-attention layers put around their kernel (GLA,
+    DeltaNet, Gated DeltaNet): a short causal convolution (+ SiLU) on the projected ``q, k, v``
+    (``qkv.blocks.ShortConv``) and the output gate ``SiLU(x W_r) ⊙ o`` on the merged heads before
+    the output projection (``qkv.blocks.OutputGate``); the head normalisation the gate multiplies
+    is the kernel's (``norm=True``; its gain is absorbed by ``W^O``, as the gate is elementwise).
+
+    ``MultiHeadAttention``'s arguments (grouped keys, qk-norm and rotary positions included: they
+    act on the convolved heads, through ``MultiHeadAttention._attend``) plus ``short_conv`` (kernel
+    size, 0: none) and ``output_gate``; self-attention only (``mha(x)``). Its state is
+    ``GatedSelfAttentionState``: the kernel's and the convolution's last ``short_conv - 1`` inputs,
+    so that decoding token by token gives the full forward's outputs. A key-padding mask zeroes the
+    padded positions' inputs to the convolution (a left-padded row sees what the row alone would).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, attention: Any = "softmax", *, short_conv: int = 0,
+                 output_gate: bool = False, linear: Any = nn.Linear, **kwargs: Any) -> None:
+        super().__init__(d_model, n_heads, attention, linear=linear, **kwargs)
+        if self.k_proj is None:
+            raise ValueError(f"short_conv/output_gate: attention {self.kernel.registry_name!r} shares queries and keys")
+        self._widths = [p.weight.shape[0] for p in (self.q_proj, self.k_proj, self.v_proj)]  # H E, G E, G E
+        self.conv = (ShortConv(sum(self._widths), short_conv)
+                     if _checks.positive_int("short_conv", short_conv, allow_zero=True) else None)
+        if not isinstance(output_gate, bool):
+            raise TypeError(f"output_gate must be a bool, got {output_gate!r}")
+        self.out_gate = OutputGate(d_model, self.n_heads * self.d_head, linear=linear) if output_gate else None
+
+    def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
+                mask: Optional[Tensor] = None, state: Any = None, need_weights: bool = False,
+                return_state: bool = False, kv: Optional[Tuple[Tensor, Tensor]] = None,
+                positions: Optional[Tensor] = None) -> Any:
+        """``MultiHeadAttention.forward`` for self-attention (``key``, ``value``, ``kv`` must be None or ``query``)."""
+        if kv is not None or (key is not None and key is not query) or (value is not None and value is not query):
+            raise ValueError("GatedSelfAttention (short_conv/output_gate) does self-attention only: call it as mha(x)")
+        _checks.tensor("query", query, ndim=3, floating=True)
+        _checks.same("query", query.shape[-1], "d_model", self.d_model, "the feature size")
+        if state is not None and not isinstance(state, GatedSelfAttentionState):
+            raise TypeError(f"state must be the GatedSelfAttentionState a previous call returned, got {type(state).__name__}")
+        kernel_state, conv_cache = (None, None) if state is None else (state.kernel, state.conv)
+        qkv = torch.cat([self._project(p, query) for p in (self.q_proj, self.k_proj, self.v_proj)], dim=-1)  # (B, L, (H + 2G) E)
+        if self.conv is not None:
+            if isinstance(mask, Tensor) and mask.dim() == 2 and mask.dtype == torch.bool:  # key padding: no input
+                qkv = qkv * mask[:, mask.shape[1] - qkv.shape[1]:].unsqueeze(-1).to(qkv.dtype)
+            qkv, conv_cache = self.conv(qkv, conv_cache)
+        q, k, v = qkv.split(self._widths, dim=-1)
+        q, k, v = self._split(q), self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)  # (B, H|G, L, E)
+        gate = None if self.out_gate is None else (lambda o: self.out_gate(query, o))  # SiLU(x W_r) ⊙ Norm(o)
+        out = self._attend(q, k, v, mask=mask, state=kernel_state, need_weights=need_weights, return_state=return_state,
+                           positions=positions, gates=self._gates(query), gate_output=gate)
+        new_state = GatedSelfAttentionState(out.state, conv_cache if self.conv is not None else None) if return_state else None
+        return out._replace(state=new_state)
+
+
+@dataclass(frozen=True)
+class GatedSelfAttentionState:
+    """``GatedSelfAttention``'s state: the kernel's and the short convolution's last inputs ``(B, K - 1, 3 d_model)``."""
+
+    kernel: Any = None
+    conv: Optional[Tensor] = None
 
 
 class TransformerBlock(nn.Module):
@@ -365,18 +450,29 @@ class TransformerBlock(nn.Module):
         cross_attention: kernel name of a cross-attention sub-layer (None: none).
         cross_attention_kwargs: its knobs.
         rotary: the stack's ``RotaryEmbedding`` (``positional="rotary"``), for self-attention.
+        attention: the self-attention kernel when not ``config.attention`` (a hybrid layer's,
+            ``StackConfig.layer_attention``): its default knobs, no short convolution or output gate.
+
+    With ``config.short_conv`` or ``config.output_gate`` the self-attention is ``GatedSelfAttention``.
     """
 
     def __init__(self, config: StackConfig, *, causal: bool = False, cross_attention: Optional[str] = None,
-                 cross_attention_kwargs: Optional[Dict[str, Any]] = None, rotary: Optional[RotaryEmbedding] = None) -> None:
+                 cross_attention_kwargs: Optional[Dict[str, Any]] = None, rotary: Optional[RotaryEmbedding] = None,
+                 attention: Optional[str] = None) -> None:
         super().__init__()
         c = config
         linear = LINEAR_LAYERS[c.linear]
-        knobs, attention_dropout = self_attention_settings(c)
+        attention = c.attention if attention is None else attention
+        knobs, attention_dropout = self_attention_settings(c, attention)
         heads = dict(n_kv_heads=c.n_kv_heads, d_head=c.d_head, bias=c.bias, qkv_bias=c.qkv_bias, qk_norm=c.qk_norm,
                      norm_eps=c.layer_norm_eps)
-        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention, causal=causal, dropout=attention_dropout,
-                                            linear=linear, rotary=rotary, **heads, **knobs)
+        if attention == c.attention and (c.short_conv or c.output_gate):
+            self.self_attn = GatedSelfAttention(c.d_model, c.n_heads, attention, causal=causal, dropout=attention_dropout,
+                                                linear=linear, rotary=rotary, short_conv=c.short_conv,
+                                                output_gate=c.output_gate, **heads, **knobs)
+        else:
+            self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, attention, causal=causal, dropout=attention_dropout,
+                                                linear=linear, rotary=rotary, **heads, **knobs)
         residual = dict(dropout=c.dropout, eps=c.layer_norm_eps, norm=c.norm)
         self.res_self = build_residual(c.residual, c.d_model, **residual)
         self.cross_attn = self.res_cross = None
@@ -485,10 +581,12 @@ class TransformerStack(nn.Module):
                                 token_segments=token_segments)
         self.layers = nn.ModuleList(
             TransformerBlock(config, causal=causal, cross_attention=cross_attention,
-                             cross_attention_kwargs=cross_attention_kwargs, rotary=self.rotary)
-            for _ in range(n_layers))
+                             cross_attention_kwargs=cross_attention_kwargs, rotary=self.rotary,
+                             attention=config.layer_attention(i))
+            for i in range(n_layers))
         for block in self.layers[1:]:  # parameters a kernel shares across the stack (Linformer's layerwise E)
-            block.self_attn.kernel.share_across_layers(self.layers[0].self_attn.kernel)
+            if type(block.self_attn.kernel) is type(self.layers[0].self_attn.kernel):  # (not a hybrid stack's other kernel)
+                block.self_attn.kernel.share_across_layers(self.layers[0].self_attn.kernel)
         final = lookup("residual", config.residual).final_norm
         self.final_norm = build_norm(config.norm, config.d_model, eps=config.layer_norm_eps) if final else nn.Identity()
 
