@@ -63,7 +63,7 @@ def transform(kernel: nn.Module, scores: Tensor, score_bias: Optional[Tensor]) -
 def softmax(kernel: nn.Module, scores: Tensor, mask: Optional[Tensor]) -> Tensor:
     """``masked_softmax`` over the keys (dim -1) of ``scores (B, H, ...)``, with the kernel's sink
     logit per head (dim 1) in each row's denominator when it has sinks."""
-    if kernel.sinks is None:
+    if kernel.sinks is None or scores.shape[-1] == 0:  # no key: nothing to weigh
         return masked_softmax(scores, mask)
     work = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
     sink = kernel.sinks.to(work.dtype).view(1, -1, *(1,) * (work.dim() - 2))  # (1, H, 1, ..., 1)

@@ -116,7 +116,7 @@ class StackConfig:
     attention_dropout: float = 0.0  # dropout on the attention weights (inside the kernel)
     activation: str = "relu"  # feed-forward activation: "relu" (the paper) | "gelu" (BERT) | "gelu-tanh" (GPT-2's gelu_new)
     residual: str = "post-ln"  # residual wiring: "post-ln" LN(x + F(x)) | "pre-ln" x + F(LN(x)) (+ final LN)
-    positional: str = "sinusoidal"  # positional scheme: "sinusoidal" | "learned" | "none"
+    positional: str = "sinusoidal"  # positional scheme: "sinusoidal" | "learned" | "rotary" | "alibi" | "none"
     max_len: int = 512  # longest sequence ("learned" positions raise beyond it; sinusoids cache this many rows)
     attention: str = "softmax"  # self-attention kernel: a qkv.list_attention() name
     attention_kwargs: Dict[str, Any] = field(default_factory=dict)  # the kernel's own knobs, e.g. {"radius": 16}
@@ -183,6 +183,10 @@ class StackConfig:
     def head_size(self) -> int:
         """The size of one attention head: ``d_head``, else ``d_model // n_heads``."""
         return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    def alibi(self) -> bool:
+        """Whether the positional scheme is ALiBi (a score bias inside self-attention)."""
+        return bool(getattr(lookup("positional", self.positional), "alibi", False))
 
     def rotary(self) -> bool:
         """Whether the positional scheme is rotary (applied inside self-attention)."""
@@ -348,6 +352,13 @@ def self_attention_settings(config: StackConfig) -> Tuple[Dict[str, Any], float]
     """
     kernel = lookup("attention", config.attention)
     knobs = kernel.knobs(config.max_len, config.n_heads, config.head_size(), config.attention_kwargs)
+    if config.alibi():
+        if "alibi" not in inspect.signature(kernel.__init__).parameters:
+            able = [n for n in names("attention") if "alibi" in inspect.signature(lookup("attention", n).__init__).parameters]
+            raise ValueError(f"positional='alibi' adds a bias to every score q.k - m_h (i - j): attention "
+                             f"{config.attention!r} forms no score of each query-key pair to add it to (kernels "
+                             f"that take it: {', '.join(able)})")
+        knobs["alibi"] = True
     dropout = config.attention_dropout
     if dropout > 0 and not kernel.applies_dropout:
         warnings.warn(f"attention {kernel.registry_name!r} forms no attention-weight matrix: attention_dropout="
@@ -405,12 +416,14 @@ class TransformerBlock(nn.Module):
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, memory: Optional[Tensor] = None,
                 memory_mask: Optional[Tensor] = None, state: Optional[BlockState] = None,
                 need_weights: bool = False, return_state: bool = False,
-                prefix: Optional[Tensor] = None, positions: Optional[Tensor] = None) -> BlockOutput:
+                prefix: Optional[Tensor] = None, positions: Optional[Tensor] = None,
+                packed: Optional[Tensor] = None) -> BlockOutput:
         """``x (B, L, d_model)``; ``mask`` for self-attention (True = may attend); ``memory (B, S, d_model)``
         and ``memory_mask (B, S)`` for cross-attention. ``prefix (B, P, d_model)``: earlier inputs
         that self-attention reads as extra keys/values before ``x`` but does not update
         (Transformer-XL's segment memory, ``[SG(m), x]``). ``positions (L,) or (B, L)``: the
-        tokens' positions for rotary self-attention."""
+        tokens' positions for rotary self-attention. ``packed (B, L)``: the ``position_ids`` of
+        packed documents (0 starts one): self-attention stays within each document."""
         state = state or BlockState()
         h = self.res_self.enter(x)
         context = None
@@ -422,6 +435,8 @@ class TransformerBlock(nn.Module):
             _checks.same("prefix", prefix.shape[2], "x", x.shape[2], "the feature size (dim -1)")
             context = torch.cat([self.res_self.enter(prefix), h], dim=1)  # (B, P + L, d_model)
         extra = {} if positions is None else {"positions": positions}
+        if packed is not None:
+            extra["packed"] = packed
         y, self_weights, self_state = self.self_attn(h, context, context, mask=mask, state=state.self_attn,
                                                      need_weights=need_weights, return_state=return_state, **extra)
         x = self.res_self.exit(x, y)
@@ -497,7 +512,13 @@ class TransformerStack(nn.Module):
                 state: Optional[StackState] = None, need_weights: bool = False, return_state: bool = False,
                 return_hidden: bool = False, position_ids: Optional[Tensor] = None) -> StackOutput:
         """Embed ``input_ids (B, L)`` at positions following ``state.position`` (or at ``position_ids
-        (B, L)``, e.g. counted from each row's first real token) and run the layers."""
+        (B, L)``, e.g. counted from each row's first real token) and run the layers.
+
+        Packed documents (transformers' ``DataCollatorWithFlattening``): ``position_ids`` that
+        restart at 0 inside a row, with no ``mask``, mark documents concatenated in the row; every
+        self-attention keeps each document to itself (``run_layers(..., packed=position_ids)``), so
+        each gets what it gets alone. (With a ``mask``, ``position_ids`` are positions only: a
+        left-padded batch.)"""
         offset = 0
         if state is not None:
             if not isinstance(state, StackState):
@@ -514,6 +535,11 @@ class TransformerStack(nn.Module):
             positions = position_ids if position_ids is not None else torch.arange(
                 offset, offset + input_ids.shape[1], device=input_ids.device)
             extra = {"positions": positions}
+        if mask is None and position_ids is not None and restarts(position_ids):
+            if "packed" not in inspect.signature(self.run_layers).parameters:
+                raise ValueError(f"position_ids of packed documents (restarting at 0 inside a row) need a layer loop "
+                                 f"that passes them to attention; {type(self).__name__}.run_layers does not")
+            extra["packed"] = position_ids  # packed documents: attention stays within each
         return self.run_layers(x, mask=mask, memory=memory, memory_mask=memory_mask, state=state,
                                need_weights=need_weights, return_state=return_state, return_hidden=return_hidden,
                                **extra)
@@ -521,13 +547,15 @@ class TransformerStack(nn.Module):
     def run_layers(self, x: Tensor, mask: Optional[Tensor] = None, memory: Optional[Tensor] = None,
                    memory_mask: Optional[Tensor] = None, state: Optional[StackState] = None,
                    need_weights: bool = False, return_state: bool = False,
-                   return_hidden: bool = False, positions: Optional[Tensor] = None) -> StackOutput:
+                   return_hidden: bool = False, positions: Optional[Tensor] = None,
+                   packed: Optional[Tensor] = None) -> StackOutput:
         """The layer loop on embeddings ``x (B, L, d_model)`` — the hook for other depths (ACT, reversible).
 
         ``mask``: self-attention mask, True = may attend (``(B, L)`` key padding, or broadcastable
         to ``(B, H, L, N)``). A key-padding mask with no padding is dropped so that kernels keep
         their fast paths. ``memory (B, S, d_model)``, ``memory_mask (B, S)``: for cross-attention.
-        ``positions (L,) or (B, L)``: the tokens' positions (rotary self-attention).
+        ``positions (L,) or (B, L)``: the tokens' positions (rotary self-attention). ``packed (B, L)``:
+        the ``position_ids`` of packed documents, for every self-attention (``forward``).
         """
         _checks.tensor("x", x, ndim=3, floating=True)
         mask = _drop_if_full(mask)
@@ -540,10 +568,11 @@ class TransformerStack(nn.Module):
         weights, cross_weights, new_states, hidden_states = [], [], [], []
         for block, s in zip(self.layers, layer_states):
             if checkpointing:
-                out = checkpoint(block, x, mask, memory, memory_mask, positions=positions, use_reentrant=False)
+                out = checkpoint(block, x, mask, memory, memory_mask, positions=positions, packed=packed,
+                                 use_reentrant=False)
             else:
                 out = block(x, mask=mask, memory=memory, memory_mask=memory_mask, state=s,
-                            need_weights=need_weights, return_state=return_state, positions=positions)
+                            need_weights=need_weights, return_state=return_state, positions=positions, packed=packed)
             x = out.hidden
             weights.append(out.self_weights)
             cross_weights.append(out.cross_weights)
@@ -582,6 +611,14 @@ def copy_torch_layer(block: TransformerBlock, layer: nn.Module) -> None:
     norms = [block.res_self, block.res_cross, block.res_ff] if decoder else [block.res_self, block.res_ff]
     for wiring, norm in zip(norms, (layer.norm1, layer.norm2, layer.norm3) if decoder else (layer.norm1, layer.norm2)):
         wiring.norm.load_state_dict(norm.state_dict())
+
+
+def restarts(position_ids: Tensor) -> bool:
+    """Whether ``position_ids (B, L)`` restart at 0 after a row's first token (packed documents);
+    while compiling, where values are not read, True."""
+    if torch.compiler.is_compiling():
+        return True
+    return bool((position_ids[:, 1:] == 0).any())
 
 
 def _drop_if_full(mask: Optional[Tensor]) -> Optional[Tensor]:
