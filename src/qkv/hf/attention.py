@@ -421,8 +421,6 @@ def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callab
                   dropout: float = 0.0, scaling: Optional[float] = None, is_causal: Optional[bool] = None,
                   **kwargs: Any) -> Tuple[Tensor, Optional[Tensor]]:
         B, H, M, E = query.shape  # (B, H, M, E); key, value (B, H_kv, N, E)
-        if kwargs.get("softcap") is not None:
-            raise ValueError(f"{impl}: this model caps its scores (softcap), which qkv's kernels do not do; use 'eager'")
         if kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None:
             raise ValueError(f"{impl}: this model adds a score bias (position_bias / attention sinks), which qkv's kernels do not take")
         n_rep = H // key.shape[1]
@@ -441,6 +439,11 @@ def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callab
                               f"there, and {kernel!r} in the self-attention layers", stacklevel=2)
         if use == "softmax" and "scale" not in own:
             own["scale"] = scaling  # transformers' own factor (None: 1/sqrt(E))
+        if kwargs.get("softcap") is not None:  # Gemma 2: c tanh(scores / c), a knob of the kernels that form scores
+            if "softcap" not in inspect.signature(lookup("attention", use).__init__).parameters:
+                raise ValueError(f"{impl}: this model caps its scores (softcap), which attention {use!r} cannot do (it "
+                                 f"forms no score of each query-key pair); use qkv-softmax or qkv-window")
+            own["softcap"] = float(kwargs["softcap"])
         built = _kernel(module, impl, use, own, causal, float(dropout), H, E, query.device, key.shape[-2])
         built.train(module.training)
         if use != "softmax" and use not in _UNSCALED and scaling is not None:
