@@ -198,3 +198,22 @@ def test_grouped_projections_are_packed_and_fused_in_inference():
         fused = mha(x).output
         assert mha._in_proj(x, (mha.q_proj, mha.k_proj, mha.v_proj))[1].shape == (2, 9, 8)
     torch.testing.assert_close(fused, mha(x).output, rtol=1e-5, atol=1e-6)  # with gradients: three products
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if lookup("attention", n).grouped_kv])
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_kernels_equal_their_repeated_call(name, causal):
+    """A kernel that takes grouped keys (softmax; linear and performer group the queries) gives what
+    it gives on keys and values repeated to the query heads — weights and a key-padding mask too."""
+    kernel = qkv.build_attention(name, causal=causal, **{**knobs(name, H=6, E=4),
+                                                        **lookup("attention", name).head_kwargs(6, 4)}).double()
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 6, 5, 4, generator=g, dtype=torch.float64)
+    k, v = torch.randn(2, 2, 2, 5, 4, generator=g, dtype=torch.float64).unbind(0)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[0, 1] = False
+    for m in (None, mask):
+        a = kernel(q, k, v, mask=m, need_weights=True)
+        b = kernel(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), mask=m, need_weights=True)
+        torch.testing.assert_close(a.output, b.output, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(a.weights, b.weights, rtol=1e-10, atol=1e-12)

@@ -6,7 +6,6 @@ projection around any registered kernel.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
@@ -16,7 +15,8 @@ from .. import _checks, _linear
 from ..blocks.norms import RMSNorm
 from ..registry import build as _build, check_kwargs, lookup
 from ..rotary import RotaryEmbedding
-from ..types import AttentionOutput, KVCache, LinearState
+from ..types import AttentionOutput
+from ._ops import state_heads
 from .base import AttentionKernel
 
 __all__ = ["MultiHeadAttention", "build_attention"]
@@ -58,11 +58,11 @@ class MultiHeadAttention(nn.Module):
     projected to ``G = n_kv_heads`` heads (``G = 1``: multi-query attention, Shazeer 2019) and
     query head ``h`` of ``H`` reads key/value head ``floor(h G / H)`` — consecutive query heads
     share one, as transformers' ``repeat_kv`` lays them out. A kernel that takes grouped keys
-    (``grouped_kv``: softmax) gets them as they are, and its ``KVCache`` holds ``G`` heads; any
-    other kernel gets keys and values repeated to ``H`` heads right before its call, and a state
-    it keeps is stored per key/value head again when it is a ``KVCache`` (the repeated keys) or a
-    ``LinearState`` (linear, performer: one feature map for every head, so the sums of a group's
-    heads are equal) — other states (``lsh``, ``fixed``) stay per query head.
+    (``grouped_kv``: softmax natively; linear and performer group the queries, ``_ops.grouped_attend``)
+    gets them as they are and keeps its state per key/value head; any other kernel gets keys and
+    values repeated to ``H`` heads right before its call, and a state it keeps is stored per
+    key/value head again when it is a ``KVCache`` (the repeated keys; ``_ops.state_heads``) —
+    other states (``lsh``'s, ``fixed``'s) stay per query head.
 
     Rotary positions and qk-norm (``rotary``, ``qk_norm``) act on the projected heads, before
     the kernel: ``q = rotate(norm(x W^Q), m)``, ``k = rotate(norm(x W^K), n)``; the keys a cache
@@ -374,9 +374,9 @@ class MultiHeadAttention(nn.Module):
         if k.shape[1] != self.n_heads:
             k = k.repeat_interleave(G, dim=1)  # (B, H, N, E): query head h reads key head floor(h / G)
         v = v.repeat_interleave(G, dim=1)
-        out = self.kernel(q, k, v, mask=mask, state=_state_heads(state, G, self.n_heads), need_weights=need_weights,
+        out = self.kernel(q, k, v, mask=mask, state=state_heads(state, G, self.n_heads), need_weights=need_weights,
                           return_state=return_state, **call)
-        return self._merge(out._replace(state=_state_heads(out.state, G, self.n_heads, grouped=True)))
+        return self._merge(out._replace(state=state_heads(out.state, G, self.n_heads, grouped=True)))
 
     def _gates(self, x: Tensor) -> dict:
         """The kernel's gates of the keys written by ``x (B, N, kdim)`` (``AttentionKernel.gate_projections``); {} without."""
@@ -411,23 +411,3 @@ def _joined(params: Sequence[Tensor], copy: bool = True) -> Optional[Tensor]:
         return first.detach().as_strided((rows, *first.shape[1:]), first.stride())
     return torch.cat([t.detach() for t in params]) if copy else None
 
-
-def _state_heads(state: Any, G: int, H: int, grouped: bool = False) -> Any:
-    """A kernel's state between key/value heads and query heads: ``grouped`` keeps every ``G``-th
-    head of each head-indexed tensor (``(B, H, ...)`` -> ``(B, H / G, ...)``: the heads of a group
-    hold equal copies), else repeats each ``G`` times (``(B, H / G, ...)`` -> ``(B, H, ...)``).
-    Only ``KVCache`` and ``LinearState`` are regrouped; other states are per query head already."""
-    if not isinstance(state, (KVCache, LinearState)):
-        return state
-    changes = {}
-    for f in dataclasses.fields(state):
-        x = getattr(state, f.name)
-        if not isinstance(x, Tensor) or x.dim() < 2 or f.name == "room":
-            continue
-        if grouped and x.shape[1] == H:
-            changes[f.name] = x[:, ::G].contiguous()  # a copy: the stored state is a G-th of the repeated one
-        elif not grouped and x.shape[1] == H // G:
-            changes[f.name] = x.repeat_interleave(G, dim=1)
-    if isinstance(state, KVCache):
-        changes["room"] = None  # the spare room belongs to the repeated buffers
-    return dataclasses.replace(state, **changes)

@@ -5,6 +5,8 @@
 - ``llama``: Llama, Mistral, Qwen2 and Qwen3 checkpoints in and out of qkv's ``Llama`` (a family of ``checkpoints``);
 - ``attention``: qkv's kernels inside any transformers model, as ``attn_implementation="qkv-<kernel>"``;
 - ``pretrained``: a run started from a pretrained checkpoint (``qkv train ... --init DIR``);
+- ``tokenizer``: a run's vocabulary as a ``tokenizers`` tokenizer, and the files a pipeline needs
+  beside a checkpoint (written by ``save_pretrained(format="huggingface")`` for a run's model);
 - ``export``: a finished run as a folder transformers' pipelines load (``qkv export``);
 - ``gguf``: llama.cpp's GGUF files read as transformers Llama checkpoints (``qkv data fetch smollm2``);
 - ``qwen3_next``: qkv's gated delta rule in transformers' Qwen3-Next layers (``attention.register()`` patches).
