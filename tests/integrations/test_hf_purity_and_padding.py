@@ -330,5 +330,5 @@ def test_qkv_softmax_caps_scores_as_gemma2_does():
     model.config.attn_logit_softcapping = 0.5
     for layer in model.model.layers:
         layer.self_attn.attn_logit_softcapping = 0.5
-    with pytest.raises(ValueError, match="softcap.*attention 'linear' cannot"):
+    with pytest.raises(ValueError, match="Gemma2Attention passes softcap=.*'linear' kernel forms no score"):
         _logits(model, "qkv-linear", input_ids=ids)
