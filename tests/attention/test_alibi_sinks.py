@@ -8,12 +8,13 @@ import pytest
 import torch
 
 import qkv
+from qkv import masks
 from qkv.alibi import alibi_slopes
 from qkv.models import GPT, GPTConfig
 from qkv.registry import lookup
 
 B, H, L, E = 2, 3, 6, 4
-KERNELS = [("softmax", {}), ("window", {"radius": 2, "block": 2})]
+KERNELS = [("softmax", {}), ("window", {"radius": 2, "block": 2}), ("local-1d", {"block": 2, "memory": 1})]
 MODS = [dict(alibi=True), dict(softcap=0.7), dict(sinks=True), dict(alibi=True, softcap=0.7, sinks=True)]
 
 
@@ -30,14 +31,18 @@ def kernel(name, knobs, causal, **mods):
     return k
 
 
-def literal(q, k, v, causal, radius=None, alibi=False, softcap=None, sinks=None):
-    """out_i = sum_j exp(s_ij) v_j / (sum_j exp(s_ij) + exp(s_h)), s_ij = c tanh(q.k / sqrt(d) / c) - m_h |i - j|."""
+def literal(q, k, v, attn, alibi=False, softcap=None, sinks=None):
+    """out_i = sum_j exp(s_ij) v_j / (sum_j exp(s_ij) + exp(s_h)) over the keys j of the kernel's
+    pattern, s_ij = c tanh(q.k / sqrt(d) / c) - m_h |i - j|."""
     out = torch.zeros_like(q)
     slopes = alibi_slopes(H)
+    pattern = attn.pattern(q.shape[2], k.shape[2])
+    allowed = masks.materialize(pattern, q.shape[2], k.shape[2]) if pattern is not None else torch.ones(
+        q.shape[2], k.shape[2], dtype=torch.bool)
     for b in range(q.shape[0]):
         for h in range(H):
             for i in range(q.shape[2]):
-                keys = [j for j in range(k.shape[2]) if (not causal or j <= i) and (radius is None or abs(i - j) <= radius)]
+                keys = [j for j in range(k.shape[2]) if allowed[i, j]]
                 scores = []
                 for j in keys:
                     s = float(q[b, h, i] @ k[b, h, j]) / math.sqrt(E)
@@ -68,7 +73,7 @@ def test_score_knobs_against_their_literal_equations(name, knobs, causal, need_w
     q, k, v = qkv_tensors()
     attn = kernel(name, knobs, causal, **mods)
     out = attn(q, k, v, need_weights=need_weights)
-    ref = literal(q, k, v, causal, knobs.get("radius"), mods.get("alibi", False), mods.get("softcap"),
+    ref = literal(q, k, v, attn, mods.get("alibi", False), mods.get("softcap"),
                   None if attn.sinks is None else attn.sinks.detach())
     torch.testing.assert_close(out.output, ref, rtol=1e-12, atol=1e-12)
     if need_weights:
@@ -112,7 +117,7 @@ def test_stepwise_decoding_equals_one_call(name, knobs, mods):
 def test_a_row_padded_in_front_equals_the_row_alone(name, knobs):
     q, k, v = qkv_tensors(3)
     attn = kernel(name, knobs, True, alibi=True, softcap=2.0, sinks=True)
-    pad = 2
+    pad = 2  # a multiple of local-1d's block: its blocks sit at absolute positions
     padded = [torch.cat([torch.randn(B, H, pad, E, dtype=torch.float64), t], dim=2) for t in (q, k, v)]
     mask = torch.ones(B, L + pad, dtype=torch.bool)
     mask[:, :pad] = False
@@ -128,7 +133,7 @@ def test_the_knobs_are_checked_and_other_kernels_refuse_them():
         qkv.build_attention("window", radius=2, alibi=1)
     with pytest.raises(ValueError, match="sinks=True learns one logit per head: give n_heads"):
         qkv.build_attention("softmax", sinks=True)
-    for name in ("linear", "performer", "lsh"):
+    for name in ("linear", "performer", "lsh", "strided"):
         with pytest.raises(TypeError, match="softcap"):
             qkv.MultiHeadAttention(8, 2, name, causal=True, softcap=5.0)
     mha = qkv.MultiHeadAttention(8, 2, "softmax", sinks=True, softcap=5.0)  # n_heads filled in
@@ -138,7 +143,7 @@ def test_the_knobs_are_checked_and_other_kernels_refuse_them():
 TINY = dict(vocab_size=30, n_layers=2, d_model=12, n_heads=3, d_ff=24, max_len=16, dropout=0.0)
 
 
-@pytest.mark.parametrize("attention", ["softmax", "window"])
+@pytest.mark.parametrize("attention", ["softmax", "window", "local-1d"])
 def test_positional_alibi_is_a_stack_field(attention):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**TINY, attention=attention, positional="alibi")).double().eval()
@@ -150,10 +155,12 @@ def test_positional_alibi_is_a_stack_field(attention):
         first = model(ids[:, :5], return_state=True)
         step = model(ids[:, 5:], state=first.state).logits
         torch.testing.assert_close(torch.cat([first.logits, step], dim=1), whole, rtol=1e-10, atol=1e-10)
-        # a row padded in front equals the row alone: the bias sees distances only
-        mask = torch.tensor([[False, False] + [True] * 9] * 2)
-        padded = model(torch.cat([ids[:, :2], ids], dim=1), attention_mask=mask).logits[:, 2:]
-        torch.testing.assert_close(padded, whole, rtol=1e-10, atol=1e-10)
+        # a row padded in front equals the row alone: the bias sees distances only (an anchored kernel,
+        # local-1d, refuses left padding in the GPT)
+        if not model.stack.layers[0].self_attn.kernel.anchored:
+            mask = torch.tensor([[False, False] + [True] * 9] * 2)
+            padded = model(torch.cat([ids[:, :2], ids], dim=1), attention_mask=mask).logits[:, 2:]
+            torch.testing.assert_close(padded, whole, rtol=1e-10, atol=1e-10)
         # the bias changes the model: without it (no positions at all) the logits differ
         for block in model.stack.layers:
             block.self_attn.kernel.alibi = False

@@ -43,14 +43,18 @@ def setup(kernel: nn.Module, *, alibi: bool, softcap: Optional[float], sinks: bo
         kernel.sinks = nn.Parameter(torch.zeros(_checks.positive_int("n_heads", n_heads)))
 
 
-def fusable(kernel: nn.Module) -> bool:
-    """Whether a fused kernel (SDPA) computes the transformed attention: no cap and no sink."""
-    return kernel.softcap is None and kernel.sinks is None
+def fusable(kernel: Optional[nn.Module]) -> bool:
+    """Whether a fused kernel (SDPA) computes the transformed attention: no cap and no sink (None: no kernel's knobs)."""
+    return getattr(kernel, "softcap", None) is None and getattr(kernel, "sinks", None) is None
 
 
-def bias(kernel: nn.Module, n_heads: int, distance: Tensor, dtype: torch.dtype) -> Optional[Tensor]:
-    """ALiBi's ``(H, *distance.shape)`` bias of the signed distances ``i - j``, or None without ALiBi."""
-    return alibi_bias(n_heads, distance, kernel.causal, dtype) if kernel.alibi else None
+def bias(kernel: nn.Module, n_heads: int, distance: Tensor, dtype: torch.dtype, dims: Optional[int] = None) -> Optional[Tensor]:
+    """ALiBi's bias of the signed distances ``i - j`` for scores ``(B, H, ...)`` with ``dims`` dimensions
+    after the heads (default ``distance``'s): ``(H, 1, .., 1, *distance.shape)``; None without ALiBi."""
+    if not getattr(kernel, "alibi", False):
+        return None
+    out = alibi_bias(n_heads, distance, kernel.causal, dtype)  # (H, *distance.shape)
+    return out.view(n_heads, *(1,) * ((dims or distance.dim()) - distance.dim()), *distance.shape)
 
 
 def transform(kernel: nn.Module, scores: Tensor, score_bias: Optional[Tensor]) -> Tensor:

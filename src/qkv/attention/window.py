@@ -102,8 +102,7 @@ class WindowAttention(AttentionKernel):
             key_doc = unfold_band(doc, N - M - r, b, b + r + right, nb)[..., 0]  # (B, 1, nb, W)
             query_doc = F.pad(doc[:, :, N - M:, 0], (0, nb * b - M)).view(B, 1, nb, b, 1)
             valid = valid & (query_doc == key_doc.unsqueeze(-2))  # (B, 1, nb, b, W)
-        bias = _score_mods.bias(self, H, distance, q.dtype)  # (H, b, W) or None
-        bias = None if bias is None else bias.unsqueeze(1)  # (H, 1, b, W): the same for every block
+        bias = _score_mods.bias(self, H, distance, q.dtype, dims=3)  # (H, 1, b, W): the same for every block
 
         if not need_weights and _score_mods.fusable(self):
             # Each block is a small dense attention problem: the fused kernel takes them all at once.
