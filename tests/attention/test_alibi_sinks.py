@@ -180,3 +180,13 @@ def test_alibi_is_a_set_away_on_the_command_line(tmp_path, capsys):
                  "positional=alibi", "--set", "n_layers=1", "--set", "d_model=16", "--set", "n_heads=2",
                  "--set", "d_ff=16", "--set", "max_len=16", "--set", "train.batch_size=2", "--out", str(tmp_path / "run")])
     assert code in (0, None)
+
+
+def test_context_parallelism_refuses_alibi_and_sinks():
+    """Its strategies call a kernel on blocks of keys, where the distances and the sink's share would be a block's."""
+    from qkv.parallel.model import Sharding
+
+    with pytest.raises(ValueError, match="attention 'softmax' adds ALiBi's bias or a sink logit"):
+        Sharding(GPT(GPTConfig(**TINY, positional="alibi")))
+    with pytest.raises(ValueError, match="attention 'window' adds ALiBi's bias or a sink logit"):
+        Sharding(GPT(GPTConfig(**TINY, attention="window", attention_kwargs={"sinks": True})))
