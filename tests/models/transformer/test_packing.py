@@ -81,3 +81,21 @@ def test_a_kernel_state_refuses_packed_documents():
         kernel(q, q, q, position_ids=torch.zeros(1, 4))
     with pytest.raises(ValueError, match="must cover the keys of a self-attention row"):
         kernel(q, q, q, position_ids=torch.tensor([[0, 1, 0]]))
+
+
+def test_a_packed_run_prints_its_gain_over_padding(shakespeare_cache, train_argv, capsys):
+    """--set task.pack=true: the run counts the document pieces of its training rows and prints the
+    useful tokens per second gained over one padded row per piece."""
+    from qkv.cli import main
+
+    texts = shakespeare_cache / "data" / "shakespeare" / "texts"
+    for i in range(40):  # short texts before the fixture's Hamlet (file-name order): windows of 64 cross them
+        (texts / f"a{i:02d}_gut.txt").write_text(f"SONNET {i}\n\nShall I compare thee?\n")
+    run = shakespeare_cache / "run"
+    assert main(train_argv("llama", "shakespeare-char", run, "--set", "task.pack=true", "--set", "task.block_size=64",
+                           "--set", "n_layers=1", "--set", "d_model=8", "--set", "n_heads=2", "--set", "n_kv_heads=1",
+                           "--set", "d_ff=8", "--threads", "1", steps=3, batch_size=8)) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("packing:"))
+    rows, pieces = int(line.split(" rows hold ")[0].split()[-1]), int(line.split(" rows hold ")[1].split()[0])
+    assert rows == 24 and pieces > rows  # some windows hold several texts
+    assert f"{pieces / rows:.3f}x" in line and f"cost {pieces * 64} tokens" in line
