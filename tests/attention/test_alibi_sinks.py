@@ -192,3 +192,18 @@ def test_context_parallelism_refuses_alibi_and_sinks():
         Sharding(GPT(GPTConfig(**TINY, positional="alibi")))
     with pytest.raises(ValueError, match="attention 'window' adds ALiBi's bias or a sink logit"):
         Sharding(GPT(GPTConfig(**TINY, attention="window", attention_kwargs={"sinks": True})))
+
+
+def test_score_knobs_survive_qkvs_format_and_are_refused_by_transformers_llama(tmp_path):
+    from qkv.models import Llama, LlamaConfig
+
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(vocab_size=20, n_layers=1, d_model=8, n_heads=2, n_kv_heads=1, d_ff=8, max_len=16,
+                              attention_kwargs={"sinks": True, "softcap": 5.0}))
+    with torch.no_grad():
+        model.stack.layers[0].self_attn.kernel.sinks.copy_(torch.tensor([0.5, -0.5]))
+    model.save_pretrained(tmp_path / "qkv")
+    again = Llama.from_pretrained(tmp_path / "qkv")
+    assert torch.equal(again.stack.layers[0].self_attn.kernel.sinks, model.stack.layers[0].self_attn.kernel.sinks)
+    with pytest.raises(ValueError, match=r"attention_kwargs \['sinks', 'softcap'\] change the scores"):
+        model.save_pretrained(tmp_path / "hf", format="huggingface")
