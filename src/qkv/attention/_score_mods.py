@@ -50,10 +50,11 @@ def fusable(kernel: Optional[nn.Module]) -> bool:
 
 def bias(kernel: nn.Module, n_heads: int, distance: Tensor, dtype: torch.dtype, dims: Optional[int] = None) -> Optional[Tensor]:
     """ALiBi's bias of the signed distances ``i - j`` for scores ``(B, H, ...)`` with ``dims`` dimensions
-    after the heads (default ``distance``'s): ``(H, 1, .., 1, *distance.shape)``; None without ALiBi."""
+    after the heads (default ``distance``'s): ``(H, 1, .., 1, *distance.shape)``, in float32 at least
+    (the scores of half inputs are; ``sdpa_bias`` rounds it once); None without ALiBi."""
     if not getattr(kernel, "alibi", False):
         return None
-    out = alibi_bias(n_heads, distance, kernel.causal, dtype)  # (H, *distance.shape)
+    out = alibi_bias(n_heads, distance, kernel.causal, torch.promote_types(dtype, torch.float32))  # (H, *distance.shape)
     return out.view(n_heads, *(1,) * ((dims or distance.dim()) - distance.dim()), *distance.shape)
 
 
