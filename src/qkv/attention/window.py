@@ -48,6 +48,7 @@ class WindowAttention(AttentionKernel):
     state_type = KVCache
     context_parallel = "halo"  # qkv.parallel: the radius keys beyond a shard's ends from the neighbours
     packs_documents = True  # position_ids: the band keeps the query's document
+    static_length = "its queries are cut into blocks and each block's band of keys unfolded, in numbers of the length"
 
     def __init__(self, *, radius: int, causal: bool = False, dropout: float = 0.0, block: Optional[int] = None,
                  alibi: bool = False, softcap: Optional[float] = None, sinks: bool = False,
