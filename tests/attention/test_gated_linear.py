@@ -311,11 +311,12 @@ def test_bad_gates_are_named():
         gdn(q, k, v, state=st, need_weights=True)
 
 
-def test_context_parallel_splits_whole_batch_rows():
-    """The default decays differ per head (gamma_h): Ulysses over heads would give a rank the wrong
-    heads' decays; whole batch rows keep every head with its own."""
+def test_context_parallel_passes_the_shards_affine_state_maps():
+    """On sequence shards each rank keeps every head (the default decays differ per head, gamma_h)
+    and passes its shard's affine map of the state (qkv.parallel's 'affine'; exactness:
+    tests/parallel/test_gated_context_parallel.py)."""
     for name in KERNELS:
-        assert type(qkv.build_attention(name)).context_parallel == "ulysses-batch"
+        assert type(qkv.build_attention(name)).context_parallel == "affine"
 
 
 # ------------------------------------------------------------------ inside MultiHeadAttention

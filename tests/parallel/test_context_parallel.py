@@ -166,6 +166,8 @@ def test_each_kernel_runs_its_declared_strategy():
     assert strategy("lsh") == strategy("relative") == strategy("adaptive-span") == "ulysses-batch"
     assert strategy("fixed") == strategy("fixed", causal=True) == "summary"
     assert strategy("strided") == strategy("efficient") == strategy("local-2d") == "ulysses"
+    assert strategy("retention") == strategy("gla", causal=True, layout="zigzag") == "affine"
+    assert strategy("deltanet", causal=True) == strategy("gated-deltanet") == "affine"
     assert strategy("fixed", stride=4, c=1, L=24, P=4) == "ulysses"  # shards of 6 positions cut blocks of 4
     # where the declared strategy does not fit, Ulysses
     assert strategy("window", causal=True, layout="zigzag") == "ulysses"

@@ -38,6 +38,9 @@ SPLIT = [
     ("sparse-transformer", {"stride": 4, "sparse_mode": "heads"}),  # heads [0, h/2) one pattern, [h/2, h) the other
     ("reformer", {"bucket_size": 4}),  # LSH without a seed: rank 0 draws the rotations, as one process
     ("gpt", {"attention": "lsh", "attention_kwargs": {"bucket_size": 4, "seed": None}}),
+    # gates computed by MultiHeadAttention from x reach the kernel on shards (the affine strategy)
+    ("gpt", {"attention": "gated-deltanet", "attention_kwargs": {"chunk_size": 3}}),
+    ("gpt", {"attention": "gla"}),
 ]
 
 # (model, config beyond TINY, what the refusal says): refused before anything is written

@@ -108,9 +108,9 @@ class GatedRecurrence(AttentionKernel):
     state_type = RecurrentState
     exact = False  # a different attention, not an approximation of softmax
     applies_dropout = False  # no attention matrix is formed; the papers apply none inside
-    # per-head decays (gamma_h depends on the head's index): whole batch rows per rank. Gates computed
-    # by MultiHeadAttention are not passed through qkv.parallel's calls (a TypeError there, not a guess).
-    context_parallel = "ulysses-batch"
+    # qkv.parallel: each shard's affine map of the state (decays and delta-rule factors) all-gathered and
+    # composed, the shard rerun from its true entering state (LASP-2); the gates are cut like q, k, v
+    context_parallel = "affine"
     #: the delta rule (else additive)
     delta: ClassVar[bool] = False
     #: which ``g`` a call takes: None (none), ``"head"`` ``(B, H, N)``, ``"channel"`` ``(B, H, N, E)``

@@ -74,7 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "kernel and P (L doubled from --length until the step's peak exceeds the budget)")
 
 
-def expected_bytes(strategy: str, kernel: Any, B: int, H: int, L: int, P: int, E: int, Ev: int, itemsize: int) -> int:
+def expected_bytes(strategy: str, kernel: Any, B: int, H: int, L: int, P: int, E: int, Ev: int, itemsize: int,
+                   layout: str = "contiguous") -> int:
     """What the busiest rank sends in one forward pass under ``strategy`` (``qkv.parallel.attend``), by formula.
 
     ring ``(P - 1) B n ((E + Ev) H s + 1)`` (key/value shards and the key padding, ``P - 1`` steps);
@@ -83,7 +84,9 @@ def expected_bytes(strategy: str, kernel: Any, B: int, H: int, L: int, P: int, E
     state ``2 (P - 1) / P B H (F (Ev + 1) + 1) s`` (non-causal: two all-reduces) or
     ``(P - 1) B H (F (Ev + 1) + 1) s`` (causal: rank 0's sums to every later rank);
     projection ``2 (P - 1) / P B H k (E + Ev) s``; Ulysses ``(P - 1) / P B H n (2E + 2Ev) s + (P - 1) B n``
-    (q, k, v out, the output back, the key padding gathered). ``n = L / P``, ``s`` the item size.
+    (q, k, v out, the output back, the key padding gathered); affine ``(P - 1) r B H E (E + Ev) s`` (each
+    run's map ``(A, B)`` of the state to every other rank; ``r`` runs per rank: 2 in the zigzag layout,
+    else 1). ``n = L / P``, ``s`` the item size.
     """
     from ..parallel import halo_widths
 
@@ -102,6 +105,9 @@ def expected_bytes(strategy: str, kernel: Any, B: int, H: int, L: int, P: int, E
         F = kernel.nb_features if kernel.registry_name == "performer" else E
         per_rank = B * H * (F * (Ev + 1) + 1) * itemsize
         return (P - 1) * per_rank if kernel.causal else 2 * (P - 1) * per_rank // P
+    if strategy == "affine":
+        runs = 2 if layout == "zigzag" else 1
+        return (P - 1) * runs * B * H * E * (E + Ev) * itemsize
     if strategy == "projection":
         return 2 * (P - 1) * B * H * kernel.k * (E + Ev) * itemsize // P
     return (P - 1) * B * H * n * (2 * E + 2 * Ev) * itemsize // P + (P - 1) * B * n
@@ -154,7 +160,7 @@ def _worker(rank: int, P: int, init: str, cfg: Dict[str, Any], results) -> None:
                 results[name] = {
                     "P": P, "strategy": strategy, "layout": layout, "causal": kernel.causal,
                     "sent_forward_bytes": max(r[0] for r in every), "sent_backward_bytes": max(r[1] for r in every),
-                    "expected_forward_bytes": expected_bytes(strategy, kernel, B, H, L, P, E, E, 4),
+                    "expected_forward_bytes": expected_bytes(strategy, kernel, B, H, L, P, E, E, 4, layout),
                     "peak_memory_bytes": max(r[2] for r in every), "time_median_s": max(r[3] for r in every),
                 }
     finally:

@@ -3,7 +3,7 @@
 Each rank holds ``L/P`` positions of every sequence (``layout``: contiguous, or the zigzag that
 balances causal attention); ``attend(kernel, q, k, v, mask=..., group=...)`` runs any registered
 kernel on the shards with the strategy the kernel declares (``AttentionKernel.context_parallel``:
-ring, halo, state passing, projection sums, or Ulysses for everything else) and gives each rank its
+ring, halo, state passing, affine maps of gated states, projection sums, or Ulysses for everything else) and gives each rank its
 shard of the output — and, in backward, of every gradient. ``enable(model, group)`` does it for
 a whole Transformer stack (its kernels and positions; ``qkv train --context-parallel P``). ``comm`` holds the differentiable
 communication, ``layout`` the sharding. docs/design.md §1: this floor sits above ``attention/``

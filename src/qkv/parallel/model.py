@@ -117,17 +117,14 @@ class Sharding:
             self.length = None
 
     def _kernel_forward(self, kernel: AttentionKernel, own):
-        def forward(q, k, v, mask=None, state=None, need_weights=False, return_state=False, **call):
+        def forward(q, k, v, mask=None, state=None, need_weights=False, return_state=False, **gates):
             if self.length is None or self._inside:
-                return own(q, k, v, mask=mask, state=state, need_weights=need_weights, return_state=return_state, **call)
-            if call.get("position_ids") is not None:
+                return own(q, k, v, mask=mask, state=state, need_weights=need_weights, return_state=return_state,
+                           **gates)
+            if gates.get("position_ids") is not None:
                 raise ValueError("packed documents (position_ids restarting inside a row) on sequence shards: context "
                                  "parallelism does not keep documents apart across shards; train packed rows on one "
                                  "process or with data parallelism")
-            given = sorted(name for name, value in call.items() if value is not None)
-            if given:  # nothing the strategies pass on may be dropped
-                raise ValueError(f"attention {kernel.registry_name!r} is called with {', '.join(given)}=, which context "
-                                 f"parallelism does not pass to the shards; run it on one process")
             if state is not None or return_state or need_weights:
                 raise ValueError("a model on sequence shards returns outputs only: no state, return_state or "
                                  "need_weights (decode and inspect weights on one process)")
@@ -136,7 +133,8 @@ class Sharding:
                 k, v = k.repeat_interleave(R, dim=1), v.repeat_interleave(R, dim=1)  # (B, H, L/P, E)
             self._inside = True
             try:
-                return attend(kernel, q, k, v, mask=mask, group=self.group, layout=self.current_layout(self.length))
+                return attend(kernel, q, k, v, mask=mask, group=self.group, layout=self.current_layout(self.length),
+                              **gates)  # per-token gates (gated_linear's g, beta) cut like q, k, v
             finally:
                 self._inside = False
         return forward

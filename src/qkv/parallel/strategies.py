@@ -25,6 +25,16 @@ other way, ``qkv.parallel.comm``). Each kernel class declares how it splits
                 causal an exclusive scan over the ranks (each rank continues the kernel from the
                 sums of the ranks before it, as incremental decoding does). Communication
                 ``O(F Ev)`` per head, independent of ``L``.
+``affine``      retention, gla, deltanet, gated-deltanet (LASP-2, Sun et al. 2025): a shard's
+                recurrence ``S_t = S_{t-1} Diag(a_t) [(I - beta_t k_t k_t^T)] + beta_t v_t k_t^T`` maps
+                the state that enters it to the state that leaves it by an affine map
+                ``S -> S A + Bm`` (``A`` ``E x E``: the product of the shard's decays and delta-rule
+                factors; ``Bm`` its own writes from a zero state), computed by the kernel itself
+                (``_shard_map``). The maps are all-gathered; each run of positions composes the
+                maps before it into its true incoming state and runs the kernel from it (causal),
+                or every query reads the composition of all (not causal). Any layout; the call's
+                per-token gates (``g``, ``beta``, ``position_ids``) are cut like q, k, v.
+                Communication ``O(E (E + Ev))`` per head and run, independent of ``L``.
 ``projection``  linformer (Wang et al. 2020): ``E K`` and ``F V`` are sums over positions — each
                 rank projects its own columns, one all-reduce.
 ``ulysses``     everything else (DeepSpeed-Ulysses, Jacobs et al. 2023): an all-to-all turns
@@ -59,13 +69,13 @@ from ..attention import AttentionKernel
 from ..attention._ops import LinearState, accumulation_dtype, finite_or_zero, matmul_dtype
 from ..attention.linear import elu_plus_one, log_elu_plus_one
 from ..attention.performer import favor_log_features
-from ..types import AttentionOutput
-from .comm import Group, all_reduce_max, all_reduce_sum, exchange, send_receive
+from ..types import AttentionOutput, RecurrentState
+from .comm import Group, all_gather, all_reduce_max, all_reduce_sum, exchange, send_receive
 from .layout import check_length, gather, pieces, positions
 
 __all__ = ["STRATEGIES", "attend", "strategy_for", "halo_widths", "check_rows"]
 
-STRATEGIES = ("ring", "halo", "summary", "state", "projection", "ulysses", "ulysses-batch")
+STRATEGIES = ("ring", "halo", "summary", "state", "affine", "projection", "ulysses", "ulysses-batch")
 
 
 def _group(group) -> Group:
@@ -103,7 +113,7 @@ def strategy_for(kernel: AttentionKernel, L: int, P: int, layout: str = "contigu
 
 def attend(kernel: AttentionKernel, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None,
            group: Union[None, Group, dist.ProcessGroup] = None, layout: str = "contiguous",
-           strategy: Optional[str] = None) -> AttentionOutput:
+           strategy: Optional[str] = None, **gates: Tensor) -> AttentionOutput:
     """Run ``kernel`` on this rank's shard ``q, k, v (B, H, L/P, E)`` of a self-attention sequence.
 
     Args:
@@ -111,6 +121,9 @@ def attend(kernel: AttentionKernel, q: Tensor, k: Tensor, v: Tensor, mask: Optio
         group: the process group the sequence is split over (default: the world).
         layout: ``"contiguous"`` or ``"zigzag"`` (``qkv.parallel.layout``): which positions each rank holds.
         strategy: force one of ``STRATEGIES`` (default ``strategy_for``; any kernel runs under Ulysses).
+        gates: the kernel's per-token keyword tensors for this rank's positions (``g (B, H, L/P[, E])``,
+            ``beta (B, H, L/P)``, ``position_ids (B, L/P)``: ``gated_linear``'s kernels); only the
+            ``affine`` strategy carries them.
     Returns:
         ``AttentionOutput(out (B, H, L/P, Ev), None, None)``: this rank's shard of what ``kernel``
         computes on the whole sequence.
@@ -137,8 +150,16 @@ def attend(kernel: AttentionKernel, q: Tensor, k: Tensor, v: Tensor, mask: Optio
     chosen = strategy or strategy_for(kernel, L, g.size, layout)
     if chosen not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {chosen!r}")
+    if chosen == "affine" and getattr(kernel, "state_type", None) is not RecurrentState:
+        raise ValueError(f"strategy 'affine' passes the state of a gated or delta-rule recurrence (RecurrentState); "
+                         f"attention {kernel.registry_name!r} keeps none")
+    if gates and chosen != "affine" and g.size > 1:
+        raise TypeError(f"attention {kernel.registry_name!r} got per-token gates ({', '.join(sorted(gates))}) under "
+                        f"the {chosen!r} strategy, which does not carry them; only 'affine' does")
     if g.size == 1:
-        out = kernel(q, k, v, mask=mask).output
+        out = kernel(q, k, v, mask=mask, **gates).output
+    elif chosen == "affine":
+        out = _affine(kernel, q, k, v, mask, g, L, layout, gates)
     else:
         out = _RUN[chosen](kernel, q, k, v, mask, g, L, layout)
     return AttentionOutput(out, None, None)
@@ -531,6 +552,90 @@ def _state(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
     else:
         out = kernel(q, k, v, mask=mask, state=state).output
     return _touch(out, [t for p in got for t in got[p]])
+
+
+# ----------------------------------------------------------------------------- affine maps (retention, gla, deltanet, gated-deltanet)
+
+
+def _cut(x: Tensor, dim: int, runs: Sequence[Tuple[int, int]]) -> List[Tensor]:
+    """``x`` cut along ``dim`` into this rank's runs of positions (``layout.pieces``)."""
+    out, at = [], 0
+    for _, length in runs:
+        out.append(x.narrow(dim, at, length))
+        at += length
+    return out
+
+
+def _cut_gates(gates: Dict[str, Tensor], runs: Sequence[Tuple[int, int]], n: int) -> List[Dict[str, Tensor]]:
+    """Each per-token gate cut into the runs like q, k, v: ``(B, L/P)`` (position_ids) along dim 1,
+    ``(B, H, L/P, ...)`` along dim 2. Anything else goes to every run as it is (the kernel names
+    what it expected)."""
+    parts: List[Dict[str, Tensor]] = [{} for _ in runs]
+    for name, x in gates.items():
+        if isinstance(x, Tensor) and x.dim() >= 2:
+            dim = 1 if x.dim() == 2 else 2
+            if x.shape[dim] != n:
+                raise ValueError(f"{name} must hold this rank's {n} positions at dim {dim} (per-token, cut like q, k, v), "
+                                 f"got shape {tuple(x.shape)}")
+            for part, piece in zip(parts, _cut(x, dim, runs)):
+                part[name] = piece
+        else:
+            for part in parts:
+                part[name] = x
+    return parts
+
+
+def _shard_map(kernel, k: Tensor, v: Tensor, mask: Optional[Tensor], gates: Dict[str, Tensor]) -> Tensor:
+    """``[A; Bm] (B, H, E + Ev, E)``: the affine map ``S -> S A + Bm`` by which the kernel's recurrence
+    over these keys carries any entering state ``S (B, H, Ev, E)`` to the state after them (each row
+    of ``S`` evolves on its own). The kernel itself runs once, from the state ``[I; 0]`` with values
+    ``[0, v]``: the first ``E`` rows (no values) carry the identity to ``A``, the last ``Ev`` rows
+    (from zero) become ``Bm`` — its masking, normalisation and default decays included."""
+    B, H, m, E = k.shape
+    Ev = v.shape[-1]
+    acc = accumulation_dtype(k.dtype)
+    start = torch.cat([torch.eye(E, dtype=acc, device=k.device).expand(B, H, E, E),
+                       k.new_zeros(B, H, Ev, E, dtype=acc)], dim=2)
+    values = torch.cat([v.new_zeros(B, H, m, E), v], dim=-1)  # (B, H, m, E + Ev)
+    return kernel(k[:, :, -1:], k, values, mask=mask, state=RecurrentState(start), return_state=True, **gates).state.S
+
+
+def _affine(kernel, q, k, v, mask, g: Group, L: int, layout: str, gates: Dict[str, Tensor]) -> Tensor:
+    """LASP-2's state passing for the gated and delta rules: each run of positions' affine map
+    (``_shard_map``) all-gathered, the maps before a run composed into its entering state, the run
+    recomputed from it (the kernel accepts a state). Not causal: every query reads the state after
+    the whole sequence, the composition of every map."""
+    B, H, n, E = q.shape
+    Ev = v.shape[-1]
+    causal = kernel.causal
+    if not causal and gates.get("position_ids") is not None:
+        raise ValueError(f"position_ids (packed documents) need causal=True: attention {kernel.registry_name!r} built "
+                         f"with causal=False reads the state after the whole row")
+    runs = pieces(L, g.size, g.rank, layout)
+    qs, ks, vs = (_cut(x, 2, runs) for x in (q, k, v))
+    masks = [None] * len(runs) if mask is None else _cut(mask, 1, runs)
+    gate_parts = _cut_gates(gates, runs, n)
+    kernel.causal = True  # not causal: the final state is the causal recurrence's, read once it is composed
+    try:
+        mine = torch.stack([_shard_map(kernel, ks[i], vs[i], masks[i], gate_parts[i]) for i in range(len(runs))])
+        every = all_gather(g, mine)  # (runs, B, H, E + Ev, E) of each rank, in rank order
+        maps = sorted([(start, every[r][i]) for r in range(g.size)
+                       for i, (start, _) in enumerate(pieces(L, g.size, r, layout))], key=lambda m: m[0])
+        entering: Dict[int, Optional[Tensor]] = {}  # in sequence order: a run's start -> the state before it (None: zero)
+        S = None
+        for start, M in maps:
+            entering[start] = S
+            S = M[..., E:, :] if S is None else S @ M[..., :E, :] + M[..., E:, :]  # S A + Bm
+        if causal:
+            out = torch.cat([kernel(qs[i], ks[i], vs[i], mask=masks[i], **gate_parts[i],
+                                    state=None if entering[s] is None else RecurrentState(entering[s])).output
+                             for i, (s, _) in enumerate(runs)], dim=2)
+        else:  # every query reads S_L: keys masked out write nothing and decay nothing
+            out = kernel(q, torch.zeros_like(k), torch.zeros_like(v), state=RecurrentState(S),
+                         mask=torch.zeros(B, n, dtype=torch.bool, device=q.device)).output
+    finally:
+        kernel.causal = causal
+    return _touch(out, [every[r] for r in range(g.size) if r != g.rank])
 
 
 # ----------------------------------------------------------------------------- summary (fixed)
