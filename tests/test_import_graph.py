@@ -19,7 +19,7 @@ SRC = Path(qkv.__file__).resolve().parent
 
 FLOORS: List[Dict[str, List[str]]] = [
     {"low": ["qkv._", "qkv.types", "qkv.registry"]},  # "qkv._": every qkv._name module
-    {"parts": ["qkv.functional", "qkv.masks", "qkv.scores", "qkv.positional", "qkv.rotary", "qkv.blocks"]},
+    {"parts": ["qkv.functional", "qkv.masks", "qkv.scores", "qkv.positional", "qkv.rotary", "qkv.alibi", "qkv.blocks"]},
     {"attention": ["qkv.attention"]},
     {"parallel": ["qkv.parallel"]},  # context parallelism: kernels on sequence shards
     {"pictures": ["qkv.viz", "qkv.viz_html"]},

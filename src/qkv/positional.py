@@ -155,6 +155,18 @@ class RotaryPositions(NoPositionalEncoding):
         return self.dropout(x)  # the positions reach the attention through the stack
 
 
+@register("positional", "alibi")
+class ALiBiPositions(NoPositionalEncoding):
+    """ALiBi (Press et al. 2022, ``qkv.alibi``): nothing is added to the embeddings; the stack builds
+    every self-attention kernel with ``alibi=True`` (a score bias ``-m_h (i - j)``), and refuses a
+    kernel that forms no scores to add it to."""
+
+    alibi: ClassVar[bool] = True  # the stack sets the kernels' alibi knob
+
+    def forward(self, x: Tensor, offset: int = 0, positions: Optional[Tensor] = None) -> Tensor:
+        return self.dropout(x)  # the distances reach the scores inside attention
+
+
 @register("positional", "timestep", "coordinate")
 class TimestepEncoding(SinusoidalPositionalEncoding):
     """Universal Transformer coordinate embedding (Dehghani et al. 2019, §2.1): the sinusoid of the

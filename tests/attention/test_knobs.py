@@ -10,7 +10,8 @@ from qkv.models.transformer.lra import kernel_knobs
 
 def test_given_knobs_win_over_the_defaults():
     window = lookup("attention", "window")
-    assert window.knobs(1024, 4, 64) == window.default_knobs(1024, 4, 64) == {"radius": 64}
+    assert window.knobs(1024, 4, 64) == {"radius": 64}
+    assert window.default_knobs(1024, 4, 64) == {"radius": 64, "n_heads": 4}  # with its head argument (the sinks')
     assert window.knobs(1024, 4, 64, {"radius": 3}) == {"radius": 3}
     assert window.knobs(1024, 4, 64, {"radius": 3}, image_size=(32, 32)) == {"radius": 3}  # a 1-D kernel ignores it
 

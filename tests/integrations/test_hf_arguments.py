@@ -82,7 +82,7 @@ def test_a_carried_argument_gives_eagers_answer(name):
 
 # a value of each argument qkv's kernels do not compute, as a model passes it
 REFUSED_VALUES = {
-    "softcap": 50.0, "s_aux": torch.zeros(4), "sinks": torch.zeros(1, 4, 1, 1), "position_bias": torch.zeros(1, 4, 6, 6),
+    "sinks": torch.zeros(1, 4, 1, 1), "position_bias": torch.zeros(1, 4, 6, 6),
     "indices": torch.zeros(2, 6, 3, dtype=torch.int32), "block_indices": torch.zeros(2, 1, 6, 2, dtype=torch.long),
     "cache": object(), "an_argument_of_tomorrow": torch.zeros(1),
 }
@@ -99,6 +99,31 @@ def test_an_argument_no_kernel_computes_is_refused_by_name(impl, name):
     said = str(e.value)
     assert f"{name}=" in said and impl in said and repr(impl[len(hf.PREFIX):]) in said and "LlamaAttention" in said
     attention(layer, q, k, v, None, scaling=0.3, **{name: None})  # None: the argument is not given
+
+
+def test_softcap_is_a_knob_of_the_kernels_that_form_scores():
+    """softcap= (Gemma 2) caps qkv-softmax's scores (tests/integrations/test_hf_purity_and_padding.py:
+    equal to eager on Gemma 2); a kernel without scores to cap refuses it by name."""
+    layer, (q, k, v) = _llama_layer().double(), _heads()
+    plain, _ = AttentionInterface._global_mapping["qkv-softmax"](layer, q, k, v, None, scaling=0.3)
+    capped, _ = AttentionInterface._global_mapping["qkv-softmax"](layer, q, k, v, None, scaling=0.3, softcap=0.1)
+    assert not torch.allclose(plain, capped)
+    with pytest.raises(ValueError, match=r"LlamaAttention passes softcap=.*'performer' kernel forms no score"):
+        AttentionInterface._global_mapping["qkv-performer"](layer, q, k, v, None, scaling=0.3, softcap=50.0)
+
+
+def test_s_aux_is_a_knob_of_the_kernels_that_form_a_softmax():
+    """s_aux= (GPT-OSS's sink logits) joins qkv-softmax's denominator (test_hf_purity_and_padding.py:
+    equal to eager on GPT-OSS); a kernel without a softmax refuses it by name, and a wrong shape too."""
+    layer, (q, k, v) = _llama_layer().double(), _heads()
+    plain, _ = AttentionInterface._global_mapping["qkv-softmax"](layer, q, k, v, None, scaling=0.3)
+    sunk, _ = AttentionInterface._global_mapping["qkv-softmax"](layer, q, k, v, None, scaling=0.3,
+                                                                s_aux=torch.ones(4, dtype=torch.float64))
+    assert not torch.allclose(plain, sunk)
+    with pytest.raises(ValueError, match=r"LlamaAttention passes s_aux=.*'performer' kernel forms no softmax"):
+        AttentionInterface._global_mapping["qkv-performer"](layer, q, k, v, None, scaling=0.3, s_aux=torch.zeros(4))
+    with pytest.raises(ValueError, match=r"s_aux= of shape \(2,\); expected one logit per head, \(4,\)"):
+        AttentionInterface._global_mapping["qkv-softmax"](layer, q, k, v, None, scaling=0.3, s_aux=torch.zeros(2))
 
 
 def test_a_window_or_packing_the_mask_does_not_hold_is_refused():

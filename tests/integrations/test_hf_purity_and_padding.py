@@ -310,3 +310,47 @@ def test_bert_classifier_trains_a_step_under_bf16_autocast_with_performer():
         assert torch.isfinite(g).all(), name
         assert float((g - r).abs().max()) <= 0.1 * float(r.abs().max()) + 1e-3, name
     torch.optim.SGD(model.parameters(), lr=0.1).step()  # the step itself
+
+
+def test_qkv_softmax_caps_scores_as_gemma2_does():
+    """Gemma 2 passes softcap= to the attention function: qkv-softmax caps its scores
+    (``c tanh(s / c)``, its softcap knob) and equals eager; a kernel without scores refuses by name."""
+    torch.manual_seed(0)
+    model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+        vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=40, sliding_window=4,
+        attn_logit_softcapping=0.5, query_pre_attn_scalar=8)).eval()
+    ids = torch.randint(4, 40, (2, 9), generator=torch.Generator().manual_seed(1))
+    eager = _logits(model, "eager", input_ids=ids)
+    torch.testing.assert_close(_logits(model, "qkv-softmax", input_ids=ids), eager, atol=ATOL, rtol=0)
+    model.config.attn_logit_softcapping = None  # the cap matters at 0.5: without it the logits differ
+    for layer in model.model.layers:
+        layer.self_attn.attn_logit_softcapping = None
+    assert not torch.allclose(_logits(model, "eager", input_ids=ids), eager, atol=ATOL)
+    model.config.attn_logit_softcapping = 0.5
+    for layer in model.model.layers:
+        layer.self_attn.attn_logit_softcapping = 0.5
+    with pytest.raises(ValueError, match="Gemma2Attention passes softcap=.*'linear' kernel forms no score"):
+        _logits(model, "qkv-linear", input_ids=ids)
+
+
+def test_qkv_softmax_takes_gpt_oss_sinks_as_eager_does():
+    """GPT-OSS passes its layers' sink logits as s_aux=: qkv-softmax puts them in its denominator and
+    equals eager (sliding-window layers included), and their gradient reaches the layer's parameter."""
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(transformers.GptOssConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, num_local_experts=2, num_experts_per_tok=1, max_position_embeddings=40,
+        sliding_window=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_()
+    ids = torch.randint(4, 40, (2, 9), generator=torch.Generator().manual_seed(1))
+    eager = _logits(model, "eager", input_ids=ids)
+    torch.testing.assert_close(_logits(model, "qkv-softmax", input_ids=ids), eager, atol=ATOL, rtol=0)
+    model.set_attn_implementation("qkv-softmax")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model(input_ids=ids).logits.sum().backward()
+    assert all(layer.self_attn.sinks.grad is not None and layer.self_attn.sinks.grad.abs().sum() > 0
+               for layer in model.model.layers)

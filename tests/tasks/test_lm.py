@@ -76,3 +76,50 @@ def test_real_shakespeare_task():
     sizes = [task.split_tokens(s).numel() for s in ("train", "valid", "test")]
     assert sum(sizes) == len(data.load_shakespeare()) and sizes[1] > 200_000
     assert task.get_batch("train", 2, 0)["input_ids"].shape == (2, 128)
+
+
+@pytest.mark.parametrize("name,block", [("shakespeare-char", 64), ("enwiki-bytes", 256)])
+def test_packed_batches_mark_each_document(fake_cache, name, block):
+    """pack=True: position_ids restart at 0 at each document's start (a play, a <page>) and at each
+    window's; labels are -100 at a document's last token; packing() counts the pieces."""
+    task = build_task(name, block_size=block, cache_dir=fake_cache, pack=True)
+    plain = build_task(name, block_size=block, cache_dir=fake_cache)
+    batch = task.get_batch("train", 16, 0)
+    same = plain.get_batch("train", 16, 0)
+    assert torch.equal(batch["input_ids"], same["input_ids"])  # the same windows, with their documents marked
+    text = task.vocab.decode(task.split_tokens("train"))
+
+    def opens(row, i):  # a play's title after the blank line that joins the texts; every <page>
+        if name == "enwiki-bytes":  # bytes (pages hold characters of several); each line is a <page>
+            return int(row[i - 1]) == ord("\n")
+        return row[i - 2:i] == "\n\n" and row[i:].startswith(("HAMLET", "THE TEMPEST"))
+
+    crossed = 0
+    for ids, positions, labels, plain_labels in zip(batch["input_ids"], batch["position_ids"], batch["labels"],
+                                                    same["labels"]):
+        row = task.vocab.decode(ids) if name == "shakespeare-char" else ids
+        starts = [0] + [i for i in range(1, block) if opens(row, i)]
+        assert (positions == 0).nonzero().flatten().tolist() == starts
+        for a, b in zip(starts, starts[1:] + [block]):
+            assert torch.equal(positions[a:b], torch.arange(b - a))
+        ends = [s - 1 for s in starts[1:]]
+        assert (labels == -100).nonzero().flatten().tolist() == ends
+        assert torch.equal(labels[labels != -100], plain_labels[labels != -100])
+        crossed += len(ends)
+        assert name != "shakespeare-char" or row in text
+    assert crossed > 0, "no window crossed a document: the test would not see a boundary"
+    counts = task.packing()
+    assert counts["rows"] == 16 and counts["real"] == 16 * block
+    assert counts["pieces"] == 16 + crossed and counts["padded"] == counts["pieces"] * block
+    assert counts["gain"] == pytest.approx((16 + crossed) / 16)
+    task.get_batch("valid", 4, 0)  # held-out batches are not counted
+    assert task.packing()["rows"] == 16
+    eval_batch = next(iter(task.eval_batches("valid", 2)))
+    assert set(eval_batch) == {"input_ids", "labels", "position_ids"}
+
+
+def test_pack_refuses_streams(fake_cache):
+    with pytest.raises(ValueError, match="pack=True with stream=True"):
+        build_task("shakespeare-char", block_size=16, cache_dir=fake_cache, pack=True, stream=True)
+    with pytest.raises(TypeError, match="pack must be a bool"):
+        build_task("shakespeare-char", block_size=16, cache_dir=fake_cache, pack=1)

@@ -28,11 +28,12 @@ from typing import Any, Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from .. import _checks, _chunkwise, masks
 from ..functional import masked_softmax, scaled_scores
 from ..types import AttentionOutput, KVCache, LinearState  # LinearState: still importable from here
+from . import _score_mods
 
 __all__ = ["accumulation_dtype", "append_cache", "check_cache", "unfold_band", "band_blocks", "scatter_band",
            "to_frame", "from_frame", "shift_queries", "empty_output", "fused_blocks", "blocked_attend", "gathered_attend",
@@ -327,33 +328,45 @@ def fused_blocks(qb: Tensor, kb: Tensor, vb: Tensor, attn_mask: Tensor, dropout_
     return unfold(out)
 
 
-def blocked_attend(qb: Tensor, kb: Tensor, vb: Tensor, allowed: Tensor, dropout_p: float, need_weights: bool):
-    """Dense attention inside each block: ``qb (..., b, E)``, ``kb, vb (..., W, E)``, ``allowed``
-    bool broadcastable to ``(..., b, W)``. Returns ``(out (..., b, Ev), weights (..., b, W) or None)``."""
-    if not need_weights:
+def blocked_attend(qb: Tensor, kb: Tensor, vb: Tensor, allowed: Tensor, dropout_p: float, need_weights: bool,
+                   mods: Optional[nn.Module] = None, distance: Optional[Tensor] = None):
+    """Dense attention inside each block: ``qb (B, H, ..., b, E)``, ``kb, vb (B, H, ..., W, E)``,
+    ``allowed`` bool broadcastable to ``(B, H, ..., b, W)``. ``mods``: the kernel whose score knobs
+    apply (``_score_mods``), ``distance`` the signed ``i - j`` broadcastable to ``(..., b, W)`` (ALiBi).
+    Returns ``(out (..., b, Ev), weights (..., b, W) or None)``."""
+    bias = None if mods is None else _score_mods.bias(mods, qb.shape[1], distance, qb.dtype, dims=qb.dim() - 2)
+    if not need_weights and _score_mods.fusable(mods):
         # Every block is a small dense problem: the fused kernel takes them all at once.
-        return fused_blocks(qb, kb, vb, allowed, dropout_p), None  # rows with no allowed key: zeros
+        if bias is None:
+            return fused_blocks(qb, kb, vb, allowed, dropout_p), None  # rows with no allowed key: zeros
+        out = fused_blocks(qb, kb, vb, _score_mods.sdpa_bias(bias, allowed, qb.dtype), dropout_p)
+        return out.masked_fill(~allowed.any(-1, keepdim=True), 0.0), None
     scores = scaled_scores(qb, kb, 1.0 / math.sqrt(qb.shape[-1]))  # (..., b, W), float32 for half types
-    weights = masked_softmax(scores, allowed).to(vb.dtype)
+    if mods is None:
+        weights = masked_softmax(scores, allowed).to(vb.dtype)
+    else:
+        weights = _score_mods.softmax(mods, _score_mods.transform(mods, scores, bias), allowed).to(vb.dtype)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    return dropped @ vb, weights
+    return dropped @ vb, weights if need_weights else None
 
 
 def gathered_attend(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, ok: Tensor, valid: Tensor, dropout_p: float,
-                    need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+                    need_weights: bool, mods: Optional[nn.Module] = None,
+                    distance: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """Every query its own list of keys — the incremental-decoding path of the sparse kernels.
 
     ``q (B, H, M, E)``, ``k (B, H, N, E)``, ``v (B, H, N, Ev)``; ``idx (M, W)`` key indices
     (anything where ``ok`` is False), ``ok (M, W)`` bool; ``valid (B|1, H|1, N)`` key validity.
     A key must appear at most once in a row among the ``ok`` entries. Cost O(M W E): the pattern's
-    size, not the sequence length. Returns ``(out (B, H, M, Ev), weights (B, H, M, N) or None)``.
+    size, not the sequence length. ``mods``, ``distance (M, W)``: as ``blocked_attend``.
+    Returns ``(out (B, H, M, Ev), weights (B, H, M, N) or None)``.
     """
     B, H, M, _ = q.shape
     N = k.shape[-2]
     idx = idx.clamp(0, max(N - 1, 0))
     allowed = ok & valid[:, :, idx]  # (B|1, H|1, M, W)
-    out, w = blocked_attend(q.unsqueeze(-2), k[:, :, idx], v[:, :, idx], allowed.unsqueeze(-2),
-                             dropout_p, need_weights)  # (B, H, M, 1, Ev), (B, H, M, 1, W)
+    out, w = blocked_attend(q.unsqueeze(-2), k[:, :, idx], v[:, :, idx], allowed.unsqueeze(-2), dropout_p,
+                            need_weights, mods, None if distance is None else distance.unsqueeze(-2))  # (B, H, M, 1, Ev), (B, H, M, 1, W)
     out = out.squeeze(-2)
     if not need_weights:
         return out, None

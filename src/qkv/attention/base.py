@@ -8,6 +8,12 @@ Conventions (design.md §2–3): boolean masks, True = may attend, broadcastable
 ``(B, H, M, N)``; a 2-D mask is a key-padding mask ``(B, N)``. Queries are aligned to the end of
 the keys: query ``i`` of ``M`` sits at key position ``N - M + i``. A query row whose keys are all
 masked returns zeros.
+
+Packed documents (transformers' ``DataCollatorWithFlattening``): ``forward(..., position_ids=
+(B, N))`` restarting at 0 at each document of a self-attention row; every query sees only keys
+of its own document, as if each document were run alone. A kernel that honours the document ids
+in its own pattern sets ``packs_documents`` (softmax: a block mask; window: its band); for the
+others ``forward`` runs each document alone, one call per document and row.
 """
 
 from __future__ import annotations
@@ -21,7 +27,19 @@ from torch import Tensor, nn
 from .. import _checks
 from ..types import AttentionOutput
 
-__all__ = ["AttentionKernel", "normalize_mask", "clamp_knob"]
+__all__ = ["AttentionKernel", "normalize_mask", "clamp_knob", "documents_of", "same_document"]
+
+
+def documents_of(position_ids: Tensor) -> Tensor:
+    """The document index ``(B, N)`` of each token of packed rows whose ``position_ids (B, N)``
+    restart at 0 at each document (the count of restarts so far)."""
+    return (position_ids == 0).long().cumsum(-1)
+
+
+def same_document(documents: Tensor, n_queries: int) -> Tensor:
+    """``(B, 1, M, N)`` bool: query ``i`` (the last ``M = n_queries`` of the keys) and key ``j`` lie in
+    one document, of ``documents (B, N)``."""
+    return documents[:, None, documents.shape[-1] - n_queries:, None] == documents[:, None, None, :]
 
 
 def normalize_mask(mask: Optional[Tensor], B: int, H: int, M: int, N: int, name: str = "mask") -> Optional[Tensor]:
@@ -123,6 +141,9 @@ class AttentionKernel(nn.Module):
     #: (B, G, N, E)`` with ``G`` dividing ``H``, query head ``h`` reading key head ``floor(h G / H)``)
     #: and keeps its state per key/value head; ``MultiHeadAttention`` repeats them for the others.
     grouped_kv: ClassVar[bool] = False
+    #: honours packed documents (``forward(position_ids=)``) in ``_attend(..., documents=(B, N))``,
+    #: the document index of each key; otherwise ``forward`` runs each document alone.
+    packs_documents: ClassVar[bool] = False
     #: how ``qkv.parallel`` splits a sequence over processes: "ring", "halo", "summary", "state", "projection", "ulysses" (heads or batch rows, all-to-all) or "ulysses-batch" (whole batch rows: per-head parameters or draws).
     context_parallel: ClassVar[str] = "ulysses"
     #: why ``torch.export`` cannot trace the kernel at a dynamic sequence length (its Python computes
@@ -200,6 +221,8 @@ class AttentionKernel(nn.Module):
         state: Any = None,
         need_weights: bool = False,
         return_state: bool = False,
+        *,
+        position_ids: Optional[Tensor] = None,
     ) -> AttentionOutput:
         """Attend ``q (B, H, M, E)`` to ``k (B, H, N, E)``, ``v (B, H, N, Ev)``.
 
@@ -211,6 +234,8 @@ class AttentionKernel(nn.Module):
             state: what a previous call returned with ``return_state=True`` (causal kernels).
             need_weights: also return the ``(B, H, M, N)`` attention weights.
             return_state: return the state that continues the sequence.
+            position_ids: ``(B, N)`` integers of packed documents in self-attention (``M = N``, no
+                state): 0 starts a document; a query sees the keys of its own document only.
         """
         for name, x in (("q", q), ("k", k), ("v", v)):
             _checks.tensor(name, x, ndim=4, floating=True)
@@ -248,12 +273,62 @@ class AttentionKernel(nn.Module):
                 raise ValueError(f"attention {self.registry_name!r} supports only key-padding masks (B, N) or (B, 1, 1, N); "
                                  f"got a mask with {mask.shape[-2]} query rows — use causal=True or the kernel's own knobs "
                                  f"for structured patterns")
+        documents = None
+        if position_ids is not None:
+            documents = self._documents(position_ids, q, k, state, return_state)
+            if not self.packs_documents:
+                return self._each_document(q, k, v, mask, need_weights, documents)
         if mask is not None:
             k, v = _select_away_masked(k, v, mask, self.causal)
-        return self._attend_edges(q, k, v, mask, state, need_weights, return_state, n_total)
+        return self._attend_edges(q, k, v, mask, state, need_weights, return_state, n_total, documents)
+
+    def _documents(self, position_ids: Any, q: Tensor, k: Tensor, state: Any, return_state: bool) -> Tensor:
+        """Check ``position_ids`` of packed self-attention rows and return their document ids ``(B, N)``."""
+        if not isinstance(position_ids, Tensor) or position_ids.is_floating_point() or position_ids.dtype == torch.bool:
+            raise TypeError(f"position_ids must be an integer tensor (B, N), got "
+                            f"{position_ids.dtype if isinstance(position_ids, Tensor) else type(position_ids).__name__}")
+        B, _, M, _ = q.shape
+        N = k.shape[-2]
+        if tuple(position_ids.shape) != (B, N) or M != N:
+            raise ValueError(f"position_ids (packed documents) must cover the keys of a self-attention row, (B, N) = "
+                             f"{(B, N)} with as many queries; got position_ids {tuple(position_ids.shape)}, {M} queries")
+        if state is not None or return_state:
+            raise ValueError(f"position_ids (packed documents) with state/return_state: attention "
+                             f"{self.registry_name!r} packs whole rows, not a sequence decoded in steps")
+        return documents_of(position_ids)
+
+    def _each_document(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], need_weights: bool,
+                       documents: Tensor) -> AttentionOutput:
+        """Packed rows for a kernel without ``packs_documents``: each document of each row alone
+        (a call per document; the weights block-diagonal). Reads the boundaries' values, so not
+        while compiling."""
+        if torch.compiler.is_compiling():
+            raise ValueError(f"attention {self.registry_name!r} runs packed documents one by one (it has no pattern "
+                             f"that keeps them apart), which reads their boundaries: not under torch.compile")
+        B, H, M, _ = q.shape
+        rows, weight_rows = [], []
+        for b in range(B):
+            changes = (documents[b, 1:] != documents[b, :-1]).nonzero().flatten().add(1).tolist()
+            bounds = [0] + changes + [M]
+            outs, weights = [], []
+            for s, e in zip(bounds[:-1], bounds[1:]):
+                part = None
+                if mask is not None:  # (B|1, H|1, M|1, N): this row's, this document's queries and keys
+                    part = mask[b:b + 1] if mask.shape[0] > 1 else mask
+                    part = part[:, :, s:e] if part.shape[-2] > 1 else part
+                    part = part[..., s:e]
+                res = self.forward(q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e], part,
+                                   need_weights=need_weights)
+                outs.append(res.output)
+                if need_weights:
+                    weights.append(torch.nn.functional.pad(res.weights, (s, M - e)))
+            rows.append(torch.cat(outs, dim=2))
+            if need_weights:
+                weight_rows.append(torch.cat(weights, dim=2))
+        return AttentionOutput(torch.cat(rows), torch.cat(weight_rows) if need_weights else None, None)
 
     def _attend_edges(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], state: Any, need_weights: bool,
-                      return_state: bool, n_total: int) -> AttentionOutput:
+                      return_state: bool, n_total: int, documents: Optional[Tensor] = None) -> AttentionOutput:
         """The edge cases every kernel shares, then ``_attend``.
 
         * Empty inputs (no batch, head, query or key) give empty outputs: zeros ``(B, H, M, Ev)``
@@ -273,12 +348,13 @@ class AttentionKernel(nn.Module):
         if self.causal and M > n_total:
             lead = M - n_total  # queries at key positions < 0
             rows = mask if mask is None or mask.shape[-2] == 1 else mask[..., lead:, :]
-            res = self._attend_edges(q[:, :, lead:], k, v, rows, state, need_weights, return_state, n_total)
+            res = self._attend_edges(q[:, :, lead:], k, v, rows, state, need_weights, return_state, n_total, documents)
             out = torch.cat([res.output.new_zeros(B, H, lead, v.shape[-1]), res.output], dim=2)
             weights = None if res.weights is None else torch.cat(
                 [res.weights.new_zeros(B, H, lead, res.weights.shape[-1]), res.weights], dim=2)
             return AttentionOutput(out, weights, res.state)
-        return self._attend(q, k, v, mask, state, need_weights, return_state)
+        packed = {} if documents is None else {"documents": documents}
+        return self._attend(q, k, v, mask, state, need_weights, return_state, **packed)
 
     def pattern(self, n_queries: int, n_keys: int):
         """The ``mask_mod`` of the positions this kernel lets query ``i`` see (queries aligned to

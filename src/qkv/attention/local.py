@@ -56,6 +56,7 @@ from .. import _checks, masks
 from ..registry import register
 from ..types import AttentionOutput, KVCache
 from . import flex
+from . import _score_mods
 from ._ops import (append_cache, blocked_attend, check_cache, empty_output, from_frame, gathered_attend,
                    shift_queries, to_frame, unfold_band)
 from .base import AttentionKernel, clamp_knob
@@ -94,10 +95,16 @@ class Local1DAttention(AttentionKernel):
     supports_state = True
     state_type = KVCache
 
-    def __init__(self, *, block: int, memory: int, causal: bool = True, dropout: float = 0.0) -> None:
+    def __init__(self, *, block: int, memory: int, causal: bool = True, dropout: float = 0.0, alibi: bool = False,
+                 softcap: Optional[float] = None, sinks: bool = False, n_heads: Optional[int] = None) -> None:
         super().__init__(causal=causal, dropout=dropout)
         self.block = _checks.positive_int("block", block)
         self.memory = _checks.positive_int("memory", memory, allow_zero=True)
+        _score_mods.setup(self, alibi=alibi, softcap=softcap, sinks=sinks, n_heads=n_heads)
+
+    @classmethod
+    def head_kwargs(cls, n_heads: int, d_head: int) -> dict:
+        return {"n_heads": n_heads}  # the sinks' count
 
     @classmethod
     def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
@@ -107,7 +114,8 @@ class Local1DAttention(AttentionKernel):
 
     @classmethod
     def knob_choices(cls) -> dict:
-        return {"block": (1, 2, 3, 4), "memory": (0, 1, 2, 3)}
+        return {"block": (1, 2, 3, 4), "memory": (0, 1, 2, 3), "alibi": (False, True), "softcap": (None, 0.5),
+                "sinks": (False, True)}
 
     def extra_repr(self) -> str:
         return f"block={self.block}, memory={self.memory}, {super().extra_repr()}"
@@ -130,7 +138,8 @@ class Local1DAttention(AttentionKernel):
         if M == 0 or N == 0:
             return empty_output(q, v, N, need_weights)._replace(state=cache)
         dropout_p = self.dropout if self.training else 0.0
-        if state is None and not return_state and M <= N and flex.usable(q, v, need_weights, dropout_p):
+        plain = not self.alibi and _score_mods.fusable(self)
+        if plain and state is None and not return_state and M <= N and flex.usable(q, v, need_weights, dropout_p):
             # CUDA: FlexAttention visits only the key blocks of each query block and its memory
             out = flex.attend_pattern(q, k, v, self.pattern(M, N), mask, (self.registry_name, self.extra_repr()))
             return AttentionOutput(out, None, None)
@@ -140,7 +149,7 @@ class Local1DAttention(AttentionKernel):
             pos = torch.div(p, b, rounding_mode="floor") * b - m + torch.arange(b + m, device=q.device)  # (M, b + m)
             ok = (pos >= first) & (pos <= p)
             valid = mask[:, :, 0, :] if mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=q.device)
-            out, weights = gathered_attend(q, k, v, pos - first, ok, valid, dropout_p, need_weights)
+            out, weights = gathered_attend(q, k, v, pos - first, ok, valid, dropout_p, need_weights, self, p - pos)
             return AttentionOutput(out, weights, cache)
         q, k, v, valid, shift = to_frame(q, k, v, mask, period=b)
         L = k.shape[-2]
@@ -158,7 +167,8 @@ class Local1DAttention(AttentionKernel):
         key_ok = unfold_band(valid.unsqueeze(-1), -m, b, Wk, nb).squeeze(-1)  # (B|1, H|1, nb, Wk)
         allowed = band & key_ok.unsqueeze(-2)  # (B|1, H|1, nb, b, Wk)
 
-        out, weights = blocked_attend(q_blocks, k_blocks, v_blocks, allowed, dropout_p, need_weights)
+        out, weights = blocked_attend(q_blocks, k_blocks, v_blocks, allowed, dropout_p, need_weights, self,
+                                      qi - kj + m)  # i - j = (t b + qi) - (t b - m + kj)
         out = out.reshape(B, H, nb * b, v.shape[-1])[:, :, :L]  # (B, H, L, Ev)
         dense = None
         if need_weights:

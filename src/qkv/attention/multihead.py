@@ -298,6 +298,7 @@ class MultiHeadAttention(nn.Module):
         return_state: bool = False,
         kv: Optional[tuple[Tensor, Tensor]] = None,
         positions: Optional[Tensor] = None,
+        packed: Optional[Tensor] = None,
     ) -> AttentionOutput:
         """Attend ``query (B, M, d_model)`` to ``key (B, N, kdim)`` / ``value (B, N, vdim)``.
 
@@ -305,12 +306,15 @@ class MultiHeadAttention(nn.Module):
         already projected heads instead (see ``project_kv``). ``mask``: bool, True = may attend,
         ``(B, N)`` key padding or broadcastable to ``(B, H, M, N)``. ``positions (M,) or (B, M)``:
         the queries' (and new keys') positions for ``rotary`` (default: after the state's).
+        ``packed (B, L)``: the ``position_ids`` of packed documents in self-attention (0 starts a
+        document): each query sees its own document's keys only (the kernel's ``position_ids``).
         Returns ``AttentionOutput(output (B, M, d_model), weights (B, H, M, N) or None, state)``.
         """
         _checks.tensor("query", query, ndim=3, floating=True)
         _checks.same("query", query.shape[-1], "d_model", self.d_model, "the feature size")
         _checks.same_dtype("query", query, "MultiHeadAttention.q_proj", self.q_proj.weight)
-        run = dict(mask=mask, state=state, need_weights=need_weights, return_state=return_state, positions=positions)
+        run = dict(mask=mask, state=state, need_weights=need_weights, return_state=return_state, positions=positions,
+                   packed=packed)
         if self.k_proj is None:
             if kv is not None or (key is not None and key is not query):
                 raise ValueError(f"attention {self.kernel.registry_name!r} shares queries and keys (shared_qk=True): "
@@ -346,15 +350,15 @@ class MultiHeadAttention(nn.Module):
         return self._attend(q, k, v, **run, gates=self._gates(query if key is None else key) if kv is None else {})
 
     def _attend(self, q: Tensor, k: Optional[Tensor], v: Tensor, mask: Optional[Tensor], state: Any,
-                need_weights: bool, return_state: bool, positions: Optional[Tensor],
+                need_weights: bool, return_state: bool, positions: Optional[Tensor], packed: Optional[Tensor] = None,
                 gates: Optional[dict] = None, gate_output: Optional[Callable[[Tensor], Tensor]] = None) -> AttentionOutput:
         """qk-norm and rotary on the projected heads ``q (B, H, M, E)``, ``k (B, G, N, E)`` (None:
         the queries are the keys, shared-QK), then the kernel — keys and values repeated to the
         query heads for a kernel that does not take groups — and the output projection. ``gates``:
-        the kernel's per-token gates (``_gates``; None: none), passed to its call. ``gate_output``: a
-        function of the merged heads ``(B, M, H E)`` applied before the output projection (an output
-        gate, ``GatedSelfAttention``)."""
-        gates = gates or {}
+        the kernel's per-token gates (``_gates``; None: none), passed to its call, with the packed
+        documents' ``position_ids``. ``gate_output``: a function of the merged heads ``(B, M, H E)``
+        applied before the output projection (an output gate, ``GatedSelfAttention``)."""
+        call = dict(gates or {}, **({} if packed is None else {"position_ids": packed}))  # the kernel's keywords
         if self.q_norm is not None:
             q = self.q_norm(q)
             k = None if k is None else self.k_norm(k)
@@ -371,12 +375,12 @@ class MultiHeadAttention(nn.Module):
         G = self.n_heads // v.shape[1]  # query heads per key/value head
         if G == 1 or self.kernel.grouped_kv:
             return self._merge(self.kernel(q, k, v, mask=mask, state=state, need_weights=need_weights,
-                                           return_state=return_state, **gates), gate_output)
+                                           return_state=return_state, **call), gate_output)
         if k.shape[1] != self.n_heads:
             k = k.repeat_interleave(G, dim=1)  # (B, H, N, E): query head h reads key head floor(h / G)
         v = v.repeat_interleave(G, dim=1)
         out = self.kernel(q, k, v, mask=mask, state=state_heads(state, G, self.n_heads), need_weights=need_weights,
-                          return_state=return_state, **gates)
+                          return_state=return_state, **call)
         return self._merge(out._replace(state=state_heads(out.state, G, self.n_heads, grouped=True)), gate_output)
 
     def _gates(self, x: Tensor) -> dict:

@@ -7,6 +7,10 @@ Computed in query blocks of ``b`` positions, each against the ``b + 2r`` (causal
 it can see, gathered with ``Tensor.unfold`` — time and memory grow as ``O(n (b + 2r))`` = O(n r),
 never O(n^2). No dense mask is built; only a ``(b, b + 2r)`` band that all blocks share. On CUDA
 (``qkv.attention.flex``) FlexAttention runs the same ``qkv.masks.window`` predicate block-sparsely.
+
+Score knobs (``qkv.attention._score_mods``): ``alibi`` (a float bias of the band's distances on
+the fused path), ``softcap`` and ``sinks`` (the explicit path). Packed documents
+(``position_ids``): the band keeps the keys of the query's document only.
 """
 
 from __future__ import annotations
@@ -17,11 +21,11 @@ from typing import Optional
 import torch.nn.functional as F
 
 from .. import _checks, masks
-from ..functional import masked_softmax, scaled_scores
+from ..functional import scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache
-from . import flex
-from ._ops import append_cache, band_blocks, fused_blocks, scatter_band
+from . import _score_mods, flex
+from ._ops import append_cache, band_blocks, fused_blocks, scatter_band, unfold_band
 from .base import AttentionKernel, clamp_knob
 
 __all__ = ["WindowAttention"]
@@ -35,6 +39,7 @@ class WindowAttention(AttentionKernel):
         radius: ``r >= 0``; a query sees ``2r + 1`` keys (causal: ``r + 1``).
         block: query block length ``b`` (default ``max(r, 64)``): larger blocks mean fewer, larger
             matrix products at the cost of ``b`` extra key columns per block.
+        alibi, softcap, sinks: score knobs (the module; ``n_heads`` is filled in by ``MultiHeadAttention``).
     Incremental decoding keeps only the last ``r`` keys (a bounded ``KVCache``).
     """
 
@@ -42,12 +47,20 @@ class WindowAttention(AttentionKernel):
     supports_state = True
     state_type = KVCache
     context_parallel = "halo"  # qkv.parallel: the radius keys beyond a shard's ends from the neighbours
+    packs_documents = True  # position_ids: the band keeps the query's document
     static_length = "its queries are cut into blocks and each block's band of keys unfolded, in numbers of the length"
 
-    def __init__(self, *, radius: int, causal: bool = False, dropout: float = 0.0, block: Optional[int] = None) -> None:
+    def __init__(self, *, radius: int, causal: bool = False, dropout: float = 0.0, block: Optional[int] = None,
+                 alibi: bool = False, softcap: Optional[float] = None, sinks: bool = False,
+                 n_heads: Optional[int] = None) -> None:
         super().__init__(causal=causal, dropout=dropout)
         self.radius = _checks.positive_int("radius", radius, allow_zero=True)
         self.block = None if block is None else _checks.positive_int("block", block)
+        _score_mods.setup(self, alibi=alibi, softcap=softcap, sinks=sinks, n_heads=n_heads)
+
+    @classmethod
+    def head_kwargs(cls, n_heads: int, d_head: int) -> dict:
+        return {"n_heads": n_heads}  # the sinks' count
 
     @classmethod
     def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
@@ -56,7 +69,8 @@ class WindowAttention(AttentionKernel):
 
     @classmethod
     def knob_choices(cls) -> dict:
-        return {"radius": (0, 1, 2, 3, 4), "block": (None, 1, 2, 3, 4)}
+        return {"radius": (0, 1, 2, 3, 4), "block": (None, 1, 2, 3, 4), "alibi": (False, True),
+                "softcap": (None, 0.5), "sinks": (False, True)}
 
     def extra_repr(self) -> str:
         return f"radius={self.radius}, {super().extra_repr()}"
@@ -64,9 +78,10 @@ class WindowAttention(AttentionKernel):
     def pattern(self, n_queries: int, n_keys: int):
         return masks.window(self.radius, causal=self.causal, offset=n_keys - n_queries)
 
-    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+    def _attend(self, q, k, v, mask, state, need_weights, return_state, documents=None):
         dropout_p = self.dropout if self.training else 0.0
-        if (state is None and not return_state and 0 < q.shape[-2] <= k.shape[-2]
+        plain = documents is None and not self.alibi and _score_mods.fusable(self)
+        if (plain and state is None and not return_state and 0 < q.shape[-2] <= k.shape[-2]
                 and flex.usable(q, v, need_weights, dropout_p)):
             # CUDA: FlexAttention visits only the key blocks of the band
             out = flex.attend_pattern(q, k, v, self.pattern(q.shape[-2], k.shape[-2]), mask,
@@ -82,16 +97,26 @@ class WindowAttention(AttentionKernel):
         b = min(M, self.block or max(r, 64)) if M > 0 else 1
         nb = -(-M // b)  # number of query blocks
 
-        q_blocks, k_blocks, v_blocks, _, valid, key_pos = band_blocks(q, k, v, mask, r, right, b)
+        q_blocks, k_blocks, v_blocks, distance, valid, key_pos = band_blocks(q, k, v, mask, r, right, b)
+        if documents is not None:  # packed documents: keys of the query's document only
+            doc = documents[:, None, :, None]  # (B, 1, N, 1)
+            key_doc = unfold_band(doc, N - M - r, b, b + r + right, nb)[..., 0]  # (B, 1, nb, W)
+            query_doc = F.pad(doc[:, :, N - M:, 0], (0, nb * b - M)).view(B, 1, nb, b, 1)
+            valid = valid & (query_doc == key_doc.unsqueeze(-2))  # (B, 1, nb, b, W)
+        bias = _score_mods.bias(self, H, distance, q.dtype, dims=3)  # (H, 1, b, W): the same for every block
 
-        if not need_weights:
+        if not need_weights and _score_mods.fusable(self):
             # Each block is a small dense attention problem: the fused kernel takes them all at once.
-            out = fused_blocks(q_blocks, k_blocks, v_blocks, valid, dropout_p)  # (B, H, nb, b, Ev); rows with no key: 0
+            attn_mask = valid if bias is None else _score_mods.sdpa_bias(bias, valid, q.dtype)
+            out = fused_blocks(q_blocks, k_blocks, v_blocks, attn_mask, dropout_p)  # (B, H, nb, b, Ev)
+            if bias is not None:  # rows with no key: 0 (a float mask does not say so)
+                out = out.masked_fill(~valid.any(-1, keepdim=True), 0.0)
             return AttentionOutput(out.reshape(B, H, nb * b, v.shape[-1])[:, :, :M], None, cache)  # (B, H, M, Ev)
 
         scores = scaled_scores(q_blocks, k_blocks, 1.0 / math.sqrt(E))  # (B, H, nb, b, W), float32 for half types
-        weights = masked_softmax(scores, valid).to(v.dtype)  # (B, H, nb, b, W)
+        scores = _score_mods.transform(self, scores, bias)
+        weights = _score_mods.softmax(self, scores, valid).to(v.dtype)  # (B, H, nb, b, W)
         dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
         out = (dropped @ v_blocks).reshape(B, H, nb * b, v.shape[-1])[:, :, :M]  # (B, H, M, Ev)
 
-        return AttentionOutput(out, scatter_band(weights, key_pos, N)[:, :, :M], cache)
+        return AttentionOutput(out, scatter_band(weights, key_pos, N)[:, :, :M] if need_weights else None, cache)

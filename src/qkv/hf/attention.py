@@ -49,10 +49,12 @@ record when this process has not — not under sdpa. A name registered here as a
 refused; without ``register()`` in the loading process, transformers refuses the unknown name.
 
 Arguments: every keyword argument a model passes is honoured or refused by name. Honoured:
-``dropout``, ``scaling``, ``is_causal``, ``output_attentions``, and those in :data:`CARRIED`, which
-change nothing here (positions are in the rotated heads; packed sequences and sliding windows are
-in the mask, as for eager). Refused when given: those in :data:`UNIMPLEMENTED` (``softcap``, sinks
-``s_aux``/``sinks``, ``position_bias``, a sparse indexer's ``indices``/``block_indices`` — which
+``dropout``, ``scaling``, ``is_causal``, ``output_attentions``, ``softcap`` (Gemma 2) and ``s_aux``
+(GPT-OSS's sink logits ``(H,)``, the layer's own parameter, read at each call) — the score knobs of
+the kernels that take them, softmax, window and local-1d; the others refuse them by name — and
+those in :data:`CARRIED`, which change nothing here (positions are in the rotated heads; packed
+sequences and sliding windows are in the mask, as for eager). Refused when given: those in
+:data:`UNIMPLEMENTED` (sinks in another layout, ``sinks``, ``position_bias``, a sparse indexer's ``indices``/``block_indices`` — which
 transformers folds into the mask for eager and sdpa only — and a paged ``cache``), and any name
 not listed: a DeepSeek V3.2 layer under ``qkv-softmax`` raises naming ``indices=`` instead of
 running dense attention.
@@ -158,8 +160,6 @@ CARRIED: Dict[str, str] = {
 #: arguments that change attention's answer, which qkv's kernels do not compute: refused by name
 #: when given (not None), with what the argument does
 UNIMPLEMENTED: Dict[str, str] = {
-    "softcap": "caps the scores (tanh softcapping)",
-    "s_aux": "adds attention sinks (a learned logit per head in the softmax)",
     "sinks": "adds attention sinks (a learned logit per head in the softmax)",
     "position_bias": "adds a position bias to the scores",
     "indices": "restricts each query to the keys a sparse indexer selected (top-k); eager and sdpa take it "
@@ -548,7 +548,7 @@ def _check_arguments(impl: str, kernel: str, layer: str, kwargs: Dict[str, Any])
     is not in :data:`CARRIED`: those of :data:`UNIMPLEMENTED` with what they do, any other as unknown
     — none is dropped without a word."""
     for name, value in kwargs.items():
-        if value is None or name in CARRIED or name == "output_attentions":
+        if value is None or name in CARRIED or name in ("output_attentions", "softcap", "s_aux"):
             continue
         if name in UNIMPLEMENTED:
             raise ValueError(f"{impl}: {layer} passes {name}=, which {UNIMPLEMENTED[name]}; qkv's {kernel!r} kernel "
@@ -605,7 +605,25 @@ def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callab
                               f"there, and {kernel!r} in the self-attention layers", stacklevel=2)
         if use == "softmax" and "scale" not in own:
             own["scale"] = scaling  # transformers' own factor (None: 1/sqrt(E))
+        if kwargs.get("softcap") is not None:  # Gemma 2: c tanh(scores / c), a knob of the kernels that form scores
+            if "softcap" not in inspect.signature(lookup("attention", use).__init__).parameters:
+                raise ValueError(f"{impl}: {type(module).__name__} passes softcap=, which caps the scores (tanh "
+                                 f"softcapping); qkv's {use!r} kernel forms no score of each query-key pair to cap: use "
+                                 f"qkv-softmax, qkv-window or attn_implementation='eager'")
+            own["softcap"] = float(kwargs["softcap"])
+        sinks = kwargs.get("s_aux")
+        if sinks is not None:  # GPT-OSS: a learned logit per head in the softmax's denominator
+            if "sinks" not in inspect.signature(lookup("attention", use).__init__).parameters:
+                raise ValueError(f"{impl}: {type(module).__name__} passes s_aux=, which adds attention sinks (a learned "
+                                 f"logit per head in the softmax); qkv's {use!r} kernel forms no softmax over scores to "
+                                 f"add it to: use qkv-softmax, qkv-window or attn_implementation='eager'")
+            if not isinstance(sinks, Tensor) or tuple(sinks.shape) != (H,):
+                raise ValueError(f"{impl}: {type(module).__name__} passes s_aux= of shape "
+                                 f"{tuple(getattr(sinks, 'shape', ()))}; expected one logit per head, ({H},)")
+            own["sinks"] = True
         built = _kernel(module, impl, use, own, causal, float(dropout), H, E, query.device, key.shape[-2])
+        if sinks is not None:
+            built._parameters["sinks"] = sinks  # the layer's own logits (trained there), not a copy
         built.train(module.training)
         if use != "softmax" and use not in _UNSCALED and scaling is not None:
             query = query * (scaling * math.sqrt(E))  # the kernel divides by sqrt(E): softmax(scaling q k^T)

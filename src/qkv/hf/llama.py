@@ -163,6 +163,10 @@ def hf_llama_config(c: Any) -> Dict[str, Any]:
                              f"Llama family; expected {value!r}")
     if c.activation not in _TO_HF_ACTIVATION:
         raise ValueError(f"format='huggingface': activation={c.activation!r}; expected one of {sorted(_TO_HF_ACTIVATION)}")
+    scored = sorted(k for k in ("alibi", "softcap", "sinks") if c.attention_kwargs.get(k) not in (None, False))
+    if scored:  # score knobs transformers' Llama family has no field for
+        raise ValueError(f"format='huggingface': attention_kwargs {scored} change the scores, which transformers' "
+                         f"Llama family does not; save in qkv's format")
     qkv_bias = c.bias if c.qkv_bias is None else c.qkv_bias
     if c.qk_norm:
         model_type = "qwen3"

@@ -73,6 +73,12 @@ class Sharding:
         if rotary:  # the rotation needs each shard's global positions, which the stack does not pass on here
             raise ValueError(f"{type(model).__name__} turns queries and keys by rotary positions ({rotary[0]}): context "
                              f"parallelism does not shard rotary positions; use positional='sinusoidal' or 'learned'")
+        scored = [k.registry_name for k in model.modules() if isinstance(k, AttentionKernel)
+                  and (getattr(k, "alibi", False) or getattr(k, "sinks", None) is not None)]
+        if scored:  # the strategies call the kernel on blocks of keys: distances and the sink's share would be a block's
+            raise ValueError(f"{type(model).__name__}'s attention {scored[0]!r} adds ALiBi's bias or a sink logit to its "
+                             f"scores, which context parallelism does not split (each shard would see its own "
+                             f"distances and sink); run it on one process")
         self.group = group if isinstance(group, Group) else Group.of(group)
         self.kernels = [m for m in model.modules() if isinstance(m, AttentionKernel)]
         if not self.kernels:
@@ -115,6 +121,10 @@ class Sharding:
             if self.length is None or self._inside:
                 return own(q, k, v, mask=mask, state=state, need_weights=need_weights, return_state=return_state,
                            **gates)
+            if gates.get("position_ids") is not None:
+                raise ValueError("packed documents (position_ids restarting inside a row) on sequence shards: context "
+                                 "parallelism does not keep documents apart across shards; train packed rows on one "
+                                 "process or with data parallelism")
             if state is not None or return_state or need_weights:
                 raise ValueError("a model on sequence shards returns outputs only: no state, return_state or "
                                  "need_weights (decode and inspect weights on one process)")

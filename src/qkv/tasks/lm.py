@@ -6,6 +6,7 @@ per character (bits per byte for ``enwiki-bytes``, the enwik8 convention).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional, Union
 
@@ -13,7 +14,7 @@ import torch
 
 from qkv.registry import register
 from qkv.tasks.base import LanguageModelTask
-from qkv.tasks.data import load_enwiki, load_shakespeare
+from qkv.tasks.data import load_enwiki, shakespeare_texts
 from qkv.tasks.vocab import ByteVocab, CharVocab
 
 __all__ = ["ShakespeareChar", "EnwikiBytes"]
@@ -30,13 +31,17 @@ class ShakespeareChar(LanguageModelTask):
         block_size: window length L of ``input_ids (B, L)``.
         cache_dir: data cache (default ``$QKV_DATA`` or ``~/.cache/qkv``; ``qkv data fetch shakespeare``).
         stream: batches continue contiguous streams segment by segment (``LanguageModelTask``).
+        pack: packed documents, one per text (play or poem; ``LanguageModelTask``).
     """
 
-    def __init__(self, *, block_size: int = 128, cache_dir: Optional[Union[str, Path]] = None, stream: bool = False) -> None:
-        text = load_shakespeare(cache_dir)
+    def __init__(self, *, block_size: int = 128, cache_dir: Optional[Union[str, Path]] = None, stream: bool = False,
+                 pack: bool = False) -> None:
+        texts = shakespeare_texts(cache_dir)
+        text = "\n\n".join(texts) + "\n"  # load_shakespeare's stream
         vocab = CharVocab(text)
         tokens = torch.tensor(vocab.encode(text), dtype=torch.long)  # (N,)
-        super().__init__(tokens, vocab, block_size, stream=stream)
+        starts = torch.tensor([0] + [len(t) + 2 for t in texts[:-1]]).cumsum(0)  # each text after a blank line
+        super().__init__(tokens, vocab, block_size, stream=stream, pack=pack, documents=starts)
 
 
 @register("task", "enwiki-bytes")
@@ -47,9 +52,12 @@ class EnwikiBytes(LanguageModelTask):
         block_size: window length L of ``input_ids (B, L)``.
         cache_dir: data cache (default ``$QKV_DATA`` or ``~/.cache/qkv``; ``qkv data fetch enwiki``).
         stream: batches continue contiguous streams segment by segment (``LanguageModelTask``).
+        pack: packed documents, one per ``<page>`` (``LanguageModelTask``).
     """
 
-    def __init__(self, *, block_size: int = 256, cache_dir: Optional[Union[str, Path]] = None, stream: bool = False) -> None:
+    def __init__(self, *, block_size: int = 256, cache_dir: Optional[Union[str, Path]] = None, stream: bool = False,
+                 pack: bool = False) -> None:
         data = load_enwiki(cache_dir)
         tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()  # (N,)
-        super().__init__(tokens, ByteVocab(), block_size, stream=stream)
+        starts = torch.tensor([0] + [m.start() for m in re.finditer(rb"<page>", data)], dtype=torch.long).unique()
+        super().__init__(tokens, ByteVocab(), block_size, stream=stream, pack=pack, documents=starts)

@@ -150,7 +150,9 @@ class GPT(QKVModel):
         ``state``, ``(B, positions so far + L)``); positions still count from 0 at the first
         column, as in transformers' GPT-2, unless ``position_ids (B, L)`` say otherwise — for a
         left-padded batch ``(attention_mask.cumsum(-1) - 1).clamp(min=0)`` gives each row the
-        positions of its tokens alone (what ``generate`` passes). A kernel whose blocks sit at
+        positions of its tokens alone (what ``generate`` passes). Without ``attention_mask``,
+        ``position_ids`` that restart at 0 inside a row mark packed documents (transformers'
+        ``DataCollatorWithFlattening``): each document gets what it gets alone. A kernel whose blocks sit at
         absolute positions (``anchored``: local-1d, local-2d, fixed) refuses a mask padded in front.
         ``token_type_ids (B, L)``: ids in the token vocabulary whose token embeddings are added
         (GPT-2's token types). ``hidden``: the final hidden states.

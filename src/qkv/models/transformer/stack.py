@@ -116,7 +116,7 @@ class StackConfig:
     attention_dropout: float = 0.0  # dropout on the attention weights (inside the kernel)
     activation: str = "relu"  # feed-forward activation: "relu" (the paper) | "gelu" (BERT) | "gelu-tanh" (GPT-2's gelu_new)
     residual: str = "post-ln"  # residual wiring: "post-ln" LN(x + F(x)) | "pre-ln" x + F(LN(x)) (+ final LN)
-    positional: str = "sinusoidal"  # positional scheme: "sinusoidal" | "learned" | "none"
+    positional: str = "sinusoidal"  # positional scheme: "sinusoidal" | "learned" | "rotary" | "alibi" | "none"
     max_len: int = 512  # longest sequence ("learned" positions raise beyond it; sinusoids cache this many rows)
     attention: str = "softmax"  # self-attention kernel: a qkv.list_attention() name
     attention_kwargs: Dict[str, Any] = field(default_factory=dict)  # the kernel's own knobs, e.g. {"radius": 16}
@@ -198,6 +198,10 @@ class StackConfig:
     def head_size(self) -> int:
         """The size of one attention head: ``d_head``, else ``d_model // n_heads``."""
         return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    def alibi(self) -> bool:
+        """Whether the positional scheme is ALiBi (a score bias inside self-attention)."""
+        return bool(getattr(lookup("positional", self.positional), "alibi", False))
 
     def rotary(self) -> bool:
         """Whether the positional scheme is rotary (applied inside self-attention)."""
@@ -370,8 +374,16 @@ def self_attention_settings(config: StackConfig, attention: Optional[str] = None
     efficient), with a warning (once) — the residual dropout still applies.
     """
     own = attention is None or attention == config.attention
-    kernel = lookup("attention", config.attention if own else attention)
+    name = config.attention if own else attention
+    kernel = lookup("attention", name)
     knobs = kernel.knobs(config.max_len, config.n_heads, config.head_size(), config.attention_kwargs if own else {})
+    if config.alibi():
+        if "alibi" not in inspect.signature(kernel.__init__).parameters:
+            able = [n for n in names("attention") if "alibi" in inspect.signature(lookup("attention", n).__init__).parameters]
+            raise ValueError(f"positional='alibi' adds a bias to every score q.k - m_h (i - j): attention "
+                             f"{name!r} forms no score of each query-key pair to add it to (kernels "
+                             f"that take it: {', '.join(able)})")
+        knobs["alibi"] = True
     dropout = config.attention_dropout
     if dropout > 0 and not kernel.applies_dropout:
         warnings.warn(f"attention {kernel.registry_name!r} forms no attention-weight matrix: attention_dropout="
@@ -410,8 +422,13 @@ class GatedSelfAttention(MultiHeadAttention):
     def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
                 mask: Optional[Tensor] = None, state: Any = None, need_weights: bool = False,
                 return_state: bool = False, kv: Optional[Tuple[Tensor, Tensor]] = None,
-                positions: Optional[Tensor] = None) -> Any:
-        """``MultiHeadAttention.forward`` for self-attention (``key``, ``value``, ``kv`` must be None or ``query``)."""
+                positions: Optional[Tensor] = None, packed: Optional[Tensor] = None) -> Any:
+        """``MultiHeadAttention.forward`` for self-attention (``key``, ``value``, ``kv`` must be None or
+        ``query``). Packed documents (``packed``) are refused with a short convolution, which would
+        read across their boundaries."""
+        if packed is not None and self.conv is not None:
+            raise ValueError("packed documents (position_ids restarting inside a row) with short_conv: the causal "
+                             "convolution would read the previous document's last tokens; pad the documents instead")
         if kv is not None or (key is not None and key is not query) or (value is not None and value is not query):
             raise ValueError("GatedSelfAttention (short_conv/output_gate) does self-attention only: call it as mha(x)")
         _checks.tensor("query", query, ndim=3, floating=True)
@@ -428,7 +445,7 @@ class GatedSelfAttention(MultiHeadAttention):
         q, k, v = self._split(q), self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)  # (B, H|G, L, E)
         gate = None if self.out_gate is None else (lambda o: self.out_gate(query, o))  # SiLU(x W_r) ⊙ Norm(o)
         out = self._attend(q, k, v, mask=mask, state=kernel_state, need_weights=need_weights, return_state=return_state,
-                           positions=positions, gates=self._gates(query), gate_output=gate)
+                           positions=positions, packed=packed, gates=self._gates(query), gate_output=gate)
         new_state = GatedSelfAttentionState(out.state, conv_cache if self.conv is not None else None) if return_state else None
         return out._replace(state=new_state)
 
@@ -501,12 +518,14 @@ class TransformerBlock(nn.Module):
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, memory: Optional[Tensor] = None,
                 memory_mask: Optional[Tensor] = None, state: Optional[BlockState] = None,
                 need_weights: bool = False, return_state: bool = False,
-                prefix: Optional[Tensor] = None, positions: Optional[Tensor] = None) -> BlockOutput:
+                prefix: Optional[Tensor] = None, positions: Optional[Tensor] = None,
+                packed: Optional[Tensor] = None) -> BlockOutput:
         """``x (B, L, d_model)``; ``mask`` for self-attention (True = may attend); ``memory (B, S, d_model)``
         and ``memory_mask (B, S)`` for cross-attention. ``prefix (B, P, d_model)``: earlier inputs
         that self-attention reads as extra keys/values before ``x`` but does not update
         (Transformer-XL's segment memory, ``[SG(m), x]``). ``positions (L,) or (B, L)``: the
-        tokens' positions for rotary self-attention."""
+        tokens' positions for rotary self-attention. ``packed (B, L)``: the ``position_ids`` of
+        packed documents (0 starts one): self-attention stays within each document."""
         state = state or BlockState()
         h = self.res_self.enter(x)
         context = None
@@ -518,6 +537,8 @@ class TransformerBlock(nn.Module):
             _checks.same("prefix", prefix.shape[2], "x", x.shape[2], "the feature size (dim -1)")
             context = torch.cat([self.res_self.enter(prefix), h], dim=1)  # (B, P + L, d_model)
         extra = {} if positions is None else {"positions": positions}
+        if packed is not None:
+            extra["packed"] = packed
         y, self_weights, self_state = self.self_attn(h, context, context, mask=mask, state=state.self_attn,
                                                      need_weights=need_weights, return_state=return_state, **extra)
         x = self.res_self.exit(x, y)
@@ -595,7 +616,13 @@ class TransformerStack(nn.Module):
                 state: Optional[StackState] = None, need_weights: bool = False, return_state: bool = False,
                 return_hidden: bool = False, position_ids: Optional[Tensor] = None) -> StackOutput:
         """Embed ``input_ids (B, L)`` at positions following ``state.position`` (or at ``position_ids
-        (B, L)``, e.g. counted from each row's first real token) and run the layers."""
+        (B, L)``, e.g. counted from each row's first real token) and run the layers.
+
+        Packed documents (transformers' ``DataCollatorWithFlattening``): ``position_ids`` that
+        restart at 0 inside a row, with no ``mask``, mark documents concatenated in the row; every
+        self-attention keeps each document to itself (``run_layers(..., packed=position_ids)``), so
+        each gets what it gets alone. (With a ``mask``, ``position_ids`` are positions only: a
+        left-padded batch.)"""
         offset = 0
         if state is not None:
             if not isinstance(state, StackState):
@@ -612,6 +639,11 @@ class TransformerStack(nn.Module):
             positions = position_ids if position_ids is not None else torch.arange(
                 offset, offset + input_ids.shape[1], device=input_ids.device)
             extra = {"positions": positions}
+        if mask is None and position_ids is not None and restarts(position_ids):
+            if "packed" not in inspect.signature(self.run_layers).parameters:
+                raise ValueError(f"position_ids of packed documents (restarting at 0 inside a row) need a layer loop "
+                                 f"that passes them to attention; {type(self).__name__}.run_layers does not")
+            extra["packed"] = position_ids  # packed documents: attention stays within each
         return self.run_layers(x, mask=mask, memory=memory, memory_mask=memory_mask, state=state,
                                need_weights=need_weights, return_state=return_state, return_hidden=return_hidden,
                                **extra)
@@ -619,13 +651,15 @@ class TransformerStack(nn.Module):
     def run_layers(self, x: Tensor, mask: Optional[Tensor] = None, memory: Optional[Tensor] = None,
                    memory_mask: Optional[Tensor] = None, state: Optional[StackState] = None,
                    need_weights: bool = False, return_state: bool = False,
-                   return_hidden: bool = False, positions: Optional[Tensor] = None) -> StackOutput:
+                   return_hidden: bool = False, positions: Optional[Tensor] = None,
+                   packed: Optional[Tensor] = None) -> StackOutput:
         """The layer loop on embeddings ``x (B, L, d_model)`` — the hook for other depths (ACT, reversible).
 
         ``mask``: self-attention mask, True = may attend (``(B, L)`` key padding, or broadcastable
         to ``(B, H, L, N)``). A key-padding mask with no padding is dropped so that kernels keep
         their fast paths. ``memory (B, S, d_model)``, ``memory_mask (B, S)``: for cross-attention.
-        ``positions (L,) or (B, L)``: the tokens' positions (rotary self-attention).
+        ``positions (L,) or (B, L)``: the tokens' positions (rotary self-attention). ``packed (B, L)``:
+        the ``position_ids`` of packed documents, for every self-attention (``forward``).
         """
         _checks.tensor("x", x, ndim=3, floating=True)
         mask = _drop_if_full(mask)
@@ -638,10 +672,11 @@ class TransformerStack(nn.Module):
         weights, cross_weights, new_states, hidden_states = [], [], [], []
         for block, s in zip(self.layers, layer_states):
             if checkpointing:
-                out = checkpoint(block, x, mask, memory, memory_mask, positions=positions, use_reentrant=False)
+                out = checkpoint(block, x, mask, memory, memory_mask, positions=positions, packed=packed,
+                                 use_reentrant=False)
             else:
                 out = block(x, mask=mask, memory=memory, memory_mask=memory_mask, state=s,
-                            need_weights=need_weights, return_state=return_state, positions=positions)
+                            need_weights=need_weights, return_state=return_state, positions=positions, packed=packed)
             x = out.hidden
             weights.append(out.self_weights)
             cross_weights.append(out.cross_weights)
@@ -680,6 +715,14 @@ def copy_torch_layer(block: TransformerBlock, layer: nn.Module) -> None:
     norms = [block.res_self, block.res_cross, block.res_ff] if decoder else [block.res_self, block.res_ff]
     for wiring, norm in zip(norms, (layer.norm1, layer.norm2, layer.norm3) if decoder else (layer.norm1, layer.norm2)):
         wiring.norm.load_state_dict(norm.state_dict())
+
+
+def restarts(position_ids: Tensor) -> bool:
+    """Whether ``position_ids (B, L)`` restart at 0 after a row's first token (packed documents);
+    while compiling, where values are not read, True."""
+    if torch.compiler.is_compiling():
+        return True
+    return bool((position_ids[:, 1:] == 0).any())
 
 
 def _drop_if_full(mask: Optional[Tensor]) -> Optional[Tensor]:
