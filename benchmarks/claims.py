@@ -6,6 +6,11 @@ Every entry is one claim of one paper, measured over at least ``MIN_SEEDS`` seed
     {"id", "model", "paper", "claim", "command", "better", "seeds", "ours", "baseline",
      "margin", "verdict", "why", "budget", "commit", "date"}
 
+and, beside them: ``run``, the command as data (``{"script": "benchmarks/NAME.py", "args": [...]}``,
+which ``command`` renders; ``benchmarks/reproduce.py``, ``qkv reproduce ID``, runs it), ``machine``,
+``kind`` (``KINDS``: a reproduction, or an implementation check with its ``kind_reason``) and
+``minutes`` (the estimated wall-clock minutes of the command).
+
 ``ours`` holds one value per seed of the measurement the paper predicts to win, ``baseline``
 one value per seed (or a single value for a fixed baseline, such as an exact optimum). The
 verdict is computed here and only here (``verdict``), by a one-sided Welch t-test at ``ALPHA``:
@@ -56,7 +61,9 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -78,6 +85,17 @@ VERDICTS = ("reproduced", "not reproduced")
 FIELDS = ("id", "model", "paper", "claim", "command", "better", "seeds", "ours", "baseline", "margin", "verdict",
           "why", "budget", "commit", "date")
 UNKNOWN = "unknown"
+# What a claim is evidence of: a reproduction of the paper's claim, or a check that the implementation
+# behaves as the paper's mechanism must (true by construction, or measured where it cannot fail) -- a strict
+# reader's distinction; an implementation check carries ``kind_reason``, why it is not a reproduction.
+KINDS = ("reproduction", "implementation-check")
+# What a claim carries that no script measures: its kind and the estimated minutes of its run. A script
+# recording the claim again keeps them (``record``).
+STRUCTURE = ("kind", "kind_reason", "minutes")
+# How every recorded command runs: from the repository root, the checkout's src first, one thread.
+ENV = (("PYTHONPATH", "src"), ("OMP_NUM_THREADS", "1"))
+# Where a measurement was taken (``provenance``): what a claim and each point of its curve carry.
+PROVENANCE = ("commit", "date", "dirty", "machine")
 
 # Path groups a script's DEPENDS may name with "@": what most reproductions' numbers depend on.
 GROUPS: Dict[str, tuple] = {
@@ -91,9 +109,9 @@ GROUPS: Dict[str, tuple] = {
     "text": ("src/qkv/tasks/data.py", "src/qkv/tasks/vocab.py", "src/qkv/tasks/lm.py"),
 }
 
-__all__ = ["CLAIMS", "PENDING", "README", "MIN_SEEDS", "ALPHA", "mean", "standard_error", "p_value", "verdict",
+__all__ = ["CLAIMS", "PENDING", "README", "MIN_SEEDS", "ALPHA", "KINDS", "mean", "standard_error", "p_value", "verdict",
            "check_claim", "make_claim", "record", "pend", "add_point", "load", "save", "render_readme",
-           "write_readme", "check", "depends", "stale", "provenance"]
+           "write_readme", "check", "depends", "stale", "provenance", "parse_command", "render_command"]
 
 
 def mean(xs: Sequence[float]) -> float:
@@ -256,6 +274,7 @@ def check_claim(entry: Mapping[str, Any]) -> None:
         raise ValueError(f"claim {cid!r}: verdict {entry['verdict']!r} but the numbers give {expected!r}")
     if not isinstance(entry["why"], str) or not entry["why"].strip():
         raise ValueError(f"claim {cid!r}: why must say what was measured")
+    _check_structure(entry)
     for point in entry.get("curve", []):
         if not isinstance(point, Mapping) or not {"budget", "ours", "baseline", "verdict"} <= set(point):
             raise ValueError(f"claim {cid!r}: a curve point needs budget, ours, baseline and verdict, got {point!r}")
@@ -267,25 +286,71 @@ def check_claim(entry: Mapping[str, Any]) -> None:
             raise ValueError(f"claim {cid!r}: curve point {point['budget']!r} has a verdict its numbers do not give")
 
 
+def _check_structure(entry: Mapping[str, Any]) -> None:
+    """The fields no script measures: the command as data (``run``, which ``command`` renders), the
+    claim's ``kind`` (an implementation check says why in ``kind_reason``), the estimated ``minutes``
+    of its run and the ``machine`` it was measured on."""
+    cid = entry.get("id", "?")
+    run = entry.get("run")
+    if run is not None:
+        if not isinstance(run, Mapping) or set(run) != {"script", "args"} or not isinstance(run["script"], str) \
+                or not isinstance(run["args"], list) or not all(isinstance(a, str) for a in run["args"]):
+            raise ValueError(f"claim {cid!r}: run must be {{'script': str, 'args': [str, ...]}}, got {run!r}")
+        if parse_command(entry["command"]) != dict(run) or entry["command"] != render_command(run):
+            raise ValueError(f"claim {cid!r}: command {entry['command']!r} is not the one its run gives, "
+                             f"{render_command(run)!r}")
+    kind = entry.get("kind", KINDS[0])
+    if kind not in KINDS:
+        raise ValueError(f"claim {cid!r}: kind must be one of {KINDS}, got {kind!r}")
+    reason = entry.get("kind_reason")
+    if kind == "implementation-check" and (not isinstance(reason, str) or not reason.strip()):
+        raise ValueError(f"claim {cid!r}: an implementation check needs kind_reason, why it is not a reproduction")
+    if kind == "reproduction" and reason is not None:
+        raise ValueError(f"claim {cid!r}: kind_reason belongs to an implementation check, not a reproduction")
+    minutes = entry.get("minutes")
+    if minutes is not None and (isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0):
+        raise ValueError(f"claim {cid!r}: minutes must be a number > 0, got {minutes!r}")
+    machine = entry.get("machine")
+    if machine is not None and (not isinstance(machine, str) or not machine.strip()):
+        raise ValueError(f"claim {cid!r}: machine must be a non-empty string, got {machine!r}")
+
+
 def make_claim(*, id: str, model: str, paper: str, claim: str, command: str, better: str,
                ours: Sequence[float], baseline: Union[float, Sequence[float]],
                why: Union[str, Mapping[str, str]], budget: str, margin: float = 0.0,
                curve: Sequence[Mapping[str, Any]] = (), deterministic: bool = False,
-               commit: str = UNKNOWN, date: str = UNKNOWN, dirty: Sequence[str] = ()) -> Dict[str, Any]:
-    """A checked claim entry with its verdict computed. ``why``: a string, or a mapping from the
-    verdict (``"reproduced"`` / ``"not reproduced"``) to the sentence for that outcome. ``curve``:
-    ``[{"budget": "800 steps", "ours": [...], "baseline": [...]}, ...]``, larger budgets of the same
-    measurement; each point's verdict is computed too. ``commit``, ``date``, ``dirty``: where it
-    was measured (``provenance``)."""
+               commit: str = UNKNOWN, date: str = UNKNOWN, dirty: Sequence[str] = (), machine: Optional[str] = None,
+               kind: str = KINDS[0], kind_reason: Optional[str] = None,
+               minutes: Optional[float] = None) -> Dict[str, Any]:
+    """A checked claim entry with its verdict computed. ``command``: the shell line that measures it;
+    when it runs a benchmarks/ script it is kept as data too (``run``: the script and its arguments,
+    ``parse_command``) and written back in the one form ``render_command`` gives. ``why``: a string,
+    or a mapping from the verdict (``"reproduced"`` / ``"not reproduced"``) to the sentence for that
+    outcome. ``curve``: ``[{"budget": "800 steps", "ours": [...], "baseline": [...]}, ...]``, larger
+    budgets of the same measurement; each point's verdict is computed too. ``commit``, ``date``,
+    ``dirty``, ``machine``: where it was measured (``provenance``). ``kind``: one of ``KINDS``
+    (``kind_reason`` says why an implementation check is not a reproduction); ``minutes``: the
+    estimated wall-clock minutes of its command."""
     ours, base = _numbers("ours", ours), _numbers("baseline", baseline)
     v = verdict(ours, base, better, margin, deterministic)
     if isinstance(why, Mapping):
         if v not in why:
             raise ValueError(f"why has no sentence for the verdict {v!r} (keys {sorted(why)})")
         why = why[v]
-    entry = {"id": id, "model": model, "paper": paper, "claim": claim, "command": command, "better": better,
+    run = parse_command(command)
+    entry = {"id": id, "model": model, "paper": paper, "claim": claim,
+             "command": command if run is None else render_command(run), "better": better,
              "seeds": len(ours), "ours": ours, "baseline": base, "margin": float(margin), "verdict": v, "why": why,
              "budget": budget, "commit": commit, "date": date}
+    if run is not None:
+        entry["run"] = run
+    if machine is not None:
+        entry["machine"] = machine
+    entry["kind"] = kind
+    if kind_reason is not None:
+        entry["kind_reason"] = kind_reason
+    if minutes is not None:
+        entry["minutes"] = minutes
     if deterministic:
         entry["deterministic"] = True
     if dirty:
@@ -295,7 +360,7 @@ def make_claim(*, id: str, model: str, paper: str, claim: str, command: str, bet
                            "baseline": _numbers("curve baseline", p["baseline"]),
                            "verdict": verdict(_numbers("curve ours", p["ours"]), _numbers("curve baseline", p["baseline"]),
                                               better, margin, deterministic),
-                           **{k: p[k] for k in ("commit", "date", "dirty") if k in p}} for p in curve]
+                           **{k: p[k] for k in PROVENANCE if k in p}} for p in curve]
     check_claim(entry)
     return entry
 
@@ -324,6 +389,56 @@ def script_of(command: str) -> Optional[str]:
     """The reproduction script a claim's command runs (``benchmarks/NAME.py``), or None."""
     found = re.search(r"benchmarks/([A-Za-z0-9_]+\.py)", command)
     return f"benchmarks/{found.group(1)}" if found else None
+
+
+def parse_command(command: str) -> Optional[Dict[str, Any]]:
+    """A recorded command as data: ``{"script": "benchmarks/NAME.py", "args": [...]}`` (the words after
+    the script, as the shell splits them); the environment assignments and the interpreter before the
+    script are dropped (every command runs with ``ENV``). None when the command runs no benchmarks/
+    script."""
+    try:
+        words = shlex.split(command)
+    except ValueError as err:
+        raise ValueError(f"command {command!r} is not a shell command line: {err}") from None
+    at = next((i for i, w in enumerate(words) if re.fullmatch(r"(\./)?benchmarks/[A-Za-z0-9_]+\.py", w)), None)
+    if at is None:
+        return None
+    return {"script": words[at].removeprefix("./"), "args": words[at + 1:]}
+
+
+def render_command(run: Mapping[str, Any]) -> str:
+    """The shell line of ``run`` (``parse_command``'s inverse), with ``ENV``: what a reader pastes."""
+    return " ".join([*(f"{k}={v}" for k, v in ENV), "python", run["script"], *map(shlex.quote, run["args"])])
+
+
+def _seeds_span(args: Sequence[str]) -> Optional[tuple]:
+    """``(start, stop)``: where the values of ``--seeds`` lie in ``args`` (None without the flag)."""
+    if "--seeds" not in args:
+        return None
+    start = list(args).index("--seeds") + 1
+    stop = next((i for i in range(start, len(args)) if args[i].startswith("--")), len(args))
+    return start, stop
+
+
+def seeds_of(run: Mapping[str, Any]) -> Optional[int]:
+    """How many seeds ``run`` asks for: ``--seeds N``, or the number of seeds it lists (``--seeds 0 1
+    2``); None when it names none (its script fixes them)."""
+    span = _seeds_span(run["args"])
+    if span is None:
+        return None
+    values = run["args"][span[0]:span[1]]
+    return int(values[0]) if len(values) == 1 else len(values)
+
+
+def with_seeds(run: Mapping[str, Any], n: int) -> Dict[str, Any]:
+    """``run`` asking for ``n`` seeds in the form it already uses (a count, or a list of consecutive
+    seeds from its first); ValueError if it names none (its script fixes them)."""
+    span = _seeds_span(run["args"])
+    if span is None:
+        raise ValueError(f"{run['script']} {' '.join(run['args'])} names no --seeds: its script fixes the seeds")
+    args, (start, stop) = list(run["args"]), span
+    values = [str(n)] if stop - start == 1 else [str(int(args[start]) + i) for i in range(n)]
+    return {"script": run["script"], "args": args[:start] + values + args[stop:]}
 
 
 def declared(script: str, root: Path = ROOT) -> Dict[str, List[str]]:
@@ -379,13 +494,22 @@ def provenance(paths: Sequence[str], root: Path = ROOT, started: Optional[str] =
     started = started or (_STARTED_AT if Path(root) == ROOT else None) or now
     today = time.strftime("%Y-%m-%d", time.gmtime())
     if started is None:
-        return {"commit": UNKNOWN, "date": today, "dirty": []}
+        return {"commit": UNKNOWN, "date": today, "dirty": [], "machine": machine()}
     changed = set()
     if paths:
         changed |= {line[3:] for line in _git("status", "--porcelain", "--", *paths, root=root).stdout.splitlines()}
         if now and now != started:
             changed |= set(_git("diff", "--name-only", started, now, "--", *paths, root=root).stdout.split())
-    return {"commit": started, "date": today, "dirty": sorted(changed)}
+    return {"commit": started, "date": today, "dirty": sorted(changed), "machine": machine()}
+
+
+def machine() -> str:
+    """The machine a measurement is taken on, in one line: CPU, cores, torch (``qkv.bench.common``'s
+    description, the one the reproductions' pages give)."""
+    import torch
+    from qkv.bench.common import describe_machine
+    info = describe_machine(torch.device("cpu"))
+    return f"{info['cpu']}, {info['cores']} cores, torch {info['torch']}"
 
 
 def stale(entry: Mapping[str, Any], root: Path = ROOT) -> Optional[str]:
@@ -494,7 +618,14 @@ def record(*, path: Path = CLAIMS, readme: Optional[Path] = README, pending: Pat
     ``measured``: True when this run measured the numbers (stamped now), False when the script
     re-records saved ones (the recorded provenance stays; a new claim's is unknown); None (the
     default): stamped now unless the numbers are the same as the recorded ones — pass True from a
-    rerun of a deterministic or exactly reseeded measurement, which repeats its numbers bit for bit.
+    rerun of a deterministic or exactly reseeded measurement, which repeats its numbers bit for bit
+    (``qkv reproduce ID`` does so for claim ID through the environment variable ``QKV_REPRODUCE``).
+
+    A claim recorded again at the same budget keeps its recorded command (``run``, with the seeds
+    now measured; a script's own command line names a new claim or a new budget) and what no script
+    measures (``STRUCTURE``: its kind, its estimated minutes). One measured with fewer seeds than the
+    recorded entry at the same budget does not replace it: a smaller measurement never overwrites a
+    bigger one (the recorded entry is returned).
 
     A run with fewer than ``MIN_SEEDS`` seeds (a claim that is not ``deterministic``) gets no
     verdict: the claim goes on the pending list instead (``pend``), with its command rerun at
@@ -519,7 +650,7 @@ def _main_to_curve(entry: Mapping[str, Any]) -> Dict[str, Any]:
     curve = list(entry.get("curve", []))
     if all(p["budget"] != entry["budget"] for p in curve):
         curve.append({"budget": entry["budget"], "ours": entry["ours"], "baseline": entry["baseline"],
-                      "verdict": entry["verdict"], **{k: entry[k] for k in ("commit", "date", "dirty") if k in entry}})
+                      "verdict": entry["verdict"], **{k: entry[k] for k in PROVENANCE if k in entry}})
     return {**entry, "curve": sorted(curve, key=lambda p: _budget_key(p["budget"]))}
 
 
@@ -527,6 +658,24 @@ def _record(path: Path, readme: Optional[Path], pending: Path, ours: List[float]
     """``record``'s read-modify-write of the claims, under the lock."""
     entries = load(path)
     at = next((i for i, e in enumerate(entries) if e["id"] == fields.get("id")), None)
+    if at is not None:
+        recorded = entries[at]
+        if fields.get("budget", recorded["budget"]) == recorded["budget"] and len(ours) < recorded["seeds"]:
+            # fewer seeds at the same budget: a smaller measurement never replaces a bigger one
+            print(f"claim {recorded['id']}: {len(ours)} seeds measured (ours {fmt(ours)}); the recorded entry "
+                  f"has {recorded['seeds']} and stays: rerun with {recorded['seeds']} seeds to replace it")
+            return recorded
+        fields = {**{k: recorded[k] for k in STRUCTURE if k in recorded}, **fields}
+        given = parse_command(str(fields.get("command", "")))
+        if recorded.get("run") and given and given["script"] == recorded["run"]["script"] \
+                and fields.get("budget", recorded["budget"]) == recorded["budget"]:
+            # the same measurement again: the recorded command (data, the one `qkv reproduce` runs) stays, with
+            # the seeds measured; a script's own command line names a new claim's or a new budget's
+            run = recorded["run"] if seeds_of(recorded["run"]) is None else with_seeds(recorded["run"], len(ours))
+            if given != run:
+                print(f"claim {recorded['id']}: its recorded command stays, {render_command(run)} "
+                      f"(the script's own: {render_command(given)})")
+            fields["command"] = render_command(run)
     if at is not None and "budget" in fields and entries[at]["budget"] != fields["budget"]:
         entries[at] = _main_to_curve(entries[at])
     if at is not None and entries[at].get("curve"):
@@ -534,13 +683,15 @@ def _record(path: Path, readme: Optional[Path], pending: Path, ours: List[float]
         kept = [p for p in entries[at]["curve"] if p["budget"] not in {g["budget"] for g in given}]
         fields = {**fields, "curve": sorted(given + kept, key=lambda p: _budget_key(p["budget"]))}
     measured = fields.pop("measured", None)
+    if measured is None and os.environ.get("QKV_REPRODUCE") == fields.get("id"):
+        measured = True  # `qkv reproduce ID` ran this claim's own command: its numbers are measured now
     if "commit" not in fields:
         before = entries[at] if at is not None else None
         same = before is not None and before["ours"] == ours and before["baseline"] == _numbers("baseline", fields["baseline"])
         if measured is False or (measured is None and same):
             # numbers the script did not measure in this run (a section re-recorded from saved results; by
             # default, the same numbers again): their provenance stays, or is unknown
-            kept = {k: before[k] for k in ("commit", "date", "dirty") if k in before} if before else {}
+            kept = {k: before[k] for k in PROVENANCE if k in before} if before else {}
             fields = {**kept, **fields}
         else:
             fields = {**provenance(depends({"id": fields.get("id", "?"), "command": fields.get("command", "")})),
@@ -556,8 +707,8 @@ def _record(path: Path, readme: Optional[Path], pending: Path, ours: List[float]
                 return dict(p)
             if old is not None and old["ours"] == _numbers("curve ours", p["ours"]) \
                     and old["baseline"] == _numbers("curve baseline", p["baseline"]):
-                return {**p, **{k: old[k] for k in ("commit", "date", "dirty") if k in old}}
-            return {**p, **{k: fields[k] for k in ("commit", "date") if k in fields},
+                return {**p, **{k: old[k] for k in PROVENANCE if k in old}}
+            return {**p, **{k: fields[k] for k in ("commit", "date", "machine") if k in fields},
                     **({"dirty": fields["dirty"]} if fields.get("dirty") else {})}
         fields = {**fields, "curve": [stamped(p) for p in fields["curve"]]}
     entry = make_claim(**fields)
@@ -620,7 +771,8 @@ def add_point(claim_id: str, budget: str, ours: Sequence[float], baseline: Union
         where = provenance(depends(e))
         point = {"budget": str(budget), "ours": ours, "baseline": base,
                  "verdict": verdict(ours, base, e["better"], e["margin"], e.get("deterministic", False)),
-                 "commit": where["commit"], "date": where["date"], **({"dirty": where["dirty"]} if where["dirty"] else {})}
+                 "commit": where["commit"], "date": where["date"], **({"dirty": where["dirty"]} if where["dirty"] else {}),
+                 "machine": where["machine"]}
         e["curve"] = sorted([p for p in e.get("curve", []) if p["budget"] != point["budget"]] + [point],
                             key=lambda p: _budget_key(p["budget"]))
         save(entries, path)
@@ -666,6 +818,22 @@ def _decided(e: Mapping[str, Any]) -> str:
     return f"p = {p_value(e['ours'], e['baseline'], e['better'], e['margin']):.3f}"
 
 
+def kind_text(e: Mapping[str, Any]) -> str:
+    """A claim's kind as the pages show it: "reproduction", or "implementation check: REASON"."""
+    if e.get("kind", KINDS[0]) == KINDS[0]:
+        return KINDS[0]
+    return f"implementation check: {e['kind_reason']}"
+
+
+def _kinds_line(entries: Sequence[Mapping[str, Any]]) -> str:
+    """The verdicts counted by kind (reproductions apart from implementation checks)."""
+    parts = []
+    for kind, name in zip(KINDS, ("reproductions", "implementation checks")):
+        mine = [e for e in entries if e.get("kind", KINDS[0]) == kind]
+        parts.append(f"{len(mine)} {name} ({sum(e['verdict'] == 'reproduced' for e in mine)} reproduced)")
+    return "By kind: " + ", ".join(parts) + "."
+
+
 def render_readme(entries: Sequence[Mapping[str, Any]], pending: Sequence[Mapping[str, Any]] = ()) -> str:
     """The README text: one table row per claim, then the claims awaiting a multi-seed run."""
     n_rep = sum(e["verdict"] == "reproduced" for e in entries)
@@ -693,18 +861,24 @@ def render_readme(entries: Sequence[Mapping[str, Any]], pending: Sequence[Mappin
         "",
         f"**{len(entries)} claims, {n_rep} reproduced at the commit they were measured at, "
         f"{len(entries) - n_rep} not reproduced**"
-        + (f"; {len(pending)} more await a run with {MIN_SEEDS} seeds (below)." if pending else "."),
+        + (f"; {len(pending)} more await a run with {MIN_SEEDS} seeds (below)." if pending else ".")
+        + " " + _kinds_line(entries),
         "",
-        "| model | paper | claim | better | ours | baseline | margin | test | verdict | why | budget | larger budgets "
-        "| measured at | command |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "A claim's *kind* says what its verdict is evidence of: a **reproduction** tests the paper's claim; an "
+        "**implementation check** tests that the implementation behaves as the paper's mechanism must (its kind "
+        "column says why a strict reader would not count it as a reproduction). `qkv reproduce ID` reruns one "
+        "claim's command at HEAD; `qkv reproduce --list` lists them with their estimated minutes.",
+        "",
+        "| model | paper | claim | kind | better | ours | baseline | margin | test | verdict | why | budget "
+        "| larger budgets | measured at | command |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for e in entries:
         n = f"(n={e['seeds']}" + (", deterministic)" if e.get("deterministic") else ")")
         measured = ("unknown commit" if e["commit"] == UNKNOWN else f"{e['commit'][:10]}, {e['date']}") + \
-            (" (uncommitted changes)" if e.get("dirty") else "")
+            (f", {e['machine']}" if e.get("machine") else "") + (" (uncommitted changes)" if e.get("dirty") else "")
         lines.append("| " + " | ".join(_cell(c) for c in (
-            e["model"], e["paper"], e["claim"], e["better"], f"{fmt(e['ours'])} {n}",
+            e["model"], e["paper"], e["claim"], kind_text(e), e["better"], f"{fmt(e['ours'])} {n}",
             fmt(e["baseline"]) + ("" if len(e["baseline"]) > 1 else " (fixed)"),
             f"{e['margin']:g}" if e["margin"] else "—", _decided(e), f"**{e['verdict']}**", e["why"], e["budget"],
             _curve(e.get("curve", []), e.get("commit")), measured, f"`{e['command']}`")) + " |")
@@ -748,9 +922,15 @@ def summary(entries: Sequence[Mapping[str, Any]], pending: Sequence[Mapping[str,
     why_stale = {e["id"]: stale(e, root) for e in entries}
     why_stale = {k: v for k, v in why_stale.items() if v}
     fresh = [e for e in entries if e["id"] not in why_stale]
+    by_kind = {kind: {"listed": sum(e.get("kind", KINDS[0]) == kind for e in entries),
+                      "reproduced": sum(e["verdict"] == "reproduced" and e.get("kind", KINDS[0]) == kind for e in fresh),
+                      "not_reproduced": sum(e["verdict"] != "reproduced" and e.get("kind", KINDS[0]) == kind
+                                            for e in fresh),
+                      "stale": sum(e.get("kind", KINDS[0]) == kind for e in entries if e["id"] in why_stale)}
+               for kind in KINDS}
     return {"listed": len(entries), "reproduced": sum(e["verdict"] == "reproduced" for e in fresh),
             "not_reproduced": sum(e["verdict"] != "reproduced" for e in fresh), "stale": why_stale,
-            "pending": len(pending)}
+            "pending": len(pending), "by_kind": by_kind}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -767,6 +947,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"stale: {cid}: {why}", file=sys.stderr)
         print(f"{s['listed']} claims listed: {s['reproduced']} reproduced and current, {s['not_reproduced']} not "
               f"reproduced and current, {len(s['stale'])} stale (rerun before they count); {s['pending']} pending")
+        for kind, name in zip(KINDS, ("reproductions", "implementation checks")):
+            k = s["by_kind"][kind]
+            print(f"  {name}: {k['listed']} listed, {k['reproduced']} reproduced and current, {k['not_reproduced']} "
+                  f"not reproduced and current, {k['stale']} stale")
         return 1 if problems or s["stale"] else 0
     for e in load(CLAIMS):
         check_claim(e)

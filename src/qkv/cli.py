@@ -1,4 +1,4 @@
-"""The ``qkv`` command: list, data, train, eval, generate, translate, viz, export, bench.
+"""The ``qkv`` command: list, data, train, eval, generate, translate, viz, export, bench, reproduce.
 
 A thin face over the library: each command parses its arguments, calls ``qkv.runs`` (a run's
 settings, directory, training and evaluation; its docstring describes the run directory, where a
@@ -398,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     _viz_parser(sub)
     _export_parser(sub)
     _bench_parser(sub)
+    _reproduce_parser(sub)
     return parser
 
 
@@ -533,6 +534,43 @@ def _bench_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (qkv bench --help)", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=lambda a: _run_bench(a.rest))
+
+def _reproduce_parser(sub: argparse._SubParsersAction) -> None:
+    """`qkv reproduce ID [--seeds N] [--dry-run]` / `qkv reproduce --list`."""
+    p = sub.add_parser("reproduce", help="rerun one paper claim of docs/reproductions/claims.json at HEAD",
+                       description="Rerun one claim's recorded command (a source checkout's benchmarks/) and print "
+                                   "the new verdict beside the recorded one. Example: qkv reproduce "
+                                   "performer-orthogonal --dry-run")
+    p.add_argument("id", nargs="?", help="the claim (qkv reproduce --list lists them)")
+    p.add_argument("--list", action="store_true", help="list every claim: id, kind, status, seeds, estimated minutes, "
+                                                       "paper, budget")
+    p.add_argument("--seeds", type=_positive_int, default=None,
+                   help="seeds to run (default: as recorded); fewer than recorded runs in a scratch copy and writes "
+                        "nothing")
+    p.add_argument("--dry-run", action="store_true", help="print what would run and where it would write")
+    p.set_defaults(func=_cmd_reproduce)
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "benchmarks" / "reproduce.py").is_file():
+        raise CLIError(f"qkv reproduce needs a source checkout of qkv (benchmarks/reproduce.py); none at {root}")
+    if args.list == (args.id is not None):
+        raise CLIError("give a claim id or --list (qkv reproduce --list lists the claims)")
+    spec = importlib.util.spec_from_file_location("qkv_reproduce", root / "benchmarks" / "reproduce.py")
+    reproduce = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reproduce)
+    if args.list:
+        print("\n".join(reproduce.listing(root)))
+        return 0
+    plan = reproduce.plan(reproduce.find(reproduce.load(root), args.id), args.seeds)
+    if args.dry_run:
+        print("\n".join(reproduce.describe(plan, root)))
+        return 0
+    return reproduce.run(plan, root)
+
 
 def _run_bench(argv: List[str]) -> int:
     """``qkv bench ARGS``: qkv.bench.main, with ``--threads`` defaulting to the physical cores, or

@@ -5,7 +5,8 @@
 - ``llama``: Llama, Mistral, Qwen2 and Qwen3 checkpoints in and out of qkv's ``Llama`` (a family of ``checkpoints``);
 - ``attention``: qkv's kernels inside any transformers model, as ``attn_implementation="qkv-<kernel>"``;
 - ``pretrained``: a run started from a pretrained checkpoint (``qkv train ... --init DIR``);
-- ``export``: a finished run as a folder transformers' pipelines load (``qkv export``).
+- ``export``: a finished run as a folder transformers' pipelines load (``qkv export``);
+- ``gguf``: llama.cpp's GGUF files read as transformers Llama checkpoints (``qkv data fetch smollm2``).
 
 It sits on the top floor with the other faces (``runs``, ``cli``): ``export`` reads runs, and
 ``checkpoints`` builds qkv's models; ``QKVModel.from_pretrained`` finds the checkpoint format in
@@ -17,3 +18,4 @@ tokenizers are imported when used). The old paths ``qkv.integrations.huggingface
 
 from . import checkpoints  # noqa: F401  (registers the "huggingface" checkpoint format)
 from . import llama  # noqa: F401  (registers the Llama family: llama, mistral, qwen2, qwen3)
+from . import gguf  # noqa: F401  (registers the conversion `qkv data fetch smollm2` ends with)

