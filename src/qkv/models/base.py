@@ -381,7 +381,8 @@ class QKVModel(nn.Module):
                         **overrides: Any) -> "QKVModel":
         """Load a model written by ``save_pretrained`` (any registered model when called on
         ``QKVModel``; this class otherwise), or a Hugging Face checkpoint of an architecture qkv
-        represents (``bert``, ``gpt2``: ``qkv/hf/checkpoints.py``). ``overrides``:
+        represents (``bert``, ``gpt2``, ``llama``, ...: ``qkv/hf/checkpoints.py``), or a llama.cpp
+        ``.gguf`` file (``qkv/hf/llama.py``: de-quantized to float32, in memory). ``overrides``:
         config fields that do not change the weights' shapes (e.g. ``attention="window",
         attention_kwargs={"radius": 16}``, ``dropout``).
 
@@ -395,12 +396,12 @@ class QKVModel(nn.Module):
         printed as one line by ``qkv``) naming the file and the field or tensor; nothing is unpickled.
         A directory whose save was killed mid-swap is finished first (``qkv._io.settle_directory``)."""
         directory = settle_directory(directory)  # a save killed mid-swap: finish it
-        if not directory.is_dir():
-            raise FileNotFoundError(f"{directory} is not a model directory (config.json + model.safetensors, written by "
-                                    f"save_pretrained or a Hugging Face checkpoint)")
-        for reader in CHECKPOINT_FORMATS.values():  # another library's checkpoint (e.g. Hugging Face)
+        for reader in CHECKPOINT_FORMATS.values():  # another library's checkpoint (Hugging Face; a GGUF file)
             if reader.recognizes(directory):
                 return reader.load(None if cls is QKVModel else cls, directory, map_location, **overrides)
+        if not directory.is_dir():
+            raise FileNotFoundError(f"{directory} is not a model directory (config.json + model.safetensors, written by "
+                                    f"save_pretrained or a Hugging Face checkpoint) nor a checkpoint file (.gguf)")
         config_path = directory / "config.json"
         meta = read_model_config(directory)  # the sizes are checked (from_config) before the weights are read
         if isinstance(meta.get("config"), dict) and "model" in meta:

