@@ -1,12 +1,13 @@
 """The real SmolLM2-135M-Instruct (``qkv data fetch smollm2``) running in qkv's ``Llama``, against
-transformers' ``LlamaForCausalLM`` on the same weights: logits over 256 tokens of Shakespeare,
+transformers' ``LlamaForCausalLM`` on the same weights: logits over 256 tokens of Shakespeare
+(within 1e-4 with the same matrix product on both sides; qkv's oneDNN products sum in another order),
 greedy generation with the per-key/value-head cache (a plain prompt and the chat template), a
-left-padded batch, the GGUF file read in place, and the ``window`` kernel at a radius past the text
-equal to softmax. Each model is loaded once per module; skipped when the checkpoint is not cached.
+left-padded batch, and the ``window`` kernel at a radius past the text equal to softmax. Each model is loaded once per module; skipped when the checkpoint is not cached.
 
 The run path (``qkv train llama --task shakespeare-char --init DIR``, then ``qkv eval`` and
 ``qkv generate --prompt``) is tested on a tiny transformers Llama with a byte-level BPE tokenizer
-written here, so it runs everywhere.
+written here, and ``from_pretrained`` on a GGUF file on the reader tests' tiny one, so they run
+everywhere.
 """
 
 from __future__ import annotations
@@ -107,6 +108,32 @@ def test_train_llama_init_from_a_checkpoint_then_eval_and_generate(tmp_path, sha
     assert capsys.readouterr().out.strip().splitlines()[-1] == tok.decode(expected[0])
 
 
+def test_from_pretrained_reads_a_gguf_file_in_place(tmp_path):
+    pytest.importorskip("gguf")
+    from test_smollm2_gguf import write_tiny_gguf  # the tiny llama GGUF of the reader's tests (tests/integrations)
+
+    from qkv import UserError
+    from qkv.models.base import QKVModel
+    from qkv.hf.gguf import read_gguf
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    model = Llama.from_pretrained(path, attention="window", attention_kwargs={"radius": 3})
+    config, state_dict, _ = read_gguf(path)
+    expected = Llama.from_hf(config, state_dict)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]  # nothing written beside it
+    assert model.config.attention == "window" and model.config.n_kv_heads == 2
+    for name, tensor in expected.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    assert type(QKVModel.from_pretrained(path)) is Llama
+    with pytest.raises(ValueError, match="qkv reads GGUF files but writes none"):
+        model.save_pretrained(tmp_path / "out", format="gguf")
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all")
+    with pytest.raises(UserError, match="bad.gguf"):
+        Llama.from_pretrained(tmp_path / "bad.gguf")
+    with pytest.raises(FileNotFoundError, match="nor a checkpoint file"):
+        Llama.from_pretrained(tmp_path / "missing.gguf")
+
+
 def test_shakespeare_char_refuses_a_checkpoint_tokenizer_that_is_not_there(shakespeare_cache, tmp_path):
     from qkv.tasks.lm import ShakespeareChar
 
@@ -154,10 +181,17 @@ def test_logits_equal_transformers_over_256_tokens_of_shakespeare(ours, theirs, 
     assert ids.shape == (1, 256)
     hf_tok = transformers.AutoTokenizer.from_pretrained(data.smollm2_dir())
     assert hf_tok(tok.decode(ids[0])).input_ids == ids[0].tolist()  # qkv's tokenizer is the checkpoint's
-    with torch.no_grad():
-        got, expected = ours(ids).logits, theirs(ids).logits
+    was = torch.backends.mkldnn.enabled
+    try:  # the same matrix product on both sides (qkv's CPU inference products go through oneDNN, qkv._linear)
+        torch.backends.mkldnn.enabled = False
+        with torch.no_grad():
+            got, expected = ours(ids).logits, theirs(ids).logits
+    finally:
+        torch.backends.mkldnn.enabled = was
     assert (got - expected).abs().max().item() <= 1e-4
-    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.99
+    assert (got.argmax(-1) == expected.argmax(-1)).all()
+    with torch.no_grad():  # through oneDNN: another summation order, the same logits to 1e-5 of their scale
+        assert (ours(ids).logits - expected).abs().max() <= 1e-5 * expected.abs().max()
 
 
 @needs_smollm2
@@ -167,7 +201,7 @@ def test_greedy_50_tokens_equal_transformers(ours, theirs, tok, chat):
     expected = theirs.generate(ids, max_new_tokens=50, do_sample=False, eos_token_id=IM_END, pad_token_id=IM_END)
     got = ours.generate(ids, max_new_tokens=50, temperature=0, eos_token_id=IM_END)
     assert got.tolist() == expected.tolist()
-    assert ("Paris" in tok.decode(got[0, ids.shape[1]:])) and (got.shape[1] < ids.shape[1] + 50) == chat
+    assert "Paris" in tok.decode(got[0, ids.shape[1]:])
     state = ours(ids, return_state=True).state  # the cache holds the 3 key/value heads, not the 9 query heads
     assert tuple(state.layers[0].self_attn.key.shape) == (1, 3, ids.shape[1], 64)
 
@@ -185,13 +219,6 @@ def test_left_padded_batch_generates_each_prompt_as_alone(ours, tok):
         assert row[L:].tolist() == alone[0, len(r):].tolist()
 
 
-@needs_smollm2
-def test_the_gguf_file_reads_as_the_converted_directory(ours):
-    from_file = Llama.from_pretrained(data.smollm2_gguf())
-    assert from_file.config == ours.config
-    mine = ours.state_dict()
-    for name, tensor in from_file.state_dict().items():
-        assert torch.equal(tensor, mine[name]), name
 
 
 @needs_smollm2

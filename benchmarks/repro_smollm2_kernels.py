@@ -1,0 +1,186 @@
+"""Reproduce docs/reproductions/smollm2-kernels.md: qkv's causal kernels inside a real pretrained
+language model, with no training.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/repro_smollm2_kernels.py --windows 2 --window 128   # the page's run
+    PYTHONPATH=src .venv/bin/python benchmarks/repro_smollm2_kernels.py --quick                     # a smoke run
+
+SmolLM2-135M-Instruct (``qkv data fetch smollm2``) is read by ``Llama.from_pretrained(dir,
+attention=NAME, attention_kwargs=KNOBS)`` once per registered causal kernel (``qkv.list_attention``,
+``supports_causal``): the same pretrained weights, only the attention between the projections
+swapped (the efficient-attention papers' "swap into a pretrained model without fine-tuning"
+setting: Choromanski et al. 2020; Kasai et al. 2021). Each model scores the same fixed Shakespeare
+slice (the test split of ``shakespeare-char``, ``--windows`` consecutive windows of ``--window``
+tokens, each window read afresh, ``qkv.bench.models.window_nll``); reported: the per-token
+perplexity, its ratio to softmax's, and the wall time. A kernel that draws random features
+(``performer``, ``lsh``) is run once per ``--seeds`` (mean and spread). A kernel that cannot take
+the pretrained attention weights (learned parameters of its own: ``relative``, ``adaptive-span``)
+is listed with ``from_pretrained``'s reason. ``window`` at a radius past the window length is
+softmax exactly (the first row checks it: the same perplexity).
+
+Knobs are set from the window length ``W``: a local radius / block / stride of ``W / 8``,
+``fixed``'s summary columns ``c = W / 32``, Performer's ``4 d_head`` random features, LSH with
+buckets of ``W / 8`` and 2 rounds (queries and keys separate: a pretrained model has both).
+
+``--quick`` scores 2 windows of 32 tokens with one seed and writes to a temporary folder, never
+to docs/reproductions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _repro import smoke_dir  # noqa: E402
+
+import qkv  # noqa: E402
+from qkv.bench import common  # noqa: E402
+from qkv.bench.models import heldout_text, window_nll  # noqa: E402
+from qkv.models import Llama  # noqa: E402
+from qkv.registry import lookup  # noqa: E402
+from qkv.tasks import data  # noqa: E402
+from qkv.tasks.pretrained_vocab import CheckpointTokenizer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs" / "reproductions"
+#: kernels that draw random numbers: one run per seed
+SEEDED = ("performer", "lsh")
+
+
+def causal_kernels() -> List[str]:
+    """Every registered kernel that can attend causally, softmax first."""
+    found = [n for n in qkv.list_attention() if lookup("attention", n).supports_causal]
+    return sorted(found, key=lambda n: n != "softmax")
+
+
+def knobs(name: str, window: int, d_head: int) -> Dict[str, Any]:
+    """The kernel's settings for windows of ``window`` tokens (module docstring)."""
+    local = max(1, window // 8)
+    return {"window": {"radius": local}, "local-1d": {"block": local, "memory": local},
+            "local-2d": {"block": (max(1, local // 4), 4)}, "strided": {"stride": local},
+            "fixed": {"stride": local, "c": max(1, window // 32)}, "performer": {"nb_features": 4 * d_head},
+            "lsh": {"shared_qk": False, "bucket_size": local, "n_rounds": 2}}.get(name, {})
+
+
+def load(checkpoint: Path, name: str, kwargs: Dict[str, Any]) -> Llama:
+    """The checkpoint with kernel ``name`` in every layer (transformers' notices silenced)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Llama.from_pretrained(checkpoint, attention=name, attention_kwargs=kwargs).eval()
+
+
+def perplexity(model: Llama, ids: torch.Tensor, window: int) -> float:
+    nll, count = window_nll(lambda x: model(x).logits, ids, window)
+    return math.exp(nll / count)
+
+
+def measure(args: argparse.Namespace) -> Dict[str, Any]:
+    checkpoint = Path(args.checkpoint) if args.checkpoint else data.smollm2_dir()
+    tok = CheckpointTokenizer(checkpoint)
+    text = heldout_text("shakespeare")
+    n = args.windows * args.window + 1
+    ids = torch.tensor(tok.encode(text[: 12 * n]), dtype=torch.long)[:n]
+    if ids.numel() < n:
+        raise SystemExit(f"the held-out Shakespeare has {ids.numel()} tokens, fewer than {n}")
+    rows: List[Dict[str, Any]] = []
+    reference: Optional[float] = None
+    d_head = None
+    plan = [("window", {"radius": args.window}, "radius = window length: softmax exactly")]
+    plan = [("softmax", {}, "")] + plan + [(k, None, "") for k in causal_kernels() if k != "softmax"]
+    for name, given, note in plan:
+        seeds = args.seeds if name in SEEDED else [None]
+        values, seconds, refused = [], [], None
+        for seed in seeds:
+            if d_head is None:
+                d_head = load(checkpoint, "softmax", {}).config.head_size()
+            kwargs = dict(given) if given is not None else knobs(name, args.window, d_head)
+            if seed is not None:
+                kwargs["seed"] = seed
+                torch.manual_seed(seed)
+            try:
+                model = load(checkpoint, name, kwargs)
+            except ValueError as err:  # a kernel that cannot take the pretrained weights: its reason
+                refused = str(err).splitlines()[0]
+                break
+            start = time.perf_counter()
+            with torch.no_grad():
+                values.append(perplexity(model, ids, args.window))
+            seconds.append(time.perf_counter() - start)
+        if refused is not None:
+            rows.append({"kernel": name, "knobs": kwargs, "refused": refused})
+            print(f"{name}: refused ({refused})", flush=True)
+            continue
+        ppl = statistics.fmean(values)
+        if name == "softmax":
+            reference = ppl
+        row = {"kernel": name, "knobs": kwargs if seeds == [None] else {k: v for k, v in kwargs.items() if k != "seed"},
+               "seeds": [s for s in seeds if s is not None], "perplexity": values, "mean": ppl,
+               "std": statistics.stdev(values) if len(values) > 1 else 0.0, "ratio": ppl / reference,
+               "seconds": statistics.fmean(seconds), "note": note}
+        rows.append(row)
+        print(f"{name} {row['knobs']}: perplexity {ppl:.3f} (x{row['ratio']:.3f} softmax), {row['seconds']:.1f} s",
+              flush=True)
+    return {"checkpoint": "SmolLM2-135M-Instruct (qkv data fetch smollm2, float32)", "windows": args.windows,
+            "window": args.window, "tokens": args.windows * args.window, "text": "shakespeare-char's test split",
+            "seeds": args.seeds, "threads": args.threads, "rows": rows}
+
+
+def page(results: Dict[str, Any], command: str, machine: Dict[str, Any]) -> str:
+    table = common.markdown_table(
+        ["kernel", "knobs", "perplexity", "/ softmax", "seconds", "note"],
+        [[r["kernel"], json.dumps(r["knobs"]), "refused" if "refused" in r else
+          (f"{r['mean']:.3f}" + (f" ± {r['std']:.3f} ({len(r['seeds'])} seeds)" if r.get("seeds") else "")),
+          "" if "refused" in r else f"{r['ratio']:.3f}", "" if "refused" in r else f"{r['seconds']:.1f}",
+          r.get("refused", r.get("note", ""))] for r in results["rows"]])
+    return "\n".join([
+        "# qkv's causal kernels in SmolLM2-135M, no training", "",
+        "Each registered causal kernel replaces softmax in every layer of the real pretrained SmolLM2-135M-Instruct "
+        "(`Llama.from_pretrained(dir, attention=NAME, attention_kwargs=KNOBS)`; the weights untouched), which then "
+        f"scores the same held-out Shakespeare: {results['windows']} window(s) of {results['window']} tokens of "
+        f"{results['text']} ({results['tokens']} tokens), each window read afresh. Perplexity is per SmolLM2 token; "
+        "'/ softmax' is the ratio to the unchanged model's. Kernels with random features are run once per seed "
+        "(mean ± standard deviation). `window` with a radius of the window length sees every earlier token: it is "
+        "softmax, and its row must equal softmax's.", "",
+        f"Run: `{command}` on {common.machine_line(machine)}, {results['date']}.", "",
+        table, "",
+        "The full size (the lead's run, about an hour of one core): `PYTHONPATH=src .venv/bin/python "
+        "benchmarks/repro_smollm2_kernels.py --windows 16 --window 1024 --seeds 0 1 2 --threads 1`.", ""])
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", default=None, help="the SmolLM2 directory (default: qkv data fetch smollm2)")
+    p.add_argument("--windows", type=int, default=16, help="consecutive windows of the held-out slice")
+    p.add_argument("--window", type=int, default=1024, help="tokens per window")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the kernels with random features")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="2 windows of 32 tokens, one seed, into a temporary folder")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.windows, args.window, args.seeds = 2, 32, args.seeds[:1]
+    for flag, value in (("--windows", args.windows), ("--window", args.window), ("--threads", args.threads)):
+        if value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
+    torch.set_num_threads(args.threads)
+    out = smoke_dir("smollm2-kernels") if args.quick else DOCS
+    command = "PYTHONPATH=src .venv/bin/python benchmarks/repro_smollm2_kernels.py " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    machine = common.describe_machine(torch.device("cpu"))
+    results = {**measure(args), "date": common.now_iso(), "command": command.strip()}
+    common.write_json(out / "smollm2-kernels.json", {**results, "machine": machine})
+    (out / "smollm2-kernels.md").write_text(page(results, command.strip(), machine), encoding="utf-8")
+    print(f"written to {out}/smollm2-kernels.md", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
