@@ -12,14 +12,15 @@ setting: Choromanski et al. 2020; Kasai et al. 2021). Each model scores the same
 slice (the test split of ``shakespeare-char``, ``--windows`` consecutive windows of ``--window``
 tokens, each window read afresh, ``qkv.bench.models.window_nll``); reported: the per-token
 perplexity, its ratio to softmax's, and the wall time. A kernel that draws random features
-(``performer``, ``lsh``) is run once per ``--seeds`` (mean and spread). A kernel that cannot take
-the pretrained attention weights (learned parameters of its own: ``relative``, ``adaptive-span``)
-is listed with ``from_pretrained``'s reason. ``window`` at a radius past the window length is
+(``performer``) is run once per ``--seeds`` (mean and spread). A kernel that cannot take the
+pretrained attention weights (learned parameters of its own: ``relative``, ``adaptive-span``;
+causal LSH shares queries and keys, and a pretrained model has separate key weights) is listed
+with ``from_pretrained``'s reason. ``window`` at a radius past the window length is
 softmax exactly (the first row checks it: the same perplexity).
 
-Knobs are set from the window length ``W``: a local radius / block / stride of ``W / 8``,
-``fixed``'s summary columns ``c = W / 32``, Performer's ``4 d_head`` random features, LSH with
-buckets of ``W / 8`` and 2 rounds (queries and keys separate: a pretrained model has both).
+Knobs are each kernel's own for a context of the window length (``default_knobs(W, heads,
+d_head)``: e.g. a local radius of ``W / 8``, ``sqrt(W)`` strides, Performer's
+``d log d`` features).
 
 ``--quick`` scores 2 windows of 32 tokens with one seed and writes to a temporary folder, never
 to docs/reproductions.
@@ -62,13 +63,11 @@ def causal_kernels() -> List[str]:
     return sorted(found, key=lambda n: n != "softmax")
 
 
-def knobs(name: str, window: int, d_head: int) -> Dict[str, Any]:
-    """The kernel's settings for windows of ``window`` tokens (module docstring)."""
-    local = max(1, window // 8)
-    return {"window": {"radius": local}, "local-1d": {"block": local, "memory": local},
-            "local-2d": {"block": (max(1, local // 4), 4)}, "strided": {"stride": local},
-            "fixed": {"stride": local, "c": max(1, window // 32)}, "performer": {"nb_features": 4 * d_head},
-            "lsh": {"shared_qk": False, "bucket_size": local, "n_rounds": 2}}.get(name, {})
+def knobs(name: str, window: int, n_heads: int, d_head: int) -> Dict[str, Any]:
+    """The kernel's own settings for a context of ``window`` tokens (``default_knobs``), without
+    the shape ``MultiHeadAttention`` fills in."""
+    found = lookup("attention", name).default_knobs(window, n_heads, d_head)
+    return {k: v for k, v in found.items() if k not in ("n_heads", "head_dim", "d_head")}
 
 
 def load(checkpoint: Path, name: str, kwargs: Dict[str, Any]) -> Llama:
@@ -93,22 +92,23 @@ def measure(args: argparse.Namespace) -> Dict[str, Any]:
         raise SystemExit(f"the held-out Shakespeare has {ids.numel()} tokens, fewer than {n}")
     rows: List[Dict[str, Any]] = []
     reference: Optional[float] = None
-    d_head = None
+    shape = None
     plan = [("window", {"radius": args.window}, "radius = window length: softmax exactly")]
     plan = [("softmax", {}, "")] + plan + [(k, None, "") for k in causal_kernels() if k != "softmax"]
     for name, given, note in plan:
         seeds = args.seeds if name in SEEDED else [None]
         values, seconds, refused = [], [], None
         for seed in seeds:
-            if d_head is None:
-                d_head = load(checkpoint, "softmax", {}).config.head_size()
-            kwargs = dict(given) if given is not None else knobs(name, args.window, d_head)
+            if shape is None:
+                config = load(checkpoint, "softmax", {}).config
+                shape = (config.n_heads, config.head_size())
+            kwargs = dict(given) if given is not None else knobs(name, args.window, *shape)
             if seed is not None:
                 kwargs["seed"] = seed
                 torch.manual_seed(seed)
             try:
                 model = load(checkpoint, name, kwargs)
-            except ValueError as err:  # a kernel that cannot take the pretrained weights: its reason
+            except (ValueError, TypeError) as err:  # a kernel that cannot take the pretrained weights: its reason
                 refused = str(err).splitlines()[0]
                 break
             start = time.perf_counter()
@@ -152,7 +152,7 @@ def page(results: Dict[str, Any], command: str, machine: Dict[str, Any]) -> str:
         "softmax, and its row must equal softmax's.", "",
         f"Run: `{command}` on {common.machine_line(machine)}, {results['date']}.", "",
         table, "",
-        "The full size (the lead's run, about an hour of one core): `PYTHONPATH=src .venv/bin/python "
+        "The full size (the lead's run; roughly half an hour of one idle core): `PYTHONPATH=src .venv/bin/python "
         "benchmarks/repro_smollm2_kernels.py --windows 16 --window 1024 --seeds 0 1 2 --threads 1`.", ""])
 
 
