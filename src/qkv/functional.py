@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _checks
+from . import _checks, _chunkwise
 from .types import AttentionOutput
 
-__all__ = ["masked_softmax", "scaled_scores", "attend", "nadaraya_watson", "dot_score", "scaled_dot_score", "cosine_score"]
+__all__ = ["masked_softmax", "scaled_scores", "attend", "nadaraya_watson", "dot_score", "scaled_dot_score", "cosine_score",
+           "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
 
 ScoreFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -163,3 +164,99 @@ def nadaraya_watson(
     else:
         output = weights @ y_values  # (..., M, Dv)
     return AttentionOutput(output, weights, None)
+
+
+# ----------------------------------------------------------------------------- the gated delta rule, fla's signatures
+
+
+def chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: Optional[float] = None,
+                           initial_state: Optional[Tensor] = None, output_final_state: bool = False,
+                           use_qk_l2norm_in_kernel: bool = False, cu_seqlens: Optional[Tensor] = None,
+                           chunk_size: int = 64) -> tuple[Tensor, Optional[Tensor]]:
+    """The gated delta rule (Yang et al. 2024, Gated DeltaNet; the attention of Qwen3-Next) in its
+    chunkwise form, with fla's signature and layout — a drop-in for ``fla.ops.gated_delta_rule.
+    chunk_gated_delta_rule`` and transformers' ``torch_chunk_gated_delta_rule`` (qkv's engine,
+    ``qkv/_chunkwise.py``: the UT transform batched over every chunk, one linear scan over chunks).
+
+    ``S_t = exp(g_t) S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``, ``o_t = S_t (scale q_t)``.
+
+    Args:
+        q, k: ``(B, T, H, K)``; v: ``(B, T, Hv, V)``, ``Hv`` a multiple of ``H`` (each query/key head
+            serves ``Hv / H`` consecutive value heads, as transformers).
+        g: ``(B, T, Hv)``, the log of the decay: finite, ``<= 0``. beta: ``(B, T, Hv)`` in ``[0, 1]``.
+        scale: the queries' factor (default ``K^{-1/2}``, applied after the L2 norm).
+        initial_state: ``(B, Hv, K, V)`` — fla's and transformers' layout, the transpose of the
+            paper's ``d_v x d_k`` state that qkv keeps inside.
+        output_final_state: also return the state after the last token, ``(B, Hv, K, V)``.
+        use_qk_l2norm_in_kernel: L2-normalise q and k first (``x / sqrt(|x|^2 + 1e-6)``, fla's).
+        cu_seqlens: ``(n + 1,)`` document offsets of a packed batch (``B = 1``): the state restarts
+            at each document (not with ``initial_state`` or ``output_final_state``: fla's per-document
+            states are not kept).
+        chunk_size: positions per chunk (the result is the same to rounding).
+    Returns:
+        ``(o (B, T, Hv, V)`` in q's dtype, the final state ``(B, Hv, K, V)`` or None``); computed in
+        float32 for half inputs (float64 stays float64), the state in that precision.
+    """
+    return _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                             cu_seqlens, _checks.positive_int("chunk_size", chunk_size))
+
+
+def fused_recurrent_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                                     scale: Optional[float] = None, initial_state: Optional[Tensor] = None,
+                                     output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                                     cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
+    """:func:`chunk_gated_delta_rule` one token at a time (decoding; fla's ``fused_recurrent_gated_delta_rule``,
+    transformers' ``torch_recurrent_gated_delta_rule``): the same arguments but ``chunk_size``, the same results."""
+    return _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                             cu_seqlens, None)
+
+
+def _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
+                      chunk_size: Optional[int]) -> tuple[Tensor, Optional[Tensor]]:
+    """Both drop-ins: checks at the boundary, fla's layout to the engine's and back."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _checks.tensor(name, x, ndim=4, floating=True)
+    B, T, H, K = k.shape
+    Hv, V = v.shape[-2:]
+    if tuple(q.shape) != (B, T, H, K):
+        raise ValueError(f"q must have k's shape (B, T, H, K) = {(B, T, H, K)}, got {tuple(q.shape)}")
+    if tuple(v.shape[:2]) != (B, T):
+        raise ValueError(f"v must be (B, T, Hv, V) with (B, T) = {(B, T)} of q and k, got {tuple(v.shape)}")
+    if H == 0 or Hv % H:
+        raise ValueError(f"v's heads ({Hv}) must be a multiple of q's and k's heads ({H})")
+    _chunkwise.check_gates(g, beta, ((B, T, Hv),), (B, T, Hv))
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0):
+        raise ValueError(f"scale must be a float > 0 or None (K^-1/2), got {scale!r}")
+    if initial_state is not None:
+        _checks.tensor("initial_state", initial_state, ndim=4, floating=True)
+        if tuple(initial_state.shape) != (B, Hv, K, V):
+            raise ValueError(f"initial_state must have shape (B, Hv, K, V) = {(B, Hv, K, V)}, got {tuple(initial_state.shape)}")
+    resets = None
+    if cu_seqlens is not None:
+        _checks.tensor("cu_seqlens", cu_seqlens, ndim=1)
+        if cu_seqlens.is_floating_point() or B != 1 or cu_seqlens.numel() < 2:
+            raise ValueError(f"cu_seqlens must be integer offsets [0, ..., T] of the documents packed in one row "
+                             f"(B = 1), got dtype {cu_seqlens.dtype}, {cu_seqlens.numel()} offsets for B = {B}")
+        if not torch.compiler.is_compiling() and (int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != T
+                                                  or bool((cu_seqlens[1:] < cu_seqlens[:-1]).any())):
+            raise ValueError(f"cu_seqlens must rise from 0 to T = {T}, got {cu_seqlens.tolist()}")
+        if initial_state is not None or output_final_state:
+            raise ValueError("cu_seqlens with initial_state or output_final_state: the states of each packed "
+                             "document are not kept; pass the documents as a batch instead")
+        resets = _chunkwise.resets_from_cu_seqlens(cu_seqlens, T)
+    out_dtype = q.dtype
+    acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    heads = lambda x: x.transpose(1, 2).to(acc)  # (B, T, H, *) -> (B, H, T, *)
+    q, k, v, g, beta = heads(q), heads(k), heads(v), g.transpose(1, 2).to(acc), beta.transpose(1, 2).to(acc)
+    if Hv != H:
+        q, k = q.repeat_interleave(Hv // H, dim=1), k.repeat_interleave(Hv // H, dim=1)  # (B, Hv, T, K)
+    if use_qk_l2norm:
+        q, k = _chunkwise.l2_normalize(q), _chunkwise.l2_normalize(k)
+    q = q * (K ** -0.5 if scale is None else float(scale))
+    S0 = None if initial_state is None else initial_state.to(acc).transpose(-1, -2)  # (B, Hv, V, K): the paper's S
+    if chunk_size is None:
+        o, S = _chunkwise.recurrent(q, k, v, g, beta, delta=True, state=S0, resets=resets)
+    else:
+        o, S = _chunkwise.chunkwise(q, k, v, g, beta, delta=True, state=S0, resets=resets, chunk_size=chunk_size)
+    out = o.transpose(1, 2).to(out_dtype).contiguous()  # (B, T, Hv, V)
+    return out, (S.transpose(-1, -2).contiguous() if output_final_state else None)  # (B, Hv, K, V)

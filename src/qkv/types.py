@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, Optional
 
 from torch import Tensor
 
-__all__ = ["AttentionOutput", "KVCache", "LinearState"]
+__all__ = ["AttentionOutput", "KVCache", "LinearState", "RecurrentState"]
 
 
 class AttentionOutput(NamedTuple):
@@ -67,4 +67,22 @@ class LinearState:
     Z: Tensor
     length: int = 0
     log_scale: Optional[Tensor] = None
+    summed: Optional[Tensor] = None
+
+
+@dataclass(frozen=True)
+class RecurrentState:
+    """The state of linear attention's gated and delta-rule descendants (``attention/gated_linear.py``:
+    retention, gla, deltanet, gated-deltanet; the recurrence in ``qkv/_chunkwise.py``).
+
+    S: ``(B, H, Ev, E)`` — the papers' layout, ``d_v x d_k``, ``o_t = S_t q_t`` (fla and transformers
+        keep the transpose ``(B, H, E, Ev)``; ``qkv.functional``'s drop-ins convert).
+    length: number of key positions fed (masks passed later cover these plus the new keys).
+    summed: ``(B|1, H|1, length)`` bool or None: which keys were written (a key masked when it was
+        fed was skipped); None when every key was. A later mask over them must say the same.
+    S is float32 for half-precision inputs.
+    """
+
+    S: Tensor
+    length: int = 0
     summed: Optional[Tensor] = None

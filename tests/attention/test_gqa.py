@@ -41,6 +41,8 @@ def grouped_and_full(name, causal, n_kv_heads=G, **kw):
             theirs.weight.copy_(repeated(ours.weight, n_kv_heads, H))
             theirs.bias.copy_(repeated(ours.bias, n_kv_heads, H))
         full.kernel.load_state_dict(grouped.kernel.state_dict())
+        if grouped.gates is not None:  # a gated kernel's gate projections (GLA, DeltaNet) read the tokens, not the heads
+            full.gates.load_state_dict(grouped.gates.state_dict())
     return grouped.eval(), full.eval()
 
 
@@ -182,3 +184,36 @@ def test_literal_llama_attention_with_qk_norm_and_rotary():
         mha(x, torch.randn(1, 3, 8, dtype=torch.float64))
     with pytest.raises(ValueError, match="no rotary embedding"):
         MultiHeadAttention(8, 2)(x.float(), positions=positions)
+
+
+def test_grouped_projections_are_packed_and_fused_in_inference():
+    """q (H E rows), k and v (G E rows each) lie in one buffer; without gradients one product
+    computes all three, with the same result as three."""
+    mha = MultiHeadAttention(16, 4, causal=True, n_kv_heads=2).eval()
+    q, k, v = mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight
+    assert k.data_ptr() == q.data_ptr() + q.numel() * q.element_size()
+    assert v.data_ptr() == k.data_ptr() + k.numel() * k.element_size()
+    x = torch.randn(2, 9, 16)
+    with torch.no_grad():
+        fused = mha(x).output
+        assert mha._in_proj(x, (mha.q_proj, mha.k_proj, mha.v_proj))[1].shape == (2, 9, 8)
+    torch.testing.assert_close(fused, mha(x).output, rtol=1e-5, atol=1e-6)  # with gradients: three products
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if lookup("attention", n).grouped_kv])
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_kernels_equal_their_repeated_call(name, causal):
+    """A kernel that takes grouped keys (softmax; linear and performer group the queries) gives what
+    it gives on keys and values repeated to the query heads — weights and a key-padding mask too."""
+    kernel = qkv.build_attention(name, causal=causal, **{**knobs(name, H=6, E=4),
+                                                        **lookup("attention", name).head_kwargs(6, 4)}).double()
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 6, 5, 4, generator=g, dtype=torch.float64)
+    k, v = torch.randn(2, 2, 2, 5, 4, generator=g, dtype=torch.float64).unbind(0)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[0, 1] = False
+    for m in (None, mask):
+        a = kernel(q, k, v, mask=m, need_weights=True)
+        b = kernel(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), mask=m, need_weights=True)
+        torch.testing.assert_close(a.output, b.output, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(a.weights, b.weights, rtol=1e-10, atol=1e-12)

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from qkv._errors import UserError
 from qkv.cli import main
 
 transformers = pytest.importorskip("transformers")
@@ -108,18 +109,34 @@ def test_out_appears_only_complete_and_a_foreign_folder_is_refused(shakespeare_c
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith((".w-out", "w-out"))) == []
 
 
-def test_a_word_vocabulary_is_refused_with_the_reason(byte_data, tmp_path, train_argv, capsys):
-    """bbc-news for BERT without --init builds a word vocabulary split by qkv's own rules: no
-    tokenizers tokenizer reproduces it, so the huggingface format says so; the qkv format works."""
-    run = tmp_path / "run"
+def test_berts_word_vocabulary_exports_and_another_word_split_is_refused(byte_data, tmp_path, train_argv, capsys):
+    """bbc-news for BERT without --init builds BERT's word vocabulary (qkv.tasks.bbc.tokenize's
+    words): it exports as a WordLevel tokenizer whose ids are qkv's, and the pipeline's scores are
+    qkv's. A word vocabulary split by any other rule has no tokenizers counterpart: refused, with
+    the qkv format as the way out."""
+    from qkv import runs
+    from qkv.hf.export import hf_tokenizer
+    from qkv.tasks.vocab import WordVocab
+
+    run, out = tmp_path / "run", tmp_path / "hf"
     tiny = ["--set", "n_layers=1", "--set", "d_model=16", "--set", "n_heads=2", "--set", "d_ff=32",
             "--set", "task.max_len=12", "--threads", "1"]
     assert main(train_argv("bert", "bbc-news", run, *tiny)) == 0, capsys.readouterr().err
-    capsys.readouterr()
-    assert main(["export", str(run), str(tmp_path / "hf")]) == 2
-    err = capsys.readouterr().err
-    assert "a BertVocab splits text by qkv's own rules" in err and "--format qkv" in err
-    assert not (tmp_path / "hf").exists() and not any(p.name.startswith(".hf.") for p in tmp_path.iterdir())
+    assert main(["export", str(run), str(out)]) == 0, capsys.readouterr().err
+    trained = runs.load(run)
+    texts, vocab = _test_texts(4), trained.task.vocab
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    for text in texts + ["Don't STOP: 2,225 shares' rose!\n\nZürich", ""]:
+        assert tok(text)["input_ids"] == [vocab.cls_id, *vocab.encode(text), vocab.sep_id], text
+    pipe = transformers.pipeline("text-classification", model=str(out))
+    for text, scores in zip(texts, pipe(texts, truncation=True, top_k=None)):
+        ids = torch.tensor([[vocab.cls_id, *vocab.encode(text)[:10], vocab.sep_id]])
+        with torch.no_grad():
+            ours = trained.model(ids).logits.softmax(-1)[0]
+        by_name = {s["label"]: s["score"] for s in scores}
+        torch.testing.assert_close(torch.tensor([by_name[n] for n in trained.task.class_names]), ours, atol=1e-5, rtol=0)
+    with pytest.raises(UserError, match="a WordVocab splits text by qkv's own rules.*--format qkv"):
+        hf_tokenizer(WordVocab(["some", "words"], split=lambda text: text.split(",")))
     assert main(["export", str(run), str(tmp_path / "mine"), "--format", "qkv"]) == 0
     assert json.loads((tmp_path / "mine" / "vocab.json").read_text())["type"] == "word"
 

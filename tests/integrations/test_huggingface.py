@@ -68,11 +68,12 @@ def _run(model, impl, ids, mask, **kw):
 
 def test_register_puts_every_fitting_kernel_in_both_interfaces(registered):
     assert {"qkv-softmax", "qkv-window", "qkv-local-1d", "qkv-strided", "qkv-fixed", "qkv-performer", "qkv-linear",
-            "qkv-efficient", "qkv-lsh"} == set(registered)
+            "qkv-efficient", "qkv-lsh", "qkv-retention"} == set(registered)
     assert registered["qkv-lsh"][1]["shared_qk"] is False  # lsh fits encoders without shared QK
     for name in registered:
         assert name in AttentionInterface._global_mapping and name in AttentionMaskInterface._global_mapping
-    for refused in ("qkv-linformer", "qkv-adaptive-span", "qkv-relative", "qkv-local-2d"):
+    for refused in ("qkv-linformer", "qkv-adaptive-span", "qkv-relative", "qkv-local-2d", "qkv-gla", "qkv-deltanet",
+                    "qkv-gated-deltanet"):
         assert refused not in registered  # registered to say why, not to run
         assert AttentionInterface._global_mapping[refused].__name__.startswith("qkv_refused_")
 

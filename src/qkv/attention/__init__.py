@@ -16,6 +16,8 @@ from .local import Local1DAttention, Local2DAttention
 from .sparse import FixedAttention, StridedAttention
 from ..types import LinearState
 from .linear import LinearAttention
+from .gated_linear import (DeltaNetAttention, GatedDeltaNetAttention, GatedLinearAttention, RecurrentState,
+                           RetentionAttention)
 from .performer import PerformerAttention
 from .efficient import EfficientAttention
 from .relative import RelativeAttention
@@ -35,6 +37,7 @@ __all__ = [
     "AdaptiveSpanAttention",
     "LinformerAttention",
     "LSHAttention", "LSHState",
+    "RetentionAttention", "GatedLinearAttention", "DeltaNetAttention", "GatedDeltaNetAttention", "RecurrentState",
 ]
 
 

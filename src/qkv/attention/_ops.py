@@ -11,6 +11,8 @@ from here (downwards), never a helper from a sibling kernel's module (tests/test
   ``blocked_attend``,
   ``gathered_attend`` (every query its own list of keys: the decoding path of the sparse kernels),
   ``empty_output``;
+- grouped keys (grouped-query attention): ``grouped_attend`` (a kernel's call on keys of fewer
+  heads than its queries), ``state_heads`` (a state between key heads and query heads);
 - the linear-attention core (Katharopoulos et al. 2020, eq. 5–6 and 16–20, see ``linear.py``):
   ``linear_attention`` of ``Features``, and ``split_key_mask``, shared by ``linear`` and
   ``performer``; its state ``LinearState`` lives with the other states in ``qkv/types.py``.
@@ -19,21 +21,23 @@ from here (downwards), never a helper from a sibling kernel's module (tests/test
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import _checks, masks
+from .. import _checks, _chunkwise, masks
 from ..functional import masked_softmax, scaled_scores
 from ..types import AttentionOutput, KVCache, LinearState  # LinearState: still importable from here
 
 __all__ = ["accumulation_dtype", "append_cache", "check_cache", "unfold_band", "band_blocks", "scatter_band",
            "to_frame", "from_frame", "shift_queries", "empty_output", "fused_blocks", "blocked_attend", "gathered_attend",
-           "Features", "LinearState", "linear_attention", "split_key_mask", "finite_or_zero", "full_precision"]
+           "Features", "LinearState", "linear_attention", "split_key_mask", "finite_or_zero", "full_precision",
+           "grouped_attend", "state_heads"]
 
 
 # ----------------------------------------------------------------------------- precision
@@ -62,6 +66,58 @@ def matmul_dtype(dtype: torch.dtype) -> torch.dtype:
     keeps its own type — it has float32's range and runs on the tensor cores — while float16's
     results can pass 65504."""
     return torch.float32 if dtype == torch.float16 else dtype
+
+
+# ----------------------------------------------------------------------------- grouped keys
+
+
+def state_heads(state: Any, R: int, H: int, grouped: bool = False) -> Any:
+    """A ``KVCache`` or ``LinearState`` between key/value heads and query heads (groups of ``R``
+    query heads, ``H`` in all): ``grouped`` keeps every ``R``-th head of each head-indexed tensor
+    (``(B, H, ...)`` -> ``(B, H / R, ...)``: the heads of a group hold equal copies, as the keys were
+    repeated), else repeats each ``R`` times (``(B, H / R, ...)`` -> ``(B, H, ...)``). Any other
+    state is returned as it is (it is kept per query head)."""
+    if R == 1 or not isinstance(state, (KVCache, LinearState)):
+        return state
+    changes = {}
+    for f in dataclasses.fields(state):
+        x = getattr(state, f.name)
+        if not isinstance(x, Tensor) or x.dim() < 2 or f.name == "room":
+            continue
+        if grouped and x.shape[1] == H:
+            changes[f.name] = x[:, ::R].contiguous()  # a copy: the stored state is an R-th of the repeated one
+        elif not grouped and x.shape[1] == H // R:
+            changes[f.name] = x.repeat_interleave(R, dim=1)
+    if isinstance(state, KVCache):
+        changes["room"] = None  # the spare room belongs to the repeated buffers
+    return dataclasses.replace(state, **changes)
+
+
+def grouped_attend(attend: Callable[..., AttentionOutput], q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor],
+                   state: Any, need_weights: bool, return_state: bool, causal: bool) -> AttentionOutput:
+    """``attend(q, k, v, mask, state, need_weights, return_state)`` — a kernel's own ``_attend`` on
+    equal heads, whose query rows are independent given the keys — with ``k, v (B, G, N, E)`` of
+    fewer heads than ``q (B, H, M, E)`` (grouped-query attention; query head ``h`` reads key head
+    ``floor(h G / H)``).
+
+    Not causal, with one key-padding row: the ``R = H / G`` query heads of a group are stacked as
+    the rows of their key head, ``(B, G, R M, E)`` — keys and values are read once per key head.
+    Causal (each row sees its own prefix) or a per-head mask: keys and values repeated to ``H``
+    heads, the state repeated in and kept per key head out (``state_heads``)."""
+    B, H, M, E = q.shape
+    G = k.shape[1]
+    if G == H:
+        return attend(q, k, v, mask, state, need_weights, return_state)
+    R = H // G
+    if not causal and (mask is None or (mask.shape[1] == 1 and mask.shape[-2] == 1)):
+        rows = q.unflatten(1, (G, R)).flatten(2, 3)  # (B, G, R M, E): a group's queries, head after head
+        out = attend(rows, k, v, mask, None, need_weights, False)
+        output = out.output.unflatten(2, (R, M)).flatten(1, 2)  # (B, H, M, Ev)
+        weights = None if out.weights is None else out.weights.unflatten(2, (R, M)).flatten(1, 2)  # (B, H, M, N)
+        return AttentionOutput(output, weights, None)
+    k, v = k.repeat_interleave(R, dim=1), v.repeat_interleave(R, dim=1)  # (B, H, N, E)
+    out = attend(q, k, v, mask, state_heads(state, R, H), need_weights, return_state)
+    return out._replace(state=state_heads(out.state, R, H, grouped=True))
 
 
 # ----------------------------------------------------------------------------- key/value caches
@@ -637,11 +693,7 @@ def _running_sum(P: Tensor, own: Tensor, step: Optional[Tensor]) -> tuple[Tensor
     if step is None:
         before_P = P.unsqueeze(2) + F.pad(own.cumsum(2)[:, :, :-1], (0, 0, 0, 0, 1, 0))
         return before_P, before_P[:, :, -1] + own[:, :, -1]
-    running = []
-    for own_t, step_t in zip(own.unbind(2), step.unbind(-1)):  # unbind: one stack in backward
-        running.append(P)
-        P = P * step_t[..., None, None] + own_t
-    return torch.stack(running, dim=2), P
+    return _chunkwise.scan(P, step[..., None, None], own)  # P <- P step_t + own_t, chunk by chunk
 
 
 def split_key_mask(mask: Optional[Tensor], state: Optional[LinearState], N: int, cached: int) -> Optional[Tensor]:

@@ -282,6 +282,14 @@ class AttentionKernel(nn.Module):
             return causal(offset=n_keys - n_queries)
         return None
 
+    def gate_projections(self, d_in: int, n_heads: int, d_head: int) -> Optional[nn.Module]:
+        """Hook for kernels whose state update depends on the token (GLA's decay, DeltaNet's
+        ``beta``): the module that computes the call's gates from the hidden states ``x (B, N, d_in)``
+        that write the keys, returning keyword tensors for the call (``{"g": ..., "beta": ...}``).
+        ``MultiHeadAttention`` builds it once (a submodule: its parameters are the layer's) and passes
+        its result to each kernel call. Default: None, no gates."""
+        return None
+
     def share_across_layers(self, first: "AttentionKernel") -> None:
         """Hook called by ``TransformerStack`` on layers 2 .. N with the first layer's kernel: a kernel
         whose parameters are shared across the stack (Linformer's layerwise projection) adopts

@@ -31,6 +31,10 @@ the maxima cancel and are detached).
 Dropout must be 0 (no attention matrix exists to drop from, and the authors' code applies none;
 ``dropout > 0`` raises rather than being silently ignored); only key-padding masks are supported
 (a mask is a matrix, which the factorisation avoids).
+Grouped-query attention (``k, v`` with ``G`` heads dividing the queries' ``H``): without causality
+the ``H / G`` query heads of a group are read as more rows of their key head (``S``, ``Z`` formed
+once per key head); causal, keys and values are repeated and ``LinearState`` is kept per key head
+(``_ops.grouped_attend``). The performer kernel does the same.
 Linear attention is a *different* attention, not an approximation of softmax: no knob makes it
 converge to softmax (see ``docs/approximation.md`` for how far from softmax it lands).
 """
@@ -45,7 +49,7 @@ from torch import Tensor
 from .. import _checks
 from ..registry import register
 from ..types import AttentionOutput, LinearState
-from ._ops import Features, accumulation_dtype, finite_or_zero, linear_attention, split_key_mask
+from ._ops import Features, accumulation_dtype, finite_or_zero, grouped_attend, linear_attention, split_key_mask
 from .base import AttentionKernel, clamp_knob
 
 __all__ = ["LinearAttention", "elu_plus_one", "log_elu_plus_one", "elu_features", "resolve_feature_map"]
@@ -165,6 +169,7 @@ class LinearAttention(AttentionKernel):
     supports_state = True
     state_type = LinearState
     exact = False
+    grouped_kv = True  # k, v of fewer heads: the queries grouped (_ops.grouped_attend), the state per key head
     context_parallel = "state"  # qkv.parallel: (sum phi(k) v^T, sum phi(k)) passed between ranks
     applies_dropout = False  # the authors' code (fast-transformers) applies none: dropout > 0 raises
 
@@ -192,6 +197,10 @@ class LinearAttention(AttentionKernel):
         return f"feature_map={name}, eps={self.eps}, chunk_size={self.chunk_size}, {super().extra_repr()}"
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        # grouped keys (fewer heads than the queries): the queries grouped, the state per key head
+        return grouped_attend(self._attend_heads, q, k, v, mask, state, need_weights, return_state, self.causal)
+
+    def _attend_heads(self, q, k, v, mask, state, need_weights, return_state):
         key_mask = split_key_mask(mask, state, k.shape[-2], self._state_length(state))
         acc = accumulation_dtype(q.dtype)
         if self.feature_map is elu_plus_one:

@@ -6,7 +6,6 @@ projection around any registered kernel.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
@@ -16,7 +15,8 @@ from .. import _checks, _linear
 from ..blocks.norms import RMSNorm
 from ..registry import build as _build, check_kwargs, lookup
 from ..rotary import RotaryEmbedding
-from ..types import AttentionOutput, KVCache, LinearState
+from ..types import AttentionOutput
+from ._ops import state_heads
 from .base import AttentionKernel
 
 __all__ = ["MultiHeadAttention", "build_attention"]
@@ -58,11 +58,11 @@ class MultiHeadAttention(nn.Module):
     projected to ``G = n_kv_heads`` heads (``G = 1``: multi-query attention, Shazeer 2019) and
     query head ``h`` of ``H`` reads key/value head ``floor(h G / H)`` — consecutive query heads
     share one, as transformers' ``repeat_kv`` lays them out. A kernel that takes grouped keys
-    (``grouped_kv``: softmax) gets them as they are, and its ``KVCache`` holds ``G`` heads; any
-    other kernel gets keys and values repeated to ``H`` heads right before its call, and a state
-    it keeps is stored per key/value head again when it is a ``KVCache`` (the repeated keys) or a
-    ``LinearState`` (linear, performer: one feature map for every head, so the sums of a group's
-    heads are equal) — other states (``lsh``, ``fixed``) stay per query head.
+    (``grouped_kv``: softmax natively; linear and performer group the queries, ``_ops.grouped_attend``)
+    gets them as they are and keeps its state per key/value head; any other kernel gets keys and
+    values repeated to ``H`` heads right before its call, and a state it keeps is stored per
+    key/value head again when it is a ``KVCache`` (the repeated keys; ``_ops.state_heads``) —
+    other states (``lsh``'s, ``fixed``'s) stay per query head.
 
     Rotary positions and qk-norm (``rotary``, ``qk_norm``) act on the projected heads, before
     the kernel: ``q = rotate(norm(x W^Q), m)``, ``k = rotate(norm(x W^K), n)``; the keys a cache
@@ -147,6 +147,9 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"attention must be a registry name or an AttentionKernel, got {type(attention).__name__}")
         if self.kernel.shared_qk:
             self.k_proj = None  # shared-QK kernels (Reformer) take the queries as keys: no key projection
+        # per-token gates of a kernel whose state update depends on the token (GLA, DeltaNet): computed
+        # from the key input by the kernel's own projections and passed to each call (None: no gates)
+        self.gates = self.kernel.gate_projections(kdim, n_heads, self.d_head)
         self._joined_in_proj: dict = {}  # number of projections -> (their parameters' key, (weight, bias) views)
         self._pack_in_proj()
 
@@ -154,7 +157,8 @@ class MultiHeadAttention(nn.Module):
 
     def _in_proj_params(self, projs: Sequence[Optional[nn.Module]]) -> Optional[tuple[list, Optional[list]]]:
         """The weights and biases (None: no biases) of ``projs`` when they fuse — dense
-        (``_linear.plain_dense``), of one shape, dtype and device, with biases on all or none — else None."""
+        (``_linear.plain_dense``), of one input size, dtype and device, with biases on all or none — else
+        None. Their output sizes may differ (grouped-query attention: keys and values have fewer heads)."""
         weights, biases = [], []
         for p in projs:
             if not _linear.plain_dense(p):
@@ -163,7 +167,7 @@ class MultiHeadAttention(nn.Module):
             biases.append(p.bias)
         w = weights[0]
         for t in weights[1:]:
-            if t.shape != w.shape or t.dtype != w.dtype or t.device != w.device:
+            if t.shape[1:] != w.shape[1:] or t.dtype != w.dtype or t.device != w.device:
                 return None
         if biases[0] is None:
             return (weights, None) if all(b is None for b in biases) else None
@@ -179,7 +183,7 @@ class MultiHeadAttention(nn.Module):
                 continue
             with torch.no_grad():
                 buffer = torch.cat([p.detach() for p in params])  # (3 d_model, ...)
-            for p, part in zip(params, buffer.chunk(len(params))):
+            for p, part in zip(params, buffer.split([t.shape[0] for t in params])):
                 p.data = part  # the same Parameter object (optimizers keep it), its storage now the buffer's
 
     def _apply(self, fn, *args, **kwargs):  # .to(), .double(), .cuda(): each parameter is converted alone
@@ -231,7 +235,7 @@ class MultiHeadAttention(nn.Module):
             if key is not None and _joined(weights, copy=False) is not None and (
                     biases is None or _joined(biases, copy=False) is not None):
                 self._joined_in_proj[len(projs)] = (key, (weight, bias))  # views of the parameters, not copies
-        return _linear.linear(x, weight, bias).chunk(len(projs), dim=-1)
+        return _linear.linear(x, weight, bias).split([p.weight.shape[0] for p in projs], dim=-1)
 
     def _project(self, proj: nn.Module, x: Tensor) -> Tensor:
         """``proj(x)``; a plain dense layer through ``qkv._linear.linear`` (oneDNN in inference on the CPU)."""
@@ -315,15 +319,18 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("give either key/value or kv (projected heads), not both")
             if not (isinstance(kv, tuple) and len(kv) == 2):
                 raise TypeError(f"kv must be the (k, v) pair returned by project_kv, got {type(kv).__name__}")
+            if self.gates is not None:
+                raise ValueError(f"attention {self.kernel.registry_name!r} computes its gates from the key input: "
+                                 f"pass key/value, not projected kv")
             k, v = kv
         else:
             qkv = None
             if (key is None or key is query) and (value is None or value is query):
                 qkv = self._in_proj(query, (self.q_proj, self.k_proj, self.v_proj))  # [Q K V] = x [W^Q W^K W^V]
-            if qkv is not None:  # self-attention, one product; q, k, v: (B, H, L, E) each
-                q, k, v = map(self._split, qkv)
+            if qkv is not None:  # self-attention, one product; q (B, H, L, E), k, v (B, G, L, E)
+                q, k, v = self._split(qkv[0]), self._split(qkv[1], self.n_kv_heads), self._split(qkv[2], self.n_kv_heads)
                 del qkv  # the heads are views of it; freed with them, before the output projection
-                return self._attend(q, k, v, **run)
+                return self._attend(q, k, v, **run, gates=self._gates(query))
             if self.rotary is not None and key is not None and key is not query:
                 raise ValueError("rotary positions turn queries and keys of one sequence: self-attention only "
                                  "(key must be None or the query)")
@@ -332,13 +339,16 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("rotary positions turn queries and keys of one sequence: self-attention only (no kv=)")
         _checks.same("query", query.shape[0], "key", k.shape[0], "the batch size")
         q = self._split(self._project(self.q_proj, query))  # (B, H, M, E)
-        return self._attend(q, k, v, **run)
+        return self._attend(q, k, v, **run, gates=self._gates(query if key is None else key) if kv is None else {})
 
     def _attend(self, q: Tensor, k: Optional[Tensor], v: Tensor, mask: Optional[Tensor], state: Any,
-                need_weights: bool, return_state: bool, positions: Optional[Tensor]) -> AttentionOutput:
+                need_weights: bool, return_state: bool, positions: Optional[Tensor],
+                gates: Optional[dict] = None) -> AttentionOutput:
         """qk-norm and rotary on the projected heads ``q (B, H, M, E)``, ``k (B, G, N, E)`` (None:
         the queries are the keys, shared-QK), then the kernel — keys and values repeated to the
-        query heads for a kernel that does not take groups — and the output projection."""
+        query heads for a kernel that does not take groups — and the output projection. ``gates``:
+        the kernel's per-token gates (``_gates``; None: none), passed to its call."""
+        gates = gates or {}
         if self.q_norm is not None:
             q = self.q_norm(q)
             k = None if k is None else self.k_norm(k)
@@ -355,13 +365,17 @@ class MultiHeadAttention(nn.Module):
         G = self.n_heads // v.shape[1]  # query heads per key/value head
         if G == 1 or self.kernel.grouped_kv:
             return self._merge(self.kernel(q, k, v, mask=mask, state=state, need_weights=need_weights,
-                                           return_state=return_state))
+                                           return_state=return_state, **gates))
         if k.shape[1] != self.n_heads:
             k = k.repeat_interleave(G, dim=1)  # (B, H, N, E): query head h reads key head floor(h / G)
         v = v.repeat_interleave(G, dim=1)
-        out = self.kernel(q, k, v, mask=mask, state=_state_heads(state, G, self.n_heads), need_weights=need_weights,
-                          return_state=return_state)
-        return self._merge(out._replace(state=_state_heads(out.state, G, self.n_heads, grouped=True)))
+        out = self.kernel(q, k, v, mask=mask, state=state_heads(state, G, self.n_heads), need_weights=need_weights,
+                          return_state=return_state, **gates)
+        return self._merge(out._replace(state=state_heads(out.state, G, self.n_heads, grouped=True)))
+
+    def _gates(self, x: Tensor) -> dict:
+        """The kernel's gates of the keys written by ``x (B, N, kdim)`` (``AttentionKernel.gate_projections``); {} without."""
+        return {} if self.gates is None else self.gates(x)
 
     def _merge(self, out: AttentionOutput) -> AttentionOutput:
         """Merge the kernel's heads ``(B, H, M, E)`` and apply the output projection."""
@@ -371,39 +385,24 @@ class MultiHeadAttention(nn.Module):
 
 
 def _joined(params: Sequence[Tensor], copy: bool = True) -> Optional[Tensor]:
-    """``cat(params)`` along dim 0, for use without a gradient — read in place when the (contiguous,
-    equal) tensors lie side by side in memory, within the first one's storage (``_pack_in_proj``'s
-    layout); else (``copy``) the concatenation; None when not side by side and ``copy`` is False."""
+    """``cat(params)`` along dim 0, for use without a gradient — read in place when the contiguous
+    tensors (of equal trailing sizes) lie side by side in memory, within the first one's storage
+    (``_pack_in_proj``'s layout); else (``copy``) the concatenation; None when not side by side and
+    ``copy`` is False."""
     first = params[0]
     try:
-        size = first.numel() * first.element_size()
         start = first.data_ptr()
+        ends = [0]
+        for t in params:  # byte offset of each tensor from the first
+            ends.append(ends[-1] + t.numel() * t.element_size())
         storage = first.untyped_storage()
-        side_by_side = (storage.data_ptr() + storage.nbytes() >= start + len(params) * size
-                        and all(t.is_contiguous() and t.data_ptr() == start + i * size for i, t in enumerate(params)))
+        side_by_side = (storage.data_ptr() + storage.nbytes() >= start + ends[-1]
+                        and all(t.is_contiguous() and t.shape[1:] == first.shape[1:] and t.data_ptr() == start + ends[i]
+                                for i, t in enumerate(params)))
     except (RuntimeError, NotImplementedError):  # no memory to look at (functorch wrappers)
         side_by_side = False
     if side_by_side:  # no copy
-        return first.detach().as_strided((len(params) * first.shape[0], *first.shape[1:]), first.stride())
+        rows = sum(t.shape[0] for t in params)
+        return first.detach().as_strided((rows, *first.shape[1:]), first.stride())
     return torch.cat([t.detach() for t in params]) if copy else None
 
-
-def _state_heads(state: Any, G: int, H: int, grouped: bool = False) -> Any:
-    """A kernel's state between key/value heads and query heads: ``grouped`` keeps every ``G``-th
-    head of each head-indexed tensor (``(B, H, ...)`` -> ``(B, H / G, ...)``: the heads of a group
-    hold equal copies), else repeats each ``G`` times (``(B, H / G, ...)`` -> ``(B, H, ...)``).
-    Only ``KVCache`` and ``LinearState`` are regrouped; other states are per query head already."""
-    if not isinstance(state, (KVCache, LinearState)):
-        return state
-    changes = {}
-    for f in dataclasses.fields(state):
-        x = getattr(state, f.name)
-        if not isinstance(x, Tensor) or x.dim() < 2 or f.name == "room":
-            continue
-        if grouped and x.shape[1] == H:
-            changes[f.name] = x[:, ::G].contiguous()  # a copy: the stored state is a G-th of the repeated one
-        elif not grouped and x.shape[1] == H // G:
-            changes[f.name] = x.repeat_interleave(G, dim=1)
-    if isinstance(state, KVCache):
-        changes["room"] = None  # the spare room belongs to the repeated buffers
-    return dataclasses.replace(state, **changes)

@@ -43,7 +43,7 @@ from torch import Tensor
 from .. import _checks
 from ..registry import register
 from ..types import AttentionOutput, LinearState
-from ._ops import Features, accumulation_dtype, full_precision, linear_attention, split_key_mask
+from ._ops import Features, accumulation_dtype, full_precision, grouped_attend, linear_attention, split_key_mask
 from .base import AttentionKernel, clamp_knob
 
 __all__ = ["PerformerAttention", "draw_projection", "favor_log_features", "favor_query_features"]
@@ -132,6 +132,7 @@ class PerformerAttention(AttentionKernel):
     supports_state = True
     state_type = LinearState
     exact = False
+    grouped_kv = True  # k, v of fewer heads: the queries grouped (_ops.grouped_attend), the state per key head
     context_parallel = "state"  # qkv.parallel: (sum phi(k) v^T, sum phi(k)) passed between ranks
     applies_dropout = False  # FAVOR+ in the authors' code applies none: dropout > 0 raises
 
@@ -200,6 +201,10 @@ class PerformerAttention(AttentionKernel):
                              f"{self.projection.shape[-1]}")
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        # grouped keys (fewer heads than the queries): the queries grouped, the state per key head
+        return grouped_attend(self._attend_heads, q, k, v, mask, state, need_weights, return_state, self.causal)
+
+    def _attend_heads(self, q, k, v, mask, state, need_weights, return_state):
         d = q.shape[-1]
         if self.projection is None or (self.redraw and self.training and state is None):
             self.projection = self._draw(d).to(q.device)

@@ -5,8 +5,11 @@
 - ``llama``: Llama, Mistral, Qwen2 and Qwen3 checkpoints in and out of qkv's ``Llama`` (a family of ``checkpoints``);
 - ``attention``: qkv's kernels inside any transformers model, as ``attn_implementation="qkv-<kernel>"``;
 - ``pretrained``: a run started from a pretrained checkpoint (``qkv train ... --init DIR``);
+- ``tokenizer``: a run's vocabulary as a ``tokenizers`` tokenizer, and the files a pipeline needs
+  beside a checkpoint (written by ``save_pretrained(format="huggingface")`` for a run's model);
 - ``export``: a finished run as a folder transformers' pipelines load (``qkv export``);
-- ``gguf``: llama.cpp's GGUF files read as transformers Llama checkpoints (``qkv data fetch smollm2``).
+- ``gguf``: llama.cpp's GGUF files read as transformers Llama checkpoints (``qkv data fetch smollm2``);
+- ``qwen3_next``: qkv's gated delta rule in transformers' Qwen3-Next layers (``attention.register()`` patches).
 
 It sits on the top floor with the other faces (``runs``, ``cli``): ``export`` reads runs, and
 ``checkpoints`` builds qkv's models; ``QKVModel.from_pretrained`` finds the checkpoint format in
@@ -17,5 +20,5 @@ tokenizers are imported when used). The old paths ``qkv.integrations.huggingface
 """
 
 from . import checkpoints  # noqa: F401  (registers the "huggingface" checkpoint format)
-from . import llama  # noqa: F401  (registers the Llama family: llama, mistral, qwen2, qwen3)
 from . import gguf  # noqa: F401  (registers the conversion `qkv data fetch smollm2` ends with)
+from . import llama  # noqa: F401  (registers the Llama family: llama, mistral, qwen2, qwen3)

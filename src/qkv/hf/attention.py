@@ -25,8 +25,11 @@ other kernels refuse it and say why.
 Which kernels fit a pretrained model: the kernels that map the model's own ``Q``, ``K``, ``V``
 projections to outputs without weights of their own — ``softmax`` (exact: transformers' eager
 attention), ``window``, ``local-1d``, ``strided``, ``fixed`` (softmax restricted to a pattern),
-``performer`` (random features: an unbiased estimate of softmax), ``linear`` and ``efficient``
-(other similarity functions), and ``lsh`` with ``shared_qk=False`` (encoders only). Refused:
+``performer`` (random features: an unbiased estimate of softmax), ``linear``, ``efficient`` and
+``retention`` (other similarity functions; retention's decays are fixed), and ``lsh`` with
+``shared_qk=False`` (encoders only). Refused: ``gla``, ``deltanet``, ``gated-deltanet`` (their gates
+come from learned projections of the tokens; Qwen3-Next's own layers get qkv's gated delta rule
+through ``register()``, see ``qwen3_next``),
 ``linformer`` (its learned projections ``E``, ``F`` are not in any pretrained checkpoint),
 ``adaptive-span`` and ``relative`` (learned spans, learned position terms), ``lsh`` with shared
 queries and keys (a pretrained model has separate key weights), ``local-2d`` without an
@@ -38,6 +41,21 @@ takes it as its ``scale``; the kernels that approximate or restrict ``softmax(q 
 get ``q`` multiplied by ``scaling * sqrt(d)``, which gives them the same scores; ``linear`` and
 ``efficient`` have no temperature and ignore it. Grouped key/value heads (GQA, MQA) are repeated
 to the query heads, as transformers' eager attention does.
+
+Saving and loading: once ``register()`` has run, a model saved under a ``qkv-`` implementation
+records it in ``config.json`` (``attn_implementation`` and ``qkv_attention``: the kernel and its
+knobs), and ``from_pretrained`` loads it under that implementation, registering the name from the
+record when this process has not — not under sdpa. A name registered here as another kernel is
+refused; without ``register()`` in the loading process, transformers refuses the unknown name.
+
+Arguments: every keyword argument a model passes is honoured or refused by name. Honoured:
+``dropout``, ``scaling``, ``is_causal``, ``output_attentions``, and those in :data:`CARRIED`, which
+change nothing here (positions are in the rotated heads; packed sequences and sliding windows are
+in the mask, as for eager). Refused when given: those in :data:`UNIMPLEMENTED` (``softcap``, sinks
+``s_aux``/``sinks``, ``position_bias``, a sparse indexer's ``indices``/``block_indices`` — which
+transformers folds into the mask for eager and sdpa only — and a paged ``cache``), and any name
+not listed: a DeepSeek V3.2 layer under ``qkv-softmax`` raises naming ``indices=`` instead of
+running dense attention.
 
 Decoding under transformers' KV cache: a kernel here keeps no state of its own. transformers
 stores every key and value (``DynamicCache``) and hands the whole cache to each step, so a step is
@@ -63,7 +81,8 @@ from torch import Tensor
 from ..attention.base import AttentionKernel
 from ..registry import check_kwargs, lookup, names
 
-__all__ = ["register", "registered", "layer_kernels", "KernelKey", "REFUSED", "DEFAULT_KNOBS", "PREFIX"]
+__all__ = ["register", "registered", "layer_kernels", "KernelKey", "REFUSED", "DEFAULT_KNOBS", "PREFIX", "CARRIED",
+           "UNIMPLEMENTED", "RECORD_KEY"]
 
 PREFIX = "qkv-"
 #: knobs ``register()`` gives a kernel beyond its own ``default_knobs`` (the sizes that fit the
@@ -92,12 +111,69 @@ REFUSED: Dict[str, str] = {
     "linformer": "its learned projections E and F of the keys and values are in no pretrained checkpoint",
     "adaptive-span": "its learned spans are in no pretrained checkpoint",
     "relative": "its learned position terms (u, v, W_kR) are in no pretrained checkpoint",
+    "gla": "its gates are computed from the tokens by learned projections that are in no pretrained softmax "
+           "checkpoint (Qwen3-Next's gated delta rule is put in place by register(), qkv.hf.qwen3_next)",
+    "deltanet": "its writing strengths beta are computed from the tokens by learned projections that are in no "
+                "pretrained softmax checkpoint",
+    "gated-deltanet": "its gates are computed from the tokens by learned projections that are in no pretrained "
+                      "softmax checkpoint; Qwen3-Next's own layers get qkv's gated delta rule from register() "
+                      "(qkv.hf.qwen3_next)",
 }
 #: kernels whose similarity has no temperature: transformers' ``scaling`` does not apply
 _UNSCALED = frozenset({"linear", "efficient"})
+#: keyword arguments transformers passes to attention functions that change no qkv kernel's answer,
+#: and why — the names of its ``TransformersKwargs`` and ``FlashAttentionKwargs`` (which its models
+#: pass to every attention function), the inputs a model forwards with them, and the arguments
+#: that only eager's mask carries. ``dropout``, ``scaling``, ``is_causal`` and
+#: ``output_attentions`` are honoured (see the attention function). Any other argument with a value
+#: (not None) is refused by name: a name that does change nothing may be added here
+CARRIED: Dict[str, str] = {
+    "position_ids": "positions are already in the queries and keys (rotary) or the embeddings; packing is in the mask",
+    "cu_seq_lens_q": "packed sequences: the mask keeps each to itself, as for eager and sdpa (refused when the "
+                     "mask does not: _check_in_mask)",
+    "cu_seq_lens_k": "packed sequences: the mask keeps each to itself, as for eager and sdpa (refused when the "
+                     "mask does not: _check_in_mask)",
+    "max_length_q": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
+    "max_length_k": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
+    "seq_idx": "packed sequences: the mask keeps each to itself, as for eager and sdpa",
+    "sliding_window": "the window is in the mask (a full mask, which qkv-softmax takes and the other kernels refuse; "
+                      "refused when the mask does not hold it: _check_in_mask)",
+    "deterministic": "flash attention's choice of a deterministic backward; no kernel here is nondeterministic",
+    "output_hidden_states": "what the model returns, not what attention computes",
+    "output_router_logits": "what the model returns, not what attention computes",
+    "return_dict": "what the model returns, not what attention computes",
+    "num_items_in_batch": "the loss's normaliser",
+    "use_cache": "the layer updates the KV cache before attention; the keys and values here include it",
+    "past_key_values": "the layer updates the KV cache before attention; the keys and values here include it",
+    "cache_position": "the layer updates the KV cache before attention; the mask places the queries",
+    "encoder_hidden_states": "a cross-attention layer projects them into the keys and values given here",
+    "encoder_attention_mask": "a cross-attention layer's padding is in the mask given here",
+    "input_ids": "a model input forwarded along",
+    "inputs_embeds": "a model input forwarded along",
+    "token_type_ids": "a model input forwarded along",
+    "decoder_input_ids": "a model input forwarded along",
+    "decoder_attention_mask": "a model input forwarded along (the decoder's mask is given here)",
+    "decoder_inputs_embeds": "a model input forwarded along",
+}
+#: arguments that change attention's answer, which qkv's kernels do not compute: refused by name
+#: when given (not None), with what the argument does
+UNIMPLEMENTED: Dict[str, str] = {
+    "softcap": "caps the scores (tanh softcapping)",
+    "s_aux": "adds attention sinks (a learned logit per head in the softmax)",
+    "sinks": "adds attention sinks (a learned logit per head in the softmax)",
+    "position_bias": "adds a position bias to the scores",
+    "indices": "restricts each query to the keys a sparse indexer selected (top-k); eager and sdpa take it "
+               "folded into the mask",
+    "block_indices": "restricts each query to the key blocks a sparse indexer selected; eager and sdpa take it "
+                     "folded into the mask",
+    "cache": "a paged KV cache that the attention function itself must update (continuous batching)",
+}
 
 _registered: Dict[str, Tuple[str, Dict[str, Any]]] = {}  # attn_implementation -> (kernel name, knobs)
 _warned: set = set()
+#: the field of a saved transformers ``config.json`` that records the qkv kernel (and its knobs) the
+#: model ran under, beside ``attn_implementation`` (see ``_record_in_saved_configs``)
+RECORD_KEY = "qkv_attention"
 #: the attribute of a transformers attention layer that keeps the kernels built for it (a plain
 #: dict, not a submodule: nothing is added to the layer's state_dict, which eager and sdpa still load)
 KERNELS_ATTR = "_qkv_kernels"
@@ -154,6 +230,8 @@ def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: 
     kernels that cannot serve under their ``qkv-<kernel>`` names, as functions that raise that reason
     and list the names that exist — a model set to ``attn_implementation="qkv-linformer"`` says why
     at its first call. A kernel with a ``seed`` knob gets :data:`DEFAULT_SEED` unless given one.
+    ``register()`` also puts qkv's gated delta rule in Qwen3-Next's layers (``qkv.hf.qwen3_next.patch``;
+    ``unpatch()`` restores transformers' functions).
     """
     try:
         from transformers import AttentionInterface
@@ -197,7 +275,12 @@ def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: 
         if impl not in _registered:  # a name registered with knobs that fit (local-2d's image_size) stays
             AttentionInterface.register(impl, _refusing_function(impl, why))
             AttentionMaskInterface.register(impl, _refusing_function(impl, why))
+    if name is None and kernel is None:
+        from . import qwen3_next
+
+        qwen3_next.patch()  # Qwen3-Next's gated delta rule on qkv's engine (qwen3_next.unpatch() gives it back)
     _explain_unknown_names()
+    _record_in_saved_configs()
     return dict(wanted)
 
 
@@ -231,14 +314,74 @@ def _explain_unknown_names() -> None:
         return
 
     def get_correct_attn_implementation(self, requested_attention, *args, **kwargs):
-        if (isinstance(requested_attention, str) and requested_attention.startswith(PREFIX)
-                and requested_attention not in ALL_ATTENTION_FUNCTIONS.valid_keys()):
-            raise ValueError(_unknown_name_message(requested_attention))
+        if isinstance(requested_attention, str) and requested_attention.startswith(PREFIX):
+            _register_recorded(getattr(self, "config", None), requested_attention)
+            if requested_attention not in ALL_ATTENTION_FUNCTIONS.valid_keys():
+                raise ValueError(_unknown_name_message(requested_attention))
         return check(self, requested_attention, *args, **kwargs)
 
     get_correct_attn_implementation._qkv_wrapped = True
     get_correct_attn_implementation.__doc__ = check.__doc__
     PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as JSON reads it back (tuples as lists)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _record_in_saved_configs() -> None:
+    """Make a transformers config set to a registered ``qkv-`` implementation say so when saved:
+    ``config.json`` gets ``attn_implementation`` (which transformers reads back as the implementation
+    to load with, so a reload does not fall back to sdpa) and :data:`RECORD_KEY`, the kernel and its
+    knobs (with which a reload registers the name when this process has not). Its ``to_dict`` is
+    wrapped once; a config under any other implementation is written as before, without a record."""
+    try:
+        from transformers import PretrainedConfig
+    except ImportError:  # pragma: no cover - register() has imported transformers already
+        return
+    to_dict = PretrainedConfig.to_dict
+    if getattr(to_dict, "_qkv_wrapped", False):
+        return
+
+    def recording_to_dict(self) -> Dict[str, Any]:
+        out = to_dict(self)
+        out.pop(RECORD_KEY, None)  # a record read from config.json describes the implementation it was saved under
+        impl = self.__dict__.get("_attn_implementation_internal")
+        if isinstance(impl, str) and impl in _registered:
+            kernel, knobs = _registered[impl]
+            out["attn_implementation"] = impl
+            out[RECORD_KEY] = {"attn_implementation": impl, "kernel": kernel, "knobs": _jsonable(knobs)}
+        return out
+
+    recording_to_dict._qkv_wrapped = True
+    recording_to_dict.__doc__ = to_dict.__doc__
+    PretrainedConfig.to_dict = recording_to_dict
+
+
+def _register_recorded(config: Any, impl: str) -> None:
+    """Before a model is set to ``impl``: register it from the record its config was saved with
+    (:data:`RECORD_KEY`) when this process has not; refuse when ``impl`` is registered here as
+    another kernel or with other knobs than the model was saved under."""
+    record = getattr(config, RECORD_KEY, None)
+    if not isinstance(record, dict) or record.get("attn_implementation") != impl:
+        return
+    kernel, knobs = record.get("kernel"), record.get("knobs") or {}
+    if not isinstance(kernel, str) or not isinstance(knobs, dict):
+        raise ValueError(f"attn_implementation={impl!r}: the config's {RECORD_KEY} is not a kernel name and its knobs: "
+                         f"{record!r}")
+    if impl in _registered:
+        mine = (_registered[impl][0], _jsonable(_registered[impl][1]))
+        if mine != (kernel, _jsonable(knobs)):
+            raise ValueError(f"attn_implementation={impl!r}: the model was saved under qkv's {kernel!r} kernel with "
+                             f"knobs {knobs}, and {impl!r} is registered here as {mine[0]!r} with {mine[1]}; register "
+                             f"the saved kernel under another name and load with attn_implementation=that name")
+        return
+    register(impl, kernel, **knobs)
 
 
 def registered() -> Dict[str, Tuple[str, Dict[str, Any]]]:
@@ -398,6 +541,43 @@ def _boolean_mask(impl: str, mask: Optional[Tensor]) -> Optional[Tensor]:
     return allowed
 
 
+def _check_arguments(impl: str, kernel: str, layer: str, kwargs: Dict[str, Any]) -> None:
+    """Refuse, by name, every argument in ``kwargs`` (beyond the honoured ones) that is given and
+    is not in :data:`CARRIED`: those of :data:`UNIMPLEMENTED` with what they do, any other as unknown
+    — none is dropped without a word."""
+    for name, value in kwargs.items():
+        if value is None or name in CARRIED or name == "output_attentions":
+            continue
+        if name in UNIMPLEMENTED:
+            raise ValueError(f"{impl}: {layer} passes {name}=, which {UNIMPLEMENTED[name]}; qkv's {kernel!r} kernel "
+                             f"does not compute it (it would be ignored): use attn_implementation='eager'")
+        raise ValueError(f"{impl}: {layer} passes {name}=, an argument qkv's {kernel!r} kernel does not know "
+                         f"(it would be ignored); if it changes nothing in attention, add it to "
+                         f"qkv.hf.attention.CARRIED; else use attn_implementation='eager'")
+
+
+def _check_in_mask(impl: str, layer: str, kwargs: Dict[str, Any], mask: Optional[Tensor], n_queries: int,
+                   n_keys: int) -> None:
+    """Refuse the carried patterns that the mask does not hold — with a padding mask or none, they
+    would be dropped: packed sequences (``cu_seq_lens_q``/``_k`` bounding more than one), whose mask
+    transformers builds from ``position_ids`` only without a KV cache, and a ``sliding_window``
+    shorter than the keys (one query, a decoding step, has its window in its one mask row: the
+    keys before the window must be masked there)."""
+    if mask is not None and mask.shape[-2] != 1:
+        return  # a full pattern: transformers' mask function put the window or the packing in it
+    window = kwargs.get("sliding_window")
+    if isinstance(window, int) and not isinstance(window, bool) and window < n_keys and (
+            n_queries > 1 or mask is None or bool(mask[..., : n_keys - window].any())):
+        raise ValueError(f"{impl}: {layer} passes sliding_window={window} for {n_keys} keys, and its mask does not "
+                         f"hold the window (a padding mask or none); the window would be dropped")
+    for name in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        bounds = kwargs.get(name)
+        if isinstance(bounds, Tensor) and bounds.numel() > 2:
+            raise ValueError(f"{impl}: {layer} passes {name}= for {bounds.numel() - 1} packed sequences, and its mask "
+                             f"does not keep them apart (transformers builds that mask from position_ids without a KV "
+                             f"cache: use_cache=False); each would attend to the others' tokens")
+
+
 def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callable:
     """transformers' attention signature around qkv kernel ``kernel`` built with ``knobs``."""
 
@@ -405,14 +585,12 @@ def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callab
                   dropout: float = 0.0, scaling: Optional[float] = None, is_causal: Optional[bool] = None,
                   **kwargs: Any) -> Tuple[Tensor, Optional[Tensor]]:
         B, H, M, E = query.shape  # (B, H, M, E); key, value (B, H_kv, N, E)
-        if kwargs.get("softcap") is not None:
-            raise ValueError(f"{impl}: this model caps its scores (softcap), which qkv's kernels do not do; use 'eager'")
-        if kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None:
-            raise ValueError(f"{impl}: this model adds a score bias (position_bias / attention sinks), which qkv's kernels do not take")
+        _check_arguments(impl, kernel, type(module).__name__, kwargs)
         n_rep = H // key.shape[1]
         key, value = _repeat_kv(key, n_rep), _repeat_kv(value, n_rep)  # (B, H, N, E)
         causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", False))
         mask = _boolean_mask(impl, attention_mask)
+        _check_in_mask(impl, type(module).__name__, kwargs, mask, M, key.shape[-2])
         if mask is not None and mask.shape[-2] != 1:  # the full pattern (causality included) is in the mask
             causal = False
         use, own = kernel, dict(knobs)
@@ -430,9 +608,11 @@ def _attention_function(impl: str, kernel: str, knobs: Dict[str, Any]) -> Callab
         if use != "softmax" and use not in _UNSCALED and scaling is not None:
             query = query * (scaling * math.sqrt(E))  # the kernel divides by sqrt(E): softmax(scaling q k^T)
         if mask is not None and mask.shape[-2] != 1 and built.supports_mask != "full":
-            raise ValueError(f"{impl}: this model's attention pattern is not plain causal or bidirectional (a sliding "
-                             f"window, packed sequences or a static cache), and attention {use!r} takes key-padding "
-                             f"masks only; use qkv-softmax, or a dynamic cache without packing")
+            window = kwargs.get("sliding_window")
+            what = (f"its sliding_window={window} is a pattern" if window is not None else "its attention pattern is "
+                    "not plain causal or bidirectional (a sliding window, packed sequences or a static cache)")
+            raise ValueError(f"{impl}: {type(module).__name__}: {what}, and attention {use!r} takes key-padding masks "
+                             f"only; use qkv-softmax, or a dynamic cache without packing")
         need_weights = bool(kwargs.get("output_attentions", False))
         lead = _leading_padding(mask) if built.anchored else None
         if lead is not None:  # anchored blocks start at each row's first real token

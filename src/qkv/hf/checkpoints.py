@@ -71,7 +71,8 @@ _BERT_HEADS = {"BertModel": "encoder", "BertForPreTraining": "pretraining", "Ber
 _GPT2_ARCHITECTURES = ("GPT2Model", "GPT2LMHeadModel")
 #: config fields a checkpoint fixes (they shape the weights or the function); overrides may set the others
 _FIXED = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "n_segments", "activation", "residual",
-          "positional", "layer_norm_eps", "tie_embeddings", "linear")
+          "positional", "layer_norm_eps", "tie_embeddings", "linear", "norm", "glu", "n_kv_heads", "d_head", "bias",
+          "qkv_bias", "qk_norm", "rope_theta", "rope_scaling")
 
 
 @dataclass(frozen=True)
@@ -689,6 +690,7 @@ def save(model: Any, directory: PathLike) -> Path:
     from safetensors.torch import save_file
 
     from .._io import atomic_directory
+    from .tokenizer import write_pipeline_files
 
     kind = _check_representable(model)
     c = model.config
@@ -715,6 +717,7 @@ def save(model: Any, directory: PathLike) -> Path:
     with atomic_directory(directory) as tmp:
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        write_pipeline_files(model, tmp)  # the tokenizer of a run's model (qkv.hf.export.remember_text)
     return directory
 
 

@@ -212,10 +212,8 @@ def hf_llama_config(c: Any) -> Dict[str, Any]:
     return config
 
 
-_FIXED = ("n_kv_heads", "d_head", "norm", "glu", "bias", "qkv_bias", "qk_norm", "rope_theta", "rope_scaling",
-          "sliding_window")
-for _model_type in _ARCHITECTURES:
-    FAMILIES[_model_type] = Family(Llama, llama_config, llama_rules, _ignorable, hf_llama_config, _FIXED)
+for _model_type in _ARCHITECTURES:  # the stack's fields are fixed for every family (checkpoints._FIXED); and the window
+    FAMILIES[_model_type] = Family(Llama, llama_config, llama_rules, _ignorable, hf_llama_config, ("sliding_window",))
 
 
 class _GGUF(CheckpointFormat):

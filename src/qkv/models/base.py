@@ -218,6 +218,13 @@ class QKVModel(nn.Module):
     #: True when ``forward(..., state=, return_state=True)`` continues the previous batch: on a stream
     #: task the trainer passes ``out.state`` from one batch to the next (Transformer-XL's memory).
     carries_state: ClassVar[bool] = False
+    #: ``qkv train --context-parallel P`` (``qkv.parallel``): True when the model may run on sequence
+    #: shards, each rank feeding ``L/P`` positions of every sequence — every mixing across positions
+    #: is a self-attention kernel or a positional scheme, and the loss a mean over positions — and the
+    #: answer is then that of one process; otherwise the reason it cannot, a sentence the user reads.
+    #: What depends on the config: ``context_parallel_refusal``. Default: refused, never checked.
+    context_parallel: ClassVar[Union[bool, str]] = ("it does not declare that its sequences can be split "
+                                                    "(QKVModel.context_parallel)")
 
     def __init__(self, config: Any) -> None:
         super().__init__()
@@ -234,6 +241,13 @@ class QKVModel(nn.Module):
     def on_evaluate(self, metrics: Dict[str, float]) -> None:
         """Called by the trainer after each periodic evaluation with its metrics (e.g. ``valid_loss``).
         Default: nothing."""
+
+    def context_parallel_refusal(self) -> Optional[str]:
+        """Why this model, with its config, cannot run on sequence shards (``context_parallel``), or
+        None when it can. Override to refuse a config (a head that reads one position). Default:
+        the class's declaration."""
+        declared = type(self).context_parallel
+        return None if declared is True else str(declared)
 
     def export_state(self, state: Any) -> Dict[str, Tensor]:
         """The carried ``state`` (``carries_state``) as named tensors for a checkpoint. Default: none."""

@@ -10,11 +10,11 @@ communication, ``layout`` the sharding. docs/design.md §1: this floor sits abov
 and below the models.
 """
 
-from .strategies import STRATEGIES, attend, halo_widths, strategy_for
+from .strategies import STRATEGIES, attend, check_rows, halo_widths, strategy_for
 from .comm import TRAFFIC, Group, all_gather, all_reduce_sum, exchange
 from .layout import LAYOUTS, gather, pieces, positions, shard
-from .model import Sharding, enable, layout_for, shard_batch
+from .model import Sharding, check_batch, enable, layout_for, shard_batch
 
-__all__ = ["attend", "strategy_for", "halo_widths", "STRATEGIES", "LAYOUTS", "Group",
+__all__ = ["attend", "strategy_for", "check_rows", "halo_widths", "STRATEGIES", "LAYOUTS", "Group",
            "TRAFFIC", "exchange", "all_gather", "all_reduce_sum", "shard", "gather", "pieces", "positions",
-           "enable", "Sharding", "layout_for", "shard_batch"]
+           "enable", "Sharding", "layout_for", "shard_batch", "check_batch"]

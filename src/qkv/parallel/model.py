@@ -10,8 +10,12 @@ on one process (evaluation on whole sequences, generation).
 
 Which models split: those whose only mixing across positions is self-attention kernels and a
 positional scheme of the form ``x + P(offset ..)`` (decoder- or encoder-only Transformer stacks);
-the caller refuses the others (``qkv.train``: recurrent models, memory carried across segments,
-cross-attention, classification heads that read one position).
+a qkv model declares it (``QKVModel.context_parallel``), and the caller refuses the others
+(``qkv.train.distributed.refuse_unsplittable``: recurrent models, memory carried across segments,
+cross-attention, heads that read one position, adaptive computation time).
+
+Backward runs inside ``active()`` too (the trainer's does): a block that recomputes its forward in
+backward (gradient checkpointing) must meet the kernels on shards again.
 """
 
 from __future__ import annotations
@@ -25,17 +29,33 @@ from torch import Tensor, nn
 
 from ..attention import AttentionKernel
 from ..registry import lookup, names
-from .strategies import attend, strategy_for
+from .strategies import attend, check_rows, strategy_for
 from .comm import Group
 from .layout import check_length, pieces
 
-__all__ = ["Sharding", "enable", "layout_for", "shard_batch"]
+__all__ = ["Sharding", "enable", "layout_for", "shard_batch", "check_batch"]
 
 
 def layout_for(kernels: List[AttentionKernel], L: int, P: int) -> str:
     """The zigzag layout when every kernel is a causal ring kernel (it balances their work), else contiguous."""
     zigzag = bool(kernels) and all(k.causal and strategy_for(k, L, P, "zigzag") == "ring" for k in kernels)
     return "zigzag" if zigzag and L % (2 * P) == 0 else "contiguous"
+
+
+def check_batch(model: nn.Module, L: int, P: int, batch_size: int) -> None:
+    """A ValueError, before anything runs, when ``model``'s kernels cannot split batches of
+    ``batch_size`` sequences of ``L`` over ``P`` ranks in the layout ``enable`` would choose:
+    ``check_rows`` for each kernel that ``attend`` runs (one inside another kernel runs in its
+    call), the heads read from ``model.config.n_heads``."""
+    kernels = [m for m in model.modules() if isinstance(m, AttentionKernel)]
+    inner = {id(m) for k in kernels for m in k.modules() if m is not k}
+    heads = getattr(getattr(model, "config", None), "n_heads", None)
+    layout = layout_for(kernels, L, P)
+    check_length(L, P, layout, "the sequence length")
+    if isinstance(heads, int):
+        for kernel in kernels:
+            if id(kernel) not in inner:
+                check_rows(kernel, batch_size, heads, L, P, layout)
 
 
 def _positional_classes() -> Tuple[type, ...]:
@@ -97,6 +117,9 @@ class Sharding:
             if state is not None or return_state or need_weights:
                 raise ValueError("a model on sequence shards returns outputs only: no state, return_state or "
                                  "need_weights (decode and inspect weights on one process)")
+            if k.shape[1] != q.shape[1]:  # grouped keys (n_kv_heads): the strategies split equal heads
+                R = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(R, dim=1), v.repeat_interleave(R, dim=1)  # (B, H, L/P, E)
             self._inside = True
             try:
                 return attend(kernel, q, k, v, mask=mask, group=self.group, layout=self.current_layout(self.length))

@@ -46,7 +46,8 @@ keeps its blocks for autograd), with each rank's own draws.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -62,7 +63,7 @@ from ..types import AttentionOutput
 from .comm import Group, all_reduce_max, all_reduce_sum, exchange, send_receive
 from .layout import check_length, gather, pieces, positions
 
-__all__ = ["STRATEGIES", "attend", "strategy_for", "halo_widths"]
+__all__ = ["STRATEGIES", "attend", "strategy_for", "halo_widths", "check_rows"]
 
 STRATEGIES = ("ring", "halo", "summary", "state", "projection", "ulysses", "ulysses-batch")
 
@@ -211,9 +212,14 @@ def _fused(x: Tensor) -> bool:
     return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
 
 
+def _fuses(q: Tensor, v: Tensor) -> bool:
+    """``_fused``, and values of the queries' head size (the fused kernel takes no other)."""
+    return _fused(q) and v.shape[-1] == q.shape[-1]
+
+
 def _block_forward(q: Tensor, k: Tensor, v: Tensor, kpm: Optional[Tensor], diagonal: bool, scale: float):
     """One block's ``(out (B, H, m, Ev), lse (B, H, m, 1))``, ``lse = -inf`` on rows with no allowed key."""
-    if not _fused(q):
+    if not _fuses(q, v):
         num, den, top = _block(q, k, v, _allowed(kpm, diagonal, q.shape[-2], q.device), scale, 0.0)
         has = den > 0
         return num / torch.where(has, den, torch.ones_like(den)), torch.where(
@@ -233,7 +239,7 @@ def _block_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
     """One block's ``(dq, dk, dv)`` from the *global* output rows ``out`` and log-sum-exp ``lse``
     (``p = exp(s - lse)`` are then the block's entries of the whole softmax): exact block gradients."""
     lse0 = finite_or_zero(lse)  # a row with no allowed key anywhere has only -inf scores: p = 0 there
-    if not _fused(q):
+    if not _fuses(q, v):
         p = torch.exp(_scores(q, k, _allowed(kpm, diagonal, q.shape[-2], q.device), scale) - lse0)  # (B, H, m, kl)
         ds = p * (do @ v.transpose(-1, -2) - D)  # d loss / d scores
         return (ds @ k) * scale, (ds.transpose(-1, -2) @ q) * scale, p.transpose(-1, -2) @ do
@@ -271,9 +277,9 @@ def _rotate(g: Group, buffers: List[Tensor], phase: str) -> None:
     that the exchange needs one piece's receive buffer, not a second copy of the shards."""
     nxt, prv = (g.rank + 1) % g.size, (g.rank - 1) % g.size
     flat = [b.view(-1) for b in buffers]
-    size = -(-flat[0].numel() // ROTATE_PIECES)
-    for at in range(0, flat[0].numel(), size):
-        mine = [f[at:at + size] for f in flat]
+    sizes = [-(-f.numel() // ROTATE_PIECES) for f in flat]  # each buffer in its own pieces (v's size need not be k's)
+    for piece in range(ROTATE_PIECES):
+        mine = [f[piece * size:(piece + 1) * size] for f, size in zip(flat, sizes)]
         got = send_receive(g, {nxt: mine}, {prv: [m.shape for m in mine]}, like=buffers[0], phase=phase)[prv]
         for m, x in zip(mine, got):
             m.copy_(x)
@@ -487,7 +493,6 @@ def _state(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
         dist.broadcast(kernel.projection, g.global_rank(0), group=g.group)
     if not kernel.causal:
         lk, log, v1 = _key_terms(kernel, k, v, mask)
-        acc = lk.dtype
         if log:
             top = all_reduce_max(g, lk.detach().amax((-2, -1)))  # (B, H): the largest key feature anywhere
             lk = torch.exp(lk - finite_or_zero(top)[..., None, None])
@@ -495,7 +500,10 @@ def _state(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
         lq, _ = _log_features(kernel, q)
         phi_q = torch.exp(lq - lq.detach().amax(-1, keepdim=True)) if log else lq
         nd = phi_q @ SZ  # (B, H, n, Ev + 1)
-        out = nd[..., :Ev] / nd[..., Ev:].clamp(min=torch.finfo(acc).tiny)
+        den = nd[..., Ev:]
+        # a zero denominator (no key anywhere: a sequence all padding) gives 0, as the kernel's own
+        # division does; clamping it to the smallest float would send 1 / tiny into backward (0 * inf in dv)
+        out = nd[..., :Ev] / den.masked_fill(den == 0, 1.0)
         return out.to(v.dtype)
     # causal: each rank's [S, Z] (at its own scale), sent to the ranks after it; rank p continues from
     # the sums of ranks 0 .. p-1 as from a decoding state. The sums are recomputed in backward
@@ -604,17 +612,48 @@ def _projection(kernel, q, k, v, mask, g: Group, L: int, layout: str) -> Tensor:
 # ----------------------------------------------------------------------------- Ulysses
 
 
+@contextmanager
+def _drawn_once(kernel: AttentionKernel, g: Group, H: int, E: int, L: int, device) -> Iterator[None]:
+    """Inside the block, a kernel that draws its randomness at every call — LSH's rotations
+    (``hashing``) without a seed — hashes with one draw on every rank: the group's first rank's,
+    drawn from its generator as one process draws it (the first rank is seeded as one process
+    is), and sent to the others. Each rank drawing its own would hash its batch rows differently
+    from one process. Other kernels: nothing changes."""
+    if not hasattr(kernel, "hashing") or (kernel.seed if kernel.seed is not None or kernel.training
+                                          else kernel.eval_seed) is not None:
+        yield
+        return
+    drawn = kernel.hashing(H, E, L, device)
+    if drawn.rotations is not None:  # None: one bucket, nothing drawn
+        dist.broadcast(drawn.rotations, g.global_rank(0), group=g.group)
+    kernel.hashing = lambda *args, **kwargs: drawn  # an instance attribute, found before the method
+    try:
+        yield
+    finally:
+        del kernel.hashing
+
+
+def check_rows(kernel: AttentionKernel, B: int, H: int, L: int, P: int, layout: str = "contiguous",
+               strategy: Optional[str] = None) -> None:
+    """A ValueError when ``kernel``'s strategy (default ``strategy_for``) cannot split a batch of
+    ``B`` sequences of ``L`` with ``H`` heads over ``P`` ranks: Ulysses hands each rank ``B H / P``
+    whole rows, ``ulysses-batch`` ``B / P`` whole examples. (Checked before a run starts —
+    ``qkv.runs`` — and by the strategy itself.)"""
+    chosen = strategy or strategy_for(kernel, L, P, layout)
+    if chosen == "ulysses-batch" and B % P:
+        raise ValueError(f"attention {kernel.registry_name!r} splits over whole batch rows under context parallelism "
+                         f"(its heads differ: per-head parameters or draws), so the batch ({B}) must be a multiple of "
+                         f"the {P} ranks")
+    if chosen in ("ulysses", "ulysses-batch") and (B * H) % P:
+        raise ValueError(f"Ulysses context parallelism splits the batch x heads rows ({B} x {H}) over {P} ranks: "
+                         f"their product must be a multiple of {P}")
+
+
 def _ulysses(kernel, q, k, v, mask, g: Group, L: int, layout: str, whole_batch: bool = False) -> Tensor:
     B, H, n, E = q.shape
     Ev = v.shape[-1]
     P = g.size
-    if whole_batch and B % P:
-        raise ValueError(f"attention {kernel.registry_name!r} splits over whole batch rows under context parallelism "
-                         f"(its heads differ: per-head parameters or draws), so the batch ({B}) must be a multiple of "
-                         f"the {P} ranks")
-    if (B * H) % P:
-        raise ValueError(f"Ulysses context parallelism splits the batch x heads rows ({B} x {H}) over {P} ranks: "
-                         f"their product must be a multiple of {P}")
+    check_rows(kernel, B, H, L, P, layout, "ulysses-batch" if whole_batch else "ulysses")
     R = B * H // P  # rows per rank
     rows = lambda x: x.reshape(B * H, n, x.shape[-1])
     qr, kr, vr = rows(q), rows(k), rows(v)
@@ -641,7 +680,8 @@ def _ulysses(kernel, q, k, v, mask, g: Group, L: int, layout: str, whole_batch: 
         shape = (R, 1, L)
         kmask = full_mask[torch.arange(g.rank * R, (g.rank + 1) * R, device=q.device) // H]
     kmask = None if bool(kmask.all()) else kmask  # no padding: the kernel's fast path
-    out = kernel(qs.reshape(*shape, E), ks.reshape(*shape, E), vs.reshape(*shape, Ev), mask=kmask).output
+    with _drawn_once(kernel, g, H, E, L, q.device):
+        out = kernel(qs.reshape(*shape, E), ks.reshape(*shape, E), vs.reshape(*shape, Ev), mask=kmask).output
     out = out.reshape(R, L, Ev)
     back = {r: [torch.cat([out[:, s:s + length] for s, length in pieces(L, P, r, layout)], dim=1)] for r in others}
     got_back = exchange(g, back, {r: [torch.Size((R, n, Ev))] for r in others}, like=out)

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from .._errors import UserError, user_input
 from .._machine import announce
+from ..hf.tokenizer import remember_text
 from ..registry import lookup
 from ..tasks import build_task
 from . import directory as files
@@ -160,6 +161,7 @@ class Run:
         self.settings = dataclasses.replace(settings, model_config=dataclasses.asdict(model.config), train=train,
                                             task_options=files.keep_tokenizer(out, settings.task_options))
         self.task, self.model, self.config, self.resume = task, model, config, resume
+        remember_text(model, task)  # save_pretrained(format="huggingface") writes its tokenizer too
         if files.rank() == 0:  # under torchrun only rank 0 writes (the others would race it for run.json)
             files.write_run(out, self.settings.record())
 
@@ -168,6 +170,7 @@ class Run:
         """A run's task and model for evaluation or sampling (its final ``model/`` if present, else
         its latest intact checkpoint), in eval mode; not locked."""
         settings, task, model = trained(Path(directory))
+        remember_text(model, task)  # save_pretrained(format="huggingface") writes its tokenizer too
         return cls(Path(directory), settings, task, model)
 
     # -- using one

@@ -11,6 +11,7 @@ from typing import Any, Dict
 import numpy as np
 import torch
 
+from .. import parallel
 from .._errors import UserError, user_input
 from ..train import TrainConfig, Trainer
 from ..train.distributed import refuse_unsplittable
@@ -50,8 +51,9 @@ def check_fits(model: Any, task: Any, task_name: str) -> None:
 
 def check_splits(model: Any, task: Any, config: TrainConfig) -> None:
     """``--context-parallel P``: refused before anything is written when the model cannot run on
-    sequence shards, ``P`` does not divide the processes (torchrun's ``WORLD_SIZE``) or the task's
-    sequences do not cut into ``P`` shards."""
+    sequence shards (its declaration, ``QKVModel.context_parallel``), ``P`` does not divide the
+    processes (torchrun's ``WORLD_SIZE``), the task's sequences do not cut into ``P`` shards or a
+    kernel's strategy cannot split the batch's rows (``qkv.parallel.check_batch``)."""
     P = config.context_parallel
     if P == 1:
         return
@@ -64,6 +66,11 @@ def check_splits(model: Any, task: Any, config: TrainConfig) -> None:
     if main is not None and main.dim() >= 2 and main.shape[1] % P:
         raise UserError(f"--context-parallel {P}: the task's sequences of {main.shape[1]} positions do not cut into "
                         f"{P} equal shards; choose a length that is a multiple of {P} (e.g. --set task.block_size=...)")
+    if main is not None and main.dim() >= 2:
+        try:  # the rows a kernel's strategy hands each rank (Ulysses: batch x heads)
+            parallel.check_batch(model, int(main.shape[1]), P, config.batch_size)
+        except ValueError as error:
+            raise UserError(f"--context-parallel {P}: {error} (--batch-size {config.batch_size})") from None
 
 
 def train(model: Any, task: Any, config: TrainConfig, directory: Path, *, resume: bool, save: bool) -> Dict[str, float]:

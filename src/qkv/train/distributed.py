@@ -1,6 +1,12 @@
 """Process-group set-up for ``torchrun``: read ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, start
 gloo (CPU) or NCCL (CUDA) when ``WORLD_SIZE > 1``, and tear it down at the end.
 
+The group waits ``timeout_seconds()`` (``QKV_DIST_TIMEOUT``, default 600 s) for a peer at any
+collective, then fails: a rank that stops (paused, killed, stuck) ends the run with an error
+instead of a hang. :func:`check_agreement` refuses, on every rank and before the first step, ranks
+started with different settings (they would otherwise wait on each other for ever, or split
+sequences differently and give a wrong number).
+
 Also :func:`die_with_parent`: a worker process (a ``torchrun`` rank, a ``qkv bench lra --jobs``
 cell worker) that ends when the process that started it ends, ``kill -9`` included, instead of
 running on as an orphan."""
@@ -14,14 +20,16 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, List, Optional
+from dataclasses import asdict, dataclass, is_dataclass
+from datetime import timedelta
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
 __all__ = ["DistContext", "setup", "teardown", "all_gather_objects", "mean_across", "barrier", "die_with_parent",
-           "ContextGroups", "context_groups", "refuse_unsplittable"]
+           "ContextGroups", "context_groups", "refuse_unsplittable", "timeout_seconds", "run_settings",
+           "check_agreement"]
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -85,6 +93,26 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name} must be an int, got {value!r}") from None
 
 
+#: how long a rank waits for its peers at a collective before the run fails (seconds)
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def timeout_seconds() -> float:
+    """The process group's timeout: ``QKV_DIST_TIMEOUT`` seconds (a positive number), default
+    ``DEFAULT_TIMEOUT_S`` (NCCL's own default; gloo's was 30 min). The other ranks wait at a
+    barrier while rank 0 evaluates: a run whose evaluation takes longer sets more."""
+    value = os.environ.get("QKV_DIST_TIMEOUT")
+    if value is None or value == "":
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"environment variable QKV_DIST_TIMEOUT must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
 def setup(device: str = "auto") -> DistContext:
     """Join the ``torchrun`` process group when ``WORLD_SIZE > 1`` (else run alone).
 
@@ -107,7 +135,8 @@ def setup(device: str = "auto") -> DistContext:
         torch.cuda.set_device(dev)
     owns = False
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world_size)
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_seconds()))
         owns = True
     if dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -130,6 +159,41 @@ def teardown(ctx: DistContext, clean: bool = True) -> None:
                 dist.barrier()
         finally:
             dist.destroy_process_group()
+
+
+def run_settings(config: Any, model: Any, task: Any) -> Dict[str, Any]:
+    """What every rank of one run must share, flat (``train.steps``, ``model.attention``, ``task``):
+    the training config, the model's config and the task's class."""
+    settings: Dict[str, Any] = {"task": type(task).__name__, "model": type(model).__name__}
+    for prefix, part in (("train", config), ("model", getattr(model, "config", None))):
+        if is_dataclass(part):
+            settings.update({f"{prefix}.{k}": v for k, v in asdict(part).items()})
+    return settings
+
+
+def check_agreement(ctx: DistContext, settings: Dict[str, Any]) -> None:
+    """A ``UserError`` on every rank, naming what differs, when the ranks' ``settings``
+    (``run_settings``) are not the same (one collective; nothing when alone). Ranks started with
+    different steps, kernels or ``--context-parallel`` would wait on each other for ever; with
+    different seeds they would train on other batches than one command's."""
+    if not ctx.distributed:
+        return
+    from .._errors import UserError
+
+    try:
+        every = all_gather_objects(ctx, settings)
+    except RuntimeError as error:  # torch.distributed's timeout (DistBackendError), a peer gone
+        raise UserError(f"rank {ctx.rank}: the other processes of this run did not answer within "
+                        f"{timeout_seconds():g} s (QKV_DIST_TIMEOUT) before the first step: a rank stopped, "
+                        f"failed or is paused ({str(error).splitlines()[0] if str(error) else type(error).__name__})") from None
+    same = lambda a, b: a == b or repr(a) == repr(b)  # repr: a NaN setting equals itself
+    differ = sorted(k for k in set().union(*every) if not all(same(s.get(k), every[0].get(k)) for s in every))
+    if differ:
+        shown = "; ".join(f"{k} (" + ", ".join(f"rank {r}: {s.get(k)!r}" for r, s in enumerate(every)) + ")"
+                          for k in differ[:3])
+        more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+        raise UserError(f"the {ctx.world_size} processes of this run were started with different settings: "
+                        f"{shown}{more}; start every rank with the same command (torchrun does)")
 
 
 def barrier(ctx: DistContext) -> None:
@@ -179,7 +243,8 @@ def context_groups(ctx: DistContext, size: int) -> ContextGroups:
     if ctx.world_size % size:
         raise ValueError(f"--context-parallel {size} must divide the number of processes ({ctx.world_size}: "
                          f"torchrun --nproc_per_node); the world is data-parallel groups x context-parallel ranks")
-    groups = [dist.new_group(list(range(d * size, (d + 1) * size))) for d in range(ctx.world_size // size)]
+    groups = [dist.new_group(list(range(d * size, (d + 1) * size)), timeout=timedelta(seconds=timeout_seconds()))
+              for d in range(ctx.world_size // size)]
     data_rank = ctx.rank // size
     return ContextGroups(size=size, rank=ctx.rank % size, data_rank=data_rank,
                          data_size=ctx.world_size // size, group=groups[data_rank])
@@ -188,7 +253,8 @@ def context_groups(ctx: DistContext, size: int) -> ContextGroups:
 def refuse_unsplittable(model: torch.nn.Module, carries_state: bool) -> None:
     """A ``UserError`` with the reason when ``model`` cannot run on sequence shards: only
     self-attention kernels (and the positional encoding, which ``qkv.parallel`` shifts to the global
-    positions) may mix positions."""
+    positions) may mix positions, and a qkv model must declare that it splits
+    (``QKVModel.context_parallel``, ``context_parallel_refusal``: the reason, config by config)."""
     from .._errors import UserError
     from ..attention import AttentionKernel
 
@@ -206,6 +272,7 @@ def refuse_unsplittable(model: torch.nn.Module, carries_state: bool) -> None:
     if any(getattr(m, "cross_attn", None) is not None for m in model.modules()):
         raise UserError(f"{name} attends across to a second sequence (cross-attention): --context-parallel splits "
                          f"self-attention only")
-    if getattr(getattr(model, "config", None), "head", None) == "classification":
-        raise UserError(f"{name} with head='classification' reads one position of each sequence: --context-parallel "
-                         f"splits language models (head='lm')")
+    refusal = model.context_parallel_refusal() if callable(getattr(model, "context_parallel_refusal", None)) else None
+    if refusal:
+        raise UserError(f"{getattr(model, 'registry_name', '') or name} cannot be split over --context-parallel "
+                        f"ranks: {refusal}")

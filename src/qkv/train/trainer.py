@@ -287,6 +287,7 @@ class Trainer:
         ctx = distributed.setup(cfg.device)
         clean = False
         try:
+            distributed.check_agreement(ctx, distributed.run_settings(cfg, self.model, self.task))
             with RunLock(self.out_dir) if ctx.is_main else nullcontext():  # one writer per run directory
                 result = self._fit(ctx, resume)
             clean = True

@@ -154,3 +154,14 @@ def test_context_parallelism_refuses_rotary_positions():
     from qkv.parallel.model import Sharding
     with pytest.raises(ValueError, match="context parallelism does not shard rotary positions"):
         Sharding(tiny())
+
+
+def test_gradient_checkpointing_passes_the_positions():
+    model = tiny().train()
+    again = tiny(gradient_checkpointing=True).train()
+    again.load_state_dict(model.state_dict())
+    ids = torch.randint(0, 40, (2, 10), generator=torch.Generator().manual_seed(5))
+    for m in (model, again):
+        m(ids, labels=ids).loss.backward()
+    grads = [m.stack.layers[0].self_attn.q_proj.weight.grad for m in (model, again)]
+    torch.testing.assert_close(grads[0], grads[1])

@@ -120,6 +120,8 @@ def test_from_hf_seam_and_tied_copies():
             torch.testing.assert_close(ours(IDS).logits, hf(IDS).logits, rtol=0, atol=1e-5)
     ours = qkv.Llama.from_hf(hf.config.to_dict(), dict(state), attention="linear")
     assert ours.stack.layers[0].self_attn.kernel.registry_name == "linear"
+    with pytest.raises(ValueError, match=r"\['n_kv_heads'\] are fixed by the checkpoint"):
+        qkv.Llama.from_hf(hf.config.to_dict(), dict(state), n_kv_heads=4)
 
 
 def test_sharded_checkpoint(tmp_path):

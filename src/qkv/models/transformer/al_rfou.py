@@ -90,6 +90,13 @@ class AlRfouLM(GPT):
     legacy_fields = {"aux_layer_losses": False, "aux_schedule": "paper", "aux_total_steps": 0, "aux_layer_decay_steps": 0,
                      "n_targets": 1, "target_weight": 0.5}
 
+    def context_parallel_refusal(self) -> Optional[str]:
+        if self.config.n_targets > 1:
+            return (f"with n_targets={self.config.n_targets} a position also predicts the tokens 2 .. "
+                    f"{self.config.n_targets} steps ahead, which lie on the next rank at a shard's end "
+                    f"(train with --set n_targets=1)")
+        return super().context_parallel_refusal()
+
     def __init__(self, config: AlRfouConfig) -> None:
         super().__init__(config)
         c = config

@@ -126,11 +126,21 @@ class BERT(QKVModel):
     config_class = BERTConfig
     task_kinds = frozenset({"classification", "pretraining"})
     input_key = "input_ids"  # token ids (bbc-news is given as bbc-news-tokens)
+    context_parallel = True  # the encoder; the heads that read [CLS] refuse (below)
     init_task_fields = ("head", "num_labels")  # a fine-tuning task chooses the head (qkv train --init)
     init_fresh = ("classifier.",)  # ...which starts fresh; the encoder, pooler and MLM/NSP heads are copied
     # "paper": BERT-base (the config's defaults); "cpu": a small encoder that trains in minutes on 2 cores
     presets = {"paper": {}, "cpu": {"n_layers": 2, "d_model": 128, "n_heads": 2, "d_ff": 512}}
     default_preset = "cpu"
+
+    def context_parallel_refusal(self) -> Optional[str]:
+        if self.config.head == "pretraining":
+            return ("with head='pretraining' its loss adds next-sentence prediction from the [CLS] token, the "
+                    "sequence's first position, which the first rank alone holds")
+        if self.config.head == "classification":
+            return ("with head='classification' it classifies from the [CLS] token, the sequence's first "
+                    "position, which the first rank alone holds")
+        return super().context_parallel_refusal()
 
     def __init__(self, config: BERTConfig) -> None:
         super().__init__(config)

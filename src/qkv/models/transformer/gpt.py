@@ -87,6 +87,7 @@ class GPT(QKVModel):
     init_task_fields = ("head", "num_labels")  # a fine-tuning task chooses the head (qkv train --init)
     init_fresh = ("classifier.",)  # ...which starts fresh; the stack and the LM head are copied
     input_key = "input_ids"  # token ids
+    context_parallel = True  # the LM head: a loss over positions (a classification head refuses: below)
     stack_class = TransformerStack  # the decoder stack (Universal Transformer: a shared-depth stack)
     # "paper": GPT-2 small (the config's defaults); "cpu": trains on shakespeare-char in minutes on 2 cores
     presets = {"paper": {},
@@ -96,6 +97,12 @@ class GPT(QKVModel):
     #: fields that ``gpt`` configs held (at these values when unused) before a model built on GPT had
     #: its own class; that model declares them (Al-Rfou et al.'s losses: ``al_rfou.py``)
     legacy_fields: ClassVar[Dict[str, Any]] = {}
+
+    def context_parallel_refusal(self) -> Optional[str]:
+        if self.config.head == "classification":
+            return ("with head='classification' it reads one position of each sequence (the last real token), "
+                    "which one rank alone holds")
+        return super().context_parallel_refusal()
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__(config)

@@ -97,6 +97,8 @@ class ImageTransformer(QKVModel):
     """
 
     config_class = ImageTransformerConfig
+    context_parallel = ("it reads images (pixels and their channels, not a token sequence the trainer cuts) and "
+                        "lays its attention blocks over the image's rows")
     suggested_tasks = ("mnist", "fashion-mnist")  # `qkv list model`
     task_kinds = frozenset({"image"})
     train_defaults = {"lr": 2e-3, "steps": 600, "batch_size": 16, "warmup": 50, "eval_max_examples": 100}

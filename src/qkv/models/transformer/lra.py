@@ -126,6 +126,8 @@ class LRAEncoder(QKVModel):
     config_class = LRAEncoderConfig
     task_kinds = frozenset({"classification"})
     input_key = "input_ids"  # token ids (bytes, pixels, ListOps symbols)
+    context_parallel = ("it pools every position of a sequence into one vector for its classifier: each rank "
+                        "would pool its own shard only")
     suggested_tasks = ("listops", "pathfinder", "bbc-bytes", "fashion-mnist-seq")
     train_defaults = {"lr": 1e-3, "steps": 500, "batch_size": 16, "warmup": 50}
     n_towers = 1  # the documents the classifier reads the pooled vectors of

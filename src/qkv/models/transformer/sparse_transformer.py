@@ -85,6 +85,7 @@ class HeadSplitAttention(AttentionKernel):
     supports_mask = "key_padding"
     supports_state = True
     registry_name = "head-split"
+    context_parallel = "ulysses-batch"  # qkv.parallel: its heads differ, so whole batch rows (all heads) per rank
 
     def __init__(self, first: AttentionKernel, second: AttentionKernel) -> None:
         super().__init__(causal=first.causal, dropout=first.dropout)

@@ -75,6 +75,7 @@ class Transformer(QKVModel):
     """
 
     config_class = TransformerConfig
+    context_parallel = "its decoder attends across to a second sequence (cross-attention)"
     suggested_tasks = ('reverse', 'dates', 'bible-en-es')  # `qkv list model`
     task_kinds = frozenset({"seq2seq"})
     stack_class = TransformerStack  # the encoder's and decoder's stack (Universal Transformer: a shared-depth stack)

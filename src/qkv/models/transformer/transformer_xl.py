@@ -106,6 +106,7 @@ class TransformerXL(QKVModel):
     input_key = "input_ids"  # token ids
     #: the trainer passes ``state=`` / ``return_state=True`` and keeps ``out.state`` on stream tasks
     carries_state = True
+    context_parallel = True  # on batches of their own; the memory carried across segments refuses (the trainer)
     train_defaults = {"steps": 1000, "batch_size": 16, "lr": 1e-3, "warmup": 50, "weight_decay": 0.0}
 
     def __init__(self, config: TransformerXLConfig) -> None:

@@ -320,6 +320,8 @@ class UniversalTransformerLM(GPT):
     """
 
     config_class = UniversalTransformerLMConfig
+    context_parallel = ("its adaptive computation time halts each position on its own: the ranks would make "
+                        "different numbers of attention calls and wait on each other for ever")
     task_kinds = frozenset({"lm"})  # its forward has no classification head
     # the parent's presets without its depth: a Universal Transformer has one shared block (n_layers=1)
     presets = {name: {k: v for k, v in p.items() if k != "n_layers"} for name, p in GPT.presets.items()}
