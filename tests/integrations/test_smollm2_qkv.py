@@ -106,6 +106,14 @@ def test_train_llama_init_from_a_checkpoint_then_eval_and_generate(tmp_path, sha
     assert main(["generate", str(run), "--prompt", prompt, "--max-new-tokens", "6", "--temperature", "0",
                  "--threads", "1"]) == 0  # lr 1e-12: the weights are still the checkpoint's
     assert capsys.readouterr().out.strip().splitlines()[-1] == tok.decode(expected[0])
+    out = tmp_path / "export"  # what transformers reads back: the checkpoint's tokenizer as it is, its specials
+    assert main(["export", str(run), str(out)]) == 0
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert hf_tok(prompt).input_ids == ids[0].tolist() and (hf_tok.eos_token, hf_tok.pad_token) == ("<|im_end|>",) * 2
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert "token_type_ids" not in hf_tok(prompt)
+    assert exported.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0).tolist() == \
+        expected.tolist()
 
 
 def test_from_pretrained_reads_a_gguf_file_in_place(tmp_path):
