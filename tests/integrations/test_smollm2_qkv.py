@@ -142,6 +142,26 @@ def test_from_pretrained_reads_a_gguf_file_in_place(tmp_path):
         Llama.from_pretrained(tmp_path / "missing.gguf")
 
 
+def test_generation_multiplies_only_the_last_position_by_the_output_matrix():
+    from qkv import LlamaConfig
+
+    model = Llama(LlamaConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=48, vocab_size=40)).eval()
+    ids = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, logits_to_keep=3).logits, model(ids).logits[:, -3:], rtol=0, atol=1e-6)
+    rows = []
+    hook = model.lm_head.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[1]))
+    try:
+        model.generate(ids, 3, temperature=0)
+    finally:
+        hook.remove()
+    assert rows == [1, 1, 1]  # the 9-token prompt too: its last position only
+    with pytest.raises(ValueError, match="labels need every position"):
+        model(ids, labels=ids, logits_to_keep=1)
+    with pytest.raises(ValueError, match="logits_to_keep must be an int >= 0"):
+        model(ids, logits_to_keep=-1)
+
+
 def test_shakespeare_char_refuses_a_checkpoint_tokenizer_that_is_not_there(shakespeare_cache, tmp_path):
     from qkv.tasks.lm import ShakespeareChar
 
