@@ -133,8 +133,8 @@ def test_from_pretrained_reads_a_gguf_file_in_place(tmp_path):
     for name, tensor in expected.state_dict().items():
         assert torch.equal(model.state_dict()[name], tensor), name
     assert type(QKVModel.from_pretrained(path)) is Llama
-    with pytest.raises(ValueError, match="qkv reads GGUF files but writes none"):
-        model.save_pretrained(tmp_path / "out", format="gguf")
+    with pytest.raises(ValueError, match=r"format must be one of \['qkv', 'huggingface'\], got 'gguf'"):
+        model.save_pretrained(tmp_path / "out", format="gguf")  # read only
     (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all")
     with pytest.raises(UserError, match="bad.gguf"):
         Llama.from_pretrained(tmp_path / "bad.gguf")

@@ -219,6 +219,8 @@ for _model_type in _ARCHITECTURES:  # the stack's fields are fixed for every fam
 class _GGUF(CheckpointFormat):
     """``from_pretrained(FILE.gguf)``: a llama.cpp file read by ``qkv.hf.gguf.read_gguf`` (read only)."""
 
+    writes = False
+
     def recognizes(self, directory: Path) -> bool:
         return directory.suffix.lower() == ".gguf" and directory.is_file()
 
@@ -229,9 +231,9 @@ class _GGUF(CheckpointFormat):
         config, state_dict, _ = read_gguf(directory)
         return from_hf(cls, config, state_dict, **overrides).to(map_location)
 
-    def save(self, model: Any, directory: Union[str, "os.PathLike[str]"]) -> Path:
-        raise ValueError("format='gguf': qkv reads GGUF files but writes none; save_pretrained(dir, format='huggingface') "
-                         "writes the checkpoint llama.cpp's convert_hf_to_gguf.py reads")
+    def save(self, model: Any, directory: Union[str, "os.PathLike[str]"]) -> Path:  # not offered (writes=False)
+        raise ValueError("qkv reads GGUF files but writes none; save_pretrained(dir, format='huggingface') writes the "
+                         "checkpoint llama.cpp's convert_hf_to_gguf.py reads")
 
 
 CHECKPOINT_FORMATS["gguf"] = _GGUF()

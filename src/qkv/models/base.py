@@ -161,7 +161,10 @@ class CheckpointFormat(abc.ABC):
     """Another library's checkpoint layout that ``QKVModel.from_pretrained`` reads and
     ``save_pretrained(format=name)`` writes; registered in ``CHECKPOINT_FORMATS`` by the module that
     implements it (``qkv/hf/checkpoints.py``: ``"huggingface"``, registered when ``qkv`` is
-    imported), so that this floor imports none of the models and no higher floor."""
+    imported), so that this floor imports none of the models and no higher floor. ``writes``
+    False: a format read only (a llama.cpp GGUF file), not offered to ``save_pretrained``."""
+
+    writes: bool = True
 
     @abc.abstractmethod
     def recognizes(self, directory: Path) -> bool:
@@ -384,8 +387,9 @@ class QKVModel(nn.Module):
         (``CHECKPOINT_FORMATS``): ``"huggingface"`` one that transformers' ``AutoModel...from_pretrained``
         loads (BERT and GPT; ``qkv/hf/checkpoints.py``)."""
         if format != "qkv":
-            if format not in CHECKPOINT_FORMATS:
-                raise ValueError(f"format must be one of {['qkv', *CHECKPOINT_FORMATS]}, got {format!r}")
+            writable = [name for name, f in CHECKPOINT_FORMATS.items() if f.writes]
+            if format not in writable:
+                raise ValueError(f"format must be one of {['qkv', *writable]}, got {format!r}")
             return CHECKPOINT_FORMATS[format].save(self, directory)
         meta = {MODEL_TYPE_KEY: self.registry_name, **dataclasses.asdict(self.config)}
         return save_model(self, meta, directory)
