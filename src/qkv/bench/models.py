@@ -31,8 +31,8 @@ refused, not timed. Then, for each length ``L`` (``--lengths``), timed interleav
   first. ``smollm2-perplexity`` times nothing: the per-token perplexity of each side on
   ``--ppl-tokens`` held-out tokens (``--ppl-texts``: Shakespeare's test split as
   ``shakespeare-char`` cuts it, the English verses of ``bible-en-es``'s test split) in windows of
-  ``L``. The issue-53 command: ``qkv bench models --threads 1 --pairs smollm2-prefill
-  smollm2-decode smollm2-perplexity --lengths 512 2048 --new-tokens 32``.
+  ``L``. The issue-53 command (``qkv data fetch smollm2 shakespeare bible`` first): ``qkv bench
+  models --threads 1 --pairs smollm2-prefill smollm2-decode smollm2-perplexity --lengths 512 2048``.
 
 Reported: the median time of each side, the ratio ``qkv / transformers`` (below 1: qkv is
 faster) and, "per round", the median of the two sides' ratios within each round
