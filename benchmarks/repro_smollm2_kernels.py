@@ -13,9 +13,9 @@ slice (the test split of ``shakespeare-char``, ``--windows`` consecutive windows
 tokens, each window read afresh, ``qkv.bench.models.window_nll``); reported: the per-token
 perplexity, its ratio to softmax's, and the wall time. A kernel that draws random features
 (``performer``) is run once per ``--seeds`` (mean and spread). A kernel that cannot take the
-pretrained attention weights (learned parameters of its own: ``relative``, ``adaptive-span``;
-causal LSH shares queries and keys, and a pretrained model has separate key weights) is listed
-with ``from_pretrained``'s reason. ``window`` at a radius past the window length is
+pretrained attention weights (learned parameters of its own: ``relative``, ``adaptive-span``, the
+gated kernels' gate projections; causal LSH shares queries and keys, and a pretrained model has
+separate key weights) is listed with ``from_pretrained``'s reason. ``window`` at a radius past the window length is
 softmax exactly (the first row checks it: the same perplexity).
 
 Knobs are each kernel's own for a context of the window length (``default_knobs(W, heads,
@@ -134,13 +134,18 @@ def measure(args: argparse.Namespace) -> Dict[str, Any]:
             "seeds": args.seeds, "threads": args.threads, "rows": rows}
 
 
+def _short(note: str, limit: int = 180) -> str:
+    """A refusal cut for the table (its list of tensor names can be long; the JSON keeps it whole)."""
+    return note if len(note) <= limit else note[:limit].rsplit(", ", 1)[0] + ", ..."
+
+
 def page(results: Dict[str, Any], command: str, machine: Dict[str, Any]) -> str:
     table = common.markdown_table(
         ["kernel", "knobs", "perplexity", "/ softmax", "seconds", "note"],
         [[r["kernel"], json.dumps(r["knobs"]), "refused" if "refused" in r else
           (f"{r['mean']:.3f}" + (f" ± {r['std']:.3f} ({len(r['seeds'])} seeds)" if r.get("seeds") else "")),
           "" if "refused" in r else f"{r['ratio']:.3f}", "" if "refused" in r else f"{r['seconds']:.1f}",
-          r.get("refused", r.get("note", ""))] for r in results["rows"]])
+          _short(r.get("refused", r.get("note", "")))] for r in results["rows"]])
     return "\n".join([
         "# qkv's causal kernels in SmolLM2-135M, no training", "",
         "Each registered causal kernel replaces softmax in every layer of the real pretrained SmolLM2-135M-Instruct "
