@@ -74,7 +74,9 @@ def test_create_locks_trains_and_records_the_run(shakespeare_cache):
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         finally:
             os.close(fd)
-        assert json.loads((out / runs.RUN_FILE).read_text()) == json.loads(json.dumps(run.settings.record()))
+        recorded = json.loads((out / runs.RUN_FILE).read_text())
+        assert len(recorded.pop("run_id")) == 32  # the run's id beside its settings
+        assert recorded == json.loads(json.dumps(run.settings.record()))
         metrics = run.train()
     assert metrics["bpc"] > 0 and len(_losses(out)) == 3
     assert (out / "model" / "config.json").is_file() and (out / "model" / runs.VOCAB_FILE).is_file()
@@ -107,7 +109,7 @@ def test_resume_through_the_api_equals_the_cli(shakespeare_cache, capsys):
     assert _losses(api) == _losses(cli) and len(_losses(api)) == 4
     for name in ("run.json", "train_config.json"):
         a, c = (json.loads((d / name).read_text()) for d in (api, cli))
-        a.pop("out_dir", None), c.pop("out_dir", None)
+        a.pop("out_dir", None), c.pop("out_dir", None), a.pop("run_id", None), c.pop("run_id", None)  # each run its own id
         assert a == c, name
     resumed = [json.loads(line) for line in (api / "metrics.jsonl").read_text().splitlines() if '"resume"' in line]
     assert resumed and resumed[-1]["checkpoint"] == "step-00000002.safetensors"
@@ -264,3 +266,113 @@ def test_only_rank_zero_copies_the_tokenizer_into_the_run(tmp_path, monkeypatch)
     monkeypatch.setenv("RANK", "0")
     assert keep_tokenizer(out, {"tokenizer": str(source)}) == {"tokenizer": TOKENIZER_FILE}
     assert (out / TOKENIZER_FILE).read_text() == "{}"
+
+
+def test_a_full_disk_during_train_is_one_line_and_leaves_whole_checkpoints(shakespeare_cache, monkeypatch, capsys):
+    """Issue 52 item 15: the disk fills while `qkv train` writes its third checkpoint (safetensors'
+    own error for ENOSPC, raised as it was): one line, exit 2, and the checkpoints written before it
+    whole, no temporary file left; --resume once there is space continues from them."""
+    from safetensors import SafetensorError
+
+    import qkv._modelfile as modelfile
+
+    run = shakespeare_cache / "run"
+    real, calls = modelfile.save_file, []
+
+    def fills(tensors, path, metadata=None):
+        calls.append(path)
+        if len(calls) < 3:
+            return real(tensors, path, metadata=metadata)
+        open(path, "wb").write(b"\0" * 100)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(modelfile, "save_file", fills)
+    argv = ["train", "gpt", "--task", "shakespeare-char", "--out", str(run), *CLI_TINY, "--save-every", "1", "--steps", "4"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "no space left on the device" in errors[0] and "Traceback" not in err, err
+    manager = runs.directory.CheckpointManager(run / "checkpoints")
+    assert [p.name for p in manager.checkpoints()] == ["step-00000001.safetensors", "step-00000002.safetensors"]
+    assert manager.latest_intact() == manager.path_for(2)
+    assert not [p for p in run.rglob("*") if p.name.endswith(".tmp") or ".new-" in p.name]
+    monkeypatch.setattr(modelfile, "save_file", real)
+    assert main([*argv, "--resume"]) == 0
+    assert (run / "model" / "config.json").is_file()
+
+
+def test_eval_beside_a_run_saving_every_step_reads_the_latest_intact_checkpoint(shakespeare_cache):
+    """Issue 52 item 16: `qkv eval` / `qkv generate` while the run trains, a checkpoint at every step
+    and one kept: the one being read was removed under the reader ("does not exist", or every
+    checkpoint "corrupt"). Each load now gives a model of some step, never an error."""
+    import subprocess
+    import time
+
+    run = shakespeare_cache / "run"
+    env = {**os.environ, "PYTHONPATH": str(runs.__file__).rsplit("/qkv/", 1)[0], "OMP_NUM_THREADS": "1"}
+    argv = ["train", "gpt", "--task", "shakespeare-char", "--out", str(run), *CLI_TINY, "--save-every", "1",
+            "--keep-last", "1", "--eval-every", "100000", "--log-every", "100000", "--steps", "100000"]
+    trainer = subprocess.Popen([sys.executable, "-m", "qkv", *argv], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list((run / "checkpoints").glob("step-*.safetensors")) and time.monotonic() < deadline:
+            assert trainer.poll() is None, trainer.stderr.read()
+            time.sleep(0.1)
+        loaded = 0
+        started = time.monotonic()
+        while time.monotonic() - started < 10 and loaded < 20:
+            model = runs.load(run).model  # raised CheckpointError within a few loads
+            assert isinstance(model, GPT)
+            loaded += 1
+        assert trainer.poll() is None  # it was training all along
+    finally:
+        trainer.kill()
+        trainer.wait(30)
+    assert loaded >= 5, loaded
+
+
+def test_a_full_disk_while_train_logs_is_one_line_and_resume_drops_the_cut_record(shakespeare_cache, monkeypatch, capsys):
+    """The disk fills while `qkv train` appends to metrics.jsonl: one line, exit 2 (was OSError's
+    traceback); the half-written record is dropped when the run is resumed."""
+    import builtins
+    import errno
+
+    import qkv.train.trainer as trainer_module
+
+    run = shakespeare_cache / "run"
+    real, calls = builtins.open, []
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            self.f.write(text[:5])  # a part of the record, then the device is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def open_(path, mode="r", *args, **kwargs):
+        f = real(path, mode, *args, **kwargs)
+        if str(path).endswith("metrics.jsonl") and "a" in mode:
+            calls.append(path)
+            if len(calls) == 3:
+                return Full(f)
+        return f
+
+    monkeypatch.setattr(trainer_module, "open", open_, raising=False)
+    argv = ["train", "gpt", "--task", "shakespeare-char", "--out", str(run), *CLI_TINY, "--steps", "4"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "metrics.jsonl: no space left on the device" in errors[0] and "Traceback" not in err, err
+    monkeypatch.undo()
+    monkeypatch.setenv("QKV_DATA", str(shakespeare_cache / "data"))
+    assert main([*argv, "--resume"]) == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]  # every line whole
+    assert records and records[-1]["step"] == 4

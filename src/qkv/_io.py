@@ -9,6 +9,12 @@ then the new one to ``NAME``), and the old one removed (``atomic_directory``). A
 between the two renames leaves ``NAME`` absent and a complete new directory beside it:
 ``settle_directory``, called before every read and write of such a directory, finishes that swap,
 and removes what writers that died left (their ``.NAME.new-*`` / ``.NAME.old-*`` siblings).
+Two writers that make the same new directory at once both succeed, one after the other (the
+second swaps its directory with the first's).
+
+A place that cannot be written (no space left, a quota, a read-only file system, no permission)
+is the user's to fix: every writer here turns that ``OSError`` into one ``UserError`` line naming
+the path (``unwritable``), the path left as it was.
 """
 
 from __future__ import annotations
@@ -22,37 +28,74 @@ import secrets
 import shutil
 import socket
 import tempfile
+import threading
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Union
 
 from ._errors import UserError
 
 __all__ = ["atomic_path", "atomic_write", "atomic_write_text", "atomic_directory", "atomic_folder", "settle_directory",
-           "output_file", "output_folder"]
+           "output_file", "output_folder", "unwritable", "owner_token", "owner_is_dead"]
+
+#: why a place cannot be written, for the errors that are the user's to fix, and what to do
+_UNWRITABLE = {
+    errno.ENOSPC: ("no space left on the device", "free some space or write elsewhere"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free some space or write elsewhere"),
+    errno.EROFS: ("the file system is read-only", "write elsewhere"),
+    errno.EACCES: ("permission denied", "write elsewhere or change its permissions"),
+    errno.EPERM: ("permission denied", "write elsewhere or change its permissions"),
+}
+
+
+#: how many ``unwritable`` blocks this thread is in: the outermost one names the path the user asked for
+_DEPTH = threading.local()
+
+
+@contextlib.contextmanager
+def unwritable(path: Union[str, os.PathLike]) -> Iterator[None]:
+    """Inside the block, an ``OSError`` that says ``path``'s place cannot be written (``ENOSPC``,
+    ``EDQUOT``, ``EROFS``, ``EACCES``, ``EPERM``) becomes one ``UserError`` line naming ``path``
+    and what to do; any other error passes. Nested blocks (a file written inside a directory being
+    written) leave it to the outermost, which names what the user asked for, not a temporary file."""
+    depth = getattr(_DEPTH, "value", 0)
+    _DEPTH.value = depth + 1
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in _UNWRITABLE or depth:
+            raise
+        why, advice = _UNWRITABLE[e.errno]
+        elsewhere = e.filename and not str(e.filename).startswith(str(Path(os.path.abspath(path)).parent))
+        named = f" ({e.filename})" if elsewhere else ""
+        raise UserError(f"cannot write {path}: {why}{named}; {advice}, then retry") from None
+    finally:
+        _DEPTH.value = depth
 
 
 @contextlib.contextmanager
 def atomic_path(path: Union[str, os.PathLike]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is fsynced and renamed onto ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    with unwritable(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
     tmp_path = Path(tmp)
     # mkstemp creates 0600 files; give the result the permissions a plain open() would.
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp_path, 0o666 & ~umask)
     try:
-        yield tmp_path
-        with open(tmp_path, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp_path, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        with unwritable(path):
+            yield tmp_path
+            with open(tmp_path, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp_path, path)
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
@@ -77,14 +120,16 @@ def atomic_write_text(path: Union[str, os.PathLike], text: str) -> Path:
 # ----------------------------------------------------------------------------- whole directories
 
 
-def _sibling_token() -> str:
-    """``HOST-PID-RANDOM``: who made a temporary sibling, so that only a dead writer's is removed."""
+def owner_token() -> str:
+    """``HOST-PID-RANDOM``: who made a temporary file or folder (a sibling of ``atomic_directory``,
+    a data set's staging folder), put in its name so that only a dead writer's is removed."""
     host = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
     return f"{host}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def _writer_is_dead(token: str) -> bool:
-    """Whether the writer that named a sibling ``token`` (``_sibling_token``) has died (on this host)."""
+def owner_is_dead(token: str) -> bool:
+    """Whether the process that named something ``token`` (``owner_token``; anything may follow
+    it) has died; False for another host's (a shared file system) or a name not made so."""
     host, _, rest = token.partition("-")
     pid = rest.partition("-")[0]
     if host != hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8] or not pid.isdigit():
@@ -129,7 +174,7 @@ def settle_directory(path: Union[str, os.PathLike]) -> Path:
         if path.exists() and old.exists():
             shutil.rmtree(old, ignore_errors=True)
     for new, token in list(_siblings(path, "new")):
-        if _writer_is_dead(token):
+        if owner_is_dead(token):
             shutil.rmtree(new, ignore_errors=True)
     return path
 
@@ -212,41 +257,67 @@ def atomic_directory(path: Union[str, os.PathLike], keep_others: bool = True) ->
     path = Path(os.path.abspath(path))
     if path.exists() and not path.is_dir():
         raise UserError(f"{path} is a file, not a directory")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    settle_directory(path)
-    token = _sibling_token()
-    new = path.with_name(f".{path.name}.new-{token}")
-    new.mkdir()
+    with unwritable(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        settle_directory(path)
+        token = owner_token()
+        new = path.with_name(f".{path.name}.new-{token}")
+        new.mkdir()
     try:
-        yield new
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(new, (path.stat().st_mode & 0o7777) if path.is_dir() else 0o777 & ~umask)
-        if keep_others and path.is_dir():
-            _carry_over(path, new)
-        _fsync_tree(new)
-        try:
-            cwd = os.getcwd()
-        except OSError:
-            cwd = ""
-        inside = cwd == str(path) or cwd.startswith(str(path) + os.sep)
-        if not path.exists():
-            os.rename(new, path)
-        elif not _exchange(new, path):  # two renames; settle_directory finishes them after a kill
-            old = path.with_name(f".{path.name}.old-{token}")
-            os.rename(path, old)
+        with unwritable(path):
+            yield new
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(new, (path.stat().st_mode & 0o7777) if path.is_dir() else 0o777 & ~umask)
+            if keep_others and path.is_dir():
+                _carry_over(path, new)
+            _fsync_tree(new)
             try:
-                os.rename(new, path)
-            except FileNotFoundError:  # a reader's settle_directory finished the swap
-                if not path.is_dir():
-                    raise
-        _fsync_dir(path.parent)
-        if inside and os.path.isdir(cwd):  # the process stood in the old directory: stand in the new one
-            os.chdir(cwd)
+                cwd = os.getcwd()
+            except OSError:
+                cwd = ""
+            inside = cwd == str(path) or cwd.startswith(str(path) + os.sep)
+            _put_in_place(new, path, token)
+            _fsync_dir(path.parent)
+            if inside and os.path.isdir(cwd):  # the process stood in the old directory: stand in the new one
+                os.chdir(cwd)
     finally:
         # after an exchange ``new`` holds the old directory; after two renames ``.old-TOKEN`` does
         shutil.rmtree(new, ignore_errors=True)
         shutil.rmtree(path.with_name(f".{path.name}.old-{token}"), ignore_errors=True)
+
+
+def _put_in_place(new: Path, path: Path, token: str) -> None:
+    """``new`` becomes ``path``: renamed when ``path`` is absent, else swapped with it (one
+    exchange, or two renames that ``settle_directory`` finishes after a kill). Another writer may
+    make ``path`` between the look and the rename (two first saves at once): the rename then
+    finds it, and the swap is done instead (the later writer's directory wins, whole)."""
+    for _ in range(8):  # each turn another writer made or removed path meanwhile
+        if not path.exists():
+            try:
+                os.rename(new, path)
+                return
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                continue  # made meanwhile: swap with it
+        try:
+            if _exchange(new, path):
+                return
+        except FileNotFoundError:  # removed meanwhile (a reader settling a swap): rename again
+            continue
+        old = path.with_name(f".{path.name}.old-{token}")
+        try:
+            os.rename(path, old)
+        except FileNotFoundError:
+            continue
+        try:
+            os.rename(new, path)
+        except FileNotFoundError:  # a reader's settle_directory finished the swap
+            if not path.is_dir():
+                raise
+        return
+    raise OSError(errno.EBUSY, "other writers kept replacing it", str(path))
 
 
 def output_file(path: Union[str, os.PathLike], suffixes: Iterable[str], default: str) -> Path:

@@ -40,11 +40,13 @@ def _onednn_available() -> bool:
 
 def _onednn_fits(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
     """float32 CPU tensors of at least ``MIN_ROWS`` rows, contiguous, no gradient recorded."""
-    rows = x.numel() // x.shape[-1] if x.dim() >= 2 and x.shape[-1] else 0
-    if rows < MIN_ROWS:  # first, as the cheapest test: a decoding step's one row never goes to oneDNN
-        return False
     if torch.compiler.is_compiling():
-        return False  # Inductor cannot lower the op itself; it puts its own behind F.linear where it pays
+        # first: Inductor cannot lower the op itself (it puts its own behind F.linear where it pays),
+        # and a test of the rows would pin a dynamic length to >= MIN_ROWS in an exported program
+        return False
+    rows = x.numel() // x.shape[-1] if x.dim() >= 2 and x.shape[-1] else 0
+    if rows < MIN_ROWS:  # the cheapest test: a decoding step's one row never goes to oneDNN
+        return False
     tensors = (x, weight) if bias is None else (x, weight, bias)
     if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
         return False

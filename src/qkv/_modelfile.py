@@ -52,6 +52,7 @@ __all__ = [
     "read_header",
     "read_tensors",
     "write_tensors",
+    "write_safetensors",
     "expand_aliases",
     "save_model",
     "load_model_state",
@@ -130,7 +131,7 @@ def read_header(path: Path) -> Dict[str, str]:
     try:
         with safe_open(str(path), framework="pt") as f:
             return dict(f.metadata() or {})
-    except (SafetensorError, OSError, ValueError) as e:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # RuntimeError: safe_open of a file removed meanwhile
         raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {_first_line(e)}") from None
 
 
@@ -140,7 +141,7 @@ def read_tensors(path: Path) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
     metadata = read_header(path)
     try:
         tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as e:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # RuntimeError: safe_open of a file removed meanwhile
         raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt or truncated: {_first_line(e)}") from None
     expected = metadata.get(_CHECKSUM_KEY)
     if expected is not None and tensors_checksum(tensors) != expected:
@@ -153,7 +154,20 @@ def write_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: Dict[str,
     metadata = dict(metadata)
     metadata[_ALIASES_KEY] = json.dumps(aliases)
     metadata[_CHECKSUM_KEY] = tensors_checksum(unique)
-    return atomic_write(path, lambda tmp: save_file(unique, tmp, metadata=metadata))
+    return atomic_write(path, lambda tmp: write_safetensors(unique, tmp, metadata))
+
+
+def write_safetensors(tensors: Dict[str, Tensor], path: str, metadata: Dict[str, str]) -> None:
+    """``safetensors.torch.save_file``, whose failure to write (``SafetensorError`` "... (os error
+    28)") is given back as the ``OSError`` it is, so that a full disk is one line
+    (``qkv._io.unwritable``), not a serializer's error."""
+    try:
+        save_file(tensors, path, metadata=metadata)
+    except SafetensorError as e:
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), path) from None
 
 
 def _alias_table(metadata: Mapping[str, str], path: Path) -> Dict[str, str]:
@@ -268,7 +282,7 @@ def read_layout(path: Union[str, os.PathLike]) -> Dict[str, Tuple[str, Tuple[int
     try:
         with safe_open(str(path), framework="pt") as f:
             return {name: (str(f.get_slice(name).get_dtype()), tuple(f.get_slice(name).get_shape())) for name in f.keys()}
-    except (SafetensorError, OSError, ValueError) as e:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:  # RuntimeError: safe_open of a file removed meanwhile
         raise CheckpointError(f"checkpoint file {str(path)!r} is not a safetensors file (corrupt, truncated or another "
                               f"format): {_first_line(e)}") from None
 

@@ -518,7 +518,7 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
     """`qkv export RUN OUT ...`."""
     p = sub.add_parser("export", help="write a run's model where other tools read it (a Hugging Face pipeline)",
                        description="Write a run's model, tokenizer and labels into OUT (a new or empty folder, or "
-                                   "an earlier export, replaced; OUT appears only complete). Example: qkv export "
+                                   "an earlier qkv export, replaced; any other folder is refused; OUT appears only complete). Example: qkv export "
                                    "runs/bbc out/bbc, then transformers.pipeline('text-classification', model='out/bbc')")
     p.add_argument("run")
     p.add_argument("out")

@@ -166,10 +166,10 @@ class TimestepEncoding(SinusoidalPositionalEncoding):
     scheme (``step = 0``) it adds the position sinusoid and the constant ``P^0``.
     """
 
-    def forward(self, x: Tensor, offset: int = 0, step: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int = 0, step: int = 0, positions: Optional[Tensor] = None) -> Tensor:
         _checks.positive_int("step", step, allow_zero=True)
         t = sinusoid_table(torch.tensor(float(step), device=x.device), self.d_model, x.dtype).to(x.dtype)  # (d_model,)
-        return super().forward(x + t, offset)
+        return super().forward(x + t, offset, positions=positions)
 
 
 @register("positional", "row-column", "image")

@@ -154,30 +154,99 @@ def _tiny_runs(tmp_path, train_argv, capsys):
     return runs
 
 
-def test_bad_exports_are_one_line_before_anything_is_written(shakespeare_cache, tmp_path, train_argv, capsys):
+def _users_model(folder, *names):
+    """A folder of the user's own holding files of the names an export writes."""
+    folder.mkdir()
+    for name in names:
+        (folder / name).write_text(f"the user's {name}")
+    return folder
+
+
+def _no_space(monkeypatch):
+    """The disk fills while the weights are written: safetensors' own error for ENOSPC."""
+    from safetensors import SafetensorError
+
+    import qkv._modelfile as modelfile
+
+    def full(tensors, path, metadata=None):
+        open(path, "wb").write(b"\0" * 100)  # a part written, then the device is full
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(modelfile, "save_file", full)
+
+
+def _read_only(monkeypatch):
+    """OUT's file system is mounted read-only: making the folder beside it fails with EROFS."""
+    import errno
+    import os
+    from pathlib import Path as P
+
+    real = P.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if self.name.startswith(".o"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(P, "mkdir", mkdir)
+
+
+def test_bad_exports_are_one_line_before_anything_is_written(shakespeare_cache, tmp_path, train_argv, capsys, monkeypatch):
     """The bad-option and hostile-input table of ``qkv export``: each a one-line refusal naming what
-    was wrong, exit 2, no traceback, and nothing written."""
-    run, _ = _tiny_runs(tmp_path, train_argv, capsys)
+    was wrong, exit 2, no traceback, and nothing written (a folder the user had is as it was)."""
+    import os
+    import shutil
+
+    run, other = _tiny_runs(tmp_path, train_argv, capsys)
     a_file = tmp_path / "a-file.txt"
     a_file.write_text("x")
     fake_run = tmp_path / "fake-run"
     fake_run.mkdir()
     (fake_run / "run.json").write_text("{" * 100_000)  # hostile: 100,000-deep JSON
-    rows = [
-        (["export", str(tmp_path / "nope"), str(tmp_path / "o1")], "nope"),
-        (["export", str(a_file), str(tmp_path / "o2")], "a-file.txt"),
-        (["export", str(run), str(a_file)], "a-file.txt"),
-        (["export", str(fake_run), str(tmp_path / "o3")], "run.json"),
+    # a run whose model/ is a link to another run's, and one whose model/ is a copy of it: exported
+    # with this run's tokenizer they would not decode what the model was trained on
+    linked, copied = tmp_path / "linked", tmp_path / "copied"
+    for target in (linked, copied):
+        shutil.copytree(run, target)
+        shutil.rmtree(target / "model")
+    os.symlink(other / "model", linked / "model")
+    shutil.copytree(other / "model", copied / "model")
+    users = tmp_path / "o5-users-model"
+    _users_model(users, "config.json", "model.safetensors", "tokenizer.json")
+    lone = _users_model(tmp_path / "o6-lone-config", "config.json")
+    rows = [  # (command line, a word of the one line, what to break first)
+        (["export", str(tmp_path / "nope"), str(tmp_path / "o1")], "nope", None),
+        (["export", str(a_file), str(tmp_path / "o2")], "a-file.txt", None),
+        (["export", str(run), str(a_file)], "a-file.txt", None),
+        (["export", str(fake_run), str(tmp_path / "o3")], "run.json", None),
+        (["export", str(run), str(users)], "already holds other files (config.json, model.safetensors, tokenizer.json)", None),
+        (["export", str(run), str(lone)], "already holds other files (config.json)", None),
+        (["export", str(linked), str(tmp_path / "o7")], "leads outside the run", None),
+        (["export", str(copied), str(tmp_path / "o8")], "was saved by another run", None),
+        (["export", str(run), str(tmp_path / "o9")], "no space left on the device", _no_space),
+        (["export", str(run), str(tmp_path / "o10")], "read-only", _read_only),
     ]
-    for argv, named in rows:
-        assert main(argv) == 2, argv
+    for argv, named, breaking in rows:
+        with monkeypatch.context() as patch:
+            if breaking is not None:
+                breaking(patch)
+            assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert named in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (argv, err)
     with pytest.raises(SystemExit) as exc:
         main(["export", str(run), str(tmp_path / "o4"), "--format", "onnx"])
     assert exc.value.code == 2 and "invalid choice: 'onnx'" in capsys.readouterr().err
     assert a_file.read_text() == "x"
-    assert not any(p.name.startswith(("o1", "o2", "o3", "o4", ".o")) for p in tmp_path.iterdir())
+    for folder, names in ((users, ["config.json", "model.safetensors", "tokenizer.json"]), (lone, ["config.json"])):
+        assert sorted(p.name for p in folder.iterdir()) == names
+        assert all((folder / n).read_text() == f"the user's {n}" for n in names)
+    assert not any(p.name.startswith(("o1", "o2", "o3", "o4", "o7", "o8", "o9", ".o")) for p in tmp_path.iterdir())
+    # an export is replaced by the next (its marker says it is one); an export without it, from an
+    # older qkv, is refused as any folder is (remove it, then export)
+    out = tmp_path / "out"
+    assert main(["export", str(run), str(out)]) == 0 and main(["export", str(other), str(out)]) == 0
+    (out / ".qkv-export.json").unlink()
+    assert main(["export", str(run), str(out)]) == 2 and "already holds other files" in capsys.readouterr().err
 
 
 def _export_forever(runs, out):

@@ -172,3 +172,129 @@ def test_exporting_a_performer_whose_features_are_not_drawn_leaves_it_intact():
     expected = Wrap()(q, q, q)  # drawn now, eagerly
     assert type(kernel.projection) is torch.Tensor and type(expected) is torch.Tensor
     torch.testing.assert_close(torch.export.export(Wrap(), (q, q, q)).module()(q, q, q), expected)
+
+
+# ---------------------------------------------------------------- issue 52, item 12: inference under torch.compile
+
+#: (what the user runs under, the context): eval-mode inference, the README's "no graph break"
+INFERENCE = [("no_grad", torch.no_grad), ("inference_mode", torch.inference_mode)]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", DECODERS)
+def test_compile_in_inference_has_no_graph_break(name):
+    """``torch.compile(gpt, fullgraph=True)`` in eval under ``no_grad`` and ``inference_mode`` traces
+    whole for every kernel, with a padding mask, and gives eager's logits. The fused ``[Q K V]``
+    projection found its joined weights by ``data_ptr`` (six graph breaks on ``UntypedStorage.data_ptr``
+    in a GPT) and LSH drew its seeded rotations with NumPy (Dynamo cannot trace it)."""
+    model = _gpt(name).eval()
+    mask = torch.ones(2, 16, dtype=torch.bool)
+    mask[1, 12:] = False
+    for _, context in INFERENCE:
+        torch._dynamo.reset()
+        with context():
+            expected = model(IDS, attention_mask=mask).logits
+            got = torch.compile(model, backend="eager", fullgraph=True)(IDS, attention_mask=mask).logits
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)  # padded positions too
+
+
+def _hf_model(impl):
+    """A one-layer transformers model running ``impl``: Llama (a decoder, left padding) for the kernels
+    that can be causal, BERT (an encoder, right padding) for the others."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    # efficient cannot be causal; lsh serves transformers with shared_qk=False, which is non-causal only
+    encoder = impl in ("qkv-efficient", "qkv-lsh")
+    if encoder:
+        config = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=24, max_position_embeddings=32)
+        model = transformers.BertModel(config)
+    else:
+        config = transformers.LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+        model = transformers.LlamaForCausalLM(config)
+    model.eval().set_attn_implementation(impl)
+    ids = torch.randint(1, 40, (2, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    if encoder:
+        mask[1, 6:] = 0
+    else:
+        mask[1, :4] = 0
+    return model, {"input_ids": ids, "attention_mask": mask, "use_cache": False} if not encoder else {
+        "input_ids": ids, "attention_mask": mask}
+
+
+def _hf_out(out):
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def _hf_impls():
+    try:
+        from qkv.hf import attention as hf
+    except ImportError:  # transformers absent: the tests skip in _hf_model
+        return ["sdpa"]
+    return ["sdpa", *hf.register()]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("impl", _hf_impls())
+def test_transformers_with_a_qkv_kernel_compiles_whole_and_exports_with_a_mask(impl):
+    """As ``sdpa`` does (the first row): ``torch.compile(fullgraph=True)`` under ``no_grad`` and
+    ``torch.export`` with an ``attention_mask`` give eager's outputs. The bridge read the mask's values
+    (whether every key is real, which rows are left-padded, whether a float mask only masks) and broke
+    the graph: GuardOnDataDependentSymNode."""
+    model, kw = _hf_model(impl)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = _hf_out(model(**kw))  # the bridge builds its kernels at the first call, eagerly
+        torch._dynamo.reset()
+        compiled = _hf_out(torch.compile(model, backend="eager", fullgraph=True)(**kw))
+        exported = _hf_out(torch.export.export(model, (), kw).module()(**kw))
+    real = kw["attention_mask"].bool()
+    torch.testing.assert_close(compiled[real], expected[real], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(exported[real], expected[real], atol=1e-6, rtol=1e-5)
+
+
+#: the lengths a dynamic export is called at (below the model's d_model = max_len = 16: a length equal to
+#: another dimension gets a guard of its own from PyTorch's contiguity checks)
+DYNAMIC = torch.export.Dim("L", min=2, max=15)
+
+
+def _export_dynamic(model):
+    with torch.no_grad():
+        return torch.export.export(model, (IDS[:, :12],), dynamic_shapes=({1: DYNAMIC},)).module()
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", DECODERS)
+def test_export_with_a_dynamic_length_or_a_clear_refusal(name):
+    """``torch.export`` with a dynamic length: one program that gives eager's logits at every length, or,
+    for a kernel whose Python computes with the length (blocks, chunks: ``AttentionKernel.static_length``),
+    a one-line refusal with the reason (was: "Constraints violated (L)!" with guards on the block count)."""
+    model = _gpt(name).eval()
+    reason = model.stack.layers[0].self_attn.kernel.static_length
+    if reason is not None:
+        with pytest.raises(ValueError, match=f"attention '{name}' cannot be exported with a dynamic sequence length"):
+            _export_dynamic(model)
+        return
+    program = _export_dynamic(model)
+    with torch.no_grad():
+        for L in (3, 12, 15):
+            torch.testing.assert_close(program(IDS[:, :L]).logits, model(IDS[:, :L]).logits, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", ["efficient", "linformer", "linear", "performer"])
+def test_an_encoder_exports_with_a_dynamic_length(name):
+    """The encoder kernels, and linear and performer without causality (no chunks), at any length."""
+    from qkv.models import BERT
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = BERT(BERT.config_class(vocab_size=32, max_len=16, n_layers=1, d_model=16, n_heads=2, d_ff=32,
+                                       dropout=0.0, attention=name)).eval()
+    program = _export_dynamic(model)
+    with torch.no_grad():
+        for L in (3, 12, 15):
+            torch.testing.assert_close(program(IDS[:, :L]).logits, model(IDS[:, :L]).logits, atol=1e-6, rtol=1e-5)

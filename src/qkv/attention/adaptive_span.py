@@ -100,6 +100,7 @@ class AdaptiveSpanAttention(AttentionKernel):
 
     supports_mask = "key_padding"
     context_parallel = "ulysses-batch"  # qkv.parallel: per-head spans, so whole batch rows per rank
+    static_length = "its queries are cut into blocks of the spans' band, in numbers of the length"
     supports_state = True
     state_type = KVCache
 

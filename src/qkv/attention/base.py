@@ -125,6 +125,9 @@ class AttentionKernel(nn.Module):
     grouped_kv: ClassVar[bool] = False
     #: how ``qkv.parallel`` splits a sequence over processes: "ring", "halo", "summary", "state", "projection", "ulysses" (heads or batch rows, all-to-all) or "ulysses-batch" (whole batch rows: per-head parameters or draws).
     context_parallel: ClassVar[str] = "ulysses"
+    #: why ``torch.export`` cannot trace the kernel at a dynamic sequence length (its Python computes
+    #: with the length: blocks, chunks, the last one's padding), or None: it can. Refused in one line.
+    static_length: ClassVar[Optional[str]] = None
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0) -> None:
         super().__init__()
@@ -211,6 +214,10 @@ class AttentionKernel(nn.Module):
         """
         for name, x in (("q", q), ("k", k), ("v", v)):
             _checks.tensor(name, x, ndim=4, floating=True)
+        if self.static_length is not None and torch.compiler.is_exporting() and not all(
+                isinstance(n, int) for n in (q.shape[-2], k.shape[-2])):
+            raise ValueError(f"attention {self.registry_name!r} cannot be exported with a dynamic sequence length: "
+                             f"{self.static_length}; export it at a fixed length (one program per length)")
         B, H, M, E = q.shape
         G = k.shape[1]  # key/value heads: H, or (grouped_kv) a divisor of H
         if (k.shape[0] != B or v.shape[:2] != k.shape[:2] or H % max(G, 1)

@@ -171,6 +171,10 @@ class LinearAttention(AttentionKernel):
     exact = False
     grouped_kv = True  # k, v of fewer heads: the queries grouped (_ops.grouped_attend), the state per key head
     context_parallel = "state"  # qkv.parallel: (sum phi(k) v^T, sum phi(k)) passed between ranks
+
+    @property
+    def static_length(self):  # AttentionKernel.static_length: non-causal exports at any length
+        return "its causal sums run in chunks of chunk_size, in numbers of the length" if self.causal else None
     applies_dropout = False  # the authors' code (fast-transformers) applies none: dropout > 0 raises
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0,

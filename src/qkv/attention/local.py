@@ -90,6 +90,7 @@ class Local1DAttention(AttentionKernel):
     anchored = True  # blocks at multiples of the block length
     supports_mask = "key_padding"
     context_parallel = "halo"  # qkv.parallel: the memory keys before a shard from the neighbour
+    static_length = "its query blocks and their memory are cut from the length (the count, the last block's padding)"
     supports_state = True
     state_type = KVCache
 

@@ -55,7 +55,10 @@ blocks: O(n_rounds L (log L + m d)) time and O(n_rounds L m) memory — never an
 (only ``need_weights=True`` builds one). Any length works: the sequence is padded to a multiple of
 ``m`` inside (padding sorts into its own bucket after every real one and is never seen). Masks:
 key padding only; masked keys move to that padding bucket too, so their hashes do not shift the
-chunks of the others. A masked position is no key but still a query (as in softmax attention):
+chunks of the others, and chunk 0 looks back at the last chunk holding a real key (not cyclically at
+chunks of padding): a padded row's real positions get exactly what the row gets alone with the same
+rotations. So that padding cannot change the rotations, ``n_buckets=None`` (derived from the call's
+length) is refused with a key-padding mask. A masked position is no key but still a query (as in softmax attention):
 causal, it attends to the ``bucket_size`` most recent keys of its own bucket, found apart by a
 binary search in the sorted order (O(K n_rounds m d) for K masked positions). ``dedup`` adds O(n_rounds^2 L m) for the round counts. A derived bucket
 count above 64 is hashed as two factors (``derived_n_buckets``).
@@ -143,8 +146,14 @@ def draw_hashing(n_heads: int, dim: int, n_rounds: int, factors: Tuple[int, ...]
     shape = (n_heads, dim, n_rounds, sum(factors) // 2)
     if seed is None:
         return LSHHashing(torch.randn(shape, device=device, dtype=torch.float32), tuple(factors))
-    rotations = torch.from_numpy(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32))
-    return LSHHashing(rotations.to(device), tuple(factors))
+    return LSHHashing(_seeded_rotations(seed, shape).to(device), tuple(factors))
+
+
+@torch._dynamo.assume_constant_result
+def _seeded_rotations(seed: int, shape: Tuple[int, ...]) -> Tensor:
+    """``shape`` standard normal float32 numbers from NumPy's ``default_rng(seed)``; a constant of the
+    graph under ``torch.compile`` (Dynamo cannot trace NumPy's generator: a graph break each layer)."""
+    return torch.from_numpy(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32))
 
 
 @torch.no_grad()
@@ -195,11 +204,28 @@ def _flat_gather(x: Tensor, index: Tensor) -> Tensor:
     return x.reshape(B * H * L, D).index_select(0, (index + base).reshape(-1)).view(*index.shape, D)
 
 
-def _look_back(x: Tensor, dim: int) -> Tensor:
-    """Chunks ``c`` followed by chunks ``c - 1`` (cyclically) along ``dim + 1``; ``dim`` indexes chunks."""
+def _look_back(x: Tensor, dim: int, prev: Optional[Tensor] = None) -> Tensor:
+    """Chunks ``c`` followed by chunks ``c - 1`` (cyclically) along ``dim + 1``; ``dim`` indexes chunks.
+    ``prev``: the chunk each one looks back at instead (``_previous_chunks``; -1: none, chunk 0 stands
+    in and the caller masks it), ``x (B, H, R, C, m)`` with ``dim = 3``."""
     if x.shape[dim] == 1:
         return x  # one chunk: its "previous chunk" is itself
-    return torch.cat([x, x.roll(1, dims=dim)], dim=dim + 1)
+    if prev is None:
+        return torch.cat([x, x.roll(1, dims=dim)], dim=dim + 1)
+    back = x.gather(dim, prev.clamp(min=0)[..., None].expand_as(x))  # (B, H, R, C, m): the chunks looked back at
+    return torch.cat([x, back], dim=dim + 1)
+
+
+def _previous_chunks(bucket: Tensor, nb: int, m: int, C: int) -> Tensor:
+    """The chunk each chunk looks back at, ``(B, H, R, C)`` long: ``c - 1``, and for chunk 0 the last
+    chunk that holds a real key (-1: none but chunk 0 itself). ``bucket (B, H, R, Lp)``: masked keys
+    and padding in bucket ``nb``, sorted after every real key. The cyclic ``C - 1`` would make a padded
+    row's chunk 0 look back at chunks of padding instead of its last real keys, which the row alone sees."""
+    real = (bucket < nb).sum(-1, keepdim=True)  # (B, H, R, 1)
+    last = torch.div(real + m - 1, m, rounding_mode="floor") - 1  # the last chunk holding a real key
+    first = torch.where(last > 0, last, torch.full_like(last, -1))
+    prev = torch.arange(-1, C - 1, device=bucket.device).expand(*bucket.shape[:-1], C)  # (B, H, R, C): c - 1
+    return torch.cat([first, prev[..., 1:]], dim=-1)
 
 
 class _SoftmaxLSE(torch.autograd.Function):
@@ -310,6 +336,7 @@ class LSHAttention(AttentionKernel):
     state_type = LSHState
     exact = False
     context_parallel = "ulysses-batch"  # qkv.parallel: rotations drawn per head, so whole batch rows per rank
+    static_length = "its sorted positions are cut into chunks of bucket_size, in numbers of the length"
     #: with one bucket and one chunk covering the sequence this is exact shared-QK attention.
     exact_kwargs: ClassVar[dict] = {"n_buckets": 1, "bucket_size": 1 << 20}
     deterministic_kwargs: ClassVar[dict] = {"seed": 0}  # seed=None draws new rotations on every call
@@ -431,6 +458,13 @@ class LSHAttention(AttentionKernel):
                 return AttentionOutput(v.new_zeros(B, H, 0, v.shape[-1]).to(out_dtype),
                                        v.new_zeros(B, H, 0, 0).to(out_dtype) if need_weights else None,
                                        empty if return_state else None)
+            if self.factors is None and key_mask is not None:
+                # the count derived from this call's length (padding included) would hash a row's real
+                # tokens otherwise than the row alone: padding would change their buckets
+                raise ValueError(f"lsh with n_buckets=None derives the bucket count from each call's length, so a "
+                                 f"key-padding mask's padding would change how the real tokens hash; give n_buckets "
+                                 f"(e.g. {derived_n_buckets(M, self.bucket_size)}, what this length derives; "
+                                 f"models fix it from max_len)")
             hashing = self.hashing(H, E, M, q.device)
             out, weights, buckets = self.attend_chunked(q, k, v, key_mask, hashing, need_weights)
             new_state = LSHState(self._unit(q), v, buckets, hashing) if return_state else None
@@ -474,7 +508,7 @@ class LSHAttention(AttentionKernel):
         o = _flat_gather(o.reshape(B, H * R, Lp, Ev), sort_q.inv.view(B, H * R, Lp)).view(B, H, R, Lp, Ev)
         z = z.view(B, H, R, Lp).gather(-1, sort_q.inv)  # (B, H, R, Lp)
         extra = None
-        if self.causal and key_mask is not None and not bool(key_mask.all()):
+        if self.causal and key_mask is not None and (torch.compiler.is_compiling() or not bool(key_mask.all())):
             o, z, extra = self._masked_queries(q, raw_q, key_mask, o, z, sort_q.bucket, sort_q.perm, keys, vp, Lp)
 
         # o_i = sum_r exp(z_i^(r) - logsumexp_r z_i^(r)) o_i^(r)   (eq. 4 and Appendix)
@@ -512,14 +546,16 @@ class LSHAttention(AttentionKernel):
         ``p (B, H, R, C, m, W)``, the sorted outputs ``o (B, H, R, C, m, Ev)``, their normalisers
         ``z (B, H, R, C, m)``, and the positions of each chunk's queries ``(B, H, R, C, m)`` and keys ``(.., W)``."""
         B, H, R = sort_q.perm.shape[:3]
+        # a key mask moves masked keys after the real ones: chunk 0 looks back at the last real chunk
+        prev = _previous_chunks(sort_k.bucket, nb, m, C) if maybe_masked and C > 1 else None  # (B, H, R, C)
         pos_q = sort_q.perm.view(B, H, R, C, m)
-        pos_k = _look_back(sort_k.perm.view(B, H, R, C, m), dim=3)  # (B, H, R, C, W): each chunk's keys, W = m or 2m
+        pos_k = _look_back(sort_k.perm.view(B, H, R, C, m), 3, prev)  # (B, H, R, C, W): each chunk's keys, W = m or 2m
         sq = _flat_gather(qp, pos_q)  # (B, H, R, C, m, E): sorted queries in chunks
         kw = _flat_gather(keys, pos_k)  # (B, H, R, C, W, E): gathered straight into the chunk and its predecessor
         vw = _flat_gather(vp, pos_k)  # (B, H, R, C, W, Ev)
         with torch.no_grad():
             allowed, dedup = self._window_mask(pos_q, pos_k, sort_q.bucket, sort_k.bucket, sort_q.perm, sort_k.perm,
-                                               sort_q.inv, sort_k.inv, nb, m, C, kw.dtype, maybe_masked)
+                                               sort_q.inv, sort_k.inv, nb, m, C, kw.dtype, maybe_masked, prev)
 
         # scores s q_i . k_j within the chunk and its predecessor: -inf where a pair may not
         # attend (however large the scores), 0 on a row with no allowed key (no NaN; zeroed below)
@@ -560,7 +596,16 @@ class LSHAttention(AttentionKernel):
         sorted_key = (b * Lp + pos).gather(-1, perm)  # (B, H, R, Lp) ascending: (bucket, position)
         where = (raw_q * Lp + pos[:L]).contiguous()  # (B, H, R, L): (h(q_i), i)
         insert = torch.searchsorted(sorted_key, where)  # sorted entries before (h(q_i), i)
-        bi, hi, ii = (~key_mask[:, :, :L]).nonzero(as_tuple=True)  # (K,) each: the masked queries
+        masked = ~key_mask[:, :, :L]  # (B, H, L)
+        keep = None
+        if torch.compiler.is_compiling():
+            # no data-dependent shape in a traced graph: every position is computed as a masked query,
+            # and its result kept where it is one (K = B H L)
+            grid = torch.meshgrid(*(torch.arange(n, device=q.device) for n in masked.shape), indexing="ij")
+            bi, hi, ii = (t.reshape(-1) for t in grid)
+            keep = masked[bi, hi, ii]  # (K,)
+        else:
+            bi, hi, ii = masked.nonzero(as_tuple=True)  # (K,) each: the masked queries
         r = torch.arange(R, device=q.device)
         slots = insert[bi, hi, :, ii][..., None] - n + torch.arange(n, device=q.device)  # (K, R, n) sorted indices
         at = slots.clamp(min=0)
@@ -579,27 +624,35 @@ class LSHAttention(AttentionKernel):
         if self.dropout and self.training:
             p_m = F.dropout(p_m, self.dropout)
         o_m = (p_m.to(v.dtype).unsqueeze(-2) @ v[at_key]).squeeze(-2)  # (K, R, Ev)
-        o = o.permute(0, 1, 3, 2, 4).index_put((bi, hi, ii), o_m).permute(0, 1, 3, 2, 4)
-        z = z.permute(0, 1, 3, 2).index_put((bi, hi, ii), z_m).permute(0, 1, 3, 2)
+        o, z = o.permute(0, 1, 3, 2, 4), z.permute(0, 1, 3, 2)  # (B, H, Lp, R, .)
+        if keep is not None:  # every position computed: the others keep their chunked results
+            o_m = torch.where(keep[:, None, None], o_m, o[bi, hi, ii])
+            z_m = torch.where(keep[:, None], z_m, z[bi, hi, ii])
+            p_m = p_m * keep[:, None, None]
+        o = o.index_put((bi, hi, ii), o_m).permute(0, 1, 3, 2, 4)
+        z = z.index_put((bi, hi, ii), z_m).permute(0, 1, 3, 2)
         return o, z, ((bi, hi, ii), p_m, key_pos)
 
     def _window_mask(self, pos_q, pos_k, b_q, b_k, perm_q, perm_k, inv_q, inv_k, nb, m, C, dtype,
-                     maybe_masked: bool = True) -> tuple[Optional[Tensor], Optional[Tensor]]:
+                     maybe_masked: bool = True, prev: Optional[Tensor] = None) -> tuple[Optional[Tensor], Optional[Tensor]]:
         """Which pairs of the chunked windows may attend, bool broadcastable to ``(B, H, R, C, m, W)``
         (None: every pair), and the dedup bias ``-log N_ij`` (None without dedup); the self penalty
         is subtracted from the scores' diagonal apart (``_SoftmaxLSE``). Only what varies is
         materialised: without causality the mask is ``(B, H, R, C, 1, W)`` (masked keys), and None
-        when no key can be masked (``maybe_masked`` False: no padding, no key mask)."""
+        when no key can be masked (``maybe_masked`` False: no padding, no key mask). ``prev``: the chunk
+        each one looks back at (``_previous_chunks``; None: ``c - 1`` cyclically)."""
         B, H, R = pos_q.shape[:3]
         dev = pos_q.device
         W = pos_k.shape[-1]
         dedup = None
         if self.dedup and R > 1:
-            dedup = -torch.log(self._round_counts(pos_q, pos_k, b_q, b_k, inv_q, inv_k, m, C).to(dtype))
+            dedup = -torch.log(self._round_counts(pos_q, pos_k, b_q, b_k, inv_q, inv_k, m, C, prev).to(dtype))
         if not (maybe_masked or self.causal):
             return None, dedup
-        bk = _look_back(b_k.gather(-1, perm_k).view(B, H, R, C, m), dim=3)  # bucket of each window key
+        bk = _look_back(b_k.gather(-1, perm_k).view(B, H, R, C, m), 3, prev)  # bucket of each window key
         allowed = (bk != nb)[..., None, :]  # (B, H, R, C, 1, W): masked keys and padding sit in bucket nb
+        if prev is not None:  # a chunk with nothing to look back at (-1): its second half is no key
+            allowed[..., m:] &= (prev >= 0)[..., None, None]
         if self.causal:
             # the bucket_size most recent positions of i's bucket: same bucket and at most
             # bucket_size - 1 places before i in the sorted order (then j <= i, as ties sort by
@@ -614,9 +667,10 @@ class LSHAttention(AttentionKernel):
             allowed = (bq[..., :, None] == bk[..., None, :]).logical_and_(window).logical_and_(allowed)
         return allowed, dedup
 
-    def _round_counts(self, pos_q, pos_k, b_q, b_k, inv_q, inv_k, m, C) -> Tensor:
+    def _round_counts(self, pos_q, pos_k, b_q, b_k, inv_q, inv_k, m, C, prev: Optional[Tensor] = None) -> Tensor:
         """``N_ij``: in how many rounds key ``j`` is in query ``i``'s window, for each pair of the
-        chunked windows ``(B, H, R, C, m, W)`` (the duplicate-attention correction)."""
+        chunked windows ``(B, H, R, C, m, W)`` (the duplicate-attention correction); ``prev`` as
+        ``_window_mask``'s (the same in every round: it depends on the key mask only)."""
         B, H, R = pos_q.shape[:3]
 
         def per_round(table: Tensor, pos: Tensor) -> Tensor:  # table (B, H, R', Lp), pos (B, H, ...) -> (B, H, ..., R')
@@ -630,7 +684,11 @@ class LSHAttention(AttentionKernel):
             inside = same & (d >= 0) & (d < self.bucket_size)
         else:
             cq, ck = sq_all // m, sk_all // m
-            inside = (ck == cq) | ((C > 1) & (ck == (cq - 1) % C))
+            if prev is None:
+                back = (cq - 1) % C if C > 1 else torch.full_like(cq, -1)
+            else:  # chunk 0 looks back at prev[..., 0] (-1: at nothing)
+                back = torch.where(cq == 0, prev[:, :, :1, :1].view(B, H, *([1] * (cq.dim() - 2))), cq - 1)
+            inside = (ck == cq) | (ck == back)
         return inside.sum(-1).clamp_min(1)  # (B, H, R, C, m, W)
 
     # ------------------------------------------------------------------------------------------

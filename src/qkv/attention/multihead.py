@@ -216,6 +216,10 @@ class MultiHeadAttention(nn.Module):
             params += (p.weight, p.bias)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params):
             return None
+        if torch.compiler.is_compiling():
+            # separate products: the joined views are found by the parameters' memory addresses
+            # (data_ptr), which Dynamo cannot trace — a graph break each layer; a compiler fuses them itself
+            return None
         # the joined views, found once for these parameters (same objects, storage and shape) and
         # reused: a decoding step makes this call once per layer and token
         try:

@@ -18,10 +18,15 @@ Cost: O(N m d) for the features plus O(N m Ev) for the sums; memory O(N m), neve
 Error vs exact softmax attention falls as ``m`` grows (``docs/approximation.md``).
 
 Numerics: ``exp(w^T x)`` overflows for large inputs, so a maximum is subtracted inside the exp —
-per query row for queries (a factor common to a row's numerator and denominator) and, for keys, the
-maximum over all keys (non-causal) or, causal, the running maximum over the keys up to each
-position (carried in the state), by which each query reads its sums — so no later key reaches it. Both cancel in ``D^{-1}(...)`` exactly,
-so they are detached from the graph. The products ``w^T x`` and ``||x||^2`` are formed on each row
+per query row for queries (a factor common to a row's numerator and denominator) and, for keys,
+non-causal, each feature's maximum over the keys, moved into the queries (``_query_reads_keys``:
+every query's largest product term is then 1, so no query's terms all underflow — with one maximum
+over all keys, float32 gave rows of zeros at inputs of std 30), or, causal, the running maximum over
+the keys and features up to each position (carried in the state), by which each query reads its sums —
+so no later key reaches it. They cancel in ``D^{-1}(...)`` exactly, so they are detached from the
+graph. One scale per position cannot keep every causal query's terms in float32's range: a call in
+which some query's largest term falls below ``exp(-43)`` in that frame (``_causal_underflows``, inputs
+of std ~30) runs in float64 (not while ``torch.compile``/``torch.export`` trace, which cannot branch on values). The products ``w^T x`` and ``||x||^2`` are formed on each row
 divided by its largest entry and scaled back (``favor_log_features``): any finite input, up to the
 dtype's maximum, gives finite outputs (``||q||^2`` overflowed float32 from |q| ~ 1e19); the
 queries' own terms (``-||q||^2 / 2``, ``log m``), a factor per row, are left out. Features and
@@ -34,6 +39,7 @@ paper redraws periodically).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional
 
@@ -91,9 +97,56 @@ def favor_query_features(x: Tensor, projection: Tensor) -> Tensor:
     and denominator, so the row's own terms (``||x'||^2 / 2``, ``log m``) are left out and only
     ``w^T x'`` is formed, on the row divided by its largest entry (as ``favor_log_features``): finite
     for every finite ``x``, however large (a row of huge queries gives a hard maximum, as softmax does)."""
+    return torch.exp(_query_log_features(x, projection))
+
+
+def _query_log_features(x: Tensor, projection: Tensor) -> Tensor:
+    """``log phi(x)`` of queries up to a term per row, the largest of each row 0 (``w^T x'`` only, see
+    ``favor_query_features``) ``(..., m)``: finite (or -inf) for every finite ``x``."""
     x, s = _row_scaled(x)
     u = x @ projection.T  # (..., m): w^T x' / s
-    return torch.exp(s * (u - u.detach().amax(dim=-1, keepdim=True)))
+    return s * (u - u.detach().amax(dim=-1, keepdim=True))
+
+
+def _query_reads_keys(log_q: Tensor, log_k: Tensor) -> tuple[Tensor, Tensor]:
+    """``phi(Q)`` for keys ``exp(log_k - c)`` taken at their per-feature maximum ``c_f = max_j log phi(K_j)_f``
+    ``(B, H, 1, m)``: ``exp(log_q + c - max_f (log_q + c))`` — ``exp(c_f)`` moved from the keys to the
+    queries, the same products ``phi(Q_i)_f phi(K_j)_f``. Each query's largest term ``f*`` is then 1
+    against a key whose feature ``f*`` is 1, so its denominator is at least 1: no query's products all
+    underflow, whatever the scale (a per-row query maximum and a global key maximum each make their
+    own side <= 1, but their product can still underflow, e.g. to a row of zeros in float32 at std 30)."""
+    c = log_k.detach().amax(dim=-2, keepdim=True)  # (B, H, 1, m)
+    c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))  # no (unmasked) key: those features are 0
+    shifted = log_q + c  # (B, H, M, m)
+    return torch.exp(shifted - shifted.detach().amax(dim=-1, keepdim=True)), torch.exp(log_k - c)
+
+
+#: the log of the smallest float32 product term that the causal sums keep without loss, relative to each
+#: query's largest: below it (log tiny / 2) a query's terms underflow in float32 and its output is wrong
+_CAUSAL_RANGE = math.log(torch.finfo(torch.float32).tiny) / 2
+
+
+def _causal_underflows(log_q: Tensor, log_k: Tensor, key_mask: Optional[Tensor], state: Optional[LinearState]) -> bool:
+    """Whether some causal query's largest product term ``max_{j <= i, f} phi(Q_i)_f phi(K_j)_f``, in the
+    core's frame (each query row by its largest feature, the keys by their running maximum over features),
+    lies below ``_CAUSAL_RANGE``: then float32 sums lose that query (the core keeps one scale per position,
+    not per feature). ``log_q (B, H, M, m)`` up to a row term, ``log_k (B, H, N, m)``, queries aligned to
+    the end of the keys; the state's keys by their per-feature sums ``log Z_f + log_scale``."""
+    if key_mask is not None:
+        log_k = log_k.masked_fill(~key_mask.unsqueeze(-1), float("-inf"))
+    if not log_q.numel() or bool(log_q.min() >= _CAUSAL_RANGE):
+        # each query's largest term is at least its feature at the keys' largest: no smaller than its
+        # smallest feature (log_q's row maximum is 0), so moderate inputs need no running maxima
+        return False
+    B, H, _, m = log_k.shape
+    if isinstance(state, LinearState) and state.log_scale is not None and state.Z.shape == (B, H, m):  # else the core says why
+        prior = (state.Z.to(log_k.dtype).log() + state.log_scale.to(log_k.dtype).unsqueeze(-1)).unsqueeze(-2)
+        log_k = torch.cat([prior, log_k], dim=-2)
+    c = torch.cummax(log_k, dim=-2).values[..., -log_q.shape[-2]:, :]  # (B, H, M, m): max_{j <= i} per feature
+    top = c.amax(-1)  # (B, H, M): the running maximum over features, the keys' scale
+    sees = torch.isfinite(top)  # a query before every (unmasked) key sees none
+    largest = (log_q + c).amax(-1) - top  # (B, H, M): log of the largest term (log_q's row maximum is 0), <= 0
+    return bool((sees & (largest < _CAUSAL_RANGE)).any())
 
 
 def _row_scaled(x: Tensor) -> tuple:
@@ -134,6 +187,10 @@ class PerformerAttention(AttentionKernel):
     exact = False
     grouped_kv = True  # k, v of fewer heads: the queries grouped (_ops.grouped_attend), the state per key head
     context_parallel = "state"  # qkv.parallel: (sum phi(k) v^T, sum phi(k)) passed between ranks
+
+    @property
+    def static_length(self):  # AttentionKernel.static_length: non-causal exports at any length
+        return "its causal sums run in chunks of chunk_size, in numbers of the length" if self.causal else None
     applies_dropout = False  # FAVOR+ in the authors' code applies none: dropout > 0 raises
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0, nb_features: int = 256,
@@ -213,9 +270,33 @@ class PerformerAttention(AttentionKernel):
         with full_precision(q.device):  # under autocast too: exp() of bfloat16 log-features would lose ~3% each
             W = self.projection.to(device=q.device, dtype=acc)  # (m, d)
             # A per-row constant cancels between the row's numerator and denominator.
-            phi_q = favor_query_features(q.to(acc), W)  # (B, H, M, m)
-            log_k = favor_log_features(k.to(acc), W)  # (B, H, N, m): stabilised inside the core
-        out, weights, new_state = linear_attention(Features(phi_q, log_k, log_keys=True), v, causal=self.causal,
-                                                   key_mask=key_mask, state=state, chunk_size=self.chunk_size,
-                                                   need_weights=need_weights)
+            log_q = _query_log_features(q.to(acc), W)  # (B, H, M, m), each row's largest 0
+            log_k = favor_log_features(k.to(acc), W)  # (B, H, N, m)
+            if not self.causal:  # keys at their per-feature maximum, moved into the queries (_query_reads_keys)
+                masked = log_k if key_mask is None else log_k.masked_fill(~key_mask.unsqueeze(-1), float("-inf"))
+                features = Features(*_query_reads_keys(log_q, masked))
+            elif (acc != torch.float64 and not torch.compiler.is_compiling()
+                  and _causal_underflows(log_q, log_k, key_mask, state)):
+                # inputs so large that float32 loses a query's terms: this call's features and sums in float64
+                # (the running maximum is per position; not while tracing, which cannot branch on values)
+                return self._attend_float64(q, k, v, key_mask, state, need_weights, return_state, acc)
+            else:  # stabilised inside the core by the running maximum of the keys
+                features = Features(torch.exp(log_q), log_k, log_keys=True)
+        out, weights, new_state = linear_attention(features, v, causal=self.causal, key_mask=key_mask, state=state,
+                                                   chunk_size=self.chunk_size, need_weights=need_weights)
         return AttentionOutput(out, weights, new_state if return_state else None)
+
+    def _attend_float64(self, q, k, v, key_mask, state, need_weights, return_state, acc):
+        """Causal FAVOR+ of one call in float64, the output in ``v``'s dtype and the state's sums back in
+        ``acc`` (the next call continues as usual)."""
+        with full_precision(q.device):
+            W = self.projection.to(device=q.device, dtype=torch.float64)
+            phi_q = favor_query_features(q.double(), W)  # (B, H, M, m)
+            features = Features(phi_q, favor_log_features(k.double(), W), log_keys=True)
+        out, weights, new_state = linear_attention(features, v.double(), causal=True, key_mask=key_mask, state=state,
+                                                   chunk_size=self.chunk_size, need_weights=need_weights)
+        if new_state is not None:
+            new_state = dataclasses.replace(new_state, S=new_state.S.to(acc), Z=new_state.Z.to(acc),
+                                            log_scale=new_state.log_scale.to(acc))
+        return AttentionOutput(out.to(v.dtype), None if weights is None else weights.to(v.dtype),
+                               new_state if return_state else None)

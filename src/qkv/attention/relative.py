@@ -31,7 +31,6 @@ from torch import Tensor, nn
 
 from .. import _checks
 from ..functional import masked_softmax
-from ..masks import causal_mask
 from ..positional import sinusoid_table
 from ..registry import register
 from ..types import AttentionOutput, KVCache
@@ -167,7 +166,9 @@ class RelativeAttention(AttentionKernel):
         position = relative_shift((qs + w / math.sqrt(E)) @ r.transpose(-1, -2), N)  # (B, H, M, K) -> (B, H, M, N)
         scores = content + position
         if self.causal:
-            allowed = causal_mask(M, N, offset=N - M, device=q.device)  # (M, N)
+            # j <= i + N - M (queries aligned to the end of the keys); a tril, not masks.causal_mask, whose
+            # int checks refuse the symbolic length of a dynamic torch.export
+            allowed = torch.ones(M, N, dtype=torch.bool, device=q.device).tril(N - M)  # (M, N)
             mask = allowed if mask is None else mask & allowed
         weights = masked_softmax(scores, mask).to(v.dtype)  # (B, H, M, N)
         dropout_p = self.dropout if self.training else 0.0

@@ -142,6 +142,7 @@ class _Factorized(AttentionKernel):
 
     supports_mask = "key_padding"
     supports_state = True
+    static_length = "its pattern is laid out in blocks of the stride, in numbers of the length"
 
     def __init__(self, *, stride: int, subsets: Sequence[int], causal: bool, dropout: float, recompute: int) -> None:
         super().__init__(causal=causal, dropout=dropout)

@@ -42,6 +42,7 @@ class WindowAttention(AttentionKernel):
     supports_state = True
     state_type = KVCache
     context_parallel = "halo"  # qkv.parallel: the radius keys beyond a shard's ends from the neighbours
+    static_length = "its queries are cut into blocks and each block's band of keys unfolded, in numbers of the length"
 
     def __init__(self, *, radius: int, causal: bool = False, dropout: float = 0.0, block: Optional[int] = None) -> None:
         super().__init__(causal=causal, dropout=dropout)

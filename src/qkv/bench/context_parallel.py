@@ -49,6 +49,11 @@ __all__ = ["add_arguments", "run", "expected_bytes"]
 #: the most processes one point spawns, and the most numbers in one (B, H, L, E) tensor at P = 1
 MAX_RANKS = 64
 MAX_NUMBERS = 2**28
+#: the most memory one point may take (the P = 1 point holds the whole step in one process), and
+#: the (B, H, L, E) float32 tensors a step holds at least: q, k, v, the cotangent, the output and
+#: the gradients of q, k, v and of the output's partials (scores and received blocks not counted)
+MAX_STEP_BYTES = 4 * 10**9
+STEP_TENSORS = 10
 #: the budget run's model: a one-layer GPT (width and heads from --heads x --head-dim), a small
 #: vocabulary (so that the logits are no wider than the hidden states), no dropout, one sequence per step
 BUDGET_GPT = {"n_layers": 1, "vocab_size": 64, "dropout": 0.0, "batch": 1, "ff_factor": 4}
@@ -237,6 +242,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     if args.batch * args.heads * L * args.head_dim > MAX_NUMBERS:
         raise UserError(f"--batch x --heads x --length x --head-dim = {args.batch * args.heads * L * args.head_dim:,} "
                         f"numbers per tensor; at most {MAX_NUMBERS:,} (the P = 1 point holds them all)")
+    _check_memory(args.batch * args.heads * L * args.head_dim, args.heads * args.head_dim, args.budget_mb is not None)
     for P in ranks:
         if L % (2 * P) or args.batch % P or (args.batch * args.heads) % P:
             raise UserError(f"P={P}: --length ({L}) must be a multiple of 2P and --batch ({args.batch}) a multiple of P")
@@ -278,6 +284,23 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                           results["date"], [setup, table])
     print("\n" + table + f"\n\nwritten to {out}/", flush=True)
     return results
+
+
+def _check_memory(numbers: int, width: int, budget: bool) -> None:
+    """Refuse, before anything is allocated, sizes whose P = 1 point would not fit: ``STEP_TENSORS``
+    tensors of ``numbers`` float32 numbers (``--budget-mb``: also a GPT of ``width`` = heads x
+    head-dim, whose about ``12 width**2`` weights and their gradients are held), more than
+    ``MAX_STEP_BYTES`` or than the memory available."""
+    from ..models.base import available_memory
+
+    need = STEP_TENSORS * numbers * 4 + (2 * 12 * width**2 * 4 if budget else 0)
+    have = available_memory()
+    limit = min(MAX_STEP_BYTES, have) if have is not None else MAX_STEP_BYTES
+    if need > limit:
+        model = f" and a GPT of width {width:,} (--heads x --head-dim)" if budget else ""
+        raise UserError(f"--batch x --heads x --length x --head-dim = {numbers:,} numbers per tensor{model}: the P = 1 "
+                        f"point would hold about {need / 1e9:,.1f} GB, more than the {limit / 1e9:.1f} GB allowed; "
+                        "choose smaller sizes")
 
 
 def _run_budget(args: argparse.Namespace, kernels: List[str], ranks: List[int], start: int) -> Dict[str, Any]:

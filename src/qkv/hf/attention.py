@@ -409,7 +409,7 @@ def _mask_function(batch_size: int, q_length: int, kv_length: int, q_offset: Any
         if padding is None:
             return None
         padding = padding[:, kv_offset: kv_offset + kv_length].to(device=device, dtype=torch.bool)  # (B, N)
-        if bool(padding.all()):
+        if not torch.compiler.is_compiling() and bool(padding.all()):  # a traced graph cannot branch on values
             return None
         return padding[:, None, None, :]  # (B, 1, 1, N)
     for key in ("allow_is_causal_skip", "allow_is_bidirectional_skip", "allow_torch_fix"):
@@ -454,6 +454,8 @@ def _leading_padding(mask: Optional[Tensor]) -> Optional[Tensor]:
         return None
     row = mask[:, 0, 0, :]  # (B, N)
     lead = torch.where(row.any(-1), row.to(torch.int8).argmax(-1), torch.zeros_like(row[:, 0], dtype=torch.long))
+    if torch.compiler.is_compiling():
+        return lead  # a traced graph cannot branch on values: rows rolled by 0 are as they were
     return lead if bool(lead.any()) else None
 
 
@@ -536,7 +538,7 @@ def _boolean_mask(impl: str, mask: Optional[Tensor]) -> Optional[Tensor]:
     if mask is None or mask.dtype == torch.bool:
         return mask
     allowed = mask == 0
-    if not bool((allowed | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
+    if not torch.compiler.is_compiling() and not bool((allowed | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
         raise ValueError(f"{impl}: the attention mask adds score biases, which qkv's kernels do not take")
     return allowed
 

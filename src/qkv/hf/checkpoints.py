@@ -32,7 +32,6 @@ Neither needs transformers installed.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import warnings
@@ -687,9 +686,8 @@ def save(model: Any, directory: PathLike) -> Path:
     and ``model.safetensors`` with transformers' names and layouts (``BertForPreTraining`` or
     ``BertForSequenceClassification``; ``GPT2LMHeadModel``). The directory is replaced as a whole
     (``qkv._io.atomic_directory``): transformers, like qkv, finds the old model or the new one."""
-    from safetensors.torch import save_file
-
     from .._io import atomic_directory
+    from .._modelfile import write_safetensors
     from .tokenizer import write_pipeline_files
 
     kind = _check_representable(model)
@@ -715,7 +713,7 @@ def save(model: Any, directory: PathLike) -> Path:
         tensors[token_types] = torch.zeros(1, c.d_model, dtype=mine["stack.embed.token.weight"].dtype)
     directory = Path(directory)
     with atomic_directory(directory) as tmp:
-        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        write_safetensors(tensors, str(tmp / WEIGHTS), {"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         write_pipeline_files(model, tmp)  # the tokenizer of a run's model (qkv.hf.export.remember_text)
     return directory

@@ -31,7 +31,10 @@ that ``save_pretrained(format="huggingface")`` writes for a run's model (``confi
 task reads a checkpoint's tokenizer, that ``tokenizer.json``.
 
 ``OUT`` appears only complete (``qkv._io.atomic_folder``): an existing ``OUT`` must be empty or an
-earlier export (only files an export writes), which is then replaced.
+earlier export, which is then replaced. An export is known by its marker (``EXPORT_MARKER``, which
+every export writes) and by holding only files an export writes: a folder of the user's own that
+holds the same file names (a transformers model's ``config.json`` and ``model.safetensors``) is
+refused, never replaced.
 """
 
 from __future__ import annotations
@@ -51,11 +54,20 @@ FORMATS = ("huggingface", "qkv")
 #: every file an export writes (an existing OUT holding only these is an earlier export, replaced)
 EXPORT_FILES = frozenset({"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                           "special_tokens_map.json", "generation_config.json", "vocab.json"})
+#: the file by which an export is known (what run and format wrote it): a folder without it is not one
+EXPORT_MARKER = ".qkv-export.json"
 
 
 def _is_export(folder: Path) -> bool:
+    """An earlier ``qkv export`` (its marker, and only files an export writes), which may be replaced."""
     names = {p.name for p in folder.iterdir()}
-    return "config.json" in names and names <= EXPORT_FILES
+    if EXPORT_MARKER not in names or not names <= EXPORT_FILES | {EXPORT_MARKER}:
+        return False
+    try:
+        marker = json.loads((folder / EXPORT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(marker, dict) and marker.get("format") in FORMATS
 
 
 def export_run(run: Any, out: Union[str, Path], format: str = "huggingface") -> Path:
@@ -76,6 +88,8 @@ def export_run(run: Any, out: Union[str, Path], format: str = "huggingface") -> 
             _write_qkv(run, tmp)
         else:
             _write_huggingface(run, tmp)
+        marker = {"format": format, "run": str(Path(run.directory).resolve())}
+        (tmp / EXPORT_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
     return out
 
 

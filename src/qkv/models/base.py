@@ -345,10 +345,12 @@ class QKVModel(nn.Module):
                     return total, ""
                 except Exception as e:  # noqa: BLE001 - that many repeats is not a valid model: try the next
                     failure = e
+            _raise_if_refused(failure)
             return None, _why_not(failure)
         try:
             return cls._meta_bytes(config), ""
         except Exception as e:  # noqa: BLE001 - too large to address, or an __init__ that needs real data
+            _raise_if_refused(e)
             return None, _why_not(e)
 
     @classmethod
@@ -476,6 +478,16 @@ def _repeat_fields(config: Any) -> Dict[str, int]:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
             if (f.name.endswith("layers") or f.name in names)
             and isinstance(getattr(config, f.name), int) and not isinstance(getattr(config, f.name), bool)}
+
+
+def _raise_if_refused(error: Optional[BaseException]) -> None:
+    """Raise, as the ``ValueError`` it is, what a model's own checks refused while it was built on
+    the meta device (an unknown or bad knob: ``attention 'window' got unknown argument(s) ['radious'];
+    it accepts [...]``): the config's error, not a size that cannot be estimated."""
+    text = str(error).strip().splitlines()[0] if error is not None and str(error).strip() else ""
+    if isinstance(error, (TypeError, ValueError)) and not isinstance(error, OverflowError) and text \
+            and "overflow" not in text.lower() and "out of range" not in text.lower():
+        raise ValueError(text) from error
 
 
 def _why_not(error: Optional[BaseException]) -> str:

@@ -4,6 +4,12 @@ It holds ``run.json`` (``Settings.record()``), the trainer's ``train_config.json
 ``metrics.jsonl`` and ``checkpoints/``, the final ``model/`` (``save_pretrained`` + the task's
 ``vocab.json``) and, for a task read with a checkpoint's tokenizer, its own ``tokenizer.json``
 (with the ``tokenizer_config.json`` beside it that names a language model's specials).
+
+A run has an id (``run_id`` in run.json, drawn when the run is made and kept when it is resumed),
+which it writes into the ``model/`` it saves (``MODEL_ID_FILE``): a ``model/`` that is not the
+run's own — a link out of the run, or a copy of another run's, whose id differs — is refused
+(``own_model``) rather than read with this run's tokenizer and task. (A ``model/`` of an older
+qkv has no id: it is read as the run's.)
 """
 
 from __future__ import annotations
@@ -12,9 +18,10 @@ import contextlib
 import json
 import os
 import shutil
+import uuid
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 from .._errors import UserError
 from .._io import atomic_path, output_folder
@@ -29,6 +36,9 @@ VOCAB_FILE = "vocab.json"
 TOKENIZER_FILE = "tokenizer.json"
 #: transformers' file beside it: a language model's special tokens (``CheckpointTokenizer``), copied too
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+#: run.json's field holding the run's id, and the file in its model/ holding the id of the run that saved it
+RUN_ID_KEY = "run_id"
+MODEL_ID_FILE = "qkv-run.json"
 _RUN_KEYS = ("model", "task", "task_options", "model_config")
 
 
@@ -121,8 +131,53 @@ def _read_json(path: Path) -> Any:
 
 
 def write_run(run: Path, record: Dict[str, Any]) -> None:
+    """Write ``run.json``: ``record`` with the run's id (the one run.json has, else a new one)."""
+    previous = run_id(run) if (run / RUN_FILE).is_file() else None
+    record = {**record, RUN_ID_KEY: previous or uuid.uuid4().hex}
     with atomic_path(run / RUN_FILE) as tmp:
         tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+
+
+def run_id(run: Path, info: Optional[Mapping[str, Any]] = None) -> Optional[str]:
+    """The id in the run's run.json (``info``, when already read); None for a run of an older qkv."""
+    value = (read_run(run) if info is None else info).get(RUN_ID_KEY)
+    if value is not None and not isinstance(value, str):
+        raise UserError(f"{run / RUN_FILE} is corrupt: {RUN_ID_KEY} must be a string, got {type(value).__name__}")
+    return value
+
+
+def mark_model(run: Path) -> None:
+    """Write the run's id into its ``model/`` (after ``save_pretrained``): the model is the run's own."""
+    identity = run_id(run)
+    if identity is not None:
+        atomic_write_text(run / "model" / MODEL_ID_FILE, json.dumps({RUN_ID_KEY: identity}) + "\n")
+
+
+def own_model(run: Path, info: Optional[Mapping[str, Any]] = None) -> Path:
+    """The run's ``model/``, checked to be its own: one that leads out of the run (a link to another
+    run's) or holds another run's id (a copy of it) is a ``UserError`` — its weights would be read
+    with this run's tokenizer and task. A ``model/`` without an id (an older qkv's) passes."""
+    final = run / "model"
+    if not os.path.lexists(final):
+        return final
+    try:
+        final.resolve().relative_to(run.resolve())
+    except ValueError:
+        raise UserError(f"{final} leads outside the run (to {final.resolve()}): a run reads only the model it saved; "
+                        "remove the link, or use the other run itself") from None
+    mark = final / MODEL_ID_FILE
+    if not mark.is_file():
+        return final
+    written = _read_json(mark)
+    theirs = written.get(RUN_ID_KEY) if isinstance(written, dict) else None
+    if not isinstance(theirs, str):
+        raise UserError(f"{mark} is corrupt: expected {{{RUN_ID_KEY!r}: the id of the run that saved the model}}")
+    mine = run_id(run, info)
+    if theirs != mine:
+        raise UserError(f"{final} was saved by another run ({MODEL_ID_FILE} holds run id {theirs!r}, {run / RUN_FILE} "
+                        f"{mine!r}): a copy of another run's model is not read with this run's tokenizer and task; "
+                        "use the other run itself, or remove the copy")
+    return final
 
 
 def run_train_settings(run: Path, info: Dict[str, Any]) -> Dict[str, Any]:

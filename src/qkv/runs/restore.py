@@ -10,8 +10,8 @@ from .._errors import UserError, user_input
 from ..models import QKVModel
 from ..registry import lookup
 from ..tasks import build_task
-from ..train import CheckpointManager, TrainConfig, load_checkpoint
-from .directory import read_run, run_train_settings, task_options_at
+from ..train import CheckpointManager, TrainConfig
+from .directory import own_model, read_run, run_train_settings, task_options_at
 from .settings import (TRAIN_FIELDS, Say, Settings, apply_overrides, check_device, classes, fields_of, init_params,
                        split_overrides, train_config)
 
@@ -57,15 +57,14 @@ def trained(directory: Path) -> Tuple[Settings, Any, Any]:
     info = read_run(directory)
     with user_input():
         task = build_task(info["task"], **task_options_at(directory, info["task_options"]))
-        final = directory / "model"
+        final = own_model(directory, info)
         if (final / "config.json").is_file():
             model = QKVModel.from_pretrained(final)
         else:
-            latest = CheckpointManager(directory / "checkpoints").latest_intact()
-            if latest is None:
-                raise UserError(f"{directory} has neither a final model/ nor a checkpoint yet")
             model = lookup("model", info["model"]).from_config(info["model_config"])
-            load_checkpoint(latest, model, rank=None)
+            # the run may still be training: a checkpoint removed while it is read gives way to a newer one
+            if CheckpointManager(directory / "checkpoints").load_latest(model, rank=None) is None:
+                raise UserError(f"{directory} has neither a final model/ nor a checkpoint yet")
     model.eval()
     settings = Settings(info["model"], info["task"], info.get("preset"), info["task_options"], info["model_config"],
                         run_train_settings(directory, info))

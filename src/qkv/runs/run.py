@@ -152,6 +152,8 @@ class Run:
             print(f"qkv: initialised from {settings.init}; fresh: {', '.join(fresh) or 'nothing'}")
         training.check_fits(model, task, settings.task)
         training.check_splits(model, task, config)
+        if (out / RUN_FILE).is_file():  # its final save would write into another run's model/
+            files.own_model(out)
         out.mkdir(parents=True, exist_ok=True)
         if not self._locked:  # a new directory: lock it now, and check again that no run got there meanwhile
             self._lock()

@@ -13,9 +13,10 @@ import torch
 
 from .. import parallel
 from .._errors import UserError, user_input
+from .._modelfile import RUN_FILE
 from ..train import TrainConfig, Trainer
 from ..train.distributed import refuse_unsplittable
-from .directory import rank, save_vocab
+from .directory import mark_model, rank, save_vocab
 from .settings import init_params
 
 
@@ -81,4 +82,6 @@ def train(model: Any, task: Any, config: TrainConfig, directory: Path, *, resume
     if save and rank() == 0:  # under torchrun only rank 0 writes
         model.save_pretrained(directory / "model")
         save_vocab(task, directory / "model")
+        if (directory / RUN_FILE).is_file():
+            mark_model(directory)
     return metrics

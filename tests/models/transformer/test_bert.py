@@ -113,6 +113,21 @@ def test_bad_inputs():
         tiny(head="qa")
     with pytest.raises(ValueError, match="num_labels"):
         tiny(num_labels=0)
+    with pytest.raises(ValueError, match=r"input_ids has shape \(2, 0\): BERT pools its first position"):
+        model(torch.zeros(2, 0, dtype=torch.long))  # no [CLS] to pool (an IndexError inside the pooler)
+
+
+@pytest.mark.parametrize("head", ["encoder", "classification", "pretraining"])
+def test_an_empty_batch_gives_an_empty_output(head):
+    """Issue 52 item 15: a (0, 0) batch was an IndexError in the pooler; empty in, empty out, as (0, L)."""
+    model = BERT(tiny(head=head, num_labels=3)).eval()
+    for L in (0, 5):
+        out = model(torch.zeros(0, L, dtype=torch.long))
+        assert out.hidden.shape == (0, L, 32) and out.pooler_output.shape == (0, 32)
+        if head == "classification":
+            assert out.logits.shape == (0, 3)
+        elif head == "pretraining":
+            assert out.logits.shape == (0, L, V) and out.aux["nsp_logits"].shape == (0, 2)
 
 
 def test_selected_mlm_logits_are_the_full_logits_at_the_labelled_positions():

@@ -152,12 +152,13 @@ def test_abs_diff_head_survives_save_and_reload(tmp_path):
     torch.testing.assert_close(again(a, input_ids_2=b).logits, model(a, input_ids_2=b).logits, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("pair_features", ["lra", "abs-diff"])
-def test_a_padded_pair_scores_as_the_same_pair_alone(pair_features):
+@pytest.mark.parametrize("pair_features, attention", [("lra", "softmax"), ("abs-diff", "softmax"), ("lra", "lsh")])
+def test_a_padded_pair_scores_as_the_same_pair_alone(pair_features, attention):
     """Both towers pool over real tokens only: a pair padded to 64 beside a longer pair gives the
-    logits of the same pair alone, cut to its own length."""
+    logits of the same pair alone, cut to its own length (lsh: 5e-4 apart before issue 52, its chunk 0
+    looked back at chunks of padding)."""
     torch.manual_seed(0)
-    model = LRADualEncoder(dual("softmax", n_classes=2, pair_features=pair_features)).eval()
+    model = LRADualEncoder(dual(attention, n_classes=2, pair_features=pair_features)).eval()
     g = torch.Generator().manual_seed(5)
     a, b = torch.randint(2, 20, (2, 64), generator=g), torch.randint(2, 20, (2, 64), generator=g)
     lengths = torch.tensor([[37], [64]])

@@ -166,10 +166,14 @@ class BERT(QKVModel):
         """``attention_mask (B, L)`` bool or 0/1 integers: True/1 = real token (padding keys are masked out)."""
         c = self.config
         _checks.token_ids("input_ids", input_ids, c.vocab_size)
+        if input_ids.shape[1] == 0 and input_ids.shape[0] > 0:
+            raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}: BERT pools its first position (the [CLS] "
+                             "token); give each sequence at least one position")
         attention_mask = attention_mask_bool("attention_mask", attention_mask, input_ids)
         out = self.stack(input_ids, token_type_ids, mask=attention_mask, need_weights=need_weights)
         h = out.hidden  # (B, L, d_model)
-        pooled = torch.tanh(self.pooler(h[:, 0]))  # (B, d_model): the [CLS] position
+        first = h[:, 0] if h.shape[1] else h.new_zeros(0, h.shape[2])  # an empty batch (0, 0) has no position
+        pooled = torch.tanh(self.pooler(first))  # (B, d_model): the [CLS] position
         loss, aux, logits = None, {}, None
         if c.head == "encoder":
             given = [n for n, v in (("labels", labels), ("next_sentence_label", next_sentence_label)) if v is not None]

@@ -175,17 +175,7 @@ class GPT(QKVModel):
             raise ValueError(f"logits_to_keep must be an int >= 0 (0: every position), got {logits_to_keep!r}")
         if logits_to_keep and labels is not None:
             raise ValueError("logits_to_keep > 0 keeps some positions' logits; labels need every position's (give 0)")
-        attention_mask = bool_token_mask("attention_mask", attention_mask)  # 0/1 as a tokenizer gives it
-        if attention_mask is not None:
-            _checks.token_ids("input_ids", input_ids, c.vocab_size)
-            seen = state.position if isinstance(state, StackState) else 0
-            _checks.tensor("attention_mask", attention_mask, ndim=2)
-            if attention_mask.dtype != torch.bool:
-                raise TypeError(f"attention_mask must be a bool tensor (True = real token) or hold 0/1, got dtype "
-                                f"{attention_mask.dtype}")
-            _checks.same("attention_mask", tuple(attention_mask.shape), "(batch, positions so far + input length)",
-                         (input_ids.shape[0], seen + input_ids.shape[1]), "the shape")
-            self._check_left_padding(attention_mask)
+        attention_mask = self._checked_attention_mask(attention_mask, input_ids, state)
         last = None
         if classify:
             _checks.tensor("input_ids", input_ids, ndim=2)
@@ -225,6 +215,23 @@ class GPT(QKVModel):
                 loss = loss + c.lm_aux_weight * l_1
                 aux["lm_loss"] = l_1.detach()
         return ModelOutput(loss=loss, logits=logits, weights=out.weights, aux=aux, hidden=h)
+
+    def _checked_attention_mask(self, attention_mask: Optional[Tensor], input_ids: Tensor,
+                                state: Optional[StackState]) -> Optional[Tensor]:
+        """``forward``'s ``attention_mask`` as a bool ``(B, positions so far + L)`` tensor (0/1 as a
+        tokenizer gives it accepted), checked against ``input_ids`` and ``state``; None stays None."""
+        attention_mask = bool_token_mask("attention_mask", attention_mask)
+        if attention_mask is not None:
+            _checks.token_ids("input_ids", input_ids, self.config.vocab_size)
+            seen = state.position if isinstance(state, StackState) else 0
+            _checks.tensor("attention_mask", attention_mask, ndim=2)
+            if attention_mask.dtype != torch.bool:
+                raise TypeError(f"attention_mask must be a bool tensor (True = real token) or hold 0/1, got dtype "
+                                f"{attention_mask.dtype}")
+            _checks.same("attention_mask", tuple(attention_mask.shape), "(batch, positions so far + input length)",
+                         (input_ids.shape[0], seen + input_ids.shape[1]), "the shape")
+            self._check_left_padding(attention_mask)
+        return attention_mask
 
     def _check_left_padding(self, attention_mask: Tensor) -> None:
         """Refuse a mask padded in front (some row's first column False) when a kernel's blocks sit at

@@ -24,6 +24,7 @@ steps at initialisation and ACT never learns to use more; ``halting_bias_init`` 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
@@ -86,6 +87,7 @@ class UniversalState(StackState):
     sequence), so decoding runs the steps halting asks for, not ``max_steps``."""
 
     hidden: Optional[Tensor] = None
+    positions: Optional[Tensor] = None  # (B, position): the earlier positions' coordinates when given (None: 0 ..)
 
 
 class UniversalStack(TransformerStack):
@@ -116,27 +118,34 @@ class UniversalStack(TransformerStack):
         self.act = (AdaptiveComputationTime(config.d_model, config.max_steps, config.act_eps, config.halting_bias_init)
                     if config.act else None)
 
-    def add_coordinates(self, h: Tensor, offset: int, step: int) -> Tensor:
-        """``H + P^t``: the positional scheme of positions ``offset ..`` (and, ``timestep``, step ``t``)."""
+    def add_coordinates(self, h: Tensor, offset: int, step: int, positions: Optional[Tensor] = None) -> Tensor:
+        """``H + P^t``: the positional scheme of positions ``offset ..``, or ``positions (B, L)`` when given
+        (a left-padded row's counted from its first token), and, ``timestep``, of step ``t``."""
+        kw = {} if positions is None else {"positions": positions}
+        if positions is not None and "positions" not in inspect.signature(self.coordinates.forward).parameters:
+            raise ValueError(f"position_ids given, but the positional scheme {type(self.coordinates).__name__} takes "
+                             f"none (timestep, learned and sinusoidal positions do)")
         if isinstance(self.coordinates, TimestepEncoding):
-            return self.coordinates(h, offset, step=step)
-        return self.coordinates(h, offset)
+            return self.coordinates(h, offset, step=step, **kw)
+        return self.coordinates(h, offset, **kw)
 
     def run_steps(self, x: Tensor, mask: Optional[Tensor] = None, memory: Optional[Tensor] = None,
                   memory_mask: Optional[Tensor] = None, state: Optional[StackState] = None,
                   need_weights: bool = False, return_state: bool = False,
-                  return_hidden: bool = False) -> Tuple[StackOutput, Optional[ACTOutput]]:
-        """The shared block on embeddings ``x (B, L, d_model)``: ``T`` steps or ACT."""
+                  return_hidden: bool = False, position_ids: Optional[Tensor] = None) -> Tuple[StackOutput, Optional[ACTOutput]]:
+        """The shared block on embeddings ``x (B, L, d_model)``: ``T`` steps or ACT. ``position_ids (B, L)``:
+        the coordinates' positions (default: following ``state.position``)."""
         _checks.tensor("x", x, ndim=3, floating=True)
         mask, memory_mask = _drop_if_full(mask), _drop_if_full(memory_mask)
         cached, earlier = self._check_state(state, x)
         offset = state.position if state is not None else 0
         block = self.layers[0]
+        seen = self._earlier_positions(state, position_ids, x)  # (B, P) or None
 
         def step(h: Tensor, n: int):
             if state is not None and n > len(cached):  # every earlier position had halted before step n
-                cached.append(self._frozen_step(earlier, n, mask, memory, memory_mask, cached))
-            out = block(self.add_coordinates(h, offset, n), mask=mask, memory=memory, memory_mask=memory_mask,
+                cached.append(self._frozen_step(earlier, n, mask, memory, memory_mask, cached, seen))
+            out = block(self.add_coordinates(h, offset, n, position_ids), mask=mask, memory=memory, memory_mask=memory_mask,
                         state=None if state is None else cached[n - 1], need_weights=need_weights,
                         return_state=return_state)
             return out.hidden, out
@@ -157,7 +166,9 @@ class UniversalStack(TransformerStack):
             final = None
             if act is not None:  # what a later step sees of these positions: their state when they halted
                 final = act.final_state if earlier is None else torch.cat([earlier, act.final_state], dim=1)
-            new_state = UniversalState(tuple(o.state for o in outs), offset + x.shape[1], final)
+            positions = None if position_ids is None else (
+                position_ids if seen is None else torch.cat([seen, position_ids], dim=1))  # (B, P + L)
+            new_state = UniversalState(tuple(o.state for o in outs), offset + x.shape[1], final, positions)
         has_cross = block.cross_attn is not None
         output = StackOutput(self.final_norm(x), [o.self_weights for o in outs] if need_weights else None,
                              [o.cross_weights for o in outs] if need_weights and has_cross else None, new_state,
@@ -184,15 +195,36 @@ class UniversalStack(TransformerStack):
                              f"{(x.shape[0], state.position, x.shape[2])} (batch, positions seen, d_model)")
         return list(state.layers), earlier
 
+    @staticmethod
+    def _earlier_positions(state: Optional[StackState], position_ids: Optional[Tensor], x: Tensor) -> Optional[Tensor]:
+        """The earlier positions' coordinates ``(B, P)`` when this call gives ``position_ids`` (None: ``0 .. P - 1``,
+        as the state's earlier calls counted them); a state that recorded them and a call without them, or the
+        reverse, would mix two numberings and are refused."""
+        P = state.position if state is not None else 0
+        recorded = state.positions if isinstance(state, UniversalState) else None
+        if position_ids is not None:
+            _checks.tensor("position_ids", position_ids, ndim=2)
+            _checks.same("position_ids", tuple(position_ids.shape), "input_ids", tuple(x.shape[:2]), "the shape")
+        if P == 0 or (recorded is None and position_ids is None):
+            return None
+        if (recorded is None) != (position_ids is None):
+            raise ValueError("position_ids must be given at every call of a decoding state or at none (the state's "
+                             "earlier positions were counted the other way)")
+        return recorded
+
     def _frozen_step(self, earlier: Tensor, n: int, mask: Optional[Tensor], memory: Optional[Tensor],
-                     memory_mask: Optional[Tensor], cached: list) -> Any:
+                     memory_mask: Optional[Tensor], cached: list, positions: Optional[Tensor] = None) -> Any:
         """The block's state at step ``n`` for the earlier positions, all halted before it: the block
-        run on their frozen states (plus ``P^n``), as the full sequence's step ``n`` sees them."""
-        if mask is not None:
-            raise ValueError("incremental ACT decoding past the earlier positions' steps takes no self-attention mask")
+        run on their frozen states (plus ``P^n`` at their ``positions``), as the full sequence's step ``n``
+        sees them — with their columns of a key-padding ``mask (B, P + L)``."""
+        P = earlier.shape[1]
+        if mask is not None and mask.dim() != 2:
+            raise ValueError("incremental ACT decoding past the earlier positions' steps takes a key-padding "
+                             "self-attention mask (B, positions) only")
         seed = BlockState(cross_kv=cached[-1].cross_kv) if cached and cached[-1] is not None else None
-        return self.layers[0](self.add_coordinates(earlier, 0, n), memory=memory, memory_mask=memory_mask,
-                              state=seed, return_state=True).state
+        return self.layers[0](self.add_coordinates(earlier, 0, n, positions),
+                              mask=None if mask is None else _drop_if_full(mask[:, :P]), memory=memory,
+                              memory_mask=memory_mask, state=seed, return_state=True).state
 
     def run_layers(self, x: Tensor, mask: Optional[Tensor] = None, memory: Optional[Tensor] = None,
                    memory_mask: Optional[Tensor] = None, state: Optional[StackState] = None,
@@ -315,8 +347,10 @@ class UniversalTransformerLM(GPT):
     """Encoder-only Universal Transformer language model (Dehghani et al. 2019, LAMBADA setting), causal ACT.
 
     ``forward(input_ids (B, L), labels=None, need_weights=False, state=None, return_state=False,
-    return_act=False)`` -> ``ModelOutput``; ``aux``: ``ponder_cost``, ``steps`` (mean ``N``), ``act``.
-    ``generate`` is GPT's (one token at a time through the per-step caches).
+    return_act=False, attention_mask=None, position_ids=None)`` -> ``ModelOutput``; ``aux``:
+    ``ponder_cost``, ``steps`` (mean ``N``), ``act``. ``attention_mask``/``position_ids`` as GPT's (the
+    positions go to the coordinates added before every step). ``generate`` is GPT's (one token at a
+    time through the per-step caches; a left-padded batch with ``attention_mask``).
     """
 
     config_class = UniversalTransformerLMConfig
@@ -334,12 +368,15 @@ class UniversalTransformerLM(GPT):
             torch.nn.init.constant_(self.stack.act.halting.bias, config.halting_bias_init)
 
     def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, need_weights: bool = False,
-                state: Optional[StackState] = None, return_state: bool = False, return_act: bool = False) -> ModelOutput:
+                state: Optional[StackState] = None, return_state: bool = False, return_act: bool = False,
+                attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None) -> ModelOutput:
         c = self.config
         if labels is not None:
             check_labels("labels", labels, c.vocab_size, getattr(input_ids, "shape", ()))
         _checks.token_ids("input_ids", input_ids, c.vocab_size)
-        out, act = self.stack.embed_and_run(input_ids, state=state, need_weights=need_weights, return_state=return_state)
+        attention_mask = self._checked_attention_mask(attention_mask, input_ids, state)  # as GPT's (B, seen + L)
+        out, act = self.stack.embed_and_run(input_ids, mask=attention_mask, state=state, need_weights=need_weights,
+                                            return_state=return_state, position_ids=position_ids)
         logits = self.lm_head(out.hidden)  # (B, L, V)
         aux: dict = {}
         ponder = ponder_cost(act, labels != -100 if labels is not None else None)

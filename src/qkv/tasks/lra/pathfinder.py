@@ -49,8 +49,12 @@ def _dot(center: Tuple[int, int]) -> List[Tuple[int, int]]:
     return [(y + dy, x + dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1)]
 
 
+#: the most dashes ``_grow_path`` draws while growing one path (its ``budget``): no path is longer
+MAX_DASHES = 100
+
+
 def _grow_path(rng: np.random.Generator, free: np.ndarray, n_dashes: int, dash: float, gap: float, max_turn: float,
-               dots: bool, tries: int = 20, budget: int = 100) -> Optional[List[List[Tuple[int, int]]]]:
+               dots: bool, tries: int = 20, budget: int = MAX_DASHES) -> Optional[List[List[Tuple[int, int]]]]:
     """A dashed curved path of ``n_dashes`` dashes on the free pixels, or None.
 
     From a random free start and direction, each dash is a straight segment of ``dash`` pixels
@@ -176,6 +180,10 @@ class Pathfinder(LRATask):
         self.contour_length = int_option("contour_length", contour_length, 2)
         self.n_distractors = int_option("n_distractors", n_distractors, 0)
         self.distractor_length = int_option("distractor_length", distractor_length)
+        for name in ("contour_length", "distractor_length"):  # a longer path is never grown: drawing would only fail, slowly
+            if getattr(self, name) > MAX_DASHES:
+                raise ValueError(f"{name} must be at most {MAX_DASHES} dashes (the longest path the images are drawn "
+                                 f"with), got {getattr(self, name):,}")
         self.eval_size = int_option("eval_size", eval_size)
         self.cache_images = int_option("cache_images", cache_images, 0)
         self.train_size = None if train_size is None else int_option("train_size", train_size)
