@@ -175,3 +175,19 @@ def test_gradients_flow_through_the_rotation():
     rope = RotaryEmbedding(4)
     q = torch.randn(1, 1, 3, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: rope(x, x, torch.arange(3))[0], (q,))
+
+
+def test_angles_are_reused_for_the_same_positions_tensor_only():
+    rope = RotaryEmbedding(8)
+    positions = torch.arange(5)
+    cos, sin = rope.angles(positions, torch.float32)
+    again = rope.angles(positions, torch.float32)
+    assert again[0] is cos and again[1] is sin  # the layers of one pass share the stack's positions
+    assert rope.angles(torch.arange(5), torch.float32)[0] is not cos  # another tensor: computed anew
+    assert rope.angles(positions, torch.float64)[0].dtype == torch.float64
+    positions.add_(3)  # changed in place: its version moved on
+    shifted, _ = rope.angles(positions, torch.float32)
+    torch.testing.assert_close(shifted, RotaryEmbedding(8).angles(torch.arange(3, 8), torch.float32)[0])
+    with torch.inference_mode():
+        inside, _ = rope.angles(positions, torch.float32)
+    assert inside is not shifted and rope.angles(positions, torch.float32)[0] is not inside  # no inference tensor in autograd

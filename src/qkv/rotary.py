@@ -169,7 +169,9 @@ class RotaryEmbedding(nn.Module):
             "factor": 4.0, ...}``); None: default.
         max_len: the model's length (``dynamic`` rescales beyond it).
     ``forward(q (B, H, L, d), k (B, Hk, L, d), positions (L,) or (B, L) long)`` -> ``(q', k')``.
-    The angles are computed in float32 (float64 for float64 inputs), as transformers does.
+    The angles are computed in float32 (float64 for float64 inputs), as transformers does. The
+    last ``cos``, ``sin`` are kept with the positions tensor they were made for: the layers of one
+    forward pass share the stack's positions, so they are computed once per pass, not per layer.
     """
 
     def __init__(self, d_head: int, *, base: float = 10000.0, scaling: Optional[Mapping[str, Any]] = None,
@@ -181,12 +183,25 @@ class RotaryEmbedding(nn.Module):
         self.scaling = check_rope_scaling(scaling)
         theta, self.attention_factor = rope_frequencies(d_head, self.base, self.scaling, max_len=max_len)
         self.register_buffer("theta", theta, persistent=False)  # (d/2,) float64
+        self._last: Optional[Tuple[Any, ...]] = None  # (positions, theta, (its version, dtype, inference mode), cos, sin)
 
     def extra_repr(self) -> str:
         return f"d_head={self.d_head}, base={self.base}, scaling={self.scaling}"
 
     def angles(self, positions: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
-        """``cos``, ``sin`` ``(B|1, 1, L, d)`` of ``positions (L,) or (B, L)``, in ``dtype``."""
+        """``cos``, ``sin`` ``(B|1, 1, L, d)`` of ``positions (L,) or (B, L)``, in ``dtype`` (those of
+        the previous call when it had the very same positions tensor, unchanged since)."""
+        compiling = torch.compiler.is_compiling()
+        key = (positions._version, dtype, torch.is_inference_mode_enabled())
+        last = self._last
+        if not compiling and last is not None and last[0] is positions and last[1] is self.theta and last[2] == key:
+            return last[3], last[4]
+        cos, sin = self._angles(positions, dtype)
+        if not compiling:
+            self._last = (positions, self.theta, key, cos, sin)
+        return cos, sin
+
+    def _angles(self, positions: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
         theta = self.theta
         if self.scaling["rope_type"] == "dynamic" and positions.numel() and not torch.compiler.is_compiling():
             theta, _ = rope_frequencies(self.d_head, self.base, self.scaling, max_len=self.max_len,

@@ -77,3 +77,32 @@ def test_minilm_embeddings_pair_compares_real_sentence_embeddings(tmp_path):
     (row,) = json.loads((out / "models.json").read_text())["rows"]
     assert row["pair"] == "minilm-embed" and row["length"] == 32 and row["max_abs_diff"] < 1e-4
     assert row["qkv_s"] > 0 and row["peer_s"] > 0
+
+
+def test_window_nll_is_the_sum_over_windows_of_next_token_losses():
+    torch.manual_seed(0)
+    table = torch.randn(7, 7)  # a bigram model: the logits of the next token are a row of the table
+
+    def logits_of(ids):
+        return table[ids]
+
+    ids = torch.randint(7, (12,))
+    nll, count = models.window_nll(logits_of, ids, 5)  # windows [0, 5), [5, 10), [10, 11): 11 predictions
+    expected = sum(-torch.log_softmax(table[ids[t]], -1)[ids[t + 1]].item() for t in range(11))
+    assert count == 11 and abs(nll - expected) < 1e-4
+    with pytest.raises(ValueError, match="1-D stream of at least 2 tokens"):
+        models.window_nll(logits_of, ids[:1], 5)
+    with pytest.raises(ValueError, match="text must be one of"):
+        models.heldout_text("enwiki")
+
+
+def test_smollm2_pairs_without_the_checkpoint_say_what_to_fetch(tmp_path, monkeypatch, capsys):
+    from qkv.tasks import data
+
+    def missing(cache_dir=None):
+        raise FileNotFoundError("run `qkv data fetch smollm2` first")
+
+    monkeypatch.setattr(data, "smollm2_dir", missing)
+    with pytest.raises(SystemExit):
+        main(["models", "--quick", "--pairs", "smollm2-decode", "--out", str(tmp_path)])
+    assert "--pairs smollm2-*: run `qkv data fetch smollm2` first" in capsys.readouterr().err

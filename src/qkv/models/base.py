@@ -161,7 +161,10 @@ class CheckpointFormat(abc.ABC):
     """Another library's checkpoint layout that ``QKVModel.from_pretrained`` reads and
     ``save_pretrained(format=name)`` writes; registered in ``CHECKPOINT_FORMATS`` by the module that
     implements it (``qkv/hf/checkpoints.py``: ``"huggingface"``, registered when ``qkv`` is
-    imported), so that this floor imports none of the models and no higher floor."""
+    imported), so that this floor imports none of the models and no higher floor. ``writes``
+    False: a format read only (a llama.cpp GGUF file), not offered to ``save_pretrained``."""
+
+    writes: bool = True
 
     @abc.abstractmethod
     def recognizes(self, directory: Path) -> bool:
@@ -386,8 +389,9 @@ class QKVModel(nn.Module):
         (``CHECKPOINT_FORMATS``): ``"huggingface"`` one that transformers' ``AutoModel...from_pretrained``
         loads (BERT and GPT; ``qkv/hf/checkpoints.py``)."""
         if format != "qkv":
-            if format not in CHECKPOINT_FORMATS:
-                raise ValueError(f"format must be one of {['qkv', *CHECKPOINT_FORMATS]}, got {format!r}")
+            writable = [name for name, f in CHECKPOINT_FORMATS.items() if f.writes]
+            if format not in writable:
+                raise ValueError(f"format must be one of {['qkv', *writable]}, got {format!r}")
             return CHECKPOINT_FORMATS[format].save(self, directory)
         meta = {MODEL_TYPE_KEY: self.registry_name, **dataclasses.asdict(self.config)}
         return save_model(self, meta, directory)
@@ -397,7 +401,8 @@ class QKVModel(nn.Module):
                         **overrides: Any) -> "QKVModel":
         """Load a model written by ``save_pretrained`` (any registered model when called on
         ``QKVModel``; this class otherwise), or a Hugging Face checkpoint of an architecture qkv
-        represents (``bert``, ``gpt2``: ``qkv/hf/checkpoints.py``). ``overrides``:
+        represents (``bert``, ``gpt2``, ``llama``, ...: ``qkv/hf/checkpoints.py``), or a llama.cpp
+        ``.gguf`` file (``qkv/hf/llama.py``: de-quantized to float32, in memory). ``overrides``:
         config fields that do not change the weights' shapes (e.g. ``attention="window",
         attention_kwargs={"radius": 16}``, ``dropout``).
 
@@ -411,12 +416,12 @@ class QKVModel(nn.Module):
         printed as one line by ``qkv``) naming the file and the field or tensor; nothing is unpickled.
         A directory whose save was killed mid-swap is finished first (``qkv._io.settle_directory``)."""
         directory = settle_directory(directory)  # a save killed mid-swap: finish it
-        if not directory.is_dir():
-            raise FileNotFoundError(f"{directory} is not a model directory (config.json + model.safetensors, written by "
-                                    f"save_pretrained or a Hugging Face checkpoint)")
-        for reader in CHECKPOINT_FORMATS.values():  # another library's checkpoint (e.g. Hugging Face)
+        for reader in CHECKPOINT_FORMATS.values():  # another library's checkpoint (Hugging Face; a GGUF file)
             if reader.recognizes(directory):
                 return reader.load(None if cls is QKVModel else cls, directory, map_location, **overrides)
+        if not directory.is_dir():
+            raise FileNotFoundError(f"{directory} is not a model directory (config.json + model.safetensors, written by "
+                                    f"save_pretrained or a Hugging Face checkpoint) nor a checkpoint file (.gguf)")
         config_path = directory / "config.json"
         meta = read_model_config(directory)  # the sizes are checked (from_config) before the weights are read
         if isinstance(meta.get("config"), dict) and "model" in meta:

@@ -2,7 +2,8 @@
 
 It holds ``run.json`` (``Settings.record()``), the trainer's ``train_config.json``,
 ``metrics.jsonl`` and ``checkpoints/``, the final ``model/`` (``save_pretrained`` + the task's
-``vocab.json``) and, for a task read with a checkpoint's tokenizer, its own ``tokenizer.json``.
+``vocab.json``) and, for a task read with a checkpoint's tokenizer, its own ``tokenizer.json``
+(with the ``tokenizer_config.json`` beside it that names a language model's specials).
 
 A run has an id (``run_id`` in run.json, drawn when the run is made and kept when it is resumed),
 which it writes into the ``model/`` it saves (``MODEL_ID_FILE``): a ``model/`` that is not the
@@ -33,6 +34,8 @@ from .settings import Say, TrainConfig
 VOCAB_FILE = "vocab.json"
 #: a checkpoint's tokenizer (task option ``tokenizer``), copied into the run directory
 TOKENIZER_FILE = "tokenizer.json"
+#: transformers' file beside it: a language model's special tokens (``CheckpointTokenizer``), copied too
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 #: run.json's field holding the run's id, and the file in its model/ holding the id of the run that saved it
 RUN_ID_KEY = "run_id"
 MODEL_ID_FILE = "qkv-run.json"
@@ -208,6 +211,10 @@ def keep_tokenizer(out: Path, options: Mapping[str, Any]) -> Dict[str, Any]:
     if rank() == 0 and source.resolve() != copy.resolve():  # under torchrun rank 0 alone writes
         with atomic_path(copy) as tmp:
             shutil.copyfile(source, tmp)
+        beside = source.parent / TOKENIZER_CONFIG_FILE
+        if beside.is_file():
+            with atomic_path(out / TOKENIZER_CONFIG_FILE) as tmp:
+                shutil.copyfile(beside, tmp)
     return {**options, "tokenizer": TOKENIZER_FILE}
 
 

@@ -337,6 +337,9 @@ class BBCNewsTokens(TensorTask):
             pieces = [[index.get(w, unk) for s in doc for w in s] for doc in docs]
         else:
             self.vocab = CheckpointTokenizer(tokenizer)
+            if not self.vocab.wordpiece:
+                raise ValueError(f"tokenizer={tokenizer!r} has no [PAD], [UNK], [CLS], [SEP], [MASK]; bbc-news frames "
+                                 f"rows BERT's way: expected a BERT WordPiece tokenizer")
             texts = [text for text, _ in (load_bbc(cache_dir) if articles is None else articles)]
             pieces = self.vocab.encode_batch(texts)
         v = self.vocab

@@ -16,6 +16,7 @@ Al-Rfou et al. 2018's auxiliary losses are their own model on this one: ``al_rfo
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, Optional, Tuple, Union
 
@@ -141,10 +142,13 @@ class GPT(QKVModel):
     def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, need_weights: bool = False,
                 state: Optional[StackState] = None, return_state: bool = False,
                 attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None,
-                position_ids: Optional[Tensor] = None) -> ModelOutput:
+                position_ids: Optional[Tensor] = None, logits_to_keep: int = 0) -> ModelOutput:
         """Next-token logits for every position of ``input_ids (B, L)``; ``labels (B, L)``: next-token
         targets (``-100`` ignored), ``loss`` their cross-entropy. ``state``/``return_state``:
-        continue a sequence (KV caches of the kernels).
+        continue a sequence (KV caches of the kernels). ``logits_to_keep = k > 0``: the logits of
+        the last ``k`` positions only, ``(B, k, V)`` (transformers' name; ``generate`` reads a
+        prompt with 1, so that it does not multiply every position by the output matrix); not with
+        ``labels``.
 
         ``attention_mask (B, L)`` bool, True = real token: padded keys are masked out (with
         ``state``, ``(B, positions so far + L)``); positions still count from 0 at the first
@@ -169,6 +173,10 @@ class GPT(QKVModel):
                              "whole sequences")
         if labels is not None and not classify:
             check_labels("labels", labels, c.vocab_size, getattr(input_ids, "shape", ()))
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be an int >= 0 (0: every position), got {logits_to_keep!r}")
+        if logits_to_keep and labels is not None:
+            raise ValueError("logits_to_keep > 0 keeps some positions' logits; labels need every position's (give 0)")
         attention_mask = self._checked_attention_mask(attention_mask, input_ids, state)
         last = None
         if classify:
@@ -181,7 +189,7 @@ class GPT(QKVModel):
                          return_state=return_state, **extra)
         if classify:
             return self._classify(out, input_ids, attention_mask, last, labels)
-        logits = self.lm_head(out.hidden)  # (B, L, V)
+        logits = self.lm_head(out.hidden[:, -logits_to_keep:] if logits_to_keep else out.hidden)  # (B, L or k, V)
         loss, aux = None, {}
         if labels is not None:
             loss = lm_loss(logits, labels)
@@ -332,20 +340,22 @@ class GPT(QKVModel):
         """The logits ``(B, vocab)`` after ``seq (B, n)``, the sequence so far, and the kernels' state
         to carry to the next token (None when the whole context is read again)."""
         n = seq.shape[1]
+        # the last position's logits only, where forward can say so (a subclass's own forward may not)
+        last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(self.forward).parameters else {}
         if window is not None and n > window:
             # past the learned positions: the context slides, its positions restart at 0, so re-read it
             kw = {} if mask is None else _window_inputs(mask[:, n - window:n])
-            out, state = self(seq[:, -window:], **kw), None
+            out, state = self(seq[:, -window:], **kw, **last), None
         elif use_cache:
             # after the prompt, one token drawn from vocab_size logits: in range, not read again
             step = seq if state is None else _checks.ids_in_range(seq[:, -1:], self.config.vocab_size)
             kw = {} if mask is None else {"attention_mask": mask[:, :n],
                                           "position_ids": positions[:, n - step.shape[1]:n]}
-            out = self(step, state=state, return_state=True, **kw)
+            out = self(step, state=state, return_state=True, **kw, **last)
             state = out.state
         else:
             kw = {} if mask is None else {"attention_mask": mask[:, :n], "position_ids": positions[:, :n]}
-            out = self(seq, **kw)
+            out = self(seq, **kw, **last)
         return out.logits[:, -1], state
 
 def _window_inputs(mask: Tensor) -> Dict[str, Tensor]:
