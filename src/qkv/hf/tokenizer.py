@@ -34,9 +34,10 @@ def remember_text(model: Any, task: Any) -> None:
     run's model gets it when the run is loaded or assembled (``qkv.runs.Run``); a task without a
     vocabulary leaves nothing."""
     vocab = getattr(task, "vocab", None)
-    if model is None or vocab is None:
+    max_length = None if model is None else _max_length(model, task)
+    if vocab is None or max_length is None:  # (a model without positions, an RNN's: no transformers format)
         return
-    model.__dict__[TEXT_ATTR] = {"vocab": vocab, "max_length": _max_length(model, task),
+    model.__dict__[TEXT_ATTR] = {"vocab": vocab, "max_length": max_length,
                                  "class_names": getattr(task, "class_names", None)}
 
 
@@ -70,10 +71,11 @@ def write_pipeline_files(model: Any, folder: Union[str, Path]) -> None:
                                                        encoding="utf-8")
 
 
-def _max_length(model: Any, task: Any) -> int:
+def _max_length(model: Any, task: Any) -> Optional[int]:
     """The longest input the model reads as trained: the task's ``max_len`` (tokens per example,
-    specials included) when it has one, else the model's positions."""
-    return int(getattr(task, "max_len", None) or model.config.max_len)
+    specials included) when it has one, else the model's positions (None: neither has a length)."""
+    length = getattr(task, "max_len", None) or getattr(getattr(model, "config", None), "max_len", None)
+    return None if length is None else int(length)
 
 
 def _class_names(names: Any, n: int) -> List[str]:
