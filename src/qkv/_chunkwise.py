@@ -177,9 +177,16 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
               chunk_size: int = 64) -> Tuple[Tensor, Tensor]:
     """The recurrence in chunks of ``chunk_size`` positions (the module docstring):
     ``(o (B, H, N, Ev), S_N (B, H, Ev, E))``. Cost: ``O(N C (E + Ev))`` batched products (GLA's
-    per-channel decays: ``O(N C E)`` memory for the pairwise decays), ``N / C`` steps of the scan."""
-    B, H, N, E = k.shape
-    Ev = v.shape[-1]
+    per-channel decays: ``O(N C E)`` memory for the pairwise decays), ``N / C`` steps of the scan.
+
+    ``q`` and ``k`` may have fewer heads than ``v``, ``g`` and ``beta`` (``Hk`` dividing ``H``: each
+    query/key head serves ``H / Hk`` consecutive heads, transformers' grouped value heads): their
+    products ``Q K^T``, ``K K^T`` and the UT transform's ``W`` are then computed once per key head.
+    Inside, every tensor is chunk-major ``(B, T, H, C, *)``: the scan reads one contiguous block per
+    chunk, and ``o`` comes back as a view of ``(B, N, H, Ev)`` (fla's layout, no copy to get there)."""
+    B, Hk, N, E = k.shape
+    H, Ev = v.shape[1], v.shape[-1]
+    G = H // Hk  # value heads per query/key head
     S = v.new_zeros(B, H, Ev, E) if state is None else state
     if N == 0:
         return v.new_zeros(B, H, 0, Ev), S
@@ -187,43 +194,70 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
     T, pad = -(-N // C), -N % C  # chunks, padding of the last one (zero keys, no decay: no step)
 
     def chunked(x: Tensor) -> Tensor:
-        return F.pad(x, (0, 0, 0, pad)).view(B, H, T, C, x.shape[-1])  # (B, H, T, C, *)
+        """``(B, h, N, d)`` -> chunk-major ``(B, T, h, C, d)``, contiguous (one copy)."""
+        if pad:
+            x = F.pad(x, (0, 0, 0, pad))
+        return x.view(B, x.shape[1], T, C, x.shape[-1]).transpose(1, 2).contiguous()
+
+    def major(x: Tensor) -> Tensor:
+        return x.transpose(1, 2)  # the decays' (B, H, T, ...) -> (B, T, H, ...), a view
 
     qc, kc, vc = chunked(q), chunked(k), chunked(v)
-    bc = None if beta is None else chunked(beta.unsqueeze(-1))  # (B, H, T, C, 1)
     D, Gamma, Gamma_end, gamma_C, channel = _decays(g, resets, B, H, T, C, pad, v)
+    # the decays chunk-major too (small but D of per-channel decays, which the einsum reads strided)
+    D = major(D) if channel else major(D).contiguous()
+    Gamma, Gamma_end, gamma_C = (major(x).contiguous() for x in (Gamma, Gamma_end, gamma_C))
+    bc = None if beta is None else major(F.pad(beta, (0, pad)).view(B, H, T, C, 1)).contiguous()  # (B, T, H, C, 1)
+
+    def grouped(x: Tensor) -> Tensor:
+        return x.view(B, T, Hk, G, *x.shape[3:])  # (B, T, H, ...) -> (B, T, Hk, G, ...)
 
     def decayed(x: Tensor, y: Tensor) -> Tensor:
-        """``(x_t . y_j)_D = sum_c x_tc y_jc D_tj(c)`` -> ``(B, H, T, C, C)``."""
+        """``(x_t . y_j)_D = sum_c x_tc y_jc D_tj(c)`` for key-head ``x, y`` -> ``(B, T, H, C, C)``."""
         if channel:
-            return torch.einsum("bhntc,bhnjc,bhntjc->bhntj", x, y, D)
-        return (x @ y.transpose(-1, -2)) * D
+            x, y = (z.repeat_interleave(G, dim=2) if G > 1 else z for z in (x, y))
+            return torch.einsum("bnhtc,bnhjc,bnhtjc->bnhtj", x, y, D)
+        return (grouped(D) * (x @ y.transpose(-1, -2)).unsqueeze(3)).view(B, T, H, C, C)  # one product per key head
 
-    A = decayed(qc, kc)  # (B, H, T, C, C): A_tj = (q_t . k_j)_D, j <= t
-    Vb = vc if bc is None else vc * bc  # diag(beta) V
-    K_end = kc * Gamma_end  # (B, H, T, C, E): k_j o exp(b_C - b_j)
-    decay = gamma_C.unsqueeze(-2) if channel else gamma_C[..., None, None]  # S Diag(gamma_C): (B, H, T, 1|1, 1|E)
+    def per_head(x: Tensor, scale: Tensor) -> Tensor:
+        """``x (B, T, Hk, C, d)`` scaled per value head by ``scale (B, T, H, C, 1|d)`` -> ``(B, T, H, C, d)``."""
+        return (x.unsqueeze(3) * grouped(scale)).view(B, T, H, C, x.shape[-1])
+
+    A = decayed(qc, kc)  # (B, T, H, C, C): A_tj = (q_t . k_j)_D, j <= t
+    Qg = per_head(qc, Gamma)  # q_t o exp(b_t): reads the chunk-start state
+    K_end = per_head(kc, Gamma_end)  # (B, T, H, C, E): k_j o exp(b_C - b_j)
+    decay = gamma_C.unsqueeze(-2) if channel else gamma_C[..., None, None]  # S Diag(gamma_C): (B, T, H, 1|1, 1|E)
     if delta:
-        # (I + L) [U' W] = diag(beta) [V  K o Gamma],  L_tj = beta_t (k_t . k_j)_D for j < t: the UT transform
-        Kb = kc if bc is None else kc * bc
-        L = decayed(Kb, kc).tril(-1)
+        # the UT transform T = (I + L)^{-1}, L_tj = beta_t (k_t . k_j)_D for j < t, explicitly (C^3 per chunk):
+        # U' = T diag(beta) V and W = T diag(beta) (K o Gamma) are then plain products, W's one per key head
+        L = decayed(kc, kc)
+        L = (L if bc is None else L * bc).tril(-1)
         eye = torch.eye(C, dtype=L.dtype, device=L.device)
-        rhs = torch.cat([Vb, Kb * Gamma], dim=-1)  # (B, H, T, C, Ev + E)
-        U1, W = torch.linalg.solve_triangular(L + eye, rhs, upper=False, unitriangular=True).split([Ev, E], dim=-1)
-        # the scan: the written values U = U' - W S_start^T need the state before the chunk, then
-        # S_end = S_start Diag(gamma_C) + U^T K_end (2 C E Ev per chunk and head)
-        starts, written = [], []
-        for U1_c, W_c, K_c, decay_c in zip(U1.unbind(2), W.unbind(2), K_end.unbind(2), decay.unbind(2)):
-            starts.append(S)
-            U_c = U1_c - W_c @ S.transpose(-1, -2)  # (B, H, C, Ev)
-            written.append(U_c)
-            S = S * decay_c + U_c.transpose(-1, -2) @ K_c
-        S_start, U = torch.stack(starts, dim=2), torch.stack(written, dim=2)  # (B, H, T, Ev, E), (B, H, T, C, Ev)
+        Tm = torch.linalg.solve_triangular(L + eye, eye.expand_as(L), upper=False, unitriangular=True)
+        Tb = Tm if bc is None else Tm * bc.transpose(-1, -2)  # T diag(beta)
+        U1 = Tb @ vc  # (B, T, H, C, Ev)
+        if channel:
+            W = Tb @ per_head(kc, Gamma)
+        else:  # T diag(beta Gamma) K: the group's C-row blocks stacked against one key block
+            W = (Tb * Gamma.transpose(-1, -2)).reshape(B, T, Hk, G * C, C) @ kc
+        W = W.view(B, T, H, C, E)
+        # the scan: U = U' - W S^T needs the state before the chunk, then o = A U + (Q o Gamma) S^T and
+        # S_end = S Diag(gamma_C) + U^T K_end (3 C E Ev per chunk and head)
+        flat = lambda x: x.reshape(B * H, *x.shape[-2:])  # noqa: E731  (B, H, r, c) -> (B H, r, c), a view
+        S, outs = flat(S), []
+        for U1_c, W_c, A_c, Q_c, K_c, decay_c in zip(U1.unbind(1), W.unbind(1), A.unbind(1), Qg.unbind(1),
+                                                     K_end.unbind(1), decay.unbind(1)):
+            St = S.transpose(-1, -2)
+            U_c = torch.baddbmm(flat(U1_c), flat(W_c), St, alpha=-1)  # (B H, C, Ev)
+            outs.append(torch.baddbmm(flat(Q_c) @ St, flat(A_c), U_c).view(B, H, C, Ev).transpose(1, 2))
+            S = torch.baddbmm(S * decay_c.reshape(B * H, 1, -1), U_c.transpose(-1, -2), flat(K_c))
+        S = S.view(B, H, Ev, E)
+        o = torch.stack(outs, dim=1)  # (B, T, C, H, Ev): fla's layout
     else:
-        U = Vb  # what each key writes, known before the scan
-        S_start, S = scan(S, decay, U.transpose(-1, -2) @ K_end)  # S_end = S_start Diag(gamma_C) + V^T K_end
-    o = A @ U + (qc * Gamma) @ S_start.transpose(-1, -2)  # (B, H, T, C, Ev): within the chunk + from the state before
-    return o.view(B, H, T * C, Ev)[:, :, :N], S
+        U = vc if bc is None else vc * bc  # what each key writes, known before the scan
+        S_start, S = scan(S, major(decay), major(U.transpose(-1, -2) @ K_end))  # S_end = S_start Diag(gamma_C) + V^T K_end
+        o = (A @ U + Qg @ major(S_start).transpose(-1, -2)).transpose(2, 3)  # (B, T, C, H, Ev)
+    return o.reshape(B, T * C, H, Ev)[:, :N].transpose(1, 2), S
 
 
 def scan(S: Tensor, M: Tensor, R: Tensor) -> Tuple[Tensor, Tensor]:
