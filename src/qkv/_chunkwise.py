@@ -200,14 +200,16 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
         return x.view(B, x.shape[1], T, C, x.shape[-1]).transpose(1, 2).contiguous()
 
     def major(x: Tensor) -> Tensor:
-        return x.transpose(1, 2)  # the decays' (B, H, T, ...) -> (B, T, H, ...), a view
+        return x.transpose(1, 2)  # (B, T, H, ...) <-> (B, H, T, ...) (scan's layout), a view
 
     qc, kc, vc = chunked(q), chunked(k), chunked(v)
-    D, Gamma, Gamma_end, gamma_C, channel = _decays(g, resets, B, H, T, C, pad, v)
-    # the decays chunk-major too (small but D of per-channel decays, which the einsum reads strided)
-    D = major(D) if channel else major(D).contiguous()
-    Gamma, Gamma_end, gamma_C = (major(x).contiguous() for x in (Gamma, Gamma_end, gamma_C))
-    bc = None if beta is None else major(F.pad(beta, (0, pad)).view(B, H, T, C, 1)).contiguous()  # (B, T, H, C, 1)
+    # the decays chunk-major: _decays of B T sequences of one chunk each
+    g_rows = None if g is None else chunked(g.unsqueeze(-1) if g.dim() == 3 else g).flatten(0, 1)  # (B T, H, C, 1|E)
+    g_rows = g_rows[..., 0] if g is not None and g.dim() == 3 else g_rows
+    r_rows = None if resets is None else F.pad(resets, (0, pad)).view(B * T, C)
+    *decays, channel = _decays(g_rows, r_rows, B * T, H, 1, C, 0, v)
+    D, Gamma, Gamma_end, gamma_C = (x.view(B, T, H, *x.shape[3:]) for x in decays)  # (B, T, H, ...)
+    bc = None if beta is None else chunked(beta.unsqueeze(-1))  # (B, T, H, C, 1)
 
     def grouped(x: Tensor) -> Tensor:
         return x.view(B, T, Hk, G, *x.shape[3:])  # (B, T, H, ...) -> (B, T, Hk, G, ...)
