@@ -233,9 +233,9 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
         # the UT transform T = (I + L)^{-1}, L_tj = beta_t (k_t . k_j)_D for j < t, explicitly (C^3 per chunk):
         # U' = T diag(beta) V and W = T diag(beta) (K o Gamma) are then plain products, W's one per key head
         L = decayed(kc, kc)
-        L = (L if bc is None else L * bc).tril(-1)
-        eye = torch.eye(C, dtype=L.dtype, device=L.device)
-        Tm = torch.linalg.solve_triangular(L + eye, eye.expand_as(L), upper=False, unitriangular=True)
+        L = L if bc is None else L * bc  # its diagonal and upper part are not read: I + L, unit lower triangular
+        eye = torch.eye(C, dtype=L.dtype, device=L.device).expand_as(L)
+        Tm = torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True)
         Tb = Tm if bc is None else Tm * bc.transpose(-1, -2)  # T diag(beta)
         U1 = Tb @ vc  # (B, T, H, C, Ev)
         if channel:
