@@ -226,39 +226,52 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
         return (x.unsqueeze(3) * grouped(scale)).view(B, T, H, C, x.shape[-1])
 
     A = decayed(qc, kc)  # (B, T, H, C, C): A_tj = (q_t . k_j)_D, j <= t
-    Qg = per_head(qc, Gamma)  # q_t o exp(b_t): reads the chunk-start state
-    K_end = per_head(kc, Gamma_end)  # (B, T, H, C, E): k_j o exp(b_C - b_j)
     decay = gamma_C.unsqueeze(-2) if channel else gamma_C[..., None, None]  # S Diag(gamma_C): (B, T, H, 1|1, 1|E)
-    if delta:
-        # the UT transform T = (I + L)^{-1}, L_tj = beta_t (k_t . k_j)_D for j < t, explicitly (C^3 per chunk):
-        # U' = T diag(beta) V and W = T diag(beta) (K o Gamma) are then plain products, W's one per key head
-        L = decayed(kc, kc)
-        L = L if bc is None else L * bc  # its diagonal and upper part are not read: I + L, unit lower triangular
-        eye = torch.eye(C, dtype=L.dtype, device=L.device).expand_as(L)
-        Tm = torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True)
-        Tb = Tm if bc is None else Tm * bc.transpose(-1, -2)  # T diag(beta)
-        U1 = Tb @ vc  # (B, T, H, C, Ev)
-        if channel:
-            W = Tb @ per_head(kc, Gamma)
-        else:  # T diag(beta Gamma) K: the group's C-row blocks stacked against one key block
-            W = (Tb * Gamma.transpose(-1, -2)).reshape(B, T, Hk, G * C, C) @ kc
-        W = W.view(B, T, H, C, E)
-        # the scan: U = U' - W S^T needs the state before the chunk, then o = A U + (Q o Gamma) S^T and
-        # S_end = S Diag(gamma_C) + U^T K_end (3 C E Ev per chunk and head)
-        flat = lambda x: x.reshape(B * H, *x.shape[-2:])  # noqa: E731  (B, H, r, c) -> (B H, r, c), a view
-        S, outs = flat(S), []
-        for U1_c, W_c, A_c, Q_c, K_c, decay_c in zip(U1.unbind(1), W.unbind(1), A.unbind(1), Qg.unbind(1),
-                                                     K_end.unbind(1), decay.unbind(1)):
-            St = S.transpose(-1, -2)
-            U_c = torch.baddbmm(flat(U1_c), flat(W_c), St, alpha=-1)  # (B H, C, Ev)
-            outs.append(torch.baddbmm(flat(Q_c) @ St, flat(A_c), U_c).view(B, H, C, Ev).transpose(1, 2))
-            S = torch.baddbmm(S * decay_c.reshape(B * H, 1, -1), U_c.transpose(-1, -2), flat(K_c))
-        S = S.view(B, H, Ev, E)
-        o = torch.stack(outs, dim=1)  # (B, T, C, H, Ev): fla's layout
-    else:
+    if not delta:
         U = vc if bc is None else vc * bc  # what each key writes, known before the scan
-        S_start, S = scan(S, major(decay), major(U.transpose(-1, -2) @ K_end))  # S_end = S_start Diag(gamma_C) + V^T K_end
-        o = (A @ U + Qg @ major(S_start).transpose(-1, -2)).transpose(2, 3)  # (B, T, C, H, Ev)
+        # S_end = S_start Diag(gamma_C) + U^T K_end, K_end = k_j o exp(b_C - b_j)
+        S_start, S = scan(S, major(decay), major(U.transpose(-1, -2) @ per_head(kc, Gamma_end)))
+        o = (A @ U + per_head(qc, Gamma) @ major(S_start).transpose(-1, -2)).transpose(2, 3)  # (B, T, C, H, Ev)
+        return o.reshape(B, T * C, H, Ev)[:, :N].transpose(1, 2), S
+    # the UT transform T = (I + L)^{-1}, L_tj = beta_t (k_t . k_j)_D for j < t, explicitly (C^3 per chunk):
+    # U' = T diag(beta) V and W = T diag(beta) (K o Gamma) are then plain products, W's one per key head
+    L = decayed(kc, kc)
+    L = L if bc is None else L.mul_(bc)  # its diagonal and upper part are not read: I + L, unit lower triangular
+    eye = torch.eye(C, dtype=L.dtype, device=L.device).expand_as(L)
+    Tm = torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True)
+    Tb = Tm if bc is None else Tm * bc.transpose(-1, -2)  # T diag(beta)
+    U1 = Tb @ vc  # (B, T, H, C, Ev)
+    if channel:
+        W = Tb @ per_head(kc, Gamma)
+    else:  # T diag(beta Gamma) K: the group's C-row blocks stacked against one key block
+        W = (Tb * Gamma.transpose(-1, -2)).reshape(B, T, Hk, G * C, C) @ kc
+    W = W.view(B, T, H, C, E)
+    # the scan, chunk by chunk: U = U' - W S^T (the state before the chunk), o = A U + (Q o Gamma) S^T,
+    # S_end = S Diag(gamma_C) + U^T (K o Gamma_end): 3 C E Ev per chunk and head. A scalar decay factors
+    # out of the products, (Q o Gamma) S^T = Gamma o (Q S^T) and U^T (K o Gamma_end) = (Gamma_end o U)^T K:
+    # the group's states side by side, (B Hk, G Ev, E), meet one query/key block each
+    Qg = per_head(qc, Gamma) if channel else None  # per-channel decays: q_t o exp(b_t) per head
+    K_end = per_head(kc, Gamma_end) if channel else None
+    by_key = lambda x: x.reshape(B * Hk, *x.shape[-2:])  # noqa: E731  (B, Hk, r, c) -> (B Hk, r, c)
+    to_out = lambda x: x.view(B, Hk, G, C, -1).permute(0, 3, 1, 2, 4)  # noqa: E731  (B H, C, *) -> (B, C, Hk, G, *)
+    S, outs = S.reshape(B * Hk, G * Ev, E), []
+    for t in range(T):
+        Sh = S.view(B * H, Ev, E)
+        U_c = torch.baddbmm(U1[:, t].reshape(B * H, C, Ev), W[:, t].reshape(B * H, C, E), Sh.transpose(-1, -2),
+                            alpha=-1)  # (B H, C, Ev)
+        within = to_out(torch.bmm(A[:, t].reshape(B * H, C, C), U_c))  # A U: (B, C, Hk, G, Ev)
+        decayed_S = (Sh.view(B, H, Ev, E) * decay[:, t]).view(B * Hk, G * Ev, E)
+        if channel:
+            outs.append(within + to_out(torch.bmm(Qg[:, t].reshape(B * H, C, E), Sh.transpose(-1, -2))))
+            S = torch.baddbmm(decayed_S.view(B * H, Ev, E), U_c.transpose(-1, -2),
+                              K_end[:, t].reshape(B * H, C, E)).view(B * Hk, G * Ev, E)
+        else:
+            read = (by_key(qc[:, t]) @ S.transpose(-1, -2)).view(B, Hk, C, G, Ev).transpose(1, 2)  # Q S^T
+            outs.append(torch.addcmul(within, read, to_out(Gamma[:, t])))
+            Ue = (U_c.view(B, Hk, G, C, Ev) * Gamma_end[:, t].view(B, Hk, G, C, 1)).transpose(2, 3)
+            S = torch.baddbmm(decayed_S, Ue.reshape(B * Hk, C, G * Ev).transpose(-1, -2), by_key(kc[:, t]))
+    S = S.view(B, H, Ev, E)
+    o = torch.stack(outs, dim=1)  # (B, T, C, Hk, G, Ev): fla's layout
     return o.reshape(B, T * C, H, Ev)[:, :N].transpose(1, 2), S
 
 
