@@ -60,7 +60,7 @@ def multiscale_log_decay(n_heads: int, device=None, dtype=torch.float32) -> Tens
 def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
     """``x / sqrt(sum x^2 + eps)`` over the last dim (fla's and transformers' ``l2norm``: a zero
     vector stays zero, a padded key writes nothing)."""
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+    return x * torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() + eps)  # no x * x temporary
 
 
 def check_gates(g: Optional[Tensor], beta: Optional[Tensor], g_shapes: Tuple[tuple, ...],
@@ -160,9 +160,9 @@ def _decays(g: Optional[Tensor], resets: Optional[Tensor], B: int, H: int, T: in
     bl = b.unsqueeze(-1) if not channel else b  # (B, H, T, C, 1|E)
     if channel:
         diff = b.unsqueeze(4) - b.unsqueeze(3)  # (B, H, T, C_t, C_j, E): b_t - b_j
-        D = diff.masked_fill(~pair.unsqueeze(-1), float("-inf")).exp()
+        D = diff.masked_fill_(~pair.unsqueeze(-1), float("-inf")).exp_()
     else:
-        D = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(~pair, float("-inf")).exp()  # (B, H, T, C, C)
+        D = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill_(~pair, float("-inf")).exp_()  # (B, H, T, C, C)
     Gamma = bl.exp()
     Gamma_end = (bl[..., -1:, :] - bl).exp()
     gamma_C = bl[..., -1, :].exp()  # (B, H, T, 1|E)
