@@ -255,21 +255,23 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
     by_key = lambda x: x.reshape(B * Hk, *x.shape[-2:])  # noqa: E731  (B, Hk, r, c) -> (B Hk, r, c)
     to_out = lambda x: x.view(B, Hk, G, C, -1).permute(0, 3, 1, 2, 4)  # noqa: E731  (B H, C, *) -> (B, C, Hk, G, *)
     S, outs = S.reshape(B * Hk, G * Ev, E), []
-    for t in range(T):
+    per_chunk = (U1, W, A, decay, qc, kc, Gamma, Gamma_end, Qg, K_end)  # unbound once: one stack each in backward
+    for U1_c, W_c, A_c, decay_c, q_c, k_c, Gamma_c, Gamma_end_c, Qg_c, K_end_c in zip(
+            *(x.unbind(1) if x is not None else [None] * T for x in per_chunk)):
         Sh = S.view(B * H, Ev, E)
-        U_c = torch.baddbmm(U1[:, t].reshape(B * H, C, Ev), W[:, t].reshape(B * H, C, E), Sh.transpose(-1, -2),
+        U_c = torch.baddbmm(U1_c.reshape(B * H, C, Ev), W_c.reshape(B * H, C, E), Sh.transpose(-1, -2),
                             alpha=-1)  # (B H, C, Ev)
-        within = to_out(torch.bmm(A[:, t].reshape(B * H, C, C), U_c))  # A U: (B, C, Hk, G, Ev)
-        decayed_S = (Sh.view(B, H, Ev, E) * decay[:, t]).view(B * Hk, G * Ev, E)
+        within = to_out(torch.bmm(A_c.reshape(B * H, C, C), U_c))  # A U: (B, C, Hk, G, Ev)
+        decayed_S = (Sh.view(B, H, Ev, E) * decay_c).view(B * Hk, G * Ev, E)
         if channel:
-            outs.append(within + to_out(torch.bmm(Qg[:, t].reshape(B * H, C, E), Sh.transpose(-1, -2))))
+            outs.append(within + to_out(torch.bmm(Qg_c.reshape(B * H, C, E), Sh.transpose(-1, -2))))
             S = torch.baddbmm(decayed_S.view(B * H, Ev, E), U_c.transpose(-1, -2),
-                              K_end[:, t].reshape(B * H, C, E)).view(B * Hk, G * Ev, E)
+                              K_end_c.reshape(B * H, C, E)).view(B * Hk, G * Ev, E)
         else:
-            read = (by_key(qc[:, t]) @ S.transpose(-1, -2)).view(B, Hk, C, G, Ev).transpose(1, 2)  # Q S^T
-            outs.append(torch.addcmul(within, read, to_out(Gamma[:, t])))
-            Ue = (U_c.view(B, Hk, G, C, Ev) * Gamma_end[:, t].view(B, Hk, G, C, 1)).transpose(2, 3)
-            S = torch.baddbmm(decayed_S, Ue.reshape(B * Hk, C, G * Ev).transpose(-1, -2), by_key(kc[:, t]))
+            read = (by_key(q_c) @ S.transpose(-1, -2)).view(B, Hk, C, G, Ev).transpose(1, 2)  # Q S^T
+            outs.append(torch.addcmul(within, read, to_out(Gamma_c)))
+            Ue = (U_c.view(B, Hk, G, C, Ev) * Gamma_end_c.view(B, Hk, G, C, 1)).transpose(2, 3)
+            S = torch.baddbmm(decayed_S, Ue.reshape(B * Hk, C, G * Ev).transpose(-1, -2), by_key(k_c))
     S = S.view(B, H, Ev, E)
     o = torch.stack(outs, dim=1)  # (B, T, C, Hk, G, Ev): fla's layout
     return o.reshape(B, T * C, H, Ev)[:, :N].transpose(1, 2), S
