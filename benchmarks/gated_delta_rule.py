@@ -6,8 +6,8 @@
 Inputs shaped as one Qwen3-Next-80B linear-attention layer (16 query/key heads of 128, 32 value
 heads of 128; ``g = -exp(A) softplus(a + dt_bias)``-like log decays, ``beta = sigmoid(b)``), float32,
 ``use_qk_l2norm_in_kernel=True``, ``chunk_size=64``, with and without gradients. Prints, per length,
-both times (median of ``--repeats`` runs, the two alternating run by run, ``torch.utils.benchmark``), their ratio (the issue's goal:
-qkv <= 0.5 of transformers) and the largest output difference.
+both times (median of ``--repeats`` runs, the two alternating run by run, ``torch.utils.benchmark``),
+their ratio (the issue's goal: qkv <= 0.5 of transformers) and the largest output difference.
 """
 
 from __future__ import annotations

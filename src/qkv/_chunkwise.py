@@ -21,18 +21,21 @@ Three forms, equal to rounding (tests/attention/test_gated_linear.py):
   start), ``Gamma_t = exp(b_t)`` and the pairwise decays ``D_tj = exp(b_t - b_j)`` (``j <= t``,
   same document), the delta rule's written values ``u_t = beta_t (v_t - S_{t-1} Diag(a_t) k_t)``
   solve one unit lower-triangular system, ``(I + L) U = diag(beta) V - diag(beta) (K o Gamma) S0^T``
-  with ``L_tj = beta_t (k_t . k_j)_D`` (``j < t``) — the UT transform ``T = (I + L)^{-1}``. Every
-  chunk's ``U' = T diag(beta) V``, ``W = T diag(beta) (K o Gamma)`` and the intra-chunk products
-  are batched over all chunks at once; only the scan over chunks is a loop —
-  ``U = U' - W S_start^T``, ``S_end = S_start Diag(gamma_C) + U^T (K o Gamma_end)``, two products —
-  and the outputs ``O = A U + (Q o Gamma) S_start^T`` (``A_tj = (q_t . k_j)_D``, ``j <= t``) are
-  batched again. Every exponent is ``<= 0`` (``g <= 0``): nothing overflows, whatever the chunk length;
+  with ``L_tj = beta_t (k_t . k_j)_D`` (``j < t``) — the UT transform ``T = (I + L)^{-1}``, formed
+  explicitly (``C^3`` per chunk). Every chunk's ``T``, ``U' = T diag(beta) V``, ``W = T diag(beta)
+  (K o Gamma)`` and ``A_tj = (q_t . k_j)_D`` (``j <= t``) are batched over all chunks at once; only
+  the scan over chunks is a loop — ``U = U' - W S_start^T``, ``O = A U + (Q o Gamma) S_start^T``,
+  ``S_end = S_start Diag(gamma_C) + U^T (K o Gamma_end)``. Grouped value heads (fewer query/key heads
+  than value heads) share ``Q K^T``, ``K K^T``, ``W``'s product and, with a scalar decay, the scan's
+  reads and writes of the state. Every exponent is ``<= 0`` (``g <= 0``): nothing overflows,
+  whatever the chunk length;
 - ``parallel``: the chunkwise form with one chunk, which for the additive rule is RetNet's parallel
   form ``O = (Q K^T o D)(beta V) + (Q o Gamma) S0^T`` (Sun et al. 2023, eq. 5).
 
 All functions take ``q, k (B, H, N, E)``, ``v (B, H, N, Ev)`` (one query per key: position ``t``
-reads ``S_t``) in the dtype they compute in (callers pick float32 for half inputs) and return
-``(o (B, H, N, Ev), S_N (B, H, Ev, E))``.
+reads ``S_t``; ``chunkwise`` and ``parallel`` also ``q, k`` of ``H / G`` heads, each serving ``G``
+consecutive heads of ``v``, ``g`` and ``beta``) in the dtype they compute in (callers pick float32
+for half inputs) and return ``(o (B, H, N, Ev), S_N (B, H, Ev, E))``.
 """
 
 from __future__ import annotations
