@@ -240,8 +240,9 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
     # U' = T diag(beta) V and W = T diag(beta) (K o Gamma) are then plain products, W's one per key head
     L = decayed(kc, kc)
     L = L if bc is None else L.mul_(bc)  # its diagonal and upper part are not read: I + L, unit lower triangular
-    rhs = torch.eye(C, dtype=L.dtype, device=L.device).expand_as(L) if bc is None else torch.diag_embed(bc[..., 0])
-    Tb = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)  # T diag(beta)
+    eye = torch.eye(C, dtype=L.dtype, device=L.device).expand_as(L)
+    Tm = torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True)
+    Tb = Tm if bc is None else Tm * bc.transpose(-1, -2)  # T diag(beta)
     U1 = Tb @ vc  # (B, T, H, C, Ev)
     if channel:
         W = Tb @ per_head(kc, Gamma)

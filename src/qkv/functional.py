@@ -250,8 +250,7 @@ def _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state
     q, k, v, g, beta = heads(q), heads(k), heads(v), g.transpose(1, 2).to(acc), beta.transpose(1, 2).to(acc)
     if use_qk_l2norm:
         q, k = _chunkwise.l2_normalize(q), _chunkwise.l2_normalize(k)
-    factor = K ** -0.5 if scale is None else float(scale)
-    q = q.mul_(factor) if use_qk_l2norm else q * factor  # in place on the normalised copy (its backward does not read it)
+    q = q * (K ** -0.5 if scale is None else float(scale))
     S0 = None if initial_state is None else initial_state.to(acc).transpose(-1, -2)  # (B, Hv, V, K): the paper's S
     if chunk_size is None:
         if Hv != H:
