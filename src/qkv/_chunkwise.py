@@ -256,7 +256,10 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
     Qg = per_head(qc, Gamma) if channel else None  # per-channel decays: q_t o exp(b_t) per head
     K_end = per_head(kc, Gamma_end) if channel else None
     by_key = lambda x: x.reshape(B * Hk, *x.shape[-2:])  # noqa: E731  (B, Hk, r, c) -> (B Hk, r, c)
-    to_out = lambda x: x.view(B, Hk, G, C, -1).permute(0, 3, 1, 2, 4)  # noqa: E731  (B H, C, *) -> (B, C, Hk, G, *)
+
+    def to_out(x: Tensor) -> Tensor:  # (B H, C, d) -> (B, C, Hk, G, d): one chunk in fla's layout
+        return x.view(B, Hk, G, C, x.shape[-1]).permute(0, 3, 1, 2, 4)
+
     S, outs = S.reshape(B * Hk, G * Ev, E), []
     per_chunk = (U1, W, A, decay, qc, kc, Gamma, Gamma_end, Qg, K_end)  # unbound once: one stack each in backward
     for U1_c, W_c, A_c, decay_c, q_c, k_c, Gamma_c, Gamma_end_c, Qg_c, K_end_c in zip(
