@@ -21,18 +21,21 @@ Three forms, equal to rounding (tests/attention/test_gated_linear.py):
   start), ``Gamma_t = exp(b_t)`` and the pairwise decays ``D_tj = exp(b_t - b_j)`` (``j <= t``,
   same document), the delta rule's written values ``u_t = beta_t (v_t - S_{t-1} Diag(a_t) k_t)``
   solve one unit lower-triangular system, ``(I + L) U = diag(beta) V - diag(beta) (K o Gamma) S0^T``
-  with ``L_tj = beta_t (k_t . k_j)_D`` (``j < t``) — the UT transform ``T = (I + L)^{-1}``. Every
-  chunk's ``U' = T diag(beta) V``, ``W = T diag(beta) (K o Gamma)`` and the intra-chunk products
-  are batched over all chunks at once; only the scan over chunks is a loop —
-  ``U = U' - W S_start^T``, ``S_end = S_start Diag(gamma_C) + U^T (K o Gamma_end)``, two products —
-  and the outputs ``O = A U + (Q o Gamma) S_start^T`` (``A_tj = (q_t . k_j)_D``, ``j <= t``) are
-  batched again. Every exponent is ``<= 0`` (``g <= 0``): nothing overflows, whatever the chunk length;
+  with ``L_tj = beta_t (k_t . k_j)_D`` (``j < t``) — the UT transform ``T = (I + L)^{-1}``, formed
+  explicitly (``C^3`` per chunk). Every chunk's ``T``, ``U' = T diag(beta) V``, ``W = T diag(beta)
+  (K o Gamma)`` and ``A_tj = (q_t . k_j)_D`` (``j <= t``) are batched over all chunks at once; only
+  the scan over chunks is a loop — ``U = U' - W S_start^T``, ``O = A U + (Q o Gamma) S_start^T``,
+  ``S_end = S_start Diag(gamma_C) + U^T (K o Gamma_end)``. Grouped value heads (fewer query/key heads
+  than value heads) share ``Q K^T``, ``K K^T``, ``W``'s product and, with a scalar decay, the scan's
+  reads and writes of the state. Every exponent is ``<= 0`` (``g <= 0``): nothing overflows,
+  whatever the chunk length;
 - ``parallel``: the chunkwise form with one chunk, which for the additive rule is RetNet's parallel
   form ``O = (Q K^T o D)(beta V) + (Q o Gamma) S0^T`` (Sun et al. 2023, eq. 5).
 
 All functions take ``q, k (B, H, N, E)``, ``v (B, H, N, Ev)`` (one query per key: position ``t``
-reads ``S_t``) in the dtype they compute in (callers pick float32 for half inputs) and return
-``(o (B, H, N, Ev), S_N (B, H, Ev, E))``.
+reads ``S_t``; ``chunkwise`` and ``parallel`` also ``q, k`` of ``H / G`` heads, each serving ``G``
+consecutive heads of ``v``, ``g`` and ``beta``) in the dtype they compute in (callers pick float32
+for half inputs) and return ``(o (B, H, N, Ev), S_N (B, H, Ev, E))``.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def multiscale_log_decay(n_heads: int, device=None, dtype=torch.float32) -> Tens
 def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
     """``x / sqrt(sum x^2 + eps)`` over the last dim (fla's and transformers' ``l2norm``: a zero
     vector stays zero, a padded key writes nothing)."""
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+    return x * torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() + eps)  # no x * x temporary
 
 
 def check_gates(g: Optional[Tensor], beta: Optional[Tensor], g_shapes: Tuple[tuple, ...],
@@ -160,9 +163,9 @@ def _decays(g: Optional[Tensor], resets: Optional[Tensor], B: int, H: int, T: in
     bl = b.unsqueeze(-1) if not channel else b  # (B, H, T, C, 1|E)
     if channel:
         diff = b.unsqueeze(4) - b.unsqueeze(3)  # (B, H, T, C_t, C_j, E): b_t - b_j
-        D = diff.masked_fill(~pair.unsqueeze(-1), float("-inf")).exp()
+        D = diff.masked_fill_(~pair.unsqueeze(-1), float("-inf")).exp_()
     else:
-        D = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(~pair, float("-inf")).exp()  # (B, H, T, C, C)
+        D = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill_(~pair, float("-inf")).exp_()  # (B, H, T, C, C)
     Gamma = bl.exp()
     Gamma_end = (bl[..., -1:, :] - bl).exp()
     gamma_C = bl[..., -1, :].exp()  # (B, H, T, 1|E)
@@ -177,9 +180,16 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
               chunk_size: int = 64) -> Tuple[Tensor, Tensor]:
     """The recurrence in chunks of ``chunk_size`` positions (the module docstring):
     ``(o (B, H, N, Ev), S_N (B, H, Ev, E))``. Cost: ``O(N C (E + Ev))`` batched products (GLA's
-    per-channel decays: ``O(N C E)`` memory for the pairwise decays), ``N / C`` steps of the scan."""
-    B, H, N, E = k.shape
-    Ev = v.shape[-1]
+    per-channel decays: ``O(N C E)`` memory for the pairwise decays), ``N / C`` steps of the scan.
+
+    ``q`` and ``k`` may have fewer heads than ``v``, ``g`` and ``beta`` (``Hk`` dividing ``H``: each
+    query/key head serves ``H / Hk`` consecutive heads, transformers' grouped value heads): their
+    products ``Q K^T``, ``K K^T`` and the UT transform's ``W`` are then computed once per key head.
+    Inside, every tensor is chunk-major ``(B, T, H, C, *)``: the scan reads one contiguous block per
+    chunk, and ``o`` comes back as a view of ``(B, N, H, Ev)`` (fla's layout, no copy to get there)."""
+    B, Hk, N, E = k.shape
+    H, Ev = v.shape[1], v.shape[-1]
+    G = H // Hk  # value heads per query/key head
     S = v.new_zeros(B, H, Ev, E) if state is None else state
     if N == 0:
         return v.new_zeros(B, H, 0, Ev), S
@@ -187,43 +197,90 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
     T, pad = -(-N // C), -N % C  # chunks, padding of the last one (zero keys, no decay: no step)
 
     def chunked(x: Tensor) -> Tensor:
-        return F.pad(x, (0, 0, 0, pad)).view(B, H, T, C, x.shape[-1])  # (B, H, T, C, *)
+        """``(B, h, N, d)`` -> chunk-major ``(B, T, h, C, d)``, contiguous (one copy)."""
+        if pad:
+            x = F.pad(x, (0, 0, 0, pad))
+        return x.view(B, x.shape[1], T, C, x.shape[-1]).transpose(1, 2).contiguous()
+
+    def major(x: Tensor) -> Tensor:
+        return x.transpose(1, 2)  # (B, T, H, ...) <-> (B, H, T, ...) (scan's layout), a view
 
     qc, kc, vc = chunked(q), chunked(k), chunked(v)
-    bc = None if beta is None else chunked(beta.unsqueeze(-1))  # (B, H, T, C, 1)
-    D, Gamma, Gamma_end, gamma_C, channel = _decays(g, resets, B, H, T, C, pad, v)
+    # the decays chunk-major: _decays of B T sequences of one chunk each
+    g_rows = None if g is None else chunked(g.unsqueeze(-1) if g.dim() == 3 else g).flatten(0, 1)  # (B T, H, C, 1|E)
+    g_rows = g_rows[..., 0] if g is not None and g.dim() == 3 else g_rows
+    r_rows = None if resets is None else F.pad(resets, (0, pad)).view(B * T, C)
+    *decays, channel = _decays(g_rows, r_rows, B * T, H, 1, C, 0, v)
+    D, Gamma, Gamma_end, gamma_C = (x.view(B, T, H, *x.shape[3:]) for x in decays)  # (B, T, H, ...)
+    bc = None if beta is None else chunked(beta.unsqueeze(-1))  # (B, T, H, C, 1)
+
+    def grouped(x: Tensor) -> Tensor:
+        return x.view(B, T, Hk, G, *x.shape[3:])  # (B, T, H, ...) -> (B, T, Hk, G, ...)
 
     def decayed(x: Tensor, y: Tensor) -> Tensor:
-        """``(x_t . y_j)_D = sum_c x_tc y_jc D_tj(c)`` -> ``(B, H, T, C, C)``."""
+        """``(x_t . y_j)_D = sum_c x_tc y_jc D_tj(c)`` for key-head ``x, y`` -> ``(B, T, H, C, C)``."""
         if channel:
-            return torch.einsum("bhntc,bhnjc,bhntjc->bhntj", x, y, D)
-        return (x @ y.transpose(-1, -2)) * D
+            x, y = (z.repeat_interleave(G, dim=2) if G > 1 else z for z in (x, y))
+            return torch.einsum("bnhtc,bnhjc,bnhtjc->bnhtj", x, y, D)
+        return (grouped(D) * (x @ y.transpose(-1, -2)).unsqueeze(3)).view(B, T, H, C, C)  # one product per key head
 
-    A = decayed(qc, kc)  # (B, H, T, C, C): A_tj = (q_t . k_j)_D, j <= t
-    Vb = vc if bc is None else vc * bc  # diag(beta) V
-    K_end = kc * Gamma_end  # (B, H, T, C, E): k_j o exp(b_C - b_j)
-    decay = gamma_C.unsqueeze(-2) if channel else gamma_C[..., None, None]  # S Diag(gamma_C): (B, H, T, 1|1, 1|E)
-    if delta:
-        # (I + L) [U' W] = diag(beta) [V  K o Gamma],  L_tj = beta_t (k_t . k_j)_D for j < t: the UT transform
-        Kb = kc if bc is None else kc * bc
-        L = decayed(Kb, kc).tril(-1)
-        eye = torch.eye(C, dtype=L.dtype, device=L.device)
-        rhs = torch.cat([Vb, Kb * Gamma], dim=-1)  # (B, H, T, C, Ev + E)
-        U1, W = torch.linalg.solve_triangular(L + eye, rhs, upper=False, unitriangular=True).split([Ev, E], dim=-1)
-        # the scan: the written values U = U' - W S_start^T need the state before the chunk, then
-        # S_end = S_start Diag(gamma_C) + U^T K_end (2 C E Ev per chunk and head)
-        starts, written = [], []
-        for U1_c, W_c, K_c, decay_c in zip(U1.unbind(2), W.unbind(2), K_end.unbind(2), decay.unbind(2)):
-            starts.append(S)
-            U_c = U1_c - W_c @ S.transpose(-1, -2)  # (B, H, C, Ev)
-            written.append(U_c)
-            S = S * decay_c + U_c.transpose(-1, -2) @ K_c
-        S_start, U = torch.stack(starts, dim=2), torch.stack(written, dim=2)  # (B, H, T, Ev, E), (B, H, T, C, Ev)
-    else:
-        U = Vb  # what each key writes, known before the scan
-        S_start, S = scan(S, decay, U.transpose(-1, -2) @ K_end)  # S_end = S_start Diag(gamma_C) + V^T K_end
-    o = A @ U + (qc * Gamma) @ S_start.transpose(-1, -2)  # (B, H, T, C, Ev): within the chunk + from the state before
-    return o.view(B, H, T * C, Ev)[:, :, :N], S
+    def per_head(x: Tensor, scale: Tensor) -> Tensor:
+        """``x (B, T, Hk, C, d)`` scaled per value head by ``scale (B, T, H, C, 1|d)`` -> ``(B, T, H, C, d)``."""
+        return (x.unsqueeze(3) * grouped(scale)).view(B, T, H, C, x.shape[-1])
+
+    A = decayed(qc, kc)  # (B, T, H, C, C): A_tj = (q_t . k_j)_D, j <= t
+    decay = gamma_C.unsqueeze(-2) if channel else gamma_C[..., None, None]  # S Diag(gamma_C): (B, T, H, 1|1, 1|E)
+    if not delta:
+        U = vc if bc is None else vc * bc  # what each key writes, known before the scan
+        # S_end = S_start Diag(gamma_C) + U^T K_end, K_end = k_j o exp(b_C - b_j)
+        S_start, S = scan(S, major(decay), major(U.transpose(-1, -2) @ per_head(kc, Gamma_end)))
+        o = (A @ U + per_head(qc, Gamma) @ major(S_start).transpose(-1, -2)).transpose(2, 3)  # (B, T, C, H, Ev)
+        return o.reshape(B, T * C, H, Ev)[:, :N].transpose(1, 2), S
+    # the UT transform T = (I + L)^{-1}, L_tj = beta_t (k_t . k_j)_D for j < t, explicitly (C^3 per chunk):
+    # U' = T diag(beta) V and W = T diag(beta) (K o Gamma) are then plain products, W's one per key head
+    L = decayed(kc, kc)
+    L = L if bc is None else L.mul_(bc)  # its diagonal and upper part are not read: I + L, unit lower triangular
+    eye = torch.eye(C, dtype=L.dtype, device=L.device).expand_as(L)
+    Tm = torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True)
+    Tb = Tm if bc is None else Tm * bc.transpose(-1, -2)  # T diag(beta)
+    U1 = Tb @ vc  # (B, T, H, C, Ev)
+    if channel:
+        W = Tb @ per_head(kc, Gamma)
+    else:  # T diag(beta Gamma) K: the group's C-row blocks stacked against one key block
+        W = (Tb * Gamma.transpose(-1, -2)).reshape(B, T, Hk, G * C, C) @ kc
+    W = W.view(B, T, H, C, E)
+    # the scan, chunk by chunk: U = U' - W S^T (the state before the chunk), o = A U + (Q o Gamma) S^T,
+    # S_end = S Diag(gamma_C) + U^T (K o Gamma_end): 3 C E Ev per chunk and head. A scalar decay factors
+    # out of the products, (Q o Gamma) S^T = Gamma o (Q S^T) and U^T (K o Gamma_end) = (Gamma_end o U)^T K:
+    # the group's states side by side, (B Hk, G Ev, E), meet one query/key block each
+    Qg = per_head(qc, Gamma) if channel else None  # per-channel decays: q_t o exp(b_t) per head
+    K_end = per_head(kc, Gamma_end) if channel else None
+    by_key = lambda x: x.reshape(B * Hk, *x.shape[-2:])  # noqa: E731  (B, Hk, r, c) -> (B Hk, r, c)
+
+    def to_out(x: Tensor) -> Tensor:  # (B H, C, d) -> (B, C, Hk, G, d): one chunk in fla's layout
+        return x.view(B, Hk, G, C, x.shape[-1]).permute(0, 3, 1, 2, 4)
+
+    S, outs = S.reshape(B * Hk, G * Ev, E), []
+    per_chunk = (U1, W, A, decay, qc, kc, Gamma, Gamma_end, Qg, K_end)  # unbound once: one stack each in backward
+    for U1_c, W_c, A_c, decay_c, q_c, k_c, Gamma_c, Gamma_end_c, Qg_c, K_end_c in zip(
+            *(x.unbind(1) if x is not None else [None] * T for x in per_chunk)):
+        Sh = S.view(B * H, Ev, E)
+        U_c = torch.baddbmm(U1_c.reshape(B * H, C, Ev), W_c.reshape(B * H, C, E), Sh.transpose(-1, -2),
+                            alpha=-1)  # (B H, C, Ev)
+        within = to_out(torch.bmm(A_c.reshape(B * H, C, C), U_c))  # A U: (B, C, Hk, G, Ev)
+        decayed_S = (Sh.view(B, H, Ev, E) * decay_c).view(B * Hk, G * Ev, E)
+        if channel:
+            outs.append(within + to_out(torch.bmm(Qg_c.reshape(B * H, C, E), Sh.transpose(-1, -2))))
+            S = torch.baddbmm(decayed_S.view(B * H, Ev, E), U_c.transpose(-1, -2),
+                              K_end_c.reshape(B * H, C, E)).view(B * Hk, G * Ev, E)
+        else:
+            read = (by_key(q_c) @ S.transpose(-1, -2)).view(B, Hk, C, G, Ev).transpose(1, 2)  # Q S^T
+            outs.append(torch.addcmul(within, read, to_out(Gamma_c)))
+            Ue = (U_c.view(B, Hk, G, C, Ev) * Gamma_end_c.view(B, Hk, G, C, 1)).transpose(2, 3)
+            S = torch.baddbmm(decayed_S, Ue.reshape(B * Hk, C, G * Ev).transpose(-1, -2), by_key(k_c))
+    S = S.view(B, H, Ev, E)
+    o = torch.stack(outs, dim=1)  # (B, T, C, Hk, G, Ev): fla's layout
+    return o.reshape(B, T * C, H, Ev)[:, :N].transpose(1, 2), S
 
 
 def scan(S: Tensor, M: Tensor, R: Tensor) -> Tuple[Tensor, Tensor]:

@@ -248,15 +248,16 @@ def _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state
     acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     heads = lambda x: x.transpose(1, 2).to(acc)  # (B, T, H, *) -> (B, H, T, *)
     q, k, v, g, beta = heads(q), heads(k), heads(v), g.transpose(1, 2).to(acc), beta.transpose(1, 2).to(acc)
-    if Hv != H:
-        q, k = q.repeat_interleave(Hv // H, dim=1), k.repeat_interleave(Hv // H, dim=1)  # (B, Hv, T, K)
     if use_qk_l2norm:
         q, k = _chunkwise.l2_normalize(q), _chunkwise.l2_normalize(k)
     q = q * (K ** -0.5 if scale is None else float(scale))
     S0 = None if initial_state is None else initial_state.to(acc).transpose(-1, -2)  # (B, Hv, V, K): the paper's S
     if chunk_size is None:
+        if Hv != H:
+            q, k = q.repeat_interleave(Hv // H, dim=1), k.repeat_interleave(Hv // H, dim=1)  # (B, Hv, T, K)
         o, S = _chunkwise.recurrent(q, k, v, g, beta, delta=True, state=S0, resets=resets)
     else:
+        # q and k keep their H heads: the engine shares their products across each group of value heads
         o, S = _chunkwise.chunkwise(q, k, v, g, beta, delta=True, state=S0, resets=resets, chunk_size=chunk_size)
     out = o.transpose(1, 2).to(out_dtype).contiguous()  # (B, T, Hv, V)
     return out, (S.transpose(-1, -2).contiguous() if output_final_state else None)  # (B, Hv, K, V)

@@ -107,6 +107,34 @@ def test_engine_forms_equal_the_literal_recurrence(delta, decay, with_resets):
     torch.testing.assert_close(o, ref_o, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("delta", [False, True])
+@pytest.mark.parametrize("decay", [None, "head", "channel"])
+def test_engine_grouped_query_key_heads_equal_repeated_ones(delta, decay):
+    """q and k with fewer heads than v (each serving 2 consecutive value heads, as transformers'
+    grouped value heads) == the literal recurrence with q and k repeated per value head, for every
+    chunk length, with a reset, an initial state and beta — and their gradients reach the shared heads."""
+    B, Hk, G, N, E, Ev = 2, 2, 2, 9, 3, 4
+    H = Hk * G
+    q, k = rand(B, Hk, N, E, seed=1), cw.l2_normalize(rand(B, Hk, N, E, seed=2))
+    v, S0 = rand(B, H, N, Ev, seed=3), rand(B, H, Ev, E, seed=4)
+    g = None if decay is None else -torch.rand(*((B, H, N, E) if decay == "channel" else (B, H, N)), dtype=F64)
+    beta = torch.rand(B, H, N, dtype=F64)
+    resets = torch.zeros(B, N, dtype=torch.bool)
+    resets[1, 5] = True
+    ref_o, ref_S = literal(q.repeat_interleave(G, 1), k.repeat_interleave(G, 1), v, g, beta, delta, S0, resets)
+    for C in (1, 4, 9):
+        o, S = cw.chunkwise(q, k, v, g, beta, delta=delta, state=S0, resets=resets, chunk_size=C)
+        torch.testing.assert_close(o, ref_o, rtol=0, atol=1e-12)
+        torch.testing.assert_close(S, ref_S, rtol=0, atol=1e-12)
+    qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+    (cw.chunkwise(qg, kg, v, g, beta, delta=delta, state=S0, chunk_size=4)[0] * v).sum().backward()
+    qr, kr = q.clone().requires_grad_(), k.clone().requires_grad_()
+    (cw.recurrent(qr.repeat_interleave(G, 1), kr.repeat_interleave(G, 1), v, g, beta, delta=delta,
+                  state=S0)[0] * v).sum().backward()
+    torch.testing.assert_close(qg.grad, qr.grad, rtol=0, atol=1e-10)
+    torch.testing.assert_close(kg.grad, kr.grad, rtol=0, atol=1e-10)
+
+
 def test_retention_parallel_form_is_qk_times_d_times_v():
     """RetNet eq. 5: ``(Q K^T o D) V``, ``D_nm = gamma^{n-m}`` for ``n >= m`` — built entry by entry."""
     N, gamma = 6, 0.9
