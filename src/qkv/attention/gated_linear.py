@@ -79,7 +79,9 @@ class _Gates:
 
 #: the gates of the call in progress, from ``forward`` (which checks them) to ``_attend`` (which the
 #: base class reaches after its own checks and edge cases); a context variable, so nothing is stored
-#: on the module and concurrent calls do not meet
+#: on the module and concurrent calls do not meet. While ``torch.compile``/``torch.export`` trace
+#: (which cannot read a context variable) the module holds them for the call instead
+#: (``GatedRecurrence._traced_call``): a traced graph runs the call as one function.
 _CALL: ContextVar[_Gates] = ContextVar("qkv_gated_linear_call", default=_Gates())
 
 NORM_EPS = 1e-6  # the head normalisation's eps (RMSNorm's usual value)
@@ -125,6 +127,8 @@ class GatedRecurrence(AttentionKernel):
     no_gate_reason: ClassVar[str] = ""
     forms: ClassVar[Tuple[str, ...]] = ("chunkwise", "recurrent")
     default_chunk: ClassVar[int] = 64
+    # AttentionKernel.static_length: the chunkwise scan loops over the chunks, the recurrent form over tokens
+    static_length = "its state is scanned chunk by chunk (token by token in the recurrent form), in numbers of the length"
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0, chunk_size: int = 64,
                  form: str = "chunkwise", scale: Optional[float] = None, norm: bool = True) -> None:
@@ -181,14 +185,25 @@ class GatedRecurrence(AttentionKernel):
             if tuple(position_ids.shape) != (B, N):
                 raise ValueError(f"position_ids must have shape (B, N) = {(B, N)}, got {tuple(position_ids.shape)}")
             resets = _chunkwise.resets_from_position_ids(position_ids)
+        if torch.compiler.is_compiling():
+            self._traced_call = _Gates(g, beta, resets)
+            try:
+                return super().forward(q, k, v, mask, state, need_weights, return_state)
+            finally:
+                self._traced_call = None
         token = _CALL.set(_Gates(g, beta, resets))
         try:
             return super().forward(q, k, v, mask, state, need_weights, return_state)
         finally:
             _CALL.reset(token)
 
+    _traced_call: Optional[_Gates] = None  # the call's gates while a compiler traces it (see _CALL)
+
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
-        call = _CALL.get()
+        if torch.compiler.is_compiling():
+            call = self._traced_call if self._traced_call is not None else _Gates()
+        else:
+            call = _CALL.get()
         B, H, M, E = q.shape
         N, Ev = k.shape[-2], v.shape[-1]
         cached = self._state_length(state)
