@@ -35,7 +35,7 @@ ROWS = [
     ("linear, Ev > E, padded", "linear", {}, 6, "random"),
     ("linear causal, Ev > E", "linear", {"causal": True}, 6, None),
     ("lsh without a seed, training", "lsh", {"seed": None, "bucket_size": 4}, E, None),
-    ("lsh without a seed, causal, padded", "lsh", {"seed": None, "bucket_size": 4, "causal": True}, E, "random"),
+    ("lsh without a seed, causal, padded", "lsh", {"seed": None, "bucket_size": 4, "n_buckets": (4,), "causal": True}, E, "random"),
     ("lsh without an eval seed, eval", "lsh/eval", {"seed": None, "eval_seed": None, "bucket_size": 4}, E, None),
 ]
 
