@@ -286,7 +286,7 @@ def test_presets_defaults_and_dotted_set(shakespeare_cache, capsys):
     for bad, message in ((["--preset", "huge"], "no preset 'huge'; its presets: cpu, paper"),
                          # the unknown knob and the known ones, not "a model whose size cannot be estimated" (issue 52)
                          (["--set", "attention_kwargs.radious=3"], "qkv: error: attention 'window' got unknown argument(s) "
-                                                                   "['radious']; it accepts ['block', 'causal', 'dropout', 'radius']"),
+                                                                   "['radious']; it accepts ['alibi', 'block', 'causal', 'dropout', 'n_heads', 'radius', 'sinks', 'softcap']"),
                          (["--set", "d_model.x=1"], "not a dict")):
         assert main([*argv[:-2], *bad, "--out", str(shakespeare_cache / "bad")]) == 2
         err = capsys.readouterr().err

@@ -32,7 +32,7 @@ def test_complexity_quick_writes_results(tmp_path, capsys):
     results = json.loads((out / "complexity.json").read_text())
     assert set(results["kernels"]) == {"softmax", "window"}
     assert results["machine"]["torch"] and results["machine"]["cpu"]
-    assert results["kernels"]["window"]["kwargs"] == {"radius": 8}
+    assert results["kernels"]["window"]["kwargs"] == {"radius": 8, "n_heads": 2}  # n_heads: sizes its sinks
     for rec in results["kernels"].values():
         assert [p["length"] for p in rec["points"]] == [32, 64, 128]
         assert all(p["peak_memory_bytes"] > 0 and p["time_median_s"] > 0 for p in rec["points"])
@@ -86,7 +86,7 @@ def test_throughput_counts_flops_and_compares_patterns_with_a_dense_mask(tmp_pat
 def test_kernel_kwargs_parsing_and_defaults():
     assert parse_kernel_kwargs(["window:radius=128,block=64", "local-2d:image_size=(32,32)"]) == {
         "window": {"radius": 128, "block": 64}, "local-2d": {"image_size": (32, 32)}}
-    assert kernel_kwargs("window", 1024, heads=4, head_dim=64) == {"radius": 64}  # the kernel's own default_knobs
+    assert kernel_kwargs("window", 1024, heads=4, head_dim=64) == {"radius": 64, "n_heads": 4}  # default_knobs (+ heads)
     assert kernel_kwargs("window", 1024, 4, 64, {"radius": 3}) == {"radius": 3}
     assert kernel_kwargs("relative", 256, 4, 16) == {"n_heads": 4, "head_dim": 16}  # head arguments
     with pytest.raises(ValueError):
