@@ -87,7 +87,7 @@ def test_kernel_kwargs_parsing_and_defaults():
     assert parse_kernel_kwargs(["window:radius=128,block=64", "local-2d:image_size=(32,32)"]) == {
         "window": {"radius": 128, "block": 64}, "local-2d": {"image_size": (32, 32)}}
     assert kernel_kwargs("window", 1024, heads=4, head_dim=64) == {"radius": 64, "n_heads": 4}  # default_knobs (+ heads)
-    assert kernel_kwargs("window", 1024, 4, 64, {"radius": 3}) == {"radius": 3}
+    assert kernel_kwargs("window", 1024, 4, 64, {"radius": 3}) == {"radius": 3, "n_heads": 4}
     assert kernel_kwargs("relative", 256, 4, 16) == {"n_heads": 4, "head_dim": 16}  # head arguments
     with pytest.raises(ValueError):
         parse_kernel_kwargs(["radius=3"])
