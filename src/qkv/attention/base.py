@@ -141,6 +141,9 @@ class AttentionKernel(nn.Module):
     #: (B, G, N, E)`` with ``G`` dividing ``H``, query head ``h`` reading key head ``floor(h G / H)``)
     #: and keeps its state per key/value head; ``MultiHeadAttention`` repeats them for the others.
     grouped_kv: ClassVar[bool] = False
+    #: the kernel turns each query head's copy of a key head its own way (a learned per-head feature
+    #: map): grouped keys are repeated to it and its state stays per query head (no heads are equal copies)
+    keys_per_query_head: ClassVar[bool] = False
     #: honours packed documents (``forward(position_ids=)``) in ``_attend(..., documents=(B, N))``,
     #: the document index of each key; otherwise ``forward`` runs each document alone.
     packs_documents: ClassVar[bool] = False

@@ -51,6 +51,7 @@ from ..registry import register
 from ..types import AttentionOutput, LinearState
 from ._ops import Features, accumulation_dtype, finite_or_zero, grouped_attend, linear_attention, split_key_mask
 from .base import AttentionKernel, clamp_knob
+from .feature_maps import HedgehogFeatureMap
 
 __all__ = ["LinearAttention", "elu_plus_one", "log_elu_plus_one", "elu_features", "resolve_feature_map"]
 
@@ -131,14 +132,23 @@ def elu_features(q: Tensor, k: Tensor, key_mask: Optional[Tensor], causal: bool,
     return Features(direct_q[0], direct_k[0], log_keys=False, eps_scale=direct_q[1] * direct_k[1])
 
 
-def resolve_feature_map(feature_map: Union[str, Callable[[Tensor], Tensor]]) -> Callable[[Tensor], Tensor]:
-    """``"elu+1"`` or a callable ``(..., E) -> (..., E')`` of non-negative features."""
+def resolve_feature_map(feature_map: Union[str, Callable[[Tensor], Tensor]], n_heads: Optional[int] = None,
+                        d_head: Optional[int] = None, feature_dim: Optional[int] = None) -> Callable[[Tensor], Tensor]:
+    """``"elu+1"``, ``"hedgehog"`` (a learned ``HedgehogFeatureMap`` of ``n_heads`` heads of ``d_head``
+    features, ``feature_dim`` its width) or a callable ``(..., E) -> (..., E')`` of non-negative features."""
+    if feature_dim is not None and feature_map != "hedgehog":
+        raise ValueError(f"feature_dim is the width of the learned 'hedgehog' feature map; feature_map is {feature_map!r}")
+    if feature_map == "hedgehog":
+        if n_heads is None or d_head is None:
+            raise ValueError("feature_map='hedgehog' learns a map per head: give n_heads and d_head (MultiHeadAttention "
+                             "fills them in)")
+        return HedgehogFeatureMap(n_heads, d_head, feature_dim)
     if isinstance(feature_map, str):
         if feature_map != "elu+1":
-            raise ValueError(f"feature_map must be 'elu+1' or a callable, got unknown name {feature_map!r}")
+            raise ValueError(f"feature_map must be 'elu+1', 'hedgehog' or a callable, got unknown name {feature_map!r}")
         return elu_plus_one
     if not callable(feature_map):
-        raise TypeError(f"feature_map must be 'elu+1' or a callable, got {type(feature_map).__name__}")
+        raise TypeError(f"feature_map must be 'elu+1', 'hedgehog' or a callable, got {type(feature_map).__name__}")
     return feature_map
 
 
@@ -150,8 +160,12 @@ class LinearAttention(AttentionKernel):
     (causal: sums over ``j <= i``).
 
     Args:
-        feature_map: ``"elu+1"`` or a callable mapping ``(B, H, L, E)`` to non-negative
-            ``(B, H, L, E')`` features.
+        feature_map: ``"elu+1"``, ``"hedgehog"`` (Hedgehog's learned map per head,
+            ``qkv.attention.feature_maps``; queries and keys each their own) or a callable mapping
+            ``(B, H, L, E)`` to non-negative ``(B, H, L, E')`` features (a module with ``queries``
+            and ``keys`` methods maps each with its own).
+        n_heads, d_head: the heads' shape, for a learned feature map (``MultiHeadAttention`` fills
+            them in); feature_dim: the hedgehog map's width ``F`` (default ``d_head``; ``2F`` features).
         eps: added to the denominator, relative to the largest features (the module docstring);
             0 (the default) divides exactly — the paper's equation — and a row whose features
             all underflow gives 0. The authors' code adds 1e-6; with ``eps > 0`` the gradient also
@@ -179,13 +193,21 @@ class LinearAttention(AttentionKernel):
 
     def __init__(self, *, causal: bool = False, dropout: float = 0.0,
                  feature_map: Union[str, Callable[[Tensor], Tensor]] = "elu+1", eps: float = 0.0,
-                 chunk_size: int = 64) -> None:
+                 chunk_size: int = 64, n_heads: Optional[int] = None, d_head: Optional[int] = None,
+                 feature_dim: Optional[int] = None) -> None:
         super().__init__(causal=causal, dropout=dropout)
-        self.feature_map = resolve_feature_map(feature_map)
+        self.feature_map = resolve_feature_map(feature_map, n_heads, d_head, feature_dim)
+        if getattr(self.feature_map, "keys_per_query_head", False):  # per-head maps: keys turned per query head
+            self.grouped_kv = False
+            self.keys_per_query_head = True
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
             raise ValueError(f"eps must be a float >= 0, got {eps!r}")
         self.eps = float(eps)
         self.chunk_size = _checks.positive_int("chunk_size", chunk_size)
+
+    @classmethod
+    def head_kwargs(cls, n_heads: int, d_head: int) -> dict:
+        return {"n_heads": n_heads, "d_head": d_head}  # a learned feature map's shape
 
     @classmethod
     def default_knobs(cls, max_len: int, n_heads: int, d_head: int) -> dict:
@@ -197,7 +219,8 @@ class LinearAttention(AttentionKernel):
         return {"chunk_size": (1, 2, 3, 4), "eps": (0.0, 1e-6)}
 
     def extra_repr(self) -> str:
-        name = getattr(self.feature_map, "__name__", repr(self.feature_map))
+        name = "hedgehog" if isinstance(self.feature_map, HedgehogFeatureMap) else getattr(
+            self.feature_map, "__name__", type(self.feature_map).__name__)
         return f"feature_map={name}, eps={self.eps}, chunk_size={self.chunk_size}, {super().extra_repr()}"
 
     def _attend(self, q, k, v, mask, state, need_weights, return_state):
@@ -210,7 +233,10 @@ class LinearAttention(AttentionKernel):
         if self.feature_map is elu_plus_one:
             features = elu_features(q.to(acc), k.to(acc), key_mask, self.causal, keep_grad=self.eps > 0)
         else:
-            features = Features(self.feature_map(q.to(acc)), self.feature_map(k.to(acc)))  # (B, H, L, E')
+            fm = self.feature_map
+            phi_q, phi_k = (fm.queries(q.to(acc)), fm.keys(k.to(acc))) if hasattr(fm, "keys") and hasattr(fm, "queries") \
+                else (fm(q.to(acc)), fm(k.to(acc)))
+            features = Features(phi_q, phi_k)  # (B, H, L, E')
         phi_q, phi_k = features.q, features.k
         if phi_q.shape[:-1] != q.shape[:-1] or phi_k.shape[:-1] != k.shape[:-1] or phi_q.shape[-1] != phi_k.shape[-1]:
             raise ValueError(f"feature_map must map (B, H, L, E) to (B, H, L, E'); got {tuple(phi_q.shape)} for q "

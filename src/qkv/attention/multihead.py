@@ -379,6 +379,9 @@ class MultiHeadAttention(nn.Module):
         if k.shape[1] != self.n_heads:
             k = k.repeat_interleave(G, dim=1)  # (B, H, N, E): query head h reads key head floor(h / G)
         v = v.repeat_interleave(G, dim=1)
+        if self.kernel.keys_per_query_head:  # its state differs between the heads of a group: kept per query head
+            return self._merge(self.kernel(q, k, v, mask=mask, state=state, need_weights=need_weights,
+                                           return_state=return_state, **call), gate_output)
         out = self.kernel(q, k, v, mask=mask, state=state_heads(state, G, self.n_heads), need_weights=need_weights,
                           return_state=return_state, **call)
         return self._merge(out._replace(state=state_heads(out.state, G, self.n_heads, grouped=True)), gate_output)
