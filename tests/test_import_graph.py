@@ -25,7 +25,7 @@ FLOORS: List[Dict[str, List[str]]] = [
     {"pictures": ["qkv.viz", "qkv.viz_html"]},
     {"models": ["qkv.models"], "tasks": ["qkv.tasks"]},
     {"train": ["qkv.train"]},
-    {"faces": ["qkv", "qkv.__main__", "qkv.cli", "qkv.runs", "qkv.bench", "qkv.hf", "qkv.integrations"]},
+    {"faces": ["qkv", "qkv.__main__", "qkv.cli", "qkv.runs", "qkv.linearize", "qkv.bench", "qkv.hf", "qkv.integrations"]},
 ]
 
 

@@ -54,6 +54,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _nonnegative_int(text: str) -> int:
+    value = parse_value(int, text, "value")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}")
+    return value
+
+
 def _nonnegative_float(text: str) -> float:
     try:
         value = parse_value(float, text, "value")
@@ -397,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     _translate_parser(sub)
     _viz_parser(sub)
     _export_parser(sub)
+    _linearize_parser(sub)
     _bench_parser(sub)
     _reproduce_parser(sub)
     return parser
@@ -527,6 +535,63 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
                         "generation_config.json for LMs; qkv: the run's model/ with its vocabulary")
     _add_threads(p)
     p.set_defaults(func=_cmd_export)
+
+
+def _linearize_parser(sub: argparse._SubParsersAction) -> None:
+    """`qkv linearize SOURCE --attention NAME --task TASK ...`."""
+    p = sub.add_parser("linearize", help="make a pretrained decoder's attention linear-time: attention transfer, then LoRA",
+                       description="Swap every layer's softmax attention of a pretrained decoder for a linear-time "
+                                   "kernel, train the kernel's new parameters to reproduce each layer's softmax outputs "
+                                   "(attention transfer), then optionally fine-tune low-rank adapters (LoLCATs). "
+                                   "Example: qkv linearize smollm2 --attention linear --feature-map hedgehog --window 64 "
+                                   "--task shakespeare-char --steps 100 --finetune-steps 50 --set task.block_size=256")
+    p.add_argument("source", help="a decoder to linearize: a Hugging Face checkpoint directory (Llama, Mistral, Qwen2, "
+                                  "Qwen3, GPT-2), a save_pretrained directory, a qkv run, or 'smollm2' (qkv data fetch smollm2)")
+    p.add_argument("--attention", default="linear", help="the linear-time kernel (default linear; gla, gated-deltanet, "
+                                                        "performer, ...: qkv list attention)")
+    p.add_argument("--feature-map", default=None, choices=["hedgehog", "elu", "performer"],
+                   help="--attention linear's feature map (default hedgehog, learned)")
+    p.add_argument("--window", type=_positive_int, default=None,
+                   help="--attention linear: a sliding window of exact softmax over the last WINDOW tokens beside the "
+                        "linear part (LoLCATs; the linear-window kernel)")
+    p.add_argument("--task", required=True, help="a text task read with the source's tokenizer (e.g. shakespeare-char)")
+    p.add_argument("--steps", type=_positive_int, default=200, help="attention-transfer updates (default 200)")
+    p.add_argument("--finetune-steps", type=_nonnegative_int, default=0,
+                   help="low-rank fine-tune updates after the transfer (default 0: none)")
+    p.add_argument("--lora-rank", type=_positive_int, default=8, help="LoRA rank of the fine-tune (default 8)")
+    p.add_argument("--lora-alpha", type=_nonnegative_float, default=None, help="LoRA alpha (default twice the rank)")
+    p.add_argument("--lr", type=_nonnegative_float, default=1e-2, help="attention-transfer learning rate (default 1e-2)")
+    p.add_argument("--finetune-lr", type=_nonnegative_float, default=1e-4, help="fine-tune learning rate (default 1e-4)")
+    p.add_argument("--batch-size", type=_positive_int, default=4, help="sequences per update (default 4)")
+    p.add_argument("--seed", type=_nonnegative_int, default=0, help="seeds the new parameters and the batches (default 0)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="task.KEY for task options (task.block_size=256), train.KEY for training fields")
+    p.add_argument("--out", default=None, help="output directory (default runs/linearize-ATTENTION)")
+    p.add_argument("--resume", action="store_true", help="continue the linearization in --out (same arguments)")
+    _add_threads(p)
+    p.set_defaults(func=_cmd_linearize)
+
+
+def _cmd_linearize(args: argparse.Namespace) -> int:
+    from qkv.linearize import linearize
+
+    source = args.source
+    if source == "smollm2" and not Path(source).exists():
+        from qkv.tasks import data
+
+        with user_input():
+            source = str(data.smollm2_dir())
+    threads = set_threads(args.threads, warn_load=True, say=announce)
+    out = args.out or f"runs/linearize-{args.attention}"
+    announce(f"qkv: linearizing {args.source} -> {out} [{args.steps} transfer + {args.finetune_steps} fine-tune steps, "
+             f"batch {args.batch_size}, {threads} thread(s)]")
+    record = linearize(source, args.task, out, attention=args.attention, feature_map=args.feature_map,
+                       window=args.window, steps=args.steps, finetune_steps=args.finetune_steps,
+                       lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lr=args.lr, finetune_lr=args.finetune_lr,
+                       batch_size=args.batch_size, seed=args.seed, overrides=_pairs(args.set), resume=args.resume,
+                       say=announce)
+    print(json.dumps({"out": out, "final": record["final"], "stages": record["stages"]}))
+    return 0
 
 
 def _bench_parser(sub: argparse._SubParsersAction) -> None:

@@ -109,6 +109,22 @@ def finished_or_corrupt(out: Path, config: TrainConfig, say: Say) -> bool:
 # ----------------------------------------------------------------------------- its files
 
 
+#: the record of a linearization (``qkv linearize``) in its output directory, naming its last stage's run
+LINEARIZE_RECORD = "linearize.json"
+
+
+def final_run(directory: Path) -> Path:
+    """The run a linearization directory stands for (its last stage, ``qkv.linearize``), else ``directory``."""
+    directory = Path(directory)
+    record = directory / LINEARIZE_RECORD
+    if (directory / RUN_FILE).is_file() or not record.is_file():
+        return directory
+    stage = _read_json(record).get("final") if isinstance(_read_json(record), dict) else None
+    if not isinstance(stage, str) or not (directory / stage / RUN_FILE).is_file():
+        raise UserError(f"{directory} is a linearization that has not finished (no final stage in {record})")
+    return directory / stage
+
+
 def read_run(run: Path) -> Dict[str, Any]:
     """``run.json`` of the run in ``run``, checked to be whole; a UserError naming it otherwise."""
     path = run / RUN_FILE

@@ -171,9 +171,10 @@ class Run:
     def load(cls, directory: str | os.PathLike) -> "Run":
         """A run's task and model for evaluation or sampling (its final ``model/`` if present, else
         its latest intact checkpoint), in eval mode; not locked."""
-        settings, task, model = trained(Path(directory))
+        directory = files.final_run(Path(directory))  # a linearization directory: its last stage's run
+        settings, task, model = trained(directory)
         remember_text(model, task)  # save_pretrained(format="huggingface") writes its tokenizer too
-        return cls(Path(directory), settings, task, model)
+        return cls(directory, settings, task, model)
 
     # -- using one
 
