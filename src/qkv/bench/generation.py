@@ -66,6 +66,7 @@ from ..models.transformer.gpt import GPT, GPTConfig
 from ..models.transformer.linear_transformer import LinearTransformer, LinearTransformerConfig
 from ..models.transformer.sparse_transformer import SparseTransformer, SparseTransformerConfig
 from ..models.transformer.stack import BlockState, StackState
+from ..registry import lookup
 from ..rotary import RotaryEmbedding, apply_rotary
 from ..types import KVCache, LinearState, RecurrentState
 from . import common
@@ -273,6 +274,10 @@ def load_model(path: str) -> GPT:
 def _attention_spec(text: str) -> Tuple[str, Optional[Dict[str, Any]]]:
     """``NAME`` or ``NAME:{kwargs}`` -> ``(name, kwargs or None)``."""
     name, _, rest = text.partition(":")
+    try:
+        lookup("attention", name.strip())
+    except UserError as err:
+        raise UserError(f"--attention {text!r}: {err}") from None
     if not rest:
         return name.strip(), None
     kwargs = guess_value(rest)
@@ -316,6 +321,8 @@ def largest_context(budget: int, weights: int, state: int, growth: int, context:
     """The largest context ``n`` with ``weights + state(n) <= budget``, the state taken as ``state +
     growth x (n - context)`` (its bytes at ``context`` and per token beyond); None when the state
     does not grow (unbounded by the state) and fits; 0 when nothing fits."""
+    if weights > budget:
+        return 0
     if growth <= 0:
         return None if weights + state <= budget else 0
     return max(0, context + (budget - weights - state) // growth)
@@ -340,9 +347,10 @@ def _run_model(args: argparse.Namespace, contexts: List[int], device: torch.devi
         raise UserError(f"--memory-budget: {err}") from None
     P = args.prefill_tokens
     common.check_lengths("--prefill-tokens", [P])
+    asked = [_attention_spec(a) for a in args.attention or []]  # checked before the model is read
     source = load_model(args.model)
     own = source.config.attention
-    specs = [_attention_spec(a) for a in (args.attention or ([own] if own == "softmax" else [own, "softmax"]))]
+    specs = asked or [(own, None)] + ([("softmax", None)] if own != "softmax" else [])
     vocab = source.config.vocab_size
     results: Dict[str, Any] = {
         "benchmark": "generation", "command": args.command_line, "date": common.now_iso(), "machine": machine,
