@@ -40,6 +40,7 @@ BAD = [
     (["generation", "--model", "x", "--memory-budget", "lots"], "--memory-budget"),
     (["generation", "--model", "x", "--attention", "softmaks"], "unknown attention 'softmaks'"),
     (["generation", "--model", "x", "--attention", "window:3"], "keyword arguments as a dict"),
+    (["generation", "--model", "x", "--attention", "linear", "linear"], "--attention names 'linear' twice"),
     (["generation", "--model", "x", "--prefill-tokens", "0"], "--prefill-tokens must be 1 to"),
     (["generation", "--model", "/nonexistent/qkv-model"], "--model /nonexistent/qkv-model"),
     (["depth-memory", "--length", "1000000000"], "1,048,576 tokens"),

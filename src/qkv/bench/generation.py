@@ -348,6 +348,9 @@ def _run_model(args: argparse.Namespace, contexts: List[int], device: torch.devi
     P = args.prefill_tokens
     common.check_lengths("--prefill-tokens", [P])
     asked = [_attention_spec(a) for a in args.attention or []]  # checked before the model is read
+    twice = sorted({a for a in args.attention or [] if args.attention.count(a) > 1})
+    if twice:
+        raise UserError(f"--attention names {twice[0]!r} twice; each kernel is one row per context")
     source = load_model(args.model)
     own = source.config.attention
     specs = asked or [(own, None)] + ([("softmax", None)] if own != "softmax" else [])
