@@ -411,7 +411,6 @@ def _run_model(args: argparse.Namespace, contexts: List[int], device: torch.devi
             f"{last['state_growth_bytes_per_token']:,} bytes per token" if fit else
             f"does not fit: weights + state exceed {args.memory_budget}")
         results["models"][label] = record
-        del model
     return results
 
 
