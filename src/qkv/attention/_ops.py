@@ -592,7 +592,7 @@ def _causal(phi_q: Tensor, phi_k: Tensor, v: Tensor, log_keys: bool, eps: float,
     # [V, 1]: one product gives both the numerator S and the normaliser Z (its last column).
     v1 = torch.cat([v, v.new_ones(B, H, N, 1)], dim=-1)  # (B, H, N, Ev + 1)
     P = _state_sums(state, B, H, Fdim, Ev, v1)  # (B, H, F, Ev + 1): [S, Z] of the keys summed before
-    # queries aligned to the end of the keys: the N - M keys before the first one are read by no own query
+    # queries aligned to the end of the keys: zero queries at the N - M keys before the first, outputs dropped
     q_at_keys = F.pad(phi_q, (0, 0, N - M, 0)) if N > M else phi_q  # (B, H, N, F)
     g = None if m is None else _scale_steps(m)  # (B, H, N): the rescaling of [S, Z] from key to key
     # [phi(Q_i)^T S_i, phi(Q_i)^T Z_i] and [S, Z] after the last key; the engine's state is d_v x d_k: P^T
