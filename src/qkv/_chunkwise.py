@@ -1,6 +1,9 @@
-"""The chunkwise engine of linear attention's descendants: one recurrence, its literal form and its
-chunkwise-parallel form, shared by the kernels of ``qkv/attention/gated_linear.py`` (retention, GLA,
-DeltaNet, Gated DeltaNet) and by ``qkv.functional``'s drop-ins for fla's gated delta rule.
+"""The chunkwise engine of linear attention and its descendants: one recurrence, its literal form and
+its chunkwise-parallel form, shared by the kernels of ``qkv/attention/gated_linear.py`` (retention,
+GLA, DeltaNet, Gated DeltaNet), by ``qkv.functional``'s drop-ins for fla's gated delta rule, and by
+the causal core of ``linear`` and ``performer`` (``attention/_ops.py``: the additive rule with values
+``[v, 1]`` — numerator and normaliser — and, for key features kept in log space, the decay
+``g_j = m_{j-1} - m_j`` that rescales the sums to the keys' running maximum ``m``; none otherwise).
 
 The recurrence (the papers' layout: the state ``S_t`` is ``d_v x d_k``, ``o_t = S_t q_t``; fla and
 transformers store its transpose ``d_k x d_v`` — the callers convert at their boundary)::
@@ -10,7 +13,7 @@ transformers store its transpose ``d_k x d_v`` — the callers convert at their 
 
 with ``a_t = exp(g_t)``: ``g`` is the log of the decay, one per head ``(B, H, N)`` (RetNet's fixed
 ``gamma``, Gated DeltaNet's ``alpha_t``) or one per key channel ``(B, H, N, E)`` (GLA, Kimi's KDA);
-no ``g``: no decay (DeltaNet). No ``beta``: ``beta_t = 1``. ``resets (B, N)`` bool: True where a
+no ``g``: no decay (DeltaNet, linear attention). No ``beta``: ``beta_t = 1``. ``resets (B, N)`` bool: True where a
 document starts (packed sequences): the state is zeroed before that position's update.
 
 Three forms, equal to rounding (tests/attention/test_gated_linear.py):
@@ -25,7 +28,9 @@ Three forms, equal to rounding (tests/attention/test_gated_linear.py):
   explicitly (``C^3`` per chunk). Every chunk's ``T``, ``U' = T diag(beta) V``, ``W = T diag(beta)
   (K o Gamma)`` and ``A_tj = (q_t . k_j)_D`` (``j <= t``) are batched over all chunks at once; only
   the scan over chunks is a loop — ``U = U' - W S_start^T``, ``O = A U + (Q o Gamma) S_start^T``,
-  ``S_end = S_start Diag(gamma_C) + U^T (K o Gamma_end)``. Grouped value heads (fewer query/key heads
+  ``S_end = S_start Diag(gamma_C) + U^T (K o Gamma_end)`` (the additive rule's ``U = diag(beta) V``
+  is known before the scan: its loop carries only the state, and with neither decay nor reset it is
+  a cumulative sum, ``scan``). Grouped value heads (fewer query/key heads
   than value heads) share ``Q K^T``, ``K K^T``, ``W``'s product and, with a scalar decay, the scan's
   reads and writes of the state. Every exponent is ``<= 0`` (``g <= 0``): nothing overflows,
   whatever the chunk length;
@@ -232,8 +237,9 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
     decay = gamma_C.unsqueeze(-2) if channel else gamma_C[..., None, None]  # S Diag(gamma_C): (B, T, H, 1|1, 1|E)
     if not delta:
         U = vc if bc is None else vc * bc  # what each key writes, known before the scan
-        # S_end = S_start Diag(gamma_C) + U^T K_end, K_end = k_j o exp(b_C - b_j)
-        S_start, S = scan(S, major(decay), major(U.transpose(-1, -2) @ per_head(kc, Gamma_end)))
+        # S_end = S_start Diag(gamma_C) + U^T K_end, K_end = k_j o exp(b_C - b_j); no decay, no reset: a sum
+        steady = g is None and resets is None
+        S_start, S = scan(S, None if steady else major(decay), major(U.transpose(-1, -2) @ per_head(kc, Gamma_end)))
         o = (A @ U + per_head(qc, Gamma) @ major(S_start).transpose(-1, -2)).transpose(2, 3)  # (B, T, C, H, Ev)
         return o.reshape(B, T * C, H, Ev)[:, :N].transpose(1, 2), S
     # the UT transform T = (I + L)^{-1}, L_tj = beta_t (k_t . k_j)_D for j < t, explicitly (C^3 per chunk):
@@ -283,18 +289,22 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
     return o.reshape(B, T * C, H, Ev)[:, :N].transpose(1, 2), S
 
 
-def scan(S: Tensor, M: Tensor, R: Tensor) -> Tuple[Tensor, Tensor]:
+def scan(S: Tensor, M: Optional[Tensor], R: Tensor) -> Tuple[Tensor, Tensor]:
     """The scan over chunks of a diagonal transition, ``S_{c+1} = S_c M_c + R_c`` (``M_c`` factors
     broadcast against ``S``): ``S (B, H, X, Y)``, ``M``, ``R`` stacked over the ``T`` chunks at dim 2.
-    Returns ``(S before each chunk (B, H, T, X, Y), S after the last)``. The additive rule's scan here
-    and linear attention's rescaled running sums (``attention/_ops.py``); the delta rule's, whose
-    update reads the state, is written in ``chunkwise``."""
+    Returns ``(S before each chunk (B, H, T, X, Y), S after the last)``. ``M`` None (no decay):
+    ``S_c = S_0 + sum_{c' < c} R_c'``, a cumulative sum; else a loop over the chunks (a product of
+    decays over many chunks would underflow, its inverse overflow). The additive rule's scan; the
+    delta rule's, whose update reads the state, is written in ``chunkwise``."""
+    if R.shape[2] == 0:
+        return R.new_zeros(*S.shape[:2], 0, *S.shape[2:]), S
+    if M is None:
+        ends = S.unsqueeze(2) + R.cumsum(2)  # (B, H, T, X, Y): S after each chunk
+        return torch.cat([S.unsqueeze(2), ends[:, :, :-1]], dim=2), ends[:, :, -1]
     starts = []
     for M_c, R_c in zip(M.unbind(2), R.unbind(2)):  # unbind: one stack in backward
         starts.append(S)
         S = S * M_c + R_c
-    if not starts:
-        return R.new_zeros(*S.shape[:2], 0, *S.shape[2:]), S
     return torch.stack(starts, dim=2), S
 
 

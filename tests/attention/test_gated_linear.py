@@ -155,6 +155,19 @@ def test_engine_never_overflows_with_strong_decays():
     torch.testing.assert_close(o.double(), literal(q, k, v, g)[0], atol=1e-5, rtol=1e-5)
 
 
+def test_scan_without_decay_is_a_cumulative_sum():
+    """``scan(S, None, R)`` (no decay: linear attention's sums) == the loop with decays of 1, chunk
+    states and final state; no chunk gives no starts and the state unchanged."""
+    S, R = rand(2, 3, 4, 5, seed=1), rand(2, 3, 6, 4, 5, seed=2)
+    starts, end = cw.scan(S, None, R)
+    ref_starts, ref_end = cw.scan(S, torch.ones(2, 3, 6, 1, 1, dtype=F64), R)
+    torch.testing.assert_close(starts, ref_starts, rtol=0, atol=1e-12)
+    torch.testing.assert_close(end, ref_end, rtol=0, atol=1e-12)
+    torch.testing.assert_close(starts[:, :, 3], S + R[:, :, :3].sum(2), rtol=0, atol=1e-12)
+    starts, end = cw.scan(S, None, R[:, :, :0])
+    assert starts.shape == (2, 3, 0, 4, 5) and torch.equal(end, S)
+
+
 def test_resets_from_fla_and_transformers_conventions():
     assert cw.resets_from_cu_seqlens(torch.tensor([0, 3, 5, 9]), 9).tolist() == [
         [True, False, False, True, False, True, False, False, False]]

@@ -170,6 +170,40 @@ def test_causal_chunked_equals_unchunked(name, L):
         torch.testing.assert_close(out, whole, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["linear", "performer"])
+def test_causal_core_runs_on_the_chunkwise_engine(name, monkeypatch):
+    """One chunkwise engine (issue 54 item 2): the causal sums of linear and performer are one call of
+    ``_chunkwise.chunkwise`` — the gated kernels' masked products and scan of chunk states — per call."""
+    from qkv import _chunkwise
+    calls = []
+    engine = _chunkwise.chunkwise
+    monkeypatch.setattr(_chunkwise, "chunkwise", lambda *a, **kw: calls.append(kw["chunk_size"]) or engine(*a, **kw))
+    kw = {"seed": 0, "nb_features": 8} if name == "performer" else {}
+    q, k, v = tensors(M=9, N=9)
+    qkv.build_attention(name, causal=True, chunk_size=4, **kw)(q, k, v)
+    assert calls == [4]
+    qkv.build_attention(name, causal=False, **kw)(q, k, v)  # not causal: one product over all keys, no engine
+    assert calls == [4]
+
+
+def test_linear_causal_left_padding_with_underflowing_features():
+    """Keys in log space with a left-padded row: the running maximum is -inf over the padding, then far
+    below 0 (inputs ~ -150: every feature ~ e^-150 underflows float32). The sums' rescaling from key to
+    key (the engine's decay ``m_{j-1} - m_j``) must stay ``<= 0`` across that start (a stand-in of 0
+    for the padding's maximum gave a growth of e^150 and NaN); outputs match float64's literal sums."""
+    q, k, v = tensors(B=2, M=9, N=9, seed=4)
+    q, k = q - 150, k - 150
+    pad = torch.tensor([[False] * 3 + [True] * 6, [False] + [True] * 8])
+    phi = lambda x: torch.where(x > 0, x + 1, x.exp())  # elu + 1 without its cancellation to 0 at -150
+    ref = literal_kernel_attention(phi(q), phi(k), v, allowed_pairs(2, 9, 9, True, pad))
+    for C in (1, 3, 64):
+        qf = q.float().requires_grad_()
+        out = qkv.build_attention("linear", causal=True, chunk_size=C)(qf, k.float(), v.float(), mask=pad).output
+        torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-4)
+        out.sum().backward()
+        assert torch.isfinite(qf.grad).all()
+
+
 def test_performer_state_carries_the_running_max():
     """Pieces with very different key scales: the state's S, Z are rescaled to the running max."""
     kernel = qkv.build_attention("performer", causal=True, nb_features=16, seed=0, chunk_size=2)

@@ -15,7 +15,8 @@ from here (downwards), never a helper from a sibling kernel's module (tests/test
   heads than its queries), ``state_heads`` (a state between key heads and query heads);
 - the linear-attention core (Katharopoulos et al. 2020, eq. 5–6 and 16–20, see ``linear.py``):
   ``linear_attention`` of ``Features``, and ``split_key_mask``, shared by ``linear`` and
-  ``performer``; its state ``LinearState`` lives with the other states in ``qkv/types.py``.
+  ``performer``; its state ``LinearState`` lives with the other states in ``qkv/types.py``. The
+  causal sums run on the chunkwise engine of the gated kernels (``qkv/_chunkwise.py``).
 """
 
 from __future__ import annotations
@@ -484,10 +485,11 @@ def linear_attention(features: Features, v: Tensor, *, causal: bool, eps: float 
         need_weights: also return the implied ``(B, H, M, N)`` weights (O(M N); not with ``state``).
     Returns:
         ``(out (B, H, M, Ev) in v's dtype, weights or None, new LinearState (causal) or None)``.
-    Cost: non-causal O(N F Ev); causal O(N C F + N F Ev) in ``ceil(M / C)`` chunk steps.
+    Cost: non-causal O(N F Ev); causal O(N C F + N F Ev), batched over all ``ceil(N / C)`` chunks
+    but for the scan of chunk states (``_chunkwise.chunkwise``, the engine of the gated kernels).
     The numerical care is around the equation, not in it: sums in float32 for half inputs
     (``accumulation_dtype``), under autocast too (``full_precision``); log-space key features
-    scaled by their (running) maximum; the causal sums as chunked prefix sums (``_causal_sums``).
+    scaled by their (running) maximum — causal, the maximum's growth is the engine's decay (``_causal``).
     """
     _check_call(features, causal, state, need_weights)
     out_dtype, acc = v.dtype, accumulation_dtype(v.dtype)  # see accumulation_dtype: sums of N terms in float32
@@ -566,9 +568,14 @@ def _running_max(log_k: Tensor, state: Optional[LinearState], keep_grad: bool) -
 def _causal(phi_q: Tensor, phi_k: Tensor, v: Tensor, log_keys: bool, eps: float, eps_q,
             key_mask: Optional[Tensor], state: Optional[LinearState], chunk_size: int, need_weights: bool):
     """``linear_attention`` for causal queries: ``(out, weights, new state)`` in the accumulation dtype.
-    In log mode (``m`` not None) key ``j`` is exponentiated at its running maximum ``m_j``, query
-    ``i`` reads everything at its own ``m_i``, and ``[S, Z]`` is kept at the ``m`` of its last key:
-    every factor ``exp(m_j - m_i) <= 1``."""
+
+    The recurrence ``[S, Z]_j = [S, Z]_{j-1} + phi(K_j) [V_j, 1]^T`` is the chunkwise engine's
+    additive rule (``_chunkwise.chunkwise``: masked products inside a chunk, one scan of chunk
+    states) with the values ``[V, 1]``, so that one product gives numerator and normaliser. In log
+    mode (``m`` not None) key ``j`` is exponentiated at its running maximum ``m_j`` and ``[S, Z]_j``
+    is kept at that scale: ``[S, Z]_j = exp(m_{j-1} - m_j) [S, Z]_{j-1} + exp(l_j - m_j) [V_j, 1]^T``,
+    the engine's decay ``g_j = m_{j-1} - m_j <= 0`` (``_scale_steps``) — query ``i`` reads everything
+    at its own ``m_i``, every factor ``exp(m_j - m_i) <= 1``."""
     B, H, M, Fdim = phi_q.shape
     N, Ev = v.shape[-2], v.shape[-1]
     m = _running_max(phi_k, state, eps > 0) if log_keys else None  # (B, H, 1 + N)
@@ -585,11 +592,28 @@ def _causal(phi_q: Tensor, phi_k: Tensor, v: Tensor, log_keys: bool, eps: float,
     # [V, 1]: one product gives both the numerator S and the normaliser Z (its last column).
     v1 = torch.cat([v, v.new_ones(B, H, N, 1)], dim=-1)  # (B, H, N, Ev + 1)
     P = _state_sums(state, B, H, Fdim, Ev, v1)  # (B, H, F, Ev + 1): [S, Z] of the keys summed before
-    nd, P = _causal_sums(phi_q, phi_k, v1, P, m, chunk_size)
+    # queries aligned to the end of the keys: zero queries at the N - M keys before the first, outputs dropped
+    q_at_keys = F.pad(phi_q, (0, 0, N - M, 0)) if N > M else phi_q  # (B, H, N, F)
+    g = None if m is None else _scale_steps(m)  # (B, H, N): the rescaling of [S, Z] from key to key
+    # [phi(Q_i)^T S_i, phi(Q_i)^T Z_i] and [S, Z] after the last key; the engine's state is d_v x d_k: P^T
+    nd, P_end = _chunkwise.chunkwise(q_at_keys, phi_k, v1, g, state=P.transpose(-1, -2), chunk_size=chunk_size)
+    P = P_end.transpose(-1, -2)  # (B, H, F, Ev + 1)
     length = state.length if state is not None else 0
     new_state = LinearState(S=P[..., :Ev], Z=P[..., Ev], length=length + N,
                             log_scale=m[..., -1] if log_keys else None, summed=_summed(state, key_mask, N, v.device))
-    return _divide(nd, eps, eps_q), weights, new_state
+    return _divide(nd[:, :, N - M:], eps, eps_q), weights, new_state
+
+
+def _scale_steps(m: Tensor) -> Tensor:
+    """``g (B, H, N)``, ``g_j = m_{j-1} - m_j <= 0``: the log of the factor that takes ``[S, Z]`` from
+    key ``j - 1``'s scale to key ``j``'s, for the running maxima ``m (B, H, 1 + N)`` (``m[..., 0]``
+    the state's). The maxima are ``-inf`` until the first unmasked key; the sums are 0 there (so is
+    every feature), and any scale at or below the first finite maximum keeps ``m`` non-decreasing:
+    that maximum itself (0 where there is none), so that every step is finite and ``<= 0``."""
+    finite = torch.isfinite(m)
+    first = torch.where(finite, m, torch.full_like(m, float("inf"))).amin(-1, keepdim=True)  # (B, H, 1)
+    m = torch.where(finite, m, finite_or_zero(first))
+    return m[..., :-1] - m[..., 1:]
 
 
 def _causal_scale(m: Optional[Tensor], M: int, N: int, device: torch.device) -> Tensor:
@@ -623,93 +647,6 @@ def _summed(state: Optional[LinearState], key_mask: Optional[Tensor], N: int, de
     now = key_mask if key_mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=device)
     lead = torch.broadcast_shapes(before.shape[:2], now.shape[:2])
     return torch.cat([before.expand(*lead, -1), now.expand(*lead, -1)], dim=-1)  # (B|1, H|1, length + N)
-
-
-def _causal_sums(phi_q: Tensor, phi_k: Tensor, v1: Tensor, P: Tensor, m: Optional[Tensor],
-                 chunk_size: int) -> tuple[Tensor, Tensor]:
-    """``([phi(Q_i)^T S_i, phi(Q_i)^T Z_i] (B, H, M, Ev + 1), [S, Z] after the last key)`` with
-    ``S_i = sum_{j <= N - M + i} phi(K_j) V_j^T`` (the state's ``P`` included), ``Z_i`` likewise.
-    The ``N - M`` keys before the first query are seen by every query: summed into ``P`` first;
-    the rest in chunks (``_chunk_sums``). ``m``: the running maxima (log mode) or None."""
-    B, H, M, Fdim = phi_q.shape
-    N = phi_k.shape[-2]
-    off = N - M  # keys before the first query's position: seen by every query
-    m_safe = None if m is None else finite_or_zero(m[..., 1:])  # (B, H, N): m_j
-    if off > 0:
-        # S += sum_j phi(K_j) V_j^T, Z += sum_j phi(K_j) over the leading keys
-        lead = phi_k[:, :, :off]
-        if m is not None:  # all at the scale of the last leading key
-            lead = lead * torch.exp(m[..., 1:1 + off] - m_safe[..., off - 1:off]).unsqueeze(-1)
-            P = P * torch.exp(m[..., :1] - m_safe[..., off - 1:off]).unsqueeze(-1)
-        P = P + lead.transpose(-1, -2) @ v1[:, :, :off]  # (B, H, F, Ev + 1)
-    if M == 0:
-        return v1.new_zeros(B, H, 0, v1.shape[-1]), P
-    scales = None if m is None else (m[..., off:], m_safe[..., off:])
-    return _chunk_sums(phi_q, phi_k[:, :, off:], v1[:, :, off:], P, min(chunk_size, M), scales)
-
-
-def _chunk_sums(phi_q: Tensor, phi_k: Tensor, v1: Tensor, P: Tensor, C: int,
-                scales: Optional[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-    """The causal sums of ``M`` queries and their ``M`` keys in chunks of ``C``.
-
-    ``phi_q, phi_k (B, H, M, F)``, ``v1 = [V, 1] (B, H, M, Ev + 1)``, ``P = [S, Z] (B, H, F, Ev + 1)``
-    of the keys before. Returns ``(sum_{j <= i} (phi_q_i . phi_k_j) [v_j, 1] (B, H, M, Ev + 1), P after)``.
-    ``scales``: None, or (log mode) ``(m (B, H, 1 + M), m_safe (B, H, M))`` — the running maxima
-    before the first key (``m[..., 0]``, P's scale) and after each key, at which ``phi_k`` was taken.
-
-    All chunks at once: the within-chunk quadratic forms as one batched product, every chunk's
-    ``[S, Z]`` likewise; only the running sum over chunks is a loop (or a cumulative sum).
-    """
-    B, H, M, Fdim = phi_q.shape
-    T, pad = -(-M // C), -M % C  # chunks, padding of the last one
-    chunked = lambda x: F.pad(x, (0, 0, 0, pad)).view(B, H, T, C, x.shape[-1])
-    qs, ks, vs = chunked(phi_q), chunked(phi_k), chunked(v1)  # (B, H, T, C, F | Ev + 1)
-    tri = torch.ones(C, C, dtype=torch.bool, device=v1.device).tril()  # j <= i inside a chunk
-    if scales is None:
-        mask, ends, to_query, step = tri, ks, None, None
-    else:
-        mask, key_to_end, to_query, step = _chunk_scales(*scales, tri, T, pad)
-        ends = ks * key_to_end
-    # within a chunk: sum_{j<=i} (phi_q_i . phi_k_j) [v_j, 1] — the masked quadratic form
-    local = ((qs @ ks.transpose(-1, -2)) * mask) @ vs  # (B, H, T, C, Ev + 1)
-    # each chunk's own [S, Z] = sum_j phi(K_j) [V_j, 1]^T
-    own = ends.transpose(-1, -2) @ vs  # (B, H, T, F, Ev + 1)
-    # [S, Z] of every earlier chunk: a running sum (rescaled chunk to chunk in log mode)
-    before_P, P = _running_sum(P, own, step)  # (B, H, T, F, Ev + 1), (B, H, F, Ev + 1)
-    across = qs @ before_P  # (B, H, T, C, Ev + 1): phi_q_i^T [S, Z] of the earlier chunks
-    if to_query is not None:
-        across = across * to_query
-    return (across + local).view(B, H, T * C, vs.shape[-1])[:, :, :M], P
-
-
-def _chunk_scales(m: Tensor, m_safe: Tensor, tri: Tensor, T: int, pad: int):
-    """Log mode's factors, every one ``<= 1``, for chunks of ``C = tri.shape[0]`` positions:
-    ``(mask (B, H, T, C, C)`` — key ``j`` read at query ``i``'s scale, ``exp(m_j - m_i)``, ``j <= i``;
-    ``key_to_end (B, H, T, C, 1)`` — key ``j`` at its chunk's last key's scale;
-    ``to_query (B, H, T, C, 1)`` — P's scale before the chunk to query ``i``'s;
-    ``step (B, H, T)`` — P's scale before the chunk to the chunk's last key's)."""
-    B, H, M = m_safe.shape
-    C = tri.shape[0]
-    mc = F.pad(m[..., 1:], (0, pad), value=float("-inf")).view(B, H, T, C)  # m_j (padding: no key)
-    mq = F.pad(m_safe, (0, pad), value=float("inf")).view(B, H, T, C)  # m_i (padding: a query that reads nothing)
-    last = m_safe[..., (torch.arange(1, T + 1, device=m.device) * C - 1).clamp(max=M - 1)]  # (B, H, T): m of each chunk's last key
-    before = m[..., ::C][..., :T]  # (B, H, T): the running max before each chunk, P's scale there
-    # (never computed above the diagonal)
-    mask = torch.exp((mc.unsqueeze(-2) - mq.unsqueeze(-1)).masked_fill(~tri, float("-inf")))
-    key_to_end = torch.exp(mc - last.unsqueeze(-1)).unsqueeze(-1)
-    chunk_of = torch.arange(M, device=m.device) // C
-    to_query = F.pad(torch.exp(before[..., chunk_of] - m_safe), (0, pad)).view(B, H, T, C, 1)
-    return mask, key_to_end, to_query, torch.exp(before - last)
-
-
-def _running_sum(P: Tensor, own: Tensor, step: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """``(P before each chunk (B, H, T, F, Ev + 1), P after the last)``: ``P`` plus the chunks'
-    ``own`` sums so far — a cumulative sum, or (log mode) a loop that rescales ``P`` by ``step``
-    ``(B, H, T)`` from chunk to chunk."""
-    if step is None:
-        before_P = P.unsqueeze(2) + F.pad(own.cumsum(2)[:, :, :-1], (0, 0, 0, 0, 1, 0))
-        return before_P, before_P[:, :, -1] + own[:, :, -1]
-    return _chunkwise.scan(P, step[..., None, None], own)  # P <- P step_t + own_t, chunk by chunk
 
 
 def split_key_mask(mask: Optional[Tensor], state: Optional[LinearState], N: int, cached: int) -> Optional[Tensor]:

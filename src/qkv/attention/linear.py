@@ -12,8 +12,10 @@ as an RNN ``s_i = s_{i-1} + phi(k_i) v_i^T``, ``z_i = z_{i-1} + phi(k_i)`` (eq. 
 incremental-decoding state ``LinearState(S, Z)``.
 
 Cost: O(N E' Ev) time and O(E' Ev) extra memory (non-causal); causal is computed in chunks of
-``C`` positions — a masked ``(C, C)`` quadratic form inside a chunk, the running ``(S, Z)`` sums
-across chunks — O(N C E' + N E' Ev) time; no ``(N, N)`` matrix is ever formed.
+``C`` positions — a masked ``(C, C)`` quadratic form inside a chunk, one scan of the ``(S, Z)``
+sums across chunks: the chunkwise engine of the gated kernels (``qkv/_chunkwise.py``) with decay 1,
+or the rescaling to the keys' running maximum below — O(N C E' + N E' Ev) time; no ``(N, N)``
+matrix is ever formed.
 
 Deviations: ``eps`` (default 0: the paper's equation) is added to the denominator (the authors'
 code adds 1e-6). With ``elu+1``, each query row's features and the keys' features are first
