@@ -86,7 +86,7 @@ def test_transfer_loss_is_the_mean_per_layer_mse_on_the_teachers_hidden_states()
             if p.requires_grad and p.dim() == 3:
                 p.add_(0.2 * torch.randn_like(p))
     objective = AttentionTransfer(student, teacher, fresh).train()
-    ids = torch.randint(0, 40, (2, 11))
+    ids = torch.randint(0, 40, (2, 11), generator=torch.Generator().manual_seed(0))
     loss = objective(ids).loss
     expected = []
     for layer, (q, k, v) in enumerate(captured_qkv(teacher, ids)):  # the teacher's own q, k, v at every layer
@@ -108,7 +108,7 @@ def test_transfer_training_lowers_the_loss_of_gated_kernels_too():
     teacher = teacher_model()
     student, fresh = swap_attention(teacher, "gla", seed=0)
     objective = AttentionTransfer(student, teacher, fresh).train()
-    ids = torch.randint(0, 40, (4, 16))
+    ids = torch.randint(0, 40, (4, 16), generator=torch.Generator().manual_seed(0))
     opt = torch.optim.Adam([p for p in objective.parameters() if p.requires_grad], lr=3e-2)
     first = float(objective(ids).loss.detach())
     for _ in range(30):
