@@ -141,10 +141,20 @@ def run(args, results_path: Path) -> Dict[str, Any]:
             if seed == 0:
                 entry["completions"] = complete(final, tok, args.new_tokens)
             del final
+            results = _merged(results_path, results)  # another process may run other variants beside this one
             results["runs"][key] = entry
             atomic_write_text(results_path, json.dumps(results, indent=2))
             print(f"{key}: bare {mean_ppl(entry['bare']):.2f} transfer {mean_ppl(entry['transfer']):.2f} "
                   f"finetune {mean_ppl(entry['finetune']):.2f}", flush=True)
+    return results
+
+
+def _merged(path: Path, results: Dict) -> Dict:
+    """``results`` with the runs another process wrote to ``path`` meanwhile (same settings)."""
+    if path.is_file():
+        theirs = json.loads(path.read_text())
+        if theirs.get("settings") == results["settings"]:
+            results["runs"] = {**theirs.get("runs", {}), **results["runs"]}
     return results
 
 
@@ -212,7 +222,8 @@ def record(results: Dict, args) -> Dict[str, str]:
 def write_page(doc: Path, results: Dict, args, verdicts: Dict[str, str]) -> None:
     soft = results["softmax"]
     head = " | ".join(f"{t} ppl" for t in TEXTS)
-    rows = [f"| softmax (pretrained) | — | {' | '.join(f'{soft['ppl'][t]:.2f}' for t in TEXTS)} | 1.00 | — | — |"]
+    cells = " | ".join(f"{soft['ppl'][t]:.2f}" for t in TEXTS)
+    rows = [f"| softmax (pretrained) | — | {cells} | 1.00 | — | — |"]
     for variant in args.variants:
         keys = sorted(k for k in results["runs"] if k.split("/")[0] == variant)
         if not keys:
