@@ -233,6 +233,8 @@ class LinearWindowAttention(AttentionKernel):
         (or every key): the keys before a block's band are linear for the whole block."""
         B, H, M, E = q.shape
         N, W = k.shape[-2], self.window
+        if M == 0:  # keys only (a state's first call): no query to answer
+            return v1.new_zeros(B, H, 0, v1.shape[-1]), v1.new_zeros(B, H, 0, N) if need_weights else None
         o, nb = N - M, -(-M // b)  # query m sits at key position o + m; blocks of b queries
         # the window's part: band keys o + t b - left + [0, b + left) of block t, their scores
         qb, kb, vb, distance, in_window, key_pos = band_blocks(q, k, v1, mask, left, 0, b)  # distance: i - j (b, b + left)
@@ -243,7 +245,7 @@ class LinearWindowAttention(AttentionKernel):
         c = finite_or_zero(s.amax(-1, keepdim=True))  # c_i: the largest window score
         gamma = self.gamma.to(q.dtype).view(1, H, 1, 1, 1)
         a = gamma * torch.exp(s - c)  # gamma_h exp(q_i . k_j / sqrt(d) - c_i), 0 outside the window
-        fqb = F.pad(phi_q, (0, 0, 0, nb * b - M)).view(B, H, nb, b, -1)  # (B, H, nb, b, F)
+        fqb = F.pad(phi_q, (0, 0, 0, nb * b - M)).view(B, H, nb, b, phi_q.shape[-1])  # (B, H, nb, b, F)
         fkb = unfold_band(phi_k, o - left, b, b + left, nb)  # (B, H, nb, b + left, F)
         a = a + torch.where(linear, fqb @ fkb.transpose(-1, -2), 0.0)  # + phi(q_i) . phi(k_j), j <= i - W
         # the keys before each band (j < o + t b - left), linear for the whole block: a running sum
@@ -252,7 +254,7 @@ class LinearWindowAttention(AttentionKernel):
         P = P + phi_k[:, :, :lead].transpose(-1, -2) @ v1[:, :, :lead]  # (B, H, F, Ev + 1)
         before, _ = _running_sum(P, own, None)  # (B, H, nb, F, Ev + 1): P + chunks 0..t of own
         nd = a @ vb + fqb @ (before + own)  # (B, H, nb, b, Ev + 1)
-        nd = nd.reshape(B, H, nb * b, -1)[:, :, :M]
+        nd = nd.reshape(B, H, nb * b, v1.shape[-1])[:, :, :M]
         if not need_weights:
             return nd, None
         den = nd[..., -1:].view(B, H, 1, M, 1)
