@@ -247,8 +247,9 @@ def test_bad_knobs_are_named():
         qkv.build_attention("linear-window", causal=True, window=4, n_heads=2, d_head=4, dropout=0.1)
     with pytest.raises(ValueError, match="chunk_size"):
         qkv.build_attention("linear-window", causal=True, window=4, n_heads=2, d_head=4, chunk_size=0)
-    with pytest.raises(ValueError, match="built for n_heads=2"):
-        build(2, H=2)(*heads(1, 3, 4, 4))
+    for B in (1, 0):  # checked before the empty-input shortcut too
+        with pytest.raises(ValueError, match="built for n_heads=2"):
+            build(2, H=2)(*heads(B, 3, 4, 4))
     with pytest.raises(ValueError, match="full mask|key-padding masks"):
         build(2)(*heads(1, 2, 4, 4), mask=torch.ones(1, 2, 4, 4, dtype=torch.bool).tril())
 

@@ -174,11 +174,13 @@ class LinearWindowAttention(AttentionKernel):
         """``gamma_h = sigmoid(a_h)`` ``(H,)``: the window's factor per head."""
         return torch.sigmoid(self.window_logit)
 
-    def _attend(self, q, k, v, mask, state, need_weights, return_state):
-        B, H, M, E = q.shape
-        if H != self.window_logit.shape[0]:
+    def _validate(self, q, k, v, state):
+        if q.shape[1] != self.window_logit.shape[0]:
             raise ValueError(f"attention 'linear-window' was built for n_heads={self.window_logit.shape[0]}, got q "
-                             f"with {H} heads")
+                             f"with {q.shape[1]} heads")
+
+    def _attend(self, q, k, v, mask, state, need_weights, return_state):
+        M = q.shape[-2]
         if state is not None and M > k.shape[-2]:
             raise ValueError(f"linear-window attention aligns queries to the end of the keys: got {M} queries for "
                              f"{k.shape[-2]} new keys after a state; a query may not precede the new keys (the keys "
