@@ -321,6 +321,7 @@ def kernel_pattern(name: str, length: int, causal: bool = False, overrides: Opti
     cls = lookup("attention", name)
     overrides = dict(overrides or {})
     kwargs = cls.knobs(length, 1, 16, overrides, with_heads=True)  # the kernel's own knobs for the length, then the given
+    causal = causal or cls.causal_only  # a causal-only kernel has no other picture
     kernel = build_attention(name, causal=causal, **kwargs) if cls.supports_causal else build_attention(name, **kwargs)
     if causal and not kernel.causal:
         raise ValueError(f"attention {name!r} cannot be causal")

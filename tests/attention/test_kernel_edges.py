@@ -15,10 +15,10 @@ from qkv.registry import lookup
 
 NAMES = list(qkv.list_attention())
 CAUSAL = [(name, causal) for name in NAMES for causal in (False, True)
-          if not causal or lookup("attention", name).supports_causal]
+          if (lookup("attention", name).supports_causal if causal else not lookup("attention", name).causal_only)]
 
 
-def build(name, causal=False, H=2, E=4, **extra):
+def build(name, causal=None, H=2, E=4, **extra):
     return contract_build(name, causal, H=H, E=E, **extra)
 
 

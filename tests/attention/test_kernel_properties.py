@@ -132,7 +132,7 @@ def check_pieces(kernel, q, k, v, cuts, dtype):
        shift=st.sampled_from([0.0, -1.0, 1.0]), need_weights=st.booleans(), seed=st.integers(0, 2**16))
 def test_kernel_properties(name, data, B, H, M, N, E, Ev, dtype, magnitude, shift, need_weights, seed):
     cls = lookup("attention", name)
-    causal = data.draw(st.booleans()) if cls.supports_causal else False
+    causal = True if cls.causal_only else data.draw(st.booleans()) if cls.supports_causal else False
     kw = data.draw(knobs(name))
     if kw.get("init_span") is not None and data.draw(st.booleans()):
         kw["dynamic"], kw["d_head"] = True, E
@@ -167,7 +167,7 @@ def test_multihead_properties(data, name, B, H, M, N, E, dtype, input_dtype, mag
     """MultiHeadAttention around any kernel: empty shapes, masks, dtypes (a mismatch between input and
     parameters is a TypeError naming both), magnitudes."""
     cls = lookup("attention", name)
-    causal = data.draw(st.booleans()) if cls.supports_causal else False
+    causal = True if cls.causal_only else data.draw(st.booleans()) if cls.supports_causal else False
     kw = data.draw(knobs(name))
     d = H * E
     torch.manual_seed(seed)

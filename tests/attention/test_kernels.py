@@ -25,12 +25,19 @@ def knobs(name, H=3, E=8, with_heads=True):
     return kw if with_heads else {k: v for k, v in kw.items() if k not in cls.head_kwargs(H, E)}
 
 
-def build(name, causal=False, H=3, E=8, **extra):
+def build(name, causal=None, H=3, E=8, **extra):
+    """Kernel ``name`` with its example knobs; ``causal`` None: its plain form (causal for a
+    causal-only kernel, else not)."""
+    causal = causal_only(name) if causal is None else causal
     return qkv.build_attention(name, causal=causal, **{**knobs(name, H, E), **extra})
 
 
 def can_causal(name):
     return lookup("attention", name).supports_causal
+
+
+def causal_only(name):
+    return lookup("attention", name).causal_only
 
 
 def qkv_tensors(B=2, H=3, M=11, N=11, E=8, dtype=torch.float32, seed=0):
@@ -82,6 +89,8 @@ def allowed_pairs(kernel, B, H, M, N, mask=None):
 def test_exact_kernels_match_literal_reference(name, causal):
     if causal and not can_causal(name):
         pytest.skip(f"{name} cannot be causal")
+    if not causal and causal_only(name):
+        pytest.skip(f"{name} is causal only")
     kernel = build(name, causal=causal)
     if not kernel.exact:
         if kernel.exact_kwargs is None:
@@ -348,6 +357,8 @@ def test_autocast_forward_and_backward_match_float32(name, causal, device, dtype
     meet its own dtypes)."""
     if causal and not can_causal(name):
         pytest.skip(f"{name} cannot be causal")
+    if not causal and causal_only(name):
+        pytest.skip(f"{name} is causal only")
     kernel = build(name, causal=causal).to(device)
     torch.manual_seed(0)
     proj = torch.nn.Linear(8, 8).to(device)

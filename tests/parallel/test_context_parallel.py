@@ -29,7 +29,7 @@ VARIANTS = ("softmax/written", "softmax/dropout", "fixed/blocks", "fixed/summari
 def _cases():
     for name in (*names("attention"), *VARIANTS):
         cls = lookup("attention", name.partition("/")[0])
-        for causal in ((False, True) if cls.supports_causal else (False,)):
+        for causal in ((True,) if cls.causal_only else (False, True) if cls.supports_causal else (False,)):
             for padded in (False, True):
                 for layout in (("contiguous", "zigzag") if causal else ("contiguous",)):
                     yield name, causal, padded, layout

@@ -16,6 +16,7 @@ from .local import Local1DAttention, Local2DAttention
 from .sparse import FixedAttention, StridedAttention
 from ..types import LinearState
 from .linear import LinearAttention
+from .linear_window import LinearWindowAttention, LinearWindowState
 from .gated_linear import (DeltaNetAttention, GatedDeltaNetAttention, GatedLinearAttention, RecurrentState,
                            RetentionAttention)
 from .performer import PerformerAttention
@@ -31,7 +32,7 @@ from .multihead import MultiHeadAttention, build_attention
 __all__ = [
     "AttentionKernel", "MultiHeadAttention", "build_attention", "list_attention", "normalize_mask",
     "SoftmaxAttention", "WindowAttention", "SoftAttention", "HardAttention", "HardAttentionSample",
-    "LocalAttention", "LinearAttention", "LinearState", "PerformerAttention", "EfficientAttention",
+    "LocalAttention", "LinearAttention", "LinearState", "LinearWindowAttention", "LinearWindowState", "PerformerAttention", "EfficientAttention",
     "StridedAttention", "FixedAttention", "Local1DAttention", "Local2DAttention",
     "RelativeAttention",
     "AdaptiveSpanAttention",

@@ -111,6 +111,8 @@ class AttentionKernel(nn.Module):
     supports_state: ClassVar[bool] = False
     #: may be built with ``causal=True``.
     supports_causal: ClassVar[bool] = True
+    #: must be built with ``causal=True`` (a decoder's mechanism with no bidirectional form: ``linear-window``).
+    causal_only: ClassVar[bool] = False
     #: computes softmax attention exactly (approximations document their error knob).
     exact: ClassVar[bool] = True
     #: the type of the ``state`` this kernel returns and continues (``supports_state``); another
@@ -159,6 +161,8 @@ class AttentionKernel(nn.Module):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         if causal and not self.supports_causal:
             raise ValueError(f"attention {self.registry_name!r} cannot be causal (causal=True given)")
+        if not causal and self.causal_only:
+            raise ValueError(f"attention {self.registry_name!r} is causal only: build it with causal=True (causal=False given)")
         self.causal = causal
         self.dropout = _checks.probability("dropout", dropout)
         if self.dropout > 0 and not self.applies_dropout:

@@ -16,18 +16,22 @@ kernel keeps its state per query head (``AttentionKernel.keys_per_query_head``).
 
 The maps are trained by attention transfer (``qkv.linearize``): each layer's linear outputs are
 fitted to the same layer's softmax outputs, the rest of the model frozen.
+
+The fixed map ``elu + 1`` (Katharopoulos et al. 2020) and the resolution of a ``feature_map``
+knob (``resolve_feature_map``, ``apply_feature_map``) live here too, below every kernel that
+takes one (``linear``, ``linear-window``).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor, nn
 
 from .. import _checks
 
-__all__ = ["HedgehogFeatureMap"]
+__all__ = ["HedgehogFeatureMap", "elu_plus_one", "resolve_feature_map", "apply_feature_map"]
 
 
 class HedgehogFeatureMap(nn.Module):
@@ -81,3 +85,59 @@ class HedgehogFeatureMap(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.queries(x)
+
+
+class _EluPlusOne(torch.autograd.Function):
+    """``relu(x) + exp(min(x, 0))`` in four passes forward and two backward:
+    ``d phi / dx = min(phi(x), 1)`` (1 for x > 0, exp(x) below)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        out = torch.relu(x)
+        out.add_(x.clamp(max=0.0).exp_())
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (out,) = ctx.saved_tensors
+        return out.clamp(max=1.0).mul_(grad)
+
+
+def elu_plus_one(x: Tensor) -> Tensor:
+    """``phi(x) = elu(x) + 1`` (Katharopoulos 2020, eq. 7): positive, so every denominator is > 0.
+
+    Written as ``relu(x) + exp(min(x, 0))`` — ``x + 1`` (x > 0), ``exp(x)`` (x <= 0) — not
+    ``(exp(x) - 1) + 1``, which cancels to exactly 0 below x = -16.6 in float32; the exp never
+    overflows. No ``torch.where`` (on CPU several times slower than these passes), and the gradient
+    written out (``_EluPlusOne``).
+    """
+    return _EluPlusOne.apply(x)
+
+
+def resolve_feature_map(feature_map: Union[str, Callable[[Tensor], Tensor]], n_heads: Optional[int] = None,
+                        d_head: Optional[int] = None, feature_dim: Optional[int] = None) -> Callable[[Tensor], Tensor]:
+    """``"elu+1"``, ``"hedgehog"`` (a learned ``HedgehogFeatureMap`` of ``n_heads`` heads of ``d_head``
+    features, ``feature_dim`` its width) or a callable ``(..., E) -> (..., E')`` of non-negative features."""
+    if feature_dim is not None and feature_map != "hedgehog":
+        raise ValueError(f"feature_dim is the width of the learned 'hedgehog' feature map; feature_map is {feature_map!r}")
+    if feature_map == "hedgehog":
+        if n_heads is None or d_head is None:
+            raise ValueError("feature_map='hedgehog' learns a map per head: give n_heads and d_head (MultiHeadAttention "
+                             "fills them in)")
+        return HedgehogFeatureMap(n_heads, d_head, feature_dim)
+    if isinstance(feature_map, str):
+        if feature_map != "elu+1":
+            raise ValueError(f"feature_map must be 'elu+1', 'hedgehog' or a callable, got unknown name {feature_map!r}")
+        return elu_plus_one
+    if not callable(feature_map):
+        raise TypeError(f"feature_map must be 'elu+1', 'hedgehog' or a callable, got {type(feature_map).__name__}")
+    return feature_map
+
+
+def apply_feature_map(feature_map: Callable[[Tensor], Tensor], q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    """``(phi(q), phi(k))``: a map with ``queries`` and ``keys`` methods (Hedgehog's) turns each with
+    its own, any other callable both with itself."""
+    if hasattr(feature_map, "queries") and hasattr(feature_map, "keys"):
+        return feature_map.queries(q), feature_map.keys(k)
+    return feature_map(q), feature_map(k)

@@ -53,37 +53,9 @@ from ..registry import register
 from ..types import AttentionOutput, LinearState
 from ._ops import Features, accumulation_dtype, finite_or_zero, grouped_attend, linear_attention, split_key_mask
 from .base import AttentionKernel, clamp_knob
-from .feature_maps import HedgehogFeatureMap
+from .feature_maps import HedgehogFeatureMap, apply_feature_map, elu_plus_one, resolve_feature_map
 
 __all__ = ["LinearAttention", "elu_plus_one", "log_elu_plus_one", "elu_features", "resolve_feature_map"]
-
-
-class _EluPlusOne(torch.autograd.Function):
-    """``relu(x) + exp(min(x, 0))`` in four passes forward and two backward:
-    ``d phi / dx = min(phi(x), 1)`` (1 for x > 0, exp(x) below)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
-        out = torch.relu(x)
-        out.add_(x.clamp(max=0.0).exp_())
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (out,) = ctx.saved_tensors
-        return out.clamp(max=1.0).mul_(grad)
-
-
-def elu_plus_one(x: Tensor) -> Tensor:
-    """``phi(x) = elu(x) + 1`` (Katharopoulos 2020, eq. 7): positive, so every denominator is > 0.
-
-    Written as ``relu(x) + exp(min(x, 0))`` — ``x + 1`` (x > 0), ``exp(x)`` (x <= 0) — not
-    ``(exp(x) - 1) + 1``, which cancels to exactly 0 below x = -16.6 in float32; the exp never
-    overflows. No ``torch.where`` (on CPU several times slower than these passes), and the gradient
-    written out (``_EluPlusOne``).
-    """
-    return _EluPlusOne.apply(x)
 
 
 def log_elu_plus_one(x: Tensor) -> Tensor:
@@ -132,26 +104,6 @@ def elu_features(q: Tensor, k: Tensor, key_mask: Optional[Tensor], causal: bool,
     if direct_k is None:
         return Features(direct_q[0], log_elu_plus_one(k), log_keys=True, eps_scale=direct_q[1])
     return Features(direct_q[0], direct_k[0], log_keys=False, eps_scale=direct_q[1] * direct_k[1])
-
-
-def resolve_feature_map(feature_map: Union[str, Callable[[Tensor], Tensor]], n_heads: Optional[int] = None,
-                        d_head: Optional[int] = None, feature_dim: Optional[int] = None) -> Callable[[Tensor], Tensor]:
-    """``"elu+1"``, ``"hedgehog"`` (a learned ``HedgehogFeatureMap`` of ``n_heads`` heads of ``d_head``
-    features, ``feature_dim`` its width) or a callable ``(..., E) -> (..., E')`` of non-negative features."""
-    if feature_dim is not None and feature_map != "hedgehog":
-        raise ValueError(f"feature_dim is the width of the learned 'hedgehog' feature map; feature_map is {feature_map!r}")
-    if feature_map == "hedgehog":
-        if n_heads is None or d_head is None:
-            raise ValueError("feature_map='hedgehog' learns a map per head: give n_heads and d_head (MultiHeadAttention "
-                             "fills them in)")
-        return HedgehogFeatureMap(n_heads, d_head, feature_dim)
-    if isinstance(feature_map, str):
-        if feature_map != "elu+1":
-            raise ValueError(f"feature_map must be 'elu+1', 'hedgehog' or a callable, got unknown name {feature_map!r}")
-        return elu_plus_one
-    if not callable(feature_map):
-        raise TypeError(f"feature_map must be 'elu+1', 'hedgehog' or a callable, got {type(feature_map).__name__}")
-    return feature_map
 
 
 @register("attention", "linear", "linear-transformer")
@@ -235,10 +187,7 @@ class LinearAttention(AttentionKernel):
         if self.feature_map is elu_plus_one:
             features = elu_features(q.to(acc), k.to(acc), key_mask, self.causal, keep_grad=self.eps > 0)
         else:
-            fm = self.feature_map
-            phi_q, phi_k = (fm.queries(q.to(acc)), fm.keys(k.to(acc))) if hasattr(fm, "keys") and hasattr(fm, "queries") \
-                else (fm(q.to(acc)), fm(k.to(acc)))
-            features = Features(phi_q, phi_k)  # (B, H, L, E')
+            features = Features(*apply_feature_map(self.feature_map, q.to(acc), k.to(acc)))  # (B, H, L, E')
         phi_q, phi_k = features.q, features.k
         if phi_q.shape[:-1] != q.shape[:-1] or phi_k.shape[:-1] != k.shape[:-1] or phi_q.shape[-1] != phi_k.shape[-1]:
             raise ValueError(f"feature_map must map (B, H, L, E) to (B, H, L, E'); got {tuple(phi_q.shape)} for q "

@@ -133,6 +133,9 @@ def _measure_kernel(name: str, lengths: List[int], args: argparse.Namespace, dev
     if args.causal and not cls.supports_causal:
         record["stopped"] = "skipped: cannot be causal"
         return record
+    if not args.causal and cls.causal_only:
+        record["stopped"] = "skipped: causal only (--causal measures it)"
+        return record
     budget_bytes = args.budget_memory_mb * 2 ** 20
     kernel, built_with = None, None
     for L in lengths:
@@ -229,7 +232,8 @@ def _check_knobs(name: str, knobs: Mapping[str, Any], lengths: List[int], args: 
     for L in (lengths[0], lengths[-1]):
         try:
             with torch.device("meta"):
-                build_attention(name, causal=args.causal, **kernel_kwargs(name, L, args.heads, args.head_dim, knobs))
+                build_attention(name, causal=args.causal or lookup("attention", name).causal_only,
+                                **kernel_kwargs(name, L, args.heads, args.head_dim, knobs))
             return
         except (ValueError, TypeError) as err:
             errors.append(str(err).splitlines()[0] if str(err) else type(err).__name__)

@@ -31,7 +31,8 @@ attention), ``window``, ``local-1d``, ``strided``, ``fixed`` (softmax restricted
 come from learned projections of the tokens; Qwen3-Next's own layers get qkv's gated delta rule
 through ``register()``, see ``qwen3_next``),
 ``linformer`` (its learned projections ``E``, ``F`` are not in any pretrained checkpoint),
-``adaptive-span`` and ``relative`` (learned spans, learned position terms), ``lsh`` with shared
+``adaptive-span`` and ``relative`` (learned spans, learned position terms), ``linear-window`` (its
+window factors and feature maps are learned by attention transfer), ``lsh`` with shared
 queries and keys (a pretrained model has separate key weights), ``local-2d`` without an
 ``image_size``. Kernels that cannot be causal (``efficient``, ``lsh`` without shared QK) serve
 encoders only and say so when a decoder calls them.
@@ -120,6 +121,9 @@ REFUSED: Dict[str, str] = {
     "gated-deltanet": "its gates are computed from the tokens by learned projections that are in no pretrained "
                       "softmax checkpoint; Qwen3-Next's own layers get qkv's gated delta rule from register() "
                       "(qkv.hf.qwen3_next)",
+    "linear-window": "its window factors (and Hedgehog feature maps) are learned by attention transfer and are in no "
+                     "pretrained softmax checkpoint: linearize the model in qkv (a qkv llama with "
+                     "attention='linear-window')",
 }
 #: kernels whose similarity has no temperature: transformers' ``scaling`` does not apply
 _UNSCALED = frozenset({"linear", "efficient"})
