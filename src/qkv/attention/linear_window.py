@@ -19,7 +19,7 @@ Fast form (training, prefill), O(L (b + W) (d + F) + L F Ev): queries in blocks 
 ``W``), each against the band of ``b + W - 1`` keys it may read through the window
 (``_ops.band_blocks``): window keys by their scores, the band's keys with ``j <= i - W`` by their
 features; the keys before the band, linear for the whole block, as one running sum of
-``phi(k) [v, 1]^T`` per block (``_ops._running_sum``). No ``(L, L)`` matrix is formed.
+``phi(k) [v, 1]^T`` per block (``_chunkwise.scan``, a cumulative sum). No ``(L, L)`` matrix is formed.
 
 Decoding: ``return_state=True`` returns ``LinearWindowState(sums, cache)`` — the sums ``(S, Z)`` of
 the keys that left the window (a ``LinearState``) and the last ``W - 1`` keys and values (a bounded
@@ -41,11 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _checks
+from .. import _checks, _chunkwise
 from ..functional import scaled_scores
 from ..registry import register
 from ..types import AttentionOutput, KVCache, LinearState
-from ._ops import (_running_sum, accumulation_dtype, append_cache, band_blocks, finite_or_zero, full_precision,
+from ._ops import (accumulation_dtype, append_cache, band_blocks, finite_or_zero, full_precision,
                    scatter_band, unfold_band)
 from .base import AttentionKernel, clamp_knob
 from .feature_maps import HedgehogFeatureMap, apply_feature_map, resolve_feature_map
@@ -254,7 +254,7 @@ class LinearWindowAttention(AttentionKernel):
         own = unfold_band(phi_k, o - left - b, b, b, nb).transpose(-1, -2) @ unfold_band(v1, o - left - b, b, b, nb)
         lead = max(0, o - left - b)  # keys before the first chunk: in P from the start
         P = P + phi_k[:, :, :lead].transpose(-1, -2) @ v1[:, :, :lead]  # (B, H, F, Ev + 1)
-        before, _ = _running_sum(P, own, None)  # (B, H, nb, F, Ev + 1): P + chunks 0..t of own
+        before, _ = _chunkwise.scan(P, None, own)  # (B, H, nb, F, Ev + 1): P + chunks before t of own
         nd = a @ vb + fqb @ (before + own)  # (B, H, nb, b, Ev + 1)
         nd = nd.reshape(B, H, nb * b, v1.shape[-1])[:, :, :M]
         if not need_weights:
