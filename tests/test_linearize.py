@@ -195,3 +195,36 @@ def test_linearize_resume_continues_and_refuses_other_arguments(source_run, shak
     assert main(linearize_argv(source_run, shakespeare_cache / "other", "--attention", "lsh")) == 2
     assert "shares queries and keys" in capsys.readouterr().err
     assert not (shakespeare_cache / "other" / "linearize.json").exists()
+
+
+def test_linearize_killed_then_resumed_equals_one_uninterrupted_run(source_run, shakespeare_cache):
+    """kill -9 during the transfer stage (after its second checkpoint), then --resume: the same
+    transferred weights as a run that was never interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    steps = ["--steps", "6", "--set", "train.save_every=2", "--set", "train.eval_every=100", "--window", "4"] \
+        if _has_linear_window() else ["--steps", "6", "--set", "train.save_every=2", "--set", "train.eval_every=100"]
+    killed, whole = shakespeare_cache / "killed", shakespeare_cache / "whole"
+    env = {**os.environ, "PYTHONPATH": str(runs.__file__).rsplit("/qkv/", 1)[0], "OMP_NUM_THREADS": "1"}
+    child = subprocess.Popen([sys.executable, "-m", "qkv", *linearize_argv(source_run, killed, *steps)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        checkpoints = killed / "transfer" / "checkpoints"
+        while len(list(checkpoints.glob("step-*.safetensors"))) < 2 and time.monotonic() < deadline:
+            assert child.poll() is None, child.stderr.read()
+            time.sleep(0.05)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait(30)
+    assert not (killed / "transfer" / "model").exists()  # killed before the stage's end
+    assert main(linearize_argv(source_run, killed, *steps, "--resume")) == 0
+    assert main(linearize_argv(source_run, whole, *steps)) == 0
+    mine = runs.load(killed).model.state_dict()
+    theirs = runs.load(whole).model.state_dict()
+    for name, value in theirs.items():
+        assert torch.equal(mine[name], value), name
