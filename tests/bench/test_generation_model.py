@@ -81,6 +81,23 @@ def test_extended_state_is_a_periodic_prompts(saved, attention):
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_extended_lolcats_state_moves_its_window_and_sums(saved):
+    """LoLCATs' state (linear sums + a bounded window cache) extended to L: the window cache equals a
+    real prefill's of the repeated prompt (keys turned to their positions), the sums count L - W + 1 keys."""
+    model, changed = with_attention(load_model(str(saved)), "linear-window", {"window": 4})
+    assert changed["fresh"]  # the window factors and feature maps: not in the checkpoint
+    P, L = 8, 32
+    base = torch.randint(50, (1, P), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        _, short = prefill(model, base)
+        _, real = prefill(model, base.repeat(1, L // P))
+    ours, theirs = extend_state(short, L, model.stack.rotary).layers[0].self_attn, real.layers[0].self_attn
+    assert (ours.cache.offset, ours.cache.length) == (theirs.cache.offset, theirs.cache.length) == (L - 3, 3)
+    torch.testing.assert_close(ours.cache.key, theirs.cache.key, rtol=1e-5, atol=1e-5)
+    assert ours.sums.length == theirs.sums.length == L - 3
+    assert torch.equal(ours.sums.S, short.layers[0].self_attn.sums.S)
+
+
 def test_extend_state_refuses():
     with pytest.raises(TypeError, match="StackState"):
         extend_state(None, 4)

@@ -228,6 +228,11 @@ def _extend(s: Any, P: int, L: int, rotary: Optional[RotaryEmbedding], where: st
         return dataclasses.replace(s, length=s.length + L - P)
     if isinstance(s, (tuple, list)):
         return type(s)(_extend(x, P, L, rotary, where) for x in s)
+    if dataclasses.is_dataclass(s) and not isinstance(s, type):  # a state of states (LoLCATs': sums + a window cache)
+        parts = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)}
+        inner = {k: v for k, v in parts.items() if isinstance(v, (KVCache, LinearState, RecurrentState))}
+        if inner and all(isinstance(v, (KVCache, LinearState, RecurrentState)) or v is None for v in parts.values()):
+            return dataclasses.replace(s, **{k: _extend(v, P, L, rotary, where) for k, v in inner.items()})
     raise ValueError(f"{where}: a {type(s).__name__} state cannot be extended to a longer context; read the whole "
                      f"context (--prefill-tokens at least the context)")
 
