@@ -82,7 +82,8 @@ LENGTHS_QUICK: List[int] = [128, 256]
 class Case:
     """One pair at one size: two forwards over the same inputs.
 
-    ``qkv`` and ``peer`` each return the output tensor ``(B, H, L, E)``, ``(B, L, H, E)`` (fla's layout) or ``(B, L, D)``;
+    ``qkv`` and ``peer`` each return the output tensor ``(B, H, L, E)``, ``(B, L, H, E)`` (fla's layout)
+    or ``(B, L, D)``;
     ``inputs`` are the leaf tensors both read (their gradients are compared and reset);
     ``same_function``: outputs are expected to agree within ``tolerance``.
     """
@@ -369,9 +370,13 @@ def _gates(B: int, H: int, L: int, E: Optional[int], dtype: torch.dtype, device:
 def _gated_deltanet_fla_naive(L: int, *, B: int, H: int, E: int, dtype: torch.dtype, device: torch.device,
                               seed: int) -> Case:
     naive = fla_naive("gated_delta_rule")
+
+    def fla_layout(t: Tensor) -> Tensor:  # a leaf (B, H, L, *) -> a leaf (B, L, H, *)
+        return t.detach().transpose(1, 2).contiguous().requires_grad_()
+
     # fla's layout for both sides: q, k, v (B, L, H, E), g and beta (B, L, H)
-    q, k, v = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in _qkv_inputs(B, H, L, E, dtype, device, seed))
-    g, beta = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in _gates(B, H, L, None, dtype, device, seed))
+    q, k, v = map(fla_layout, _qkv_inputs(B, H, L, E, dtype, device, seed))
+    g, beta = map(fla_layout, _gates(B, H, L, None, dtype, device, seed))
 
     def ours() -> Tensor:
         return functional.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
@@ -406,9 +411,11 @@ def _deltanet_fla_naive(L: int, *, B: int, H: int, E: int, dtype: torch.dtype, d
     C = ours.chunk_size
     pad = -L % C  # delta_rule_chunkwise takes whole chunks: zero keys and beta after the end write nothing
 
+    acc = torch.float64 if dtype == torch.float64 else torch.float32  # it computes in its inputs' dtype
+
     def peer() -> Tensor:
-        padded = (nn.functional.pad(t, (0, 0, 0, pad)) for t in (_fla_l2norm(q), _fla_l2norm(k), v))
-        out, _ = naive.delta_rule_chunkwise(*padded, nn.functional.pad(beta, (0, pad)), chunk_size=C)
+        padded = (nn.functional.pad(t.to(acc), (0, 0, 0, pad)) for t in (_fla_l2norm(q), _fla_l2norm(k), v))
+        out, _ = naive.delta_rule_chunkwise(*padded, nn.functional.pad(beta.to(acc), (0, pad)), chunk_size=C)
         return out[:, :, :L]  # (B, H, L, E): this reference takes qkv's layout
 
     return Case(qkv=lambda: ours(q, k, v, beta=beta).output, peer=peer, inputs=[q, k, v, beta],
@@ -445,7 +452,8 @@ PAIRS: Dict[str, Pair] = {p.name: p for p in [
     Pair("gla-fla-naive", "gla", "fla-core==0.6.0", "fla.ops.gla.naive", _gla_fla_naive,
          "causal gla vs fla's naive_recurrent_gla (pure PyTorch)", load=functools.partial(fla_naive, "gla")),
     Pair("deltanet-fla-naive", "deltanet", "fla-core==0.6.0", "fla.ops.delta_rule.naive", _deltanet_fla_naive,
-         "causal deltanet vs fla's delta_rule_chunkwise (pure PyTorch)", load=functools.partial(fla_naive, "delta_rule")),
+         "causal deltanet vs fla's delta_rule_chunkwise (pure PyTorch)",
+         load=functools.partial(fla_naive, "delta_rule")),
     Pair("retention-fla-naive", "retention", "fla-core==0.6.0", "fla.ops.retention.naive", _retention_fla_naive,
          "causal retention vs fla's naive_retention (pure PyTorch)", load=functools.partial(fla_naive, "retention"),
          max_length=8192, max_length_reason="fla's naive_retention forms (H, L, L) decays and (B, H, L, L) scores: "
