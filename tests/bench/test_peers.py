@@ -5,7 +5,9 @@ kernel that exists; the others skip with the reason. Sizes are small: the functi
 any length, and odd lengths exercise the padding of both sides.
 """
 
+import importlib.util
 import json
+import sys
 
 import pytest
 import torch
@@ -14,7 +16,8 @@ from qkv.bench import main
 from qkv.bench import peers
 
 SAME_FUNCTION = ["mha", "window", "window-causal", "linear", "linear-causal", "performer", "performer-causal",
-                 "linformer"]
+                 "linformer", "gated-deltanet-fla-naive", "gla-fla-naive", "deltanet-fla-naive", "retention-fla-naive"]
+FLA_NAIVE = ["gated-deltanet-fla-naive", "gla-fla-naive", "deltanet-fla-naive", "retention-fla-naive"]
 
 
 def _case_or_skip(name: str, L: int, **kw):
@@ -62,6 +65,47 @@ def test_performer_check_sees_the_features():
     ours.projection = torch.randn_like(ours.projection)
     bad = peers.compare(case, backward=False)["max_rel_diff"]
     assert good < 1e-6 < 1e-2 < bad
+
+
+@pytest.mark.peers
+def test_fla_naive_loads_the_reference_file_without_the_fla_package():
+    """fla's naive references come from their files: fla/__init__ (which imports triton) does not run."""
+    if importlib.util.find_spec("fla") is None:
+        pytest.skip("fla-core not installed; pip install fla-core==0.6.0")
+    had_fla = "fla" in sys.modules
+    peers.fla_naive.cache_clear()
+    module = peers.fla_naive("gla")
+    assert module.__name__ == "qkv_fla_naive_gla" and callable(module.naive_recurrent_gla)
+    assert ("fla" in sys.modules) == had_fla
+    with pytest.raises(ModuleNotFoundError, match="no_such_op"):
+        peers.fla_naive("no_such_op")
+
+
+def test_fla_naive_pairs_without_fla_core_are_skipped_with_the_reason(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    peers.fla_naive.cache_clear()
+    try:
+        with pytest.raises(ModuleNotFoundError, match="fla-core is not installed"):
+            peers.fla_naive("gla")
+        for name in FLA_NAIVE:
+            reason = peers.available(peers.PAIRS[name])
+            assert reason is not None and "fla-core==0.6.0" in reason, reason
+    finally:
+        peers.fla_naive.cache_clear()
+
+
+@pytest.mark.peers
+def test_fla_naive_pairs_run_end_to_end(tmp_path):
+    """The four pairs through the command, tiny: checked equal, then timed."""
+    for name in FLA_NAIVE:
+        if (reason := peers.available(peers.PAIRS[name])) is not None:
+            pytest.skip(reason)
+    out = tmp_path / "peers"
+    assert main(["peers", "--pairs", *FLA_NAIVE, "--lengths", "21", "--heads", "2", "--head-dim", "8",
+                 "--target-seconds", "0", "--threads", "1", "--out", str(out)]) == 0
+    rows = json.loads((out / "peers.json").read_text())["rows"]
+    assert sorted((r["pair"], r["mode"]) for r in rows) == sorted((p, m) for p in FLA_NAIVE for m in ("fwd", "fwd+bwd"))
+    assert all(r["max_rel_diff"] < 1e-5 and r["max_rel_grad_diff"] < 1e-5 for r in rows), rows
 
 
 def test_absent_peer_is_listed_with_its_reason(monkeypatch, capsys, tmp_path):

@@ -25,6 +25,17 @@ Pairs (``--pairs`` picks some; ``qkv bench peers --list`` prints them):
   kernel ``fla.ops.linear_attn.chunk_linear_attn`` on the same ``elu + 1`` features
   (``normalize=True``: fla adds ``1e-10`` to the denominator; CUDA only). fla has no non-causal
   linear attention and no random-feature (FAVOR+) map, so ``linear`` and ``performer`` have no fla pair;
+* ``gated-deltanet-fla-naive``, ``gla-fla-naive``, ``deltanet-fla-naive``, ``retention-fla-naive``: linear
+  attention's descendants (``qkv/attention/gated_linear.py``) vs flash-linear-attention's pure-PyTorch
+  references (``fla/ops/<op>/naive.py``, the CPU's only fla code; loaded by file, ``fla_naive``), the
+  same inputs and gates with fla's conventions converted at the boundary (layout ``(B, L, H, E)``,
+  state ``d_k x d_v``, ``g`` the log of the decay, q scaled by ``E^{-1/2}``; the delta rule's q and k
+  L2-normalised on fla's side as fla's layers do): ``qkv.functional.chunk_gated_delta_rule`` vs
+  ``naive_chunk_gated_delta_rule``; ``gla`` (a decay per key channel) vs ``naive_recurrent_gla`` (one
+  token at a time); ``deltanet`` vs ``delta_rule_chunkwise`` (the UT transform; inputs padded to its
+  chunk); causal ``retention`` vs ``naive_retention`` (the parallel form, ``(Q K^T o D) V``). The qkv
+  kernels run with ``norm=False`` (fla's functions apply no head normalisation). fla's references
+  compute in float32 whatever the input dtype (``delta_rule_chunkwise`` excepted);
 * ``performer`` / ``performer-causal``: ``performer`` vs ``performer_pytorch.FastAttention`` with
   the same random features (performer-pytorch adds ``1e-4`` to every feature: outputs differ by
   about that much);
@@ -44,20 +55,23 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from .._errors import UserError
+from .. import functional
 from ..attention import MultiHeadAttention, build_attention
 from ..registry import names
 from . import common
 
-__all__ = ["PAIRS", "Pair", "Case", "add_arguments", "run", "build_case", "available"]
+__all__ = ["PAIRS", "Pair", "Case", "add_arguments", "run", "build_case", "available", "fla_naive"]
 
 #: lengths of the comparison (the issue's: 1,024 / 4,096 / 16,384).
 LENGTHS: List[int] = [1024, 4096, 16384]
@@ -68,7 +82,8 @@ LENGTHS_QUICK: List[int] = [128, 256]
 class Case:
     """One pair at one size: two forwards over the same inputs.
 
-    ``qkv`` and ``peer`` each return the output tensor ``(B, H, L, E)`` or ``(B, L, D)``;
+    ``qkv`` and ``peer`` each return the output tensor ``(B, H, L, E)``, ``(B, L, H, E)`` (fla's layout)
+    or ``(B, L, D)``;
     ``inputs`` are the leaf tensors both read (their gradients are compared and reset);
     ``same_function``: outputs are expected to agree within ``tolerance``.
     """
@@ -95,6 +110,7 @@ class Pair:
     max_length: Optional[int] = None  # longer inputs are skipped (the peer's cost there is prohibitive)
     max_length_reason: str = ""
     cuda_only: bool = False  # the peer has GPU kernels only (skipped on other devices)
+    load: Optional[Callable[[], Any]] = None  # loads the peer where importing ``module`` would not (``fla_naive``)
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -314,6 +330,109 @@ def _relative(L: int, *, B: int, H: int, E: int, dtype: torch.dtype, device: tor
                 note=f"memory {mem}; x-transformers' relative bias is T5's, not XL's: timing only")
 
 
+# ---------------------------------------------------------------------------------------- fla's naive references
+
+
+@functools.lru_cache(maxsize=None)
+def fla_naive(op: str) -> ModuleType:
+    """flash-linear-attention's pure-PyTorch reference of operator ``op``: ``fla/ops/<op>/naive.py`` of the
+    installed ``fla-core``, loaded from its file. Importing the ``fla`` package runs its ``__init__``,
+    which imports triton (absent from a CPU machine); the ``naive`` files import only torch and einops.
+    Raises ModuleNotFoundError when fla-core is not installed or has no such file."""
+    spec = importlib.util.find_spec("fla")  # finds the package's folder without running fla/__init__.py
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("no module named 'fla' (fla-core is not installed)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "ops" / op / "naive.py"
+    if not path.is_file():
+        raise ModuleNotFoundError(f"fla-core has no reference {path}")
+    file_spec = importlib.util.spec_from_file_location(f"qkv_fla_naive_{op}", path)
+    module = importlib.util.module_from_spec(file_spec)
+    file_spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _fla_l2norm(x: Tensor) -> Tensor:
+    """fla's ``l2norm`` (``fla/modules/norm/l2norm.py``, Triton there), which its delta-rule layers apply
+    to q and k before the kernel: ``x / sqrt(sum x^2 + 1e-6)`` over the last dim."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6)
+
+
+def _gates(B: int, H: int, L: int, E: Optional[int], dtype: torch.dtype, device: torch.device,
+           seed: int) -> Tuple[Tensor, Tensor]:
+    """Leaf gates ``(g, beta)``: ``g = log sigmoid(x) / 16`` (GLA's ``alpha = sigmoid(.)^{1/16}``, a slow
+    decay), ``(B, H, L)`` or per key channel ``(B, H, L, E)``; ``beta = sigmoid(x)`` in (0, 1), ``(B, H, L)``."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    g = nn.functional.logsigmoid(torch.randn(B, H, L, *([E] if E else []), generator=gen)) / 16
+    beta = torch.sigmoid(torch.randn(B, H, L, generator=gen))
+    return tuple(t.to(device=device, dtype=dtype).requires_grad_() for t in (g, beta))  # type: ignore[return-value]
+
+
+def _gated_deltanet_fla_naive(L: int, *, B: int, H: int, E: int, dtype: torch.dtype, device: torch.device,
+                              seed: int) -> Case:
+    naive = fla_naive("gated_delta_rule")
+
+    def fla_layout(t: Tensor) -> Tensor:  # a leaf (B, H, L, *) -> a leaf (B, L, H, *)
+        return t.detach().transpose(1, 2).contiguous().requires_grad_()
+
+    # fla's layout for both sides: q, k, v (B, L, H, E), g and beta (B, L, H)
+    q, k, v = map(fla_layout, _qkv_inputs(B, H, L, E, dtype, device, seed))
+    g, beta = map(fla_layout, _gates(B, H, L, None, dtype, device, seed))
+
+    def ours() -> Tensor:
+        return functional.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
+
+    def peer() -> Tensor:  # fla's naive functions take normalised q and k; chunks of 64 as qkv's
+        return naive.naive_chunk_gated_delta_rule(_fla_l2norm(q), _fla_l2norm(k), v, g, beta)[0]
+
+    return Case(qkv=ours, peer=peer, inputs=[q, k, v, g, beta], same_function=True, tolerance=1e-4,
+                note="qkv.functional.chunk_gated_delta_rule vs naive_chunk_gated_delta_rule, chunks of 64")
+
+
+def _gla_fla_naive(L: int, *, B: int, H: int, E: int, dtype: torch.dtype, device: torch.device, seed: int) -> Case:
+    naive = fla_naive("gla")
+    ours = build_attention("gla", causal=True, norm=False)
+    q, k, v = _qkv_inputs(B, H, L, E, dtype, device, seed)
+    g, _ = _gates(B, H, L, E, dtype, device, seed)  # (B, H, L, E): log alpha per key channel, fla's gk
+
+    def peer() -> Tensor:
+        out, _ = naive.naive_recurrent_gla(*(_heads_last(t) for t in (q, k, v, g)))
+        return out.transpose(1, 2)  # (B, H, L, E)
+
+    return Case(qkv=lambda: ours(q, k, v, g=g).output, peer=peer, inputs=[q, k, v, g], same_function=True,
+                tolerance=1e-4, note=f"chunks of {ours.chunk_size} vs naive_recurrent_gla (token by token)")
+
+
+def _deltanet_fla_naive(L: int, *, B: int, H: int, E: int, dtype: torch.dtype, device: torch.device,
+                        seed: int) -> Case:
+    naive = fla_naive("delta_rule")
+    ours = build_attention("deltanet", causal=True, norm=False)
+    q, k, v = _qkv_inputs(B, H, L, E, dtype, device, seed)
+    _, beta = _gates(B, H, L, None, dtype, device, seed)
+    C = ours.chunk_size
+    pad = -L % C  # delta_rule_chunkwise takes whole chunks: zero keys and beta after the end write nothing
+
+    acc = torch.float64 if dtype == torch.float64 else torch.float32  # it computes in its inputs' dtype
+
+    def peer() -> Tensor:
+        padded = (nn.functional.pad(t.to(acc), (0, 0, 0, pad)) for t in (_fla_l2norm(q), _fla_l2norm(k), v))
+        out, _ = naive.delta_rule_chunkwise(*padded, nn.functional.pad(beta.to(acc), (0, pad)), chunk_size=C)
+        return out[:, :, :L]  # (B, H, L, E): this reference takes qkv's layout
+
+    return Case(qkv=lambda: ours(q, k, v, beta=beta).output, peer=peer, inputs=[q, k, v, beta],
+                same_function=True, tolerance=1e-4, note=f"chunks of {C} vs delta_rule_chunkwise, chunks of {C}")
+
+
+def _retention_fla_naive(L: int, *, B: int, H: int, E: int, dtype: torch.dtype, device: torch.device,
+                         seed: int) -> Case:
+    naive = fla_naive("retention")
+    ours = build_attention("retention", causal=True, norm=False)
+    q, k, v = _qkv_inputs(B, H, L, E, dtype, device, seed)
+    # both sides: gamma_h = 1 - 2^{-5-h}, q scaled by E^{-1/2}; fla's reference takes qkv's layout
+    return Case(qkv=lambda: ours(q, k, v).output, peer=lambda: naive.naive_retention(q, k, v), inputs=[q, k, v],
+                same_function=True, tolerance=1e-4,
+                note=f"chunks of {ours.chunk_size} vs naive_retention (the parallel form)")
+
+
 PAIRS: Dict[str, Pair] = {p.name: p for p in [
     Pair("mha", "softmax", "torch", "torch", _mha,
          "qkv.MultiHeadAttention(softmax) vs torch.nn.MultiheadAttention, same weights"),
@@ -327,6 +446,18 @@ PAIRS: Dict[str, Pair] = {p.name: p for p in [
          lambda L, **kw: _linear(L, causal=True, **kw), "causal linear vs fast-transformers CausalLinearAttention"),
     Pair("linear-causal-fla", "linear", "fla-core==0.6.0", "fla.ops.linear_attn", _linear_causal_fla,
          "causal linear vs flash-linear-attention chunk_linear_attn (Triton; CUDA only)", cuda_only=True),
+    Pair("gated-deltanet-fla-naive", "gated-deltanet", "fla-core==0.6.0", "fla.ops.gated_delta_rule.naive",
+         _gated_deltanet_fla_naive, "qkv.functional.chunk_gated_delta_rule vs fla's naive_chunk_gated_delta_rule "
+         "(pure PyTorch)", load=functools.partial(fla_naive, "gated_delta_rule")),
+    Pair("gla-fla-naive", "gla", "fla-core==0.6.0", "fla.ops.gla.naive", _gla_fla_naive,
+         "causal gla vs fla's naive_recurrent_gla (pure PyTorch)", load=functools.partial(fla_naive, "gla")),
+    Pair("deltanet-fla-naive", "deltanet", "fla-core==0.6.0", "fla.ops.delta_rule.naive", _deltanet_fla_naive,
+         "causal deltanet vs fla's delta_rule_chunkwise (pure PyTorch)",
+         load=functools.partial(fla_naive, "delta_rule")),
+    Pair("retention-fla-naive", "retention", "fla-core==0.6.0", "fla.ops.retention.naive", _retention_fla_naive,
+         "causal retention vs fla's naive_retention (pure PyTorch)", load=functools.partial(fla_naive, "retention"),
+         max_length=8192, max_length_reason="fla's naive_retention forms (H, L, L) decays and (B, H, L, L) scores: "
+         "4.3 GB each in float32 at 16,384 (H = 4), more in backward"),
     Pair("performer", "performer", "performer-pytorch==1.1.4", "performer_pytorch",
          lambda L, **kw: _performer(L, causal=False, **kw), "performer vs performer-pytorch FastAttention"),
     Pair("performer-causal", "performer", "performer-pytorch==1.1.4", "performer_pytorch",
@@ -357,7 +488,7 @@ def available(pair: Pair) -> Optional[str]:
     if pair.kernel not in names("attention"):
         return f"qkv has no '{pair.kernel}' kernel yet"
     try:
-        importlib.import_module(pair.module)
+        pair.load() if pair.load is not None else importlib.import_module(pair.module)
     except Exception as e:  # an absent or broken peer is reported, never fatal
         return f"peer not importable ({type(e).__name__}: {e}); pip install '{pair.package}'"
     return None
@@ -378,11 +509,11 @@ def compare(case: Case, backward: bool = True) -> Dict[str, float]:
         for t in case.inputs:
             t.grad = None
         out = fn()
-        outs.append(out.detach().float())
+        outs.append(out.detach().double())  # float64 differences below float32's rounding are seen too
         if backward:
             g = torch.Generator().manual_seed(1)
             out.backward(torch.randn(out.shape, generator=g).to(out))
-            grads.append([t.grad.detach().float().clone() for t in case.inputs])
+            grads.append([t.grad.detach().double().clone() for t in case.inputs])
     for t in case.inputs:
         t.grad = None
     scale = max(outs[1].abs().max().item(), 1e-12)
@@ -457,7 +588,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         listed = {p.name: skip_reason(p, device) for p in PAIRS.values()}
         for p in PAIRS.values():
             reason = listed[p.name]
-            print(f"  {p.name:<17} {p.description}" + (f"  [skipped: {reason}]" if reason else "  [ready]"))
+            print(f"  {p.name:<24} {p.description}" + (f"  [skipped: {reason}]" if reason else "  [ready]"))
         return {"pairs": listed}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -492,7 +623,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                        "qkv_mib": memory["qkv"] / 2 ** 20, "peer_mib": memory["peer"] / 2 ** 20,
                        "repeats": len(timings["qkv"].times), "note": case.note, **diffs}
                 rows.append(row)
-                print(f"{pair.name:<17} L={L:<6} {mode:<8} qkv {row['qkv_ms']:9.2f} ms  peer {row['peer_ms']:9.2f} ms  "
+                print(f"{pair.name:<24} L={L:<6} {mode:<8} qkv {row['qkv_ms']:9.2f} ms  peer {row['peer_ms']:9.2f} ms  "
                       f"ratio {row['ratio']:.2f}  mem {row['qkv_mib']:.1f}/{row['peer_mib']:.1f} MiB"
                       + (f"  diff {diffs['max_rel_diff']:.1e}" if diffs else ""))
             del case
