@@ -199,7 +199,7 @@ def record(results: Dict, args) -> Dict[str, str]:
             paper=f"{LOLCATS}; {HEDGEHOG}",
             claim=f"Attention transfer into {variant} recovers most (over half) of the perplexity gap that swapping "
                   f"softmax for it without training opens.",
-            better="higher", measured=None if args.report_only else True, command=command(args), ours=ours, baseline=0.5, budget=budget(args),
+            better="higher", measured=True, command=command(args), ours=ours, baseline=0.5, budget=budget(args),
             why={"reproduced": said, "not reproduced": said + ": " + claims.gap(ours, [0.5], "higher", unit="of the gap")})
         verdicts[variant] = entry["verdict"]
     finals = {v: per_seed(results, v, "finetune") for v in args.variants}
@@ -212,7 +212,7 @@ def record(results: Dict, args) -> Dict[str, str]:
         entry = claims.record(
             id="linearize-within-1.2x-softmax", model=f"llama (SmolLM2-135M, linearized: {best})",
             paper=LOLCATS, claim="The best linearized SmolLM2 is within 1.2x softmax's held-out perplexity.",
-            better="lower", margin=0.2, measured=None if args.report_only else True, command=command(args), ours=ratios, baseline=1.0,
+            better="lower", margin=0.2, measured=True, command=command(args), ours=ratios, baseline=1.0,
             budget=budget(args),
             why={"reproduced": said, "not reproduced": said + ": " + claims.gap(ratios, [1.2], "lower", unit="x")})
         verdicts["best"] = entry["verdict"]
@@ -286,9 +286,6 @@ def main(argv: List[str] = None) -> Dict:
     p.add_argument("--new-tokens", type=int, default=16, help="greedy completion length")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--report-only", action="store_true",
-                   help="measure nothing: record the claims and write the page from linearize.json's runs (every "
-                        "variant there; e.g. after processes that ran --variants side by side)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     doc = DOC
@@ -297,15 +294,7 @@ def main(argv: List[str] = None) -> Dict:
         args.seeds, args.steps, args.finetune_steps, args.block, args.batch = 1, 2, 1, 16, 2
         args.eval_tokens, args.eval_window, args.new_tokens = 64, 32, 4
     args.out = doc.parent / "runs" if args.quick else OUT
-    if args.report_only:
-        results = json.loads((doc.parent / "linearize.json").read_text())
-        present = {k.split("/")[0] for k in results["runs"]}
-        args.variants = [v for v in VARIANTS if v in present]
-        for name, value in results["settings"].items():  # the page and the claims say the budget measured
-            setattr(args, name, value)
-        args.seeds = max(sum(1 for k in results["runs"] if k.split("/")[0] == v) for v in args.variants)
-    else:
-        results = run(args, doc.parent / "linearize.json")
+    results = run(args, doc.parent / "linearize.json")
     verdicts = record(results, args) if not args.quick else {}
     write_page(doc, results, args, verdicts)
     print(f"linearize: {verdicts or 'no verdict'}; wrote {doc}", flush=True)
