@@ -21,9 +21,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import repro_linearize as repro  # noqa: E402
 
+from qkv._io import atomic_write_text  # noqa: E402
+
 
 def main() -> None:
     results = json.loads((repro.DOC.parent / "linearize.json").read_text())
+    for key, entry in results["runs"].items():  # runs saved before the script kept their transfer loss
+        variant, seed = key.split("/")
+        record = repro.OUT / f"{variant}-s{seed}" / "linearize.json"
+        if "transfer_mse" not in entry and record.is_file():
+            entry["transfer_mse"] = json.loads(record.read_text())["stages"]["transfer"]["metrics"].get("loss")
+    atomic_write_text(repro.DOC.parent / "linearize.json", json.dumps(results, indent=2))
     present = {key.split("/")[0] for key in results["runs"]}
     args = argparse.Namespace(**results["settings"], new_tokens=16)
     args.variants = [v for v in repro.VARIANTS if v in present]
