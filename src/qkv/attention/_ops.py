@@ -510,7 +510,7 @@ def linear_attention(features: Features, v: Tensor, *, causal: bool, eps: float 
     out_dtype, acc = v.dtype, accumulation_dtype(v.dtype)  # see accumulation_dtype: sums of N terms in float32
     with full_precision(v.device):
         phi_q, phi_k, v = features.q.to(acc), _masked_keys(features, key_mask, acc), v.to(acc)
-        eps_q = eps if features.eps_scale is None else eps * features.eps_scale  # (B|1, H|1, M, 1) or float
+        eps_q = eps if features.eps_scale is None or eps == 0 else eps * features.eps_scale  # (B|1, H|1, M, 1) or float
         if not causal:
             if features.log_keys:  # phi(K_j) / max_j phi(K_j) = exp(l_j - max l) <= 1
                 phi_k = torch.exp(phi_k - finite_or_zero(_key_max(phi_k, eps > 0)))
@@ -560,7 +560,7 @@ def _divide(nd: Tensor, eps: float, eps_q) -> Tensor:
     num, den = nd[..., :-1], nd[..., -1:]  # (B, H, M, Ev), (B, H, M, 1)
     if eps > 0:
         return num / (den + eps_q)
-    return num / den.masked_fill(den <= 0, 1.0)
+    return num / den.masked_fill(~(den > 0), 1.0)
 
 
 def _implied_weights(phi_q: Tensor, phi_k: Tensor, eps: float, eps_q, scale: Optional[Tensor] = None) -> Tensor:
@@ -632,12 +632,10 @@ def _scale_steps(m: Tensor) -> Tensor:
     """``g (B, H, N)``, ``g_j = m_{j-1} - m_j <= 0``: the log of the factor that takes ``[S, Z]`` from
     key ``j - 1``'s scale to key ``j``'s, for the running maxima ``m (B, H, 1 + N)`` (``m[..., 0]``
     the state's). The maxima are ``-inf`` until the first unmasked key; the sums are 0 there (so is
-    every feature), and any scale at or below the first finite maximum keeps ``m`` non-decreasing:
-    that maximum itself (0 where there is none), so that every step is finite and ``<= 0``."""
-    inf = float("inf")
-    first = m.nan_to_num(inf, inf, inf).amin(-1, keepdim=True)  # (B, H, 1): the first finite maximum
-    m = torch.where(torch.isfinite(m), m, finite_or_zero(first))
-    return m[..., :-1] - m[..., 1:]
+    every feature), so any finite step will do until the first finite maximum, and after it: 0 — the
+    difference is then ``-inf`` or NaN, made 0 (every step finite and ``<= 0``; four operations, as
+    decoding runs this once per layer and token)."""
+    return finite_or_zero(m[..., :-1] - m[..., 1:])
 
 
 def _causal_scale(m: Optional[Tensor], M: int, N: int, device: torch.device) -> Tensor:
