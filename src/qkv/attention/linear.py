@@ -58,14 +58,18 @@ from .feature_maps import HedgehogFeatureMap
 __all__ = ["LinearAttention", "elu_plus_one", "log_elu_plus_one", "elu_features", "resolve_feature_map"]
 
 
+def _elu_plus_one_passes(x: Tensor) -> Tensor:
+    out = torch.relu(x)
+    return out.add_(x.clamp(max=0.0).exp_())
+
+
 class _EluPlusOne(torch.autograd.Function):
     """``relu(x) + exp(min(x, 0))`` in four passes forward and two backward:
     ``d phi / dx = min(phi(x), 1)`` (1 for x > 0, exp(x) below)."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
-        out = torch.relu(x)
-        out.add_(x.clamp(max=0.0).exp_())
+        out = _elu_plus_one_passes(x)
         ctx.save_for_backward(out)
         return out
 
@@ -81,9 +85,9 @@ def elu_plus_one(x: Tensor) -> Tensor:
     Written as ``relu(x) + exp(min(x, 0))`` — ``x + 1`` (x > 0), ``exp(x)`` (x <= 0) — not
     ``(exp(x) - 1) + 1``, which cancels to exactly 0 below x = -16.6 in float32; the exp never
     overflows. No ``torch.where`` (on CPU several times slower than these passes), and the gradient
-    written out (``_EluPlusOne``).
+    written out (``_EluPlusOne``); without autograd (decoding) the passes alone, not the Function's call.
     """
-    return _EluPlusOne.apply(x)
+    return _EluPlusOne.apply(x) if torch.is_grad_enabled() else _elu_plus_one_passes(x)
 
 
 def log_elu_plus_one(x: Tensor) -> Tensor:
