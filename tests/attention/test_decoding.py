@@ -189,3 +189,14 @@ def test_recurrent_grouped_queries_read_their_key_heads_state():
     o_ref, S_ref = _chunkwise.recurrent(q, rep(k), rep(v), rep(g), state=rep(S0))
     torch.testing.assert_close(o, o_ref, atol=1e-13, rtol=1e-13)
     torch.testing.assert_close(rep(S), S_ref, atol=1e-13, rtol=1e-13)
+
+
+def test_elu_plus_one_without_autograd_gives_the_functions_features():
+    from qkv.attention.linear import elu_plus_one
+
+    x = torch.tensor([-100.0, -17.0, -1.0, 0.0, 0.5, 30.0], dtype=F64, requires_grad=True)
+    with torch.no_grad():
+        plain = elu_plus_one(x)
+    assert plain.grad_fn is None
+    torch.testing.assert_close(plain, elu_plus_one(x), atol=0, rtol=0)
+    torch.testing.assert_close(plain, torch.where(x > 0, x + 1, x.exp()), atol=1e-15, rtol=1e-15)
