@@ -18,7 +18,8 @@ document starts (packed sequences): the state is zeroed before that position's u
 
 Three forms, equal to rounding (tests/attention/test_gated_linear.py):
 
-- ``recurrent``: the recurrence above, one token at a time (decoding; the literal reference);
+- ``recurrent``: the recurrence above, one token at a time (decoding — callers with a state and at
+  most ``DECODE_KEYS`` new keys take it; the literal reference);
 - ``chunkwise``: chunks of ``C`` positions (Yang et al. 2023 for the decay, Yang et al. 2024 for
   the delta rule's WY/UT form). Inside a chunk, with ``b_t = sum_{s<=t} g_s`` (from the chunk's
   start), ``Gamma_t = exp(b_t)`` and the pairwise decays ``D_tj = exp(b_t - b_j)`` (``j <= t``,
@@ -52,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["recurrent", "chunkwise", "parallel", "scan", "multiscale_log_decay", "l2_normalize", "check_gates",
+__all__ = ["DECODE_KEYS", "recurrent", "chunkwise", "parallel", "scan", "multiscale_log_decay", "l2_normalize", "check_gates",
            "resets_from_position_ids", "resets_from_cu_seqlens"]
 
 
@@ -115,14 +116,30 @@ def resets_from_cu_seqlens(cu_seqlens: Tensor, n: int) -> Tensor:
 # ----------------------------------------------------------------------------- the literal recurrence
 
 
+#: the most new keys of a call with a state that its callers run in the recurrent form rather than
+#: chunkwise (decoding: a few products per token against the chunked form's fixed cost of padding,
+#: pairwise decays and a scan, some hundred operations for one token); the forms agree to rounding
+DECODE_KEYS = 8
+
+
 def recurrent(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta: Optional[Tensor] = None, *,
               delta: bool = False, state: Optional[Tensor] = None,
               resets: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    """The recurrence, token by token (the module docstring): ``(o (B, H, N, Ev), S_N (B, H, Ev, E))``."""
+    """The recurrence, token by token (the module docstring): ``(o (B, Hq, N, Ev), S_N (B, H, Ev, E))``.
+
+    ``q`` may have ``Hq = R H`` heads (grouped queries: query heads ``h R .. h R + R - 1`` read the
+    state of head ``h``, which is kept once, not repeated)."""
     B, H, N, E = k.shape
     Ev = v.shape[-1]
+    Hq = q.shape[1]
     S = v.new_zeros(B, H, Ev, E) if state is None else state
     outs = []
+
+    def read(x: Tensor) -> Tensor:
+        """``S x`` for ``x (B, Hx, E)``, ``Hx`` a multiple of ``H`` (each state's rows stacked): ``(B, Hx, Ev)``."""
+        rows = torch.bmm(x.reshape(B * H, x.shape[1] // max(H, 1), E), S.reshape(B * H, Ev, E).transpose(1, 2))
+        return rows.view(B, x.shape[1], Ev)
+
     for t in range(N):
         if resets is not None:
             S = S * (~resets[:, t]).to(S.dtype).view(-1, 1, 1, 1)  # a new document: S_{t-1} = 0
@@ -131,12 +148,12 @@ def recurrent(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
             S = S * (a[..., None, None] if g.dim() == 3 else a.unsqueeze(-2))  # S_{t-1} Diag(a_t)
         k_t, v_t = k[:, :, t], v[:, :, t]  # (B, H, E), (B, H, Ev)
         if delta:
-            v_t = v_t - (S @ k_t.unsqueeze(-1)).squeeze(-1)  # v_t - S' k_t: what k_t reads now is replaced
+            v_t = v_t - read(k_t)  # v_t - S' k_t: what k_t reads now is replaced
         if beta is not None:
             v_t = beta[:, :, t, None] * v_t
         S = S + v_t.unsqueeze(-1) * k_t.unsqueeze(-2)  # + beta_t (v_t - ...) k_t^T
-        outs.append((S @ q[:, :, t].unsqueeze(-1)).squeeze(-1))  # o_t = S_t q_t
-    o = torch.stack(outs, dim=2) if outs else v.new_zeros(B, H, 0, Ev)
+        outs.append(read(q[:, :, t]))  # o_t = S_t q_t (grouped: a group's R queries as rows against its one state)
+    o = torch.stack(outs, dim=2) if outs else v.new_zeros(B, Hq, 0, Ev)
     return o, S
 
 

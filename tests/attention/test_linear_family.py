@@ -461,3 +461,22 @@ def test_linear_state_lives_with_the_other_states():
 
     assert LinearState is types.LinearState is _ops.LinearState
     assert LinearState.__module__ == "qkv.types"
+
+
+def test_hedgehog_features_are_each_heads_two_softmaxes():
+    """``phi_h(x) = [softmax(x W_h + b_h), softmax(-(x W_h + b_h))]``, written per head and row."""
+    from qkv.attention.feature_maps import HedgehogFeatureMap
+
+    fm = HedgehogFeatureMap(3, 4, feature_dim=5).double()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in fm.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+    x = torch.randn(2, 3, 6, 4, generator=gen, dtype=torch.float64)
+    want = torch.zeros(2, 3, 6, 10, dtype=torch.float64)
+    for b in range(2):
+        for h in range(3):
+            for i in range(6):
+                z = x[b, h, i] @ fm.key_weight[h] + fm.key_bias[h]
+                want[b, h, i] = torch.cat([torch.softmax(z, 0), torch.softmax(-z, 0)])
+    torch.testing.assert_close(fm.keys(x), want, atol=1e-14, rtol=1e-14)

@@ -13,6 +13,8 @@ from here (downwards), never a helper from a sibling kernel's module (tests/test
   ``empty_output``;
 - grouped keys (grouped-query attention): ``grouped_attend`` (a kernel's call on keys of fewer
   heads than its queries), ``state_heads`` (a state between key heads and query heads);
+- decoding: ``decoding`` (whether a causal call is a step of a few tokens on a state, which the
+  recurrent kernels run token by token);
 - the linear-attention core (Katharopoulos et al. 2020, eq. 5–6 and 16–20, see ``linear.py``):
   ``linear_attention`` of ``Features``, and ``split_key_mask``, shared by ``linear`` and
   ``performer``; its state ``LinearState`` lives with the other states in ``qkv/types.py``. The
@@ -39,7 +41,7 @@ from . import _score_mods
 __all__ = ["accumulation_dtype", "append_cache", "check_cache", "unfold_band", "band_blocks", "scatter_band",
            "to_frame", "from_frame", "shift_queries", "empty_output", "fused_blocks", "blocked_attend", "gathered_attend",
            "Features", "LinearState", "linear_attention", "split_key_mask", "finite_or_zero", "full_precision",
-           "grouped_attend", "state_heads"]
+           "grouped_attend", "state_heads", "decoding"]
 
 
 # ----------------------------------------------------------------------------- precision
@@ -95,6 +97,13 @@ def state_heads(state: Any, R: int, H: int, grouped: bool = False) -> Any:
     return dataclasses.replace(state, **changes)
 
 
+def decoding(state: Any, n_keys: int, need_weights: bool = False) -> bool:
+    """Whether a causal call is a decoding step: it continues a ``state`` with at most
+    ``_chunkwise.DECODE_KEYS`` new keys and asks for no weights — then the recurrent kernels run their
+    recurrence token by token on the state (``_chunkwise.recurrent``) instead of the chunked form."""
+    return state is not None and n_keys <= _chunkwise.DECODE_KEYS and not need_weights
+
+
 def grouped_attend(attend: Callable[..., AttentionOutput], q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor],
                    state: Any, need_weights: bool, return_state: bool, causal: bool) -> AttentionOutput:
     """``attend(q, k, v, mask, state, need_weights, return_state)`` — a kernel's own ``_attend`` on
@@ -104,11 +113,14 @@ def grouped_attend(attend: Callable[..., AttentionOutput], q: Tensor, k: Tensor,
 
     Not causal, with one key-padding row: the ``R = H / G`` query heads of a group are stacked as
     the rows of their key head, ``(B, G, R M, E)`` — keys and values are read once per key head.
-    Causal (each row sees its own prefix) or a per-head mask: keys and values repeated to ``H``
-    heads, the state repeated in and kept per key head out (``state_heads``)."""
+    Decoding (causal, a state, at most ``_chunkwise.DECODE_KEYS`` new keys, no weights, no per-head
+    mask): ``attend`` takes the queries of ``H`` heads against keys, values and state of ``G`` (the
+    kernel's core reads each key head's state with its group of queries, ``linear_attention``).
+    Otherwise causal (each row sees its own prefix) or a per-head mask: keys and values repeated to
+    ``H`` heads, the state repeated in and kept per key head out (``state_heads``)."""
     B, H, M, E = q.shape
     G = k.shape[1]
-    if G == H:
+    if G == H or (causal and decoding(state, k.shape[-2], need_weights) and (mask is None or mask.shape[1] == 1)):
         return attend(q, k, v, mask, state, need_weights, return_state)
     R = H // G
     if not causal and (mask is None or (mask.shape[1] == 1 and mask.shape[-2] == 1)):
@@ -456,7 +468,7 @@ def _key_max(x: Tensor, keep_grad: bool = False) -> Tensor:
 
 def finite_or_zero(m: Tensor) -> Tensor:
     # A max over no (unmasked) key is -inf; any finite stand-in works since those features are 0.
-    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    return m.nan_to_num(0.0, 0.0, 0.0)  # one operation (decoding calls it a few times per layer and token)
 
 
 def linear_attention(features: Features, v: Tensor, *, causal: bool, eps: float = 0.0,
@@ -473,7 +485,9 @@ def linear_attention(features: Features, v: Tensor, *, causal: bool, eps: float 
 
     Args:
         features: ``phi(Q) (B, H, M, F)`` and ``phi(K) (B, H, N, F)`` (``Features``: the keys
-            possibly in log space, an ``eps_scale``).
+            possibly in log space, an ``eps_scale``). Decoding (``decoding``: causal, a state, a few
+            new keys), ``phi(K)``, ``v`` and the state may have ``G`` heads dividing ``H``: the
+            ``H / G`` consecutive query heads of a group read their key head's sums (grouped queries).
         v: ``(B, H, N, Ev)``.
         eps: added to the denominator; ``0`` divides exactly (a zero denominator gives zero).
             With log-space keys it is relative to the largest key feature (of all keys, or causal:
@@ -486,7 +500,8 @@ def linear_attention(features: Features, v: Tensor, *, causal: bool, eps: float 
     Returns:
         ``(out (B, H, M, Ev) in v's dtype, weights or None, new LinearState (causal) or None)``.
     Cost: non-causal O(N F Ev); causal O(N C F + N F Ev), batched over all ``ceil(N / C)`` chunks
-    but for the scan of chunk states (``_chunkwise.chunkwise``, the engine of the gated kernels).
+    but for the scan of chunk states (``_chunkwise.chunkwise``, the engine of the gated kernels);
+    decoding, the recurrence token by token on the state (``_chunkwise.recurrent``), O(N F Ev).
     The numerical care is around the equation, not in it: sums in float32 for half inputs
     (``accumulation_dtype``), under autocast too (``full_precision``); log-space key features
     scaled by their (running) maximum — causal, the maximum's growth is the engine's decay (``_causal``).
@@ -495,7 +510,7 @@ def linear_attention(features: Features, v: Tensor, *, causal: bool, eps: float 
     out_dtype, acc = v.dtype, accumulation_dtype(v.dtype)  # see accumulation_dtype: sums of N terms in float32
     with full_precision(v.device):
         phi_q, phi_k, v = features.q.to(acc), _masked_keys(features, key_mask, acc), v.to(acc)
-        eps_q = eps if features.eps_scale is None else eps * features.eps_scale  # (B|1, H|1, M, 1) or float
+        eps_q = eps if features.eps_scale is None or eps == 0 else eps * features.eps_scale  # (B|1, H|1, M, 1) or float
         if not causal:
             if features.log_keys:  # phi(K_j) / max_j phi(K_j) = exp(l_j - max l) <= 1
                 phi_k = torch.exp(phi_k - finite_or_zero(_key_max(phi_k, eps > 0)))
@@ -521,6 +536,10 @@ def _check_call(features: Features, causal: bool, state: Optional[LinearState], 
                          "the state; call without state to see them")
     if not causal and state is not None:
         raise ValueError("state is only used by causal linear attention")
+    H, G = features.q.shape[1], features.k.shape[1]
+    if G != H and (not causal or not decoding(state, features.k.shape[-2], need_weights) or G == 0 or H % G):
+        raise ValueError(f"phi(Q) of {H} heads against phi(K) of {G}: grouped queries are read only while decoding "
+                         f"(causal, a state, at most {_chunkwise.DECODE_KEYS} new keys, no weights), with G dividing H")
 
 
 def _masked_keys(features: Features, key_mask: Optional[Tensor], acc: torch.dtype) -> Tensor:
@@ -541,7 +560,7 @@ def _divide(nd: Tensor, eps: float, eps_q) -> Tensor:
     num, den = nd[..., :-1], nd[..., -1:]  # (B, H, M, Ev), (B, H, M, 1)
     if eps > 0:
         return num / (den + eps_q)
-    return num / torch.where(den > 0, den, torch.ones_like(den))
+    return num / den.masked_fill(~(den > 0), 1.0)
 
 
 def _implied_weights(phi_q: Tensor, phi_k: Tensor, eps: float, eps_q, scale: Optional[Tensor] = None) -> Tensor:
@@ -575,9 +594,11 @@ def _causal(phi_q: Tensor, phi_k: Tensor, v: Tensor, log_keys: bool, eps: float,
     mode (``m`` not None) key ``j`` is exponentiated at its running maximum ``m_j`` and ``[S, Z]_j``
     is kept at that scale: ``[S, Z]_j = exp(m_{j-1} - m_j) [S, Z]_{j-1} + exp(l_j - m_j) [V_j, 1]^T``,
     the engine's decay ``g_j = m_{j-1} - m_j <= 0`` (``_scale_steps``) — query ``i`` reads everything
-    at its own ``m_i``, every factor ``exp(m_j - m_i) <= 1``."""
-    B, H, M, Fdim = phi_q.shape
-    N, Ev = v.shape[-2], v.shape[-1]
+    at its own ``m_i``, every factor ``exp(m_j - m_i) <= 1``. Decoding (``decoding``) the recurrence
+    runs token by token on the state (``_chunkwise.recurrent``), the state kept per key head ``G``
+    and read by each group of ``H / G`` query heads."""
+    B, M, Fdim = phi_q.shape[0], phi_q.shape[-2], phi_q.shape[-1]
+    H, N, Ev = phi_k.shape[1], v.shape[-2], v.shape[-1]  # the key heads (the state's)
     m = _running_max(phi_k, state, eps > 0) if log_keys else None  # (B, H, 1 + N)
     if m is not None:
         phi_k = torch.exp(phi_k - finite_or_zero(m[..., 1:]).unsqueeze(-1))  # (B, H, N, F): exp(l_j - m_j) <= 1
@@ -596,7 +617,10 @@ def _causal(phi_q: Tensor, phi_k: Tensor, v: Tensor, log_keys: bool, eps: float,
     q_at_keys = F.pad(phi_q, (0, 0, N - M, 0)) if N > M else phi_q  # (B, H, N, F)
     g = None if m is None else _scale_steps(m)  # (B, H, N): the rescaling of [S, Z] from key to key
     # [phi(Q_i)^T S_i, phi(Q_i)^T Z_i] and [S, Z] after the last key; the engine's state is d_v x d_k: P^T
-    nd, P_end = _chunkwise.chunkwise(q_at_keys, phi_k, v1, g, state=P.transpose(-1, -2), chunk_size=chunk_size)
+    if decoding(state, N, need_weights):  # a step of a few tokens: no chunks, the group's queries as rows
+        nd, P_end = _chunkwise.recurrent(q_at_keys, phi_k, v1, g, state=P.transpose(-1, -2))
+    else:
+        nd, P_end = _chunkwise.chunkwise(q_at_keys, phi_k, v1, g, state=P.transpose(-1, -2), chunk_size=chunk_size)
     P = P_end.transpose(-1, -2)  # (B, H, F, Ev + 1)
     length = state.length if state is not None else 0
     new_state = LinearState(S=P[..., :Ev], Z=P[..., Ev], length=length + N,
@@ -608,12 +632,10 @@ def _scale_steps(m: Tensor) -> Tensor:
     """``g (B, H, N)``, ``g_j = m_{j-1} - m_j <= 0``: the log of the factor that takes ``[S, Z]`` from
     key ``j - 1``'s scale to key ``j``'s, for the running maxima ``m (B, H, 1 + N)`` (``m[..., 0]``
     the state's). The maxima are ``-inf`` until the first unmasked key; the sums are 0 there (so is
-    every feature), and any scale at or below the first finite maximum keeps ``m`` non-decreasing:
-    that maximum itself (0 where there is none), so that every step is finite and ``<= 0``."""
-    finite = torch.isfinite(m)
-    first = torch.where(finite, m, torch.full_like(m, float("inf"))).amin(-1, keepdim=True)  # (B, H, 1)
-    m = torch.where(finite, m, finite_or_zero(first))
-    return m[..., :-1] - m[..., 1:]
+    every feature), so any finite step will do until the first finite maximum, and after it: 0 — the
+    difference is then ``-inf`` or NaN, made 0 (every step finite and ``<= 0``; four operations, as
+    decoding runs this once per layer and token)."""
+    return finite_or_zero(m[..., :-1] - m[..., 1:])
 
 
 def _causal_scale(m: Optional[Tensor], M: int, N: int, device: torch.device) -> Tensor:

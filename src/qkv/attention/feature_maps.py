@@ -72,7 +72,7 @@ class HedgehogFeatureMap(nn.Module):
     def _features(self, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         if x.dim() != 4 or x.shape[1] != self.n_heads or x.shape[-1] != self.d_head:
             raise ValueError(f"hedgehog features take (B, {self.n_heads}, L, {self.d_head}) heads, got {tuple(x.shape)}")
-        z = torch.einsum("bhle,hef->bhlf", x, weight.to(x.dtype)) + bias.to(x.dtype)[:, None]  # (B, H, L, F)
+        z = x @ weight.to(x.dtype) + bias.to(x.dtype)[:, None]  # (B, H, L, F): head h's x W_h (half einsum's operations)
         return torch.cat([torch.softmax(z, dim=-1), torch.softmax(-z, dim=-1)], dim=-1)  # (B, H, L, 2F)
 
     def queries(self, x: Tensor) -> Tensor:
@@ -87,14 +87,18 @@ class HedgehogFeatureMap(nn.Module):
         return self.queries(x)
 
 
+def _elu_plus_one_passes(x: Tensor) -> Tensor:
+    out = torch.relu(x)
+    return out.add_(x.clamp(max=0.0).exp_())
+
+
 class _EluPlusOne(torch.autograd.Function):
     """``relu(x) + exp(min(x, 0))`` in four passes forward and two backward:
     ``d phi / dx = min(phi(x), 1)`` (1 for x > 0, exp(x) below)."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
-        out = torch.relu(x)
-        out.add_(x.clamp(max=0.0).exp_())
+        out = _elu_plus_one_passes(x)
         ctx.save_for_backward(out)
         return out
 
@@ -110,9 +114,9 @@ def elu_plus_one(x: Tensor) -> Tensor:
     Written as ``relu(x) + exp(min(x, 0))`` — ``x + 1`` (x > 0), ``exp(x)`` (x <= 0) — not
     ``(exp(x) - 1) + 1``, which cancels to exactly 0 below x = -16.6 in float32; the exp never
     overflows. No ``torch.where`` (on CPU several times slower than these passes), and the gradient
-    written out (``_EluPlusOne``).
+    written out (``_EluPlusOne``); without autograd (decoding) the passes alone, not the Function's call.
     """
-    return _EluPlusOne.apply(x)
+    return _EluPlusOne.apply(x) if torch.is_grad_enabled() else _elu_plus_one_passes(x)
 
 
 def resolve_feature_map(feature_map: Union[str, Callable[[Tensor], Tensor]], n_heads: Optional[int] = None,

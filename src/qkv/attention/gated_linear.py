@@ -61,7 +61,7 @@ from torch import Tensor, nn
 from .. import _checks, _chunkwise
 from ..registry import register
 from ..types import AttentionOutput, RecurrentState
-from ._ops import _summed, accumulation_dtype, full_precision, split_key_mask
+from ._ops import _summed, accumulation_dtype, decoding, full_precision, split_key_mask
 from .base import AttentionKernel, clamp_knob
 
 __all__ = ["GatedRecurrence", "RetentionAttention", "GatedLinearAttention", "DeltaNetAttention",
@@ -103,6 +103,8 @@ class GatedRecurrence(AttentionKernel):
     ``g``, ``beta`` the gates of the ``N`` keys (shapes in the subclass), ``position_ids (B, N)``
     (a 0 starts a document: causal only). ``return_state=True`` returns ``RecurrentState(S (B, H, Ev, E))``.
     Cost: ``O(N C (E + Ev) + N E Ev)`` time (the delta rule: three ``N E Ev`` products), ``O(E Ev)`` state.
+    Decoding (a ``state`` and at most ``_chunkwise.DECODE_KEYS`` new keys, ``_ops.decoding``) runs the
+    recurrent form whatever ``form``: a few products per token, none of the chunked form's machinery.
     """
 
     supports_mask = "key_padding"
@@ -231,12 +233,14 @@ class GatedRecurrence(AttentionKernel):
                 if g is not None:
                     g = g * (keep if g.dim() == 3 else keep.unsqueeze(-1))
             S0 = None if state is None else state.S.to(acc)
-            out, S = self._read(q, k, v, g, beta, S0, call.resets)
+            # decoding (a state and a few new keys): token by token, whatever the form (the same numbers to rounding)
+            form = "recurrent" if self.causal and decoding(state, N, need_weights) else self.form
+            out, S = self._read(q, k, v, g, beta, S0, call.resets, form)
             weights = None
             if need_weights:
                 eye = torch.eye(N, dtype=acc, device=q.device).expand(B, H, N, N)
                 weights, _ = self._read(q, k, eye if key_mask is None else eye * keep.unsqueeze(-1), g, beta, None,
-                                        call.resets)  # (B, H, M, N): o = W v, the values' coefficients
+                                        call.resets, self.form)  # (B, H, M, N): o = W v, the values' coefficients
             if self.norm:
                 inv = torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + NORM_EPS)  # (B, H, M, 1): 1 / RMS(o_i)
                 out = out * inv
@@ -245,16 +249,16 @@ class GatedRecurrence(AttentionKernel):
         return AttentionOutput(out.to(out_dtype), None if weights is None else weights.to(out_dtype), new_state)
 
     def _read(self, q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Optional[Tensor],
-              S0: Optional[Tensor], resets: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        """``(o (B, H, M, Ev), S_N)``: causal, query ``i`` reads ``S`` after key ``N - M + i``;
-        else every query reads ``S_N``."""
+              S0: Optional[Tensor], resets: Optional[Tensor], form: str) -> Tuple[Tensor, Tensor]:
+        """``(o (B, H, M, Ev), S_N)`` in ``form`` (one of ``forms``): causal, query ``i`` reads ``S``
+        after key ``N - M + i``; else every query reads ``S_N``."""
         M, N = q.shape[-2], k.shape[-2]
         run = {"chunkwise": lambda *a, **kw: _chunkwise.chunkwise(*a, **kw, chunk_size=self.chunk_size),
-               "recurrent": _chunkwise.recurrent, "parallel": _chunkwise.parallel}[self.form]
+               "recurrent": _chunkwise.recurrent, "parallel": _chunkwise.parallel}[form]
         if not self.causal:
             _, S = run(k, k, v, g, beta, delta=self.delta, state=S0, resets=resets)  # the queries read only S_N
             return q @ S.transpose(-1, -2), S  # (B, H, M, Ev): o_i = S_N q_i
-        q_all = F.pad(q, (0, 0, N - M, 0))  # (B, H, N, E): queries aligned to the end of the keys
+        q_all = F.pad(q, (0, 0, N - M, 0)) if N > M else q  # (B, H, N, E): queries aligned to the end of the keys
         out, S = run(q_all, k, v, g, beta, delta=self.delta, state=S0, resets=resets)
         return out[:, :, N - M:], S
 

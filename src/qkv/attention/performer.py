@@ -131,7 +131,8 @@ def _causal_underflows(log_q: Tensor, log_k: Tensor, key_mask: Optional[Tensor],
     core's frame (each query row by its largest feature, the keys by their running maximum over features),
     lies below ``_CAUSAL_RANGE``: then float32 sums lose that query (the core keeps one scale per position,
     not per feature). ``log_q (B, H, M, m)`` up to a row term, ``log_k (B, H, N, m)``, queries aligned to
-    the end of the keys; the state's keys by their per-feature sums ``log Z_f + log_scale``."""
+    the end of the keys; the state's keys by their per-feature sums ``log Z_f + log_scale``. Decoding
+    with grouped keys, ``log_q`` has ``R`` times the heads of ``log_k`` (a group's queries read one key head)."""
     if key_mask is not None:
         log_k = log_k.masked_fill(~key_mask.unsqueeze(-1), float("-inf"))
     if not log_q.numel() or bool(log_q.min() >= _CAUSAL_RANGE):
@@ -143,6 +144,7 @@ def _causal_underflows(log_q: Tensor, log_k: Tensor, key_mask: Optional[Tensor],
         prior = (state.Z.to(log_k.dtype).log() + state.log_scale.to(log_k.dtype).unsqueeze(-1)).unsqueeze(-2)
         log_k = torch.cat([prior, log_k], dim=-2)
     c = torch.cummax(log_k, dim=-2).values[..., -log_q.shape[-2]:, :]  # (B, H, M, m): max_{j <= i} per feature
+    c = c.repeat_interleave(log_q.shape[1] // H, dim=1) if log_q.shape[1] != H else c  # to the query heads
     top = c.amax(-1)  # (B, H, M): the running maximum over features, the keys' scale
     sees = torch.isfinite(top)  # a query before every (unmasked) key sees none
     largest = (log_q + c).amax(-1) - top  # (B, H, M): log of the largest term (log_q's row maximum is 0), <= 0
