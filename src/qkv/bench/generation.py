@@ -251,7 +251,7 @@ def _turn(key: Tensor, shift: Tensor, rotary: RotaryEmbedding) -> Tensor:
 
 def load_model(path: str) -> GPT:
     """The decoder ``--model`` names: ``smollm2`` (the cached SmolLM2-135M-Instruct), a qkv run
-    directory (its ``model/``), or a directory ``QKVModel.from_pretrained`` reads (qkv's or a
+    directory (its ``model/``; a ``qkv linearize`` directory: its last stage's), or a directory ``QKVModel.from_pretrained`` reads (qkv's or a
     transformers checkpoint)."""
     from ..models.base import QKVModel
 
@@ -263,7 +263,9 @@ def load_model(path: str) -> GPT:
         except FileNotFoundError as err:
             raise UserError(f"--model smollm2: {err}") from None
     else:
-        folder = Path(path)
+        from ..runs.directory import final_run
+
+        folder = final_run(Path(path))  # a linearization (qkv linearize): its last stage's run
         if not (folder / "config.json").is_file() and (folder / "model" / "config.json").is_file():
             folder = folder / "model"  # a qkv run directory
     try:
