@@ -325,3 +325,35 @@ def test_inside_llama_left_padded_rows_generate_as_alone():
         both = model.generate(batch, 6, temperature=0, attention_mask=mask)
         assert torch.equal(both[0], model.generate(a, 6, temperature=0)[0])
         assert torch.equal(both[1, 3:], model.generate(b, 6, temperature=0)[0])
+
+
+@pytest.mark.parametrize("window", [1, 3, 6])
+def test_decoding_step_reads_scores_and_sums_only_and_equals_one_pass(window, monkeypatch):
+    """A one-token step after a state (decoding) takes the short path — no band blocks, features of the
+    leaving key only — and its outputs and new state equal one pass over the whole sequence, with a
+    left-padded row."""
+    from qkv.attention.linear_window import LinearWindowAttention
+
+    torch.manual_seed(window)
+    kernel = LinearWindowAttention(window=window, causal=True, n_heads=2, d_head=8).double()
+    with torch.no_grad():
+        kernel.window_logit.normal_()
+    q, k, v = (torch.randn(2, 2, 10, 8, dtype=torch.double) for _ in range(3))
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[0, :3] = False
+    whole = kernel(q, k, v, mask=mask, return_state=True)
+    out = kernel(q[:, :, :4], k[:, :, :4], v[:, :, :4], mask=mask[:, :4], return_state=True)
+    outs, state = [out.output], out.state
+    blocks = []
+    monkeypatch.setattr(kernel, "_blocks", lambda *a, **kw: blocks.append(1) or LinearWindowAttention._blocks(kernel, *a, **kw))
+    for t in range(4, 10):
+        out = kernel(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], mask=mask[:, :t + 1], state=state,
+                     return_state=True)
+        outs.append(out.output)
+        state = out.state
+    assert not blocks
+    torch.testing.assert_close(torch.cat(outs, 2)[1], whole.output[1], rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.cat(outs, 2)[0, :, 3:], whole.output[0, :, 3:], rtol=0, atol=1e-12)
+    torch.testing.assert_close(state.sums.S, whole.state.sums.S, rtol=0, atol=1e-12)
+    torch.testing.assert_close(state.sums.Z, whole.state.sums.Z, rtol=0, atol=1e-12)
+    assert torch.equal(state.cache.key, whole.state.cache.key) and state.cache.offset == whole.state.cache.offset

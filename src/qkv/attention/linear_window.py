@@ -196,6 +196,9 @@ class LinearWindowAttention(AttentionKernel):
             q, k, v = q.to(acc), k.to(acc), v.to(acc)
             N = k.shape[-2]
             key_ok = mask[:, :, 0, :] if mask is not None else torch.ones(1, 1, N, dtype=torch.bool, device=q.device)
+            if state is not None and M == 1 and return_state and not need_weights and N <= self.window:
+                out, new_state = self._step(q, k, v, key_ok, state, cache)  # decoding: every cached key in the window
+                return AttentionOutput(out.to(out_dtype), None, new_state)
             phi_q, phi_k = apply_feature_map(self.feature_map, q, k)  # (B, H, M, F), (B, H, N, F)
             if phi_q.shape[:-1] != q.shape[:-1] or phi_k.shape[:-1] != k.shape[:-1] or phi_q.shape[-1] != phi_k.shape[-1]:
                 raise ValueError(f"feature_map must map (B, H, L, E) to (B, H, L, F); got {tuple(phi_q.shape)} for q "
@@ -215,6 +218,31 @@ class LinearWindowAttention(AttentionKernel):
                 P = P + phi_k[:, :, :gone].transpose(-1, -2) @ v1[:, :, :gone]  # (B, H, F, Ev + 1)
                 new_state = LinearWindowState(LinearState(P[..., :-1], P[..., -1], cache.offset), cache)
         return AttentionOutput(out.to(out_dtype), None if weights is None else weights.to(out_dtype), new_state)
+
+    def _step(self, q: Tensor, k: Tensor, v: Tensor, key_ok: Tensor, state: LinearWindowState,
+              cache: KVCache) -> tuple:
+        """One decoding query against ``N <= W`` keys (the cached window and the new key), all inside
+        its window: ``[gamma sum_j exp(s_j - c) v_j + phi(q) S] / [gamma sum_j exp(s_j - c) + phi(q) Z]``
+        — the scores of at most ``W`` keys and the sums, no feature of a cached key; only the key that
+        leaves the window (the cache holds ``W - 1``) is turned into features, into the new sums."""
+        E = q.shape[-1]
+        s = scaled_scores(q, k, 1.0 / math.sqrt(E)).masked_fill(~key_ok.unsqueeze(-2), float("-inf"))  # (B, H, 1, N)
+        c = finite_or_zero(s.amax(-1, keepdim=True))
+        a = self.gamma.to(q.dtype).view(1, -1, 1, 1) * torch.exp(s - c)  # (B, H, 1, N)
+        fm = self.feature_map
+        phi_q = fm.queries(q) if hasattr(fm, "queries") and hasattr(fm, "keys") else fm(q)  # (B, H, 1, F)
+        v1 = torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)  # [V, 1]: numerator and denominator at once
+        P = self._state_sums(state, phi_q, v1)  # (B, H, F, Ev + 1)
+        nd = a @ v1 + phi_q @ P  # (B, H, 1, Ev + 1)
+        den = nd[..., -1:]
+        out = nd[..., :-1] / torch.where(den > 0, den, torch.ones_like(den))
+        gone = k.shape[-2] - cache.length  # keys that left the window: into the sums
+        if gone:
+            leaving = k[:, :, :gone]
+            phi_k = fm.keys(leaving) if hasattr(fm, "queries") and hasattr(fm, "keys") else fm(leaving)
+            phi_k = torch.where(key_ok[..., :gone].unsqueeze(-1), phi_k, 0.0)
+            P = P + phi_k.transpose(-1, -2) @ v1[:, :, :gone]
+        return out, LinearWindowState(LinearState(P[..., :-1], P[..., -1], cache.offset), cache)
 
     @staticmethod
     def _state_sums(state: Optional[LinearWindowState], phi_k: Tensor, v1: Tensor) -> Tensor:
