@@ -206,8 +206,8 @@ def test_linearize_killed_then_resumed_equals_one_uninterrupted_run(source_run, 
     import sys
     import time
 
-    steps = ["--steps", "6", "--set", "train.save_every=2", "--set", "train.eval_every=100", "--window", "4"] \
-        if _has_linear_window() else ["--steps", "6", "--set", "train.save_every=2", "--set", "train.eval_every=100"]
+    # enough steps that the stage is still training when its second checkpoint appears (a tiny model's step takes ms)
+    steps = ["--steps", "300", "--set", "train.save_every=2", "--set", "train.eval_every=1000", "--window", "4"]
     killed, whole = shakespeare_cache / "killed", shakespeare_cache / "whole"
     env = {**os.environ, "PYTHONPATH": str(runs.__file__).rsplit("/qkv/", 1)[0], "OMP_NUM_THREADS": "1"}
     child = subprocess.Popen([sys.executable, "-m", "qkv", *linearize_argv(source_run, killed, *steps)], env=env,

@@ -255,7 +255,7 @@ def _stage(directory: Path, settings: Any, model: nn.Module, train: Dict[str, An
         metrics = run.train()
     block = int(settings._task.get_batch("train", 1, 0)["input_ids"].shape[-1])
     return {"steps": train["steps"], "tokens": train["steps"] * train["batch_size"] * block,
-            "cpu_seconds": round(time.process_time() - cpu, 1), "wall_seconds": round(time.perf_counter() - wall, 1),
+            "cpu_seconds": round(time.process_time() - cpu, 3), "wall_seconds": round(time.perf_counter() - wall, 3),
             "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
 
