@@ -583,7 +583,7 @@ def _cmd_linearize(args: argparse.Namespace) -> int:
             source = str(data.smollm2_dir())
     threads = set_threads(args.threads, warn_load=True, say=announce)
     out = args.out or f"runs/linearize-{args.attention}"
-    announce(f"qkv: linearizing {args.source} -> {out} [{args.steps} transfer + {args.finetune_steps} fine-tune steps, "
+    announce(f"linearizing {args.source} -> {out} [{args.steps} transfer + {args.finetune_steps} fine-tune steps, "
              f"batch {args.batch_size}, {threads} thread(s)]")
     record = linearize(source, args.task, out, attention=args.attention, feature_map=args.feature_map,
                        window=args.window, steps=args.steps, finetune_steps=args.finetune_steps,
