@@ -228,3 +228,31 @@ def test_linearize_killed_then_resumed_equals_one_uninterrupted_run(source_run, 
     theirs = runs.load(whole).model.state_dict()
     for name, value in theirs.items():
         assert torch.equal(mine[name], value), name
+
+
+def test_a_kernel_with_nothing_to_learn_trains_nothing_and_says_so(source_run, shakespeare_cache, capsys):
+    """Performer's features are a buffer, not a parameter: the transfer stage trains nothing and its
+    record says 0 steps and 0 tokens (not the steps asked), and the saved model is the bare swap."""
+    out = shakespeare_cache / "perf"
+    assert main(linearize_argv(source_run, out, "--feature-map", "performer")) == 0
+    assert "has no parameters of its own" in capsys.readouterr().err
+    stage = json.loads((out / "linearize.json").read_text())["stages"]["transfer"]
+    assert (stage["steps"], stage["tokens"], stage["trainable_parameters"]) == (0, 0, 0)
+    assert runs.load(out).model.stack.layers[0].self_attn.kernel.registry_name == "performer"
+
+
+@pytest.mark.parametrize("bad", [["--steps", "0"], ["--window", "0"], ["--feature-map", "relu"],
+                                 ["--finetune-steps", "-1"], ["--lora-rank", "0"], ["--set", "d_model=8"]])
+def test_bad_options_are_refused_before_any_work(bad, shakespeare_cache, capsys):
+    out = shakespeare_cache / "never"
+    with pytest.raises(SystemExit) if bad[0] != "--set" else _no_raise():
+        code = main(["linearize", str(shakespeare_cache / "no-such-source"), "--task", "shakespeare-char",
+                     "--out", str(out), *bad])
+        assert code == 2 and "only task.* and train.* settings" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def _no_raise():
+    import contextlib
+
+    return contextlib.nullcontext()

@@ -254,7 +254,9 @@ def _stage(directory: Path, settings: Any, model: nn.Module, train: Dict[str, An
             return {"done_before": True}
         metrics = run.train()
     block = int(settings._task.get_batch("train", 1, 0)["input_ids"].shape[-1])
-    return {"steps": train["steps"], "tokens": train["steps"] * train["batch_size"] * block,
+    trained = any(p.requires_grad for p in model.parameters())  # none: the trainer only evaluated
+    return {"steps": train["steps"] if trained else 0,
+            "tokens": train["steps"] * train["batch_size"] * block if trained else 0,
             "cpu_seconds": round(time.process_time() - cpu, 3), "wall_seconds": round(time.perf_counter() - wall, 3),
             "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
@@ -302,14 +304,16 @@ def linearize(source: str, task: str, out: str, *, attention: str = "linear", fe
     results: Dict[str, Any] = {**record, "stages": {}, "final": "transfer"}
     out_dir.mkdir(parents=True, exist_ok=True)
     _write(out_dir, {**results, "final": None})
+    learned = dict(student.named_parameters())
+    fresh = [name for name in fresh if name in learned]  # a fresh buffer (Performer's features) is not trained
     if fresh:
-        say(f"qkv linearize: {attention} ({kernel}) in every layer; training {len(fresh)} new tensors by attention transfer")
+        say(f"linearize: {attention} ({kernel}) in every layer; training {len(fresh)} new tensors by attention transfer")
         objective = AttentionTransfer(student, teacher, fresh)
         train = {**base_train, "steps": steps, "lr": lr, "warmup": min(base_train.get("warmup", 0), steps // 10),
                  "eval_every": every(steps)}
         results["stages"]["transfer"] = _stage(out_dir / "transfer", settings, objective, train, resume, say)
     else:  # nothing new to learn: the swapped model is the transfer stage's result as it is
-        say(f"qkv linearize: {kernel} has no parameters of its own; the transfer stage saves the swapped model")
+        say(f"linearize: {kernel} has no parameters of its own; the transfer stage saves the swapped model")
         objective = AttentionTransfer(student, teacher, [])
         train = {**base_train, "steps": 1, "lr": lr, "warmup": 0, "eval_every": 1}
         results["stages"]["transfer"] = _stage(out_dir / "transfer", settings, objective, train, resume, say)
