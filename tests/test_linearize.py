@@ -11,7 +11,7 @@ import torch
 from qkv import runs
 from qkv.cli import main
 from qkv.linearize import AttentionTransfer, LowRankFinetune, kernel_for, swap_attention
-from qkv.models import BERT, GPT, Llama
+from qkv.models import BERT, Llama
 from qkv._errors import UserError
 
 TINY = {"n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 2, "d_ff": 64, "vocab_size": 40, "max_len": 64}
