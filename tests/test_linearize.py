@@ -256,3 +256,60 @@ def _no_raise():
     import contextlib
 
     return contextlib.nullcontext()
+
+
+# ----------------------------------------------------------------------------- damaged directories
+
+
+@pytest.mark.parametrize("damage", [b"\xff{not json", b"[]", b'{"source": 1', b"[" * 100000])
+def test_a_corrupt_record_is_refused_by_resume_and_by_its_readers(damage, source_run, shakespeare_cache, capsys):
+    """A damaged ``linearize.json`` (not UTF-8, not an object, cut short, nested too deeply): ``--resume``,
+    ``qkv eval`` and ``runs.load`` each refuse it in one line naming the file, and nothing in the
+    directory changes."""
+    out = shakespeare_cache / "lin"
+    assert main(linearize_argv(source_run, out)) == 0
+    record = out / "linearize.json"
+    record.write_bytes(damage)
+    before = _snapshot(out)
+    capsys.readouterr()
+    assert main(linearize_argv(source_run, out, "--resume")) == 2
+    err = capsys.readouterr().err
+    assert "linearize.json" in err and "corrupt" in err and "Traceback" not in err
+    assert main(["eval", str(out), "--max-examples", "4", "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "linearize.json" in err and "corrupt" in err and "Traceback" not in err
+    with pytest.raises(UserError, match="corrupt"):
+        runs.load(out)
+    assert _snapshot(out) == before
+
+
+def test_a_damaged_stage_is_refused_with_its_path(source_run, shakespeare_cache, capsys):
+    """A finished transfer stage whose weights were cut short: resuming into the fine-tune names the
+    file rather than failing inside safetensors, and writes no fine-tune stage."""
+    out = shakespeare_cache / "lin"
+    assert main(linearize_argv(source_run, out)) == 0
+    weights = out / "transfer" / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    record = json.loads((out / "linearize.json").read_text())
+    capsys.readouterr()
+    # the same arguments with a fine-tune asked for differ from the record: a new directory is needed
+    assert main(linearize_argv(source_run, out, "--finetune-steps", "2", "--resume")) == 2
+    assert "other finetune_steps" in capsys.readouterr().err
+    assert main(["eval", str(out), "--max-examples", "4", "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "model.safetensors" in err and "Traceback" not in err
+    assert json.loads((out / "linearize.json").read_text()) == record
+    assert not (out / "finetune").exists()
+
+
+def _snapshot(directory):
+    return {p.relative_to(directory): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_a_task_of_another_vocabulary_is_refused_naming_the_source(source_run, shakespeare_cache, capsys):
+    out = shakespeare_cache / "never"
+    argv = ["linearize", str(source_run), "--task", "mqar", "--out", str(out), "--steps", "2", "--threads", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"SOURCE {source_run}" in err and "--init" not in err and "vocabulary" in err
+    assert not out.exists()

@@ -49,7 +49,7 @@ from torch import nn
 from ._errors import UserError, user_input
 from ._io import atomic_path
 from ._modelfile import RUN_FILE
-from .runs.directory import LINEARIZE_RECORD as RECORD, final_run
+from .runs.directory import LINEARIZE_RECORD as RECORD, final_run, read_json
 from .models.base import ModelOutput, QKVModel
 from .registry import lookup
 
@@ -295,7 +295,10 @@ def linearize(source: str, task: str, out: str, *, attention: str = "linear", fe
     _check_record(out_dir, record, resume)
     name, _ = _source_model_name(source)
     given = {**{f"task.{k}": v for k, v in task_sets.items()}, **{f"train.{k}": v for k, v in train_sets.items()}}
-    settings = resolve(name, task, overrides=given, init=str(source), say=say)
+    try:
+        settings = resolve(name, task, overrides=given, init=str(source), say=say)
+    except UserError as e:  # resolve speaks of `qkv train --init`; here the checkpoint is the SOURCE argument
+        raise UserError(str(e).replace(f"--init {source}", f"SOURCE {source}")) from None
     teacher = settings._init_model
     with user_input():
         student, fresh = swap_attention(teacher, kernel, knobs, seed)
@@ -339,10 +342,9 @@ def _check_record(out: Path, record: Dict[str, Any], resume: bool) -> None:
     continues one made with the same arguments."""
     path = out / RECORD
     if path.is_file():
-        try:
-            previous = json.loads(path.read_text())
-        except ValueError:
-            raise UserError(f"{path} is corrupt") from None
+        previous = read_json(path)  # a UserError naming the file when it is not JSON
+        if not isinstance(previous, dict):
+            raise UserError(f"{path} is corrupt: expected a JSON object, got {type(previous).__name__}")
         if not resume:
             raise UserError(f"{out} holds a linearization already; continue it with --resume or choose another --out")
         differ = sorted(k for k in record if previous.get(k) != record[k])

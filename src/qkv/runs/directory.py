@@ -119,7 +119,10 @@ def final_run(directory: Path) -> Path:
     record = directory / LINEARIZE_RECORD
     if (directory / RUN_FILE).is_file() or not record.is_file():
         return directory
-    stage = _read_json(record).get("final") if isinstance(_read_json(record), dict) else None
+    info = read_json(record)
+    if not isinstance(info, dict):
+        raise UserError(f"{record} is corrupt: expected a JSON object, got {type(info).__name__}")
+    stage = info.get("final")
     if not isinstance(stage, str) or not (directory / stage / RUN_FILE).is_file():
         raise UserError(f"{directory} is a linearization that has not finished (no final stage in {record})")
     return directory / stage
@@ -130,7 +133,7 @@ def read_run(run: Path) -> Dict[str, Any]:
     path = run / RUN_FILE
     if not path.is_file():
         raise UserError(f"{run} is not a qkv run directory (no {RUN_FILE}); create one with `qkv train MODEL --task TASK --out {run}`")
-    info = _read_json(path)
+    info = read_json(path)
     if not isinstance(info, dict):
         raise UserError(f"{path} is corrupt: expected a JSON object")
     missing = [k for k in _RUN_KEYS if k not in info]
@@ -139,7 +142,7 @@ def read_run(run: Path) -> Dict[str, Any]:
     return info
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deeply, a 5,000-digit integer
@@ -184,7 +187,7 @@ def own_model(run: Path, info: Optional[Mapping[str, Any]] = None) -> Path:
     mark = final / MODEL_ID_FILE
     if not mark.is_file():
         return final
-    written = _read_json(mark)
+    written = read_json(mark)
     theirs = written.get(RUN_ID_KEY) if isinstance(written, dict) else None
     if not isinstance(theirs, str):
         raise UserError(f"{mark} is corrupt: expected {{{RUN_ID_KEY!r}: the id of the run that saved the model}}")
@@ -202,7 +205,7 @@ def run_train_settings(run: Path, info: Dict[str, Any]) -> Dict[str, Any]:
         return dict(info["train"])
     path = run / "train_config.json"
     if path.is_file():
-        values = _read_json(path)
+        values = read_json(path)
         if isinstance(values, dict):
             return values
     return {}
