@@ -320,6 +320,10 @@ def test_cli_surface(capsys):
     assert "task kinds: lm; tasks: shakespeare-char" in out and "presets: cpu, paper" in out
     assert main(["list", "task"]) == 0
     assert "kind: seq2seq" in capsys.readouterr().out
+    for typed, title in (("models", "models:"), ("Tasks", "tasks:"), ("kernels", "attention kernels:")):
+        assert main(["list", typed]) == 0  # the plural a user types, and the kernels' other name
+        out = capsys.readouterr().out
+        assert out.startswith(title) and out.count(":\n") == 1, typed
 
 
 def test_closed_pipe_is_quiet():

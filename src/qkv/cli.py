@@ -414,8 +414,18 @@ def _list_parser(sub: argparse._SubParsersAction) -> None:
     """`qkv list [attention|model|task]`."""
     p = sub.add_parser("list", help="list attention kernels, models (with their task kinds) and tasks",
                        description="List attention kernels, models and tasks. Example: qkv list model")
-    p.add_argument("what", nargs="?", choices=["attention", "model", "task"], help="only this kind")
+    p.add_argument("what", nargs="?", type=_list_kind, choices=["attention", "model", "task"],
+                   help="only this kind (plurals and 'kernels' are read too)")
     p.set_defaults(func=_cmd_list)
+
+
+#: what `qkv list` also reads for its kinds: the plurals a user types, and the kernels' other name
+_LIST_ALIASES = {"attentions": "attention", "kernel": "attention", "kernels": "attention", "models": "model",
+                 "tasks": "task"}
+
+
+def _list_kind(text: str) -> str:
+    return _LIST_ALIASES.get(text.lower(), text.lower())
 
 
 def _data_parser(sub: argparse._SubParsersAction) -> None:
