@@ -241,9 +241,9 @@ def chunkwise(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor] = None, beta:
 
     def decayed(x: Tensor, y: Tensor) -> Tensor:
         """``(x_t . y_j)_D = sum_c x_tc y_jc D_tj(c)`` for key-head ``x, y`` -> ``(B, T, H, C, C)``."""
-        if channel:
+        if channel:  # elementwise and summed: einsum runs this as C^2 one-by-one dot products, 2-3x slower on CPUs
             x, y = (z.repeat_interleave(G, dim=2) if G > 1 else z for z in (x, y))
-            return torch.einsum("bnhtc,bnhjc,bnhtjc->bnhtj", x, y, D)
+            return (x.unsqueeze(-2) * y.unsqueeze(-3) * D).sum(-1)
         return (grouped(D) * (x @ y.transpose(-1, -2)).unsqueeze(3)).view(B, T, H, C, C)  # one product per key head
 
     def per_head(x: Tensor, scale: Tensor) -> Tensor:

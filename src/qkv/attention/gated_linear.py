@@ -289,13 +289,14 @@ class GatedLinearAttention(GatedRecurrence):
 
     ``g = log alpha (B, H, N, E)`` per call (``GLAGates`` from ``x``: ``alpha_t = sigmoid(x W_1 W_2 + b)^{1/16}``);
     without it the fixed ``log gamma_h`` of every channel. Its pairwise decays take ``O(N C E)``
-    memory: chunks of 16 by default.
+    memory: chunks of 8 by default (on one CPU thread 1.6x faster than 16 for training at 128 and
+    2,048 positions, and 3-4x faster than 32).
     """
 
     gate = "channel"
-    default_chunk = 16
+    default_chunk = 8
 
-    def __init__(self, *, causal: bool = False, dropout: float = 0.0, chunk_size: int = 16,
+    def __init__(self, *, causal: bool = False, dropout: float = 0.0, chunk_size: int = 8,
                  form: str = "chunkwise", scale: Optional[float] = None, norm: bool = True) -> None:
         super().__init__(causal=causal, dropout=dropout, chunk_size=chunk_size, form=form, scale=scale, norm=norm)
 
