@@ -166,7 +166,7 @@ def nadaraya_watson(
     return AttentionOutput(output, weights, None)
 
 
-# ----------------------------------------------------------------------------- the gated delta rule and KDA, fla's signatures
+# --------------------------------------------------------------------- the gated delta rule and KDA, fla's signatures
 
 
 def chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: Optional[float] = None,

@@ -518,7 +518,9 @@ def kda_literal(q, k, v, g, beta, scale, S0=None):
             s = torch.zeros(K, V, dtype=F64) if S0 is None else S0[b, h]
             for t in range(T):
                 kt, bt = k[b, t, hk], beta[b, t, h]
-                s = (eye - bt * torch.outer(kt, kt)) @ torch.diag(g[b, t, h].exp()) @ s + bt * torch.outer(kt, v[b, t, h])
+                # S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T
+                vt = v[b, t, h]
+                s = (eye - bt * torch.outer(kt, kt)) @ torch.diag(g[b, t, h].exp()) @ s + bt * torch.outer(kt, vt)
                 outs.append(s.T @ (scale * q[b, t, hk]))
             finals.append(s)
     o = torch.stack(outs).view(B, Hv, T, V).transpose(1, 2) if outs else v.new_zeros(B, T, Hv, V)

@@ -241,7 +241,8 @@ def test_functional_kda_equals_fla_naive(chunk_size, reference):
     Hv = 2 * H
     x = {"q": leaf(B, L, H, K, seed=1), "k": leaf(B, L, H, K, seed=2), "v": leaf(B, L, Hv, V, seed=3),
          "g": leaf(B, L, Hv, K, seed=4, transform=lambda t: torch.nn.functional.logsigmoid(t + 2) / 4),
-         "beta": leaf(B, L, Hv, seed=5, transform=torch.sigmoid), "S0": leaf(B, Hv, K, V, seed=6, transform=lambda t: t / 4)}
+         "beta": leaf(B, L, Hv, seed=5, transform=torch.sigmoid),
+         "S0": leaf(B, Hv, K, V, seed=6, transform=lambda t: t / 4)}
     q, k, v, g, beta = (x[n] for n in ("q", "k", "v", "g", "beta"))
 
     def ours():

@@ -52,7 +52,8 @@ def _inputs(T, seed):
     """transformers' KDA layout (one head count for q, k and v): q, k (B, T, H, K), v (B, T, H, V),
     g (B, T, H, K) <= 0, beta (B, T, H), a state (B, H, K, V)."""
     gen = torch.Generator().manual_seed(seed)
-    q, k, v = torch.randn(2, T, 3, 8, generator=gen), torch.randn(2, T, 3, 8, generator=gen), torch.randn(2, T, 3, 6, generator=gen)
+    q, k = torch.randn(2, T, 3, 8, generator=gen), torch.randn(2, T, 3, 8, generator=gen)
+    v = torch.randn(2, T, 3, 6, generator=gen)
     g, beta = -torch.rand(2, T, 3, 8, generator=gen) * 2, torch.rand(2, T, 3, generator=gen)
     return q, k, v, g, beta, torch.randn(2, 3, 8, 6, generator=gen)
 

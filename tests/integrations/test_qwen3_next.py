@@ -117,8 +117,9 @@ def test_patched_globals_take_transformers_positional_order():
     """transformers puts chunk_size sixth, where fla (and qkv.functional) put scale: the patched global
     binds a call by the signature of the function it replaced (qkv.hf.delta_rule)."""
     g = torch.Generator().manual_seed(5)
-    q, k, v = torch.randn(1, 40, 2, 8, generator=g), torch.randn(1, 40, 2, 8, generator=g), torch.randn(1, 40, 2, 6, generator=g)
-    decay, beta, S0 = -torch.rand(1, 40, 2, generator=g), torch.rand(1, 40, 2, generator=g), torch.randn(1, 2, 8, 6, generator=g)
+    q, k, v = (torch.randn(1, 40, 2, d, generator=g) for d in (8, 8, 6))
+    decay, beta = -torch.rand(1, 40, 2, generator=g), torch.rand(1, 40, 2, generator=g)
+    S0 = torch.randn(1, 2, 8, 6, generator=g)
     expected = modeling.torch_chunk_gated_delta_rule(q, k, v, decay, beta, 16, S0, True, True)
     qwen3_next.patch()
     got = modeling.torch_chunk_gated_delta_rule(q, k, v, decay, beta, 16, S0, True, True)
