@@ -18,7 +18,7 @@ from . import _checks, _chunkwise
 from .types import AttentionOutput
 
 __all__ = ["masked_softmax", "scaled_scores", "attend", "nadaraya_watson", "dot_score", "scaled_dot_score", "cosine_score",
-           "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
+           "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda", "fused_recurrent_kda"]
 
 ScoreFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -166,7 +166,7 @@ def nadaraya_watson(
     return AttentionOutput(output, weights, None)
 
 
-# ----------------------------------------------------------------------------- the gated delta rule, fla's signatures
+# --------------------------------------------------------------------- the gated delta rule and KDA, fla's signatures
 
 
 def chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: Optional[float] = None,
@@ -211,9 +211,49 @@ def fused_recurrent_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor,
                              cu_seqlens, None)
 
 
+def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: Optional[float] = None,
+              initial_state: Optional[Tensor] = None, output_final_state: bool = False,
+              use_qk_l2norm_in_kernel: bool = False, cu_seqlens: Optional[Tensor] = None,
+              chunk_size: int = 64) -> tuple[Tensor, Optional[Tensor]]:
+    """Kimi Delta Attention (KDA; Kimi Team 2025, Kimi Linear, arXiv:2510.26692): the gated delta rule
+    with a decay per key channel, in its chunkwise form, with fla's signature and layout — a drop-in
+    for ``fla.ops.kda.chunk_kda`` and transformers' ``chunk_kimi_delta_attention`` (qkv's engine,
+    ``qkv/_chunkwise.py``, as :func:`chunk_gated_delta_rule`; in the paper's ``d_v x d_k`` layout the
+    state is ``S_{t-1} Diag(exp(g_t)) (I - beta_t k_t k_t^T) + beta_t v_t k_t^T``).
+
+    ``S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T`` (``K x V``), ``o_t = S_t^T (scale q_t)``.
+
+    Args:
+        q, k: ``(B, T, H, K)``; v: ``(B, T, Hv, V)``, ``Hv`` a multiple of ``H`` (fla's grouped value heads).
+        g: ``(B, T, Hv, K)``, the log of the decay of each key channel: finite, ``<= 0`` (fla's
+            ``use_gate_in_kernel=False``: the gate already computed, as transformers' layer passes it).
+        beta: ``(B, T, Hv)`` in ``[0, 1]``.
+        scale, initial_state ``(B, Hv, K, V)``, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
+            chunk_size: as :func:`chunk_gated_delta_rule`.
+    Returns:
+        ``(o (B, T, Hv, V)`` in q's dtype, the final state ``(B, Hv, K, V)`` or None``); computed in
+        float32 for half inputs (float64 stays float64). Cost: ``O(T C K)`` memory for the pairwise
+        per-channel decays of chunks of ``C`` positions.
+    """
+    return _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                             cu_seqlens, _checks.positive_int("chunk_size", chunk_size), channel=True)
+
+
+def fused_recurrent_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: Optional[float] = None,
+                        initial_state: Optional[Tensor] = None, output_final_state: bool = False,
+                        use_qk_l2norm_in_kernel: bool = False,
+                        cu_seqlens: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
+    """:func:`chunk_kda` one token at a time (decoding; fla's ``fused_recurrent_kda``, transformers'
+    ``recurrent_kimi_delta_attention``): the same arguments but ``chunk_size``, the same results."""
+    return _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                             cu_seqlens, None, channel=True)
+
+
 def _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
-                      chunk_size: Optional[int]) -> tuple[Tensor, Optional[Tensor]]:
-    """Both drop-ins: checks at the boundary, fla's layout to the engine's and back."""
+                      chunk_size: Optional[int], channel: bool = False) -> tuple[Tensor, Optional[Tensor]]:
+    """The gated delta rule's drop-ins and KDA's: checks at the boundary, fla's layout to the engine's
+    and back. ``g`` is one log decay per value head ``(B, T, Hv)``, or with ``channel`` one per key
+    channel of each value head ``(B, T, Hv, K)`` (KDA); ``chunk_size`` None: token by token."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         _checks.tensor(name, x, ndim=4, floating=True)
     B, T, H, K = k.shape
@@ -224,7 +264,7 @@ def _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state
         raise ValueError(f"v must be (B, T, Hv, V) with (B, T) = {(B, T)} of q and k, got {tuple(v.shape)}")
     if H == 0 or Hv % H:
         raise ValueError(f"v's heads ({Hv}) must be a multiple of q's and k's heads ({H})")
-    _chunkwise.check_gates(g, beta, ((B, T, Hv),), (B, T, Hv))
+    _chunkwise.check_gates(g, beta, ((B, T, Hv, K) if channel else (B, T, Hv),), (B, T, Hv))
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0):
         raise ValueError(f"scale must be a float > 0 or None (K^-1/2), got {scale!r}")
     if initial_state is not None:
@@ -247,7 +287,7 @@ def _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state
     out_dtype = q.dtype
     acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     heads = lambda x: x.transpose(1, 2).to(acc)  # (B, T, H, *) -> (B, H, T, *)
-    q, k, v, g, beta = heads(q), heads(k), heads(v), g.transpose(1, 2).to(acc), beta.transpose(1, 2).to(acc)
+    q, k, v, g, beta = heads(q), heads(k), heads(v), heads(g), beta.transpose(1, 2).to(acc)  # g: (B, Hv, T[, K])
     if use_qk_l2norm:
         q, k = _chunkwise.l2_normalize(q), _chunkwise.l2_normalize(k)
     q = q * (K ** -0.5 if scale is None else float(scale))

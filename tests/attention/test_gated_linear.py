@@ -1,5 +1,6 @@
-"""Linear attention's descendants — retention, gla, deltanet, gated-deltanet (attention/gated_linear.py)
-and their engine (qkv/_chunkwise.py) — against the papers' recurrences written literally here
+"""Linear attention's descendants — retention, gla, deltanet, gated-deltanet (attention/gated_linear.py),
+their engine (qkv/_chunkwise.py) and qkv.functional's drop-ins with fla's signatures (the gated delta
+rule, Kimi's KDA) — against the papers' recurrences written literally here
 (float64, loops, explicit ``d_v x d_k`` matrices), as fla keeps ``naive.py`` beside each kernel:
 chunkwise == recurrent == parallel == literal, stepwise == one call, gradients, key padding,
 packed documents, gates from MultiHeadAttention, and bad input."""
@@ -486,3 +487,135 @@ def test_fla_chunk_gated_delta_rule_gradcheck():
         return o, S
 
     assert torch.autograd.gradcheck(f, (q, k, v, g, beta, S0))
+
+
+# ------------------------------------------------------------------ KDA, fla's signatures (qkv.functional)
+
+
+KDA_FNS = [qkv.functional.chunk_kda, qkv.functional.fused_recurrent_kda]
+
+
+def kda_inputs(B=2, T=9, H=2, Hv=4, K=3, V=2, seed=0):
+    """fla's KDA layout: ``q, k (B, T, H, K)``, ``v (B, T, Hv, V)``, ``g (B, T, Hv, K)`` <= 0 (one decay
+    per key channel), ``beta (B, T, Hv)`` in [0, 1]; ``K != V`` so that a transposed state cannot pass."""
+    q, k, v = rand(B, T, H, K, seed=seed), rand(B, T, H, K, seed=seed + 1), rand(B, T, Hv, V, seed=seed + 2)
+    g = -torch.rand(B, T, Hv, K, generator=torch.Generator().manual_seed(seed + 3), dtype=F64)
+    beta = torch.rand(B, T, Hv, generator=torch.Generator().manual_seed(seed + 4), dtype=F64)
+    return q, k, v, g, beta
+
+
+def kda_literal(q, k, v, g, beta, scale, S0=None):
+    """KDA written as its equation in fla's ``K x V`` layout, one (batch, value head) at a time:
+    ``S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T``, ``o_t = S_t^T (scale q_t)``;
+    value head ``h`` reads query/key head ``h // (Hv / H)``. Returns ``(o (B, T, Hv, V), S_T (B, Hv, K, V))``."""
+    B, T, H, K = q.shape
+    Hv, V = v.shape[2:]
+    eye = torch.eye(K, dtype=F64)
+    outs, finals = [], []
+    for b in range(B):
+        for h in range(Hv):
+            hk = h // (Hv // H)
+            s = torch.zeros(K, V, dtype=F64) if S0 is None else S0[b, h]
+            for t in range(T):
+                kt, bt = k[b, t, hk], beta[b, t, h]
+                # S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T
+                vt = v[b, t, h]
+                s = (eye - bt * torch.outer(kt, kt)) @ torch.diag(g[b, t, h].exp()) @ s + bt * torch.outer(kt, vt)
+                outs.append(s.T @ (scale * q[b, t, hk]))
+            finals.append(s)
+    o = torch.stack(outs).view(B, Hv, T, V).transpose(1, 2) if outs else v.new_zeros(B, T, Hv, V)
+    return o, torch.stack(finals).view(B, Hv, K, V)
+
+
+def test_kda_chunk_and_recurrent_equal_the_literal_recurrence():
+    """chunk_kda (chunks of 1, 4 — the last short — and 16) == fused_recurrent_kda == the literal
+    float64 loop: outputs, final state and the gradients of every input, grouped value heads, an
+    initial state, the L2 norm and a scale."""
+    leaves = [x.requires_grad_() for x in (*kda_inputs(), rand(2, 4, 3, 2, seed=9))]
+    cot = rand(2, 9, 4, 2, seed=10), rand(2, 4, 3, 2, seed=11)
+
+    def grads(o, S):
+        return torch.autograd.grad((o * cot[0]).sum() + (S * cot[1]).sum(), leaves)
+
+    for l2, scale in ((True, None), (False, 0.7)):
+        q, k, v, g, beta, S0 = leaves
+        nq, nk = (cw.l2_normalize(x) for x in (q, k)) if l2 else (q, k)
+        ref_o, ref_S = kda_literal(nq, nk, v, g, beta, 3 ** -0.5 if scale is None else scale, S0)
+        ref_grads = grads(ref_o, ref_S)
+        runs = [(qkv.functional.fused_recurrent_kda, {})] + [(qkv.functional.chunk_kda, {"chunk_size": C})
+                                                            for C in (1, 4, 16)]
+        for fn, kw in runs:
+            o, S = fn(q, k, v, g, beta, scale=scale, initial_state=S0, output_final_state=True,
+                      use_qk_l2norm_in_kernel=l2, **kw)
+            torch.testing.assert_close(o, ref_o, rtol=0, atol=1e-12)
+            torch.testing.assert_close(S, ref_S, rtol=0, atol=1e-12)
+            for got, want in zip(grads(o, S), ref_grads):
+                torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("fn", KDA_FNS)
+def test_kda_cu_seqlens_keep_packed_documents_apart(fn):
+    q, k, v, g, beta = kda_inputs(B=1, T=9)
+    cu = torch.tensor([0, 4, 5, 9])
+    kw = {"chunk_size": 3} if fn is qkv.functional.chunk_kda else {}
+    packed, _ = fn(q, k, v, g, beta, cu_seqlens=cu, **kw)
+    alone = torch.cat([kda_literal(*(x[:, a:b] for x in (q, k, v, g, beta)), 3 ** -0.5)[0]
+                       for a, b in ((0, 4), (4, 5), (5, 9))], dim=1)
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-12)
+    whole, _ = fn(q, k, v, g, beta, **kw)
+    assert (whole - alone).abs().max() > 1e-3  # unpacked, the documents do meet
+
+
+@pytest.mark.parametrize("fn", KDA_FNS)
+def test_kda_empty_sequence_gives_empty_outputs(fn):
+    q, k, v, g, beta = (x[:, :0] for x in kda_inputs())
+    S0 = rand(2, 4, 3, 2, seed=9)
+    o, S = fn(q, k, v, g, beta, initial_state=S0, output_final_state=True)
+    assert o.shape == (2, 0, 4, 2) and o.dtype == F64
+    torch.testing.assert_close(S, S0, rtol=0, atol=0)  # nothing read, nothing written
+    assert fn(q, k, v, g, beta)[0].shape == (2, 0, 4, 2)
+
+
+@pytest.mark.parametrize("fn", KDA_FNS)
+def test_kda_names_bad_arguments(fn):
+    q, k, v, g, beta = kda_inputs()
+    with pytest.raises(ValueError, match="g .*finite"):
+        fn(q, k, v, g.clone().fill_(float("nan")), beta)
+    with pytest.raises(ValueError, match="g .*finite"):
+        fn(q, k, v, g.clone().fill_(float("-inf")), beta)
+    with pytest.raises(ValueError, match="g .*<= 0"):
+        fn(q, k, v, -g + 0.1, beta)
+    with pytest.raises(ValueError, match=r"g must have shape \(2, 9, 4, 3\)"):
+        fn(q, k, v, g[..., 0], beta)  # the gated delta rule's per-head g
+    with pytest.raises(ValueError, match=r"beta .*\[0, 1\]"):
+        fn(q, k, v, g, beta + 1.0)
+    with pytest.raises(ValueError, match=r"beta .*\[0, 1\]"):
+        fn(q, k, v, g, beta - 0.5)
+    with pytest.raises(ValueError, match=r"beta must have shape \(2, 9, 4\)"):
+        fn(q, k, v, g, beta[..., :2])
+    with pytest.raises(ValueError, match="multiple of q's and k's heads"):
+        fn(q, k, v[:, :, :3], g[:, :, :3], beta[..., :3])
+    with pytest.raises(ValueError, match="q must have k's shape"):
+        fn(q[..., :2], k, v, g, beta)
+    with pytest.raises(ValueError, match="v must be"):
+        fn(q, k, v[:1], g, beta)
+    with pytest.raises(ValueError, match=r"initial_state must have shape \(B, Hv, K, V\)"):
+        fn(q, k, v, g, beta, initial_state=rand(2, 4, 2, 3))
+    with pytest.raises(ValueError, match="scale must be"):
+        fn(q, k, v, g, beta, scale=-1.0)
+    with pytest.raises(ValueError, match="cu_seqlens with initial_state"):
+        fn(*(x[:1] for x in (q, k, v, g, beta)), cu_seqlens=torch.tensor([0, 9]), output_final_state=True)
+    with pytest.raises(ValueError, match="k must be 4-D"):
+        fn(q, k[0], v, g, beta)
+    with pytest.raises(TypeError, match="g must be a floating"):
+        fn(q, k, v, g.long(), beta)
+
+
+def test_kda_chunk_gradcheck():
+    leaves = tuple(x.requires_grad_() for x in (*kda_inputs(B=1, T=5, H=1, Hv=2, K=3, V=2), rand(1, 2, 3, 2, seed=9)))
+
+    def f(q, k, v, g, beta, S0):
+        return qkv.functional.chunk_kda(q, k, v, g, beta, initial_state=S0, output_final_state=True,
+                                        use_qk_l2norm_in_kernel=True, chunk_size=2)
+
+    assert torch.autograd.gradcheck(f, leaves)

@@ -1,5 +1,5 @@
 """retention, gla, deltanet, gated-deltanet (attention/gated_linear.py) and qkv.functional's gated delta
-rule against an outside reference: flash-linear-attention's pure-PyTorch ``naive`` functions
+rule and KDA against an outside reference: flash-linear-attention's pure-PyTorch ``naive`` functions
 (``fla/ops/<op>/naive.py`` of fla-core 0.6.0, loaded by file with ``qkv.bench.peers.fla_naive``;
 skipped when fla-core is not installed) — outputs, final states and the gradients of q, k, v, the
 gates and the initial state, on the same inputs.
@@ -225,3 +225,40 @@ def test_a_convention_off_by_one_disagrees_with_fla():
             o = kernel_call("gla", ours, state=False)[0]
             err = ((o - fla_layout(ref)).abs().max() / ref.abs().max()).item()
             assert (err <= TOL32) if expect_close else (err > 1e-3), err
+
+
+# ------------------------------------------------------------------ KDA (Kimi Delta Attention)
+
+
+@pytest.mark.parametrize("chunk_size", CHUNKS + [None])  # None: fused_recurrent_kda
+@pytest.mark.parametrize("reference", ["naive_recurrent_kda", "naive_chunk_kda"])
+def test_functional_kda_equals_fla_naive(chunk_size, reference):
+    """``qkv.functional.chunk_kda`` / ``fused_recurrent_kda`` against ``fla/ops/kda/naive.py``, fla's layout on
+    both sides, with grouped value heads (``Hv = 2 H``: which value heads share a query/key head is a
+    convention the reference fixes). fla's chunk reference takes whole chunks of 16: ``L`` padded with zero
+    keys, ``beta`` and ``g`` (a padded step neither decays nor writes: the final state is unchanged)."""
+    kda = naive("kda")
+    Hv = 2 * H
+    x = {"q": leaf(B, L, H, K, seed=1), "k": leaf(B, L, H, K, seed=2), "v": leaf(B, L, Hv, V, seed=3),
+         "g": leaf(B, L, Hv, K, seed=4, transform=lambda t: torch.nn.functional.logsigmoid(t + 2) / 4),
+         "beta": leaf(B, L, Hv, seed=5, transform=torch.sigmoid),
+         "S0": leaf(B, Hv, K, V, seed=6, transform=lambda t: t / 4)}
+    q, k, v, g, beta = (x[n] for n in ("q", "k", "v", "g", "beta"))
+
+    def ours():
+        kw = dict(initial_state=x["S0"], output_final_state=True, use_qk_l2norm_in_kernel=True)
+        if chunk_size is None:
+            return qkv.functional.fused_recurrent_kda(q, k, v, g, beta, **kw)
+        return qkv.functional.chunk_kda(q, k, v, g, beta, chunk_size=chunk_size, **kw)
+
+    def theirs():
+        kw = dict(initial_state=x["S0"], output_final_state=True)
+        if reference == "naive_recurrent_kda":
+            return kda.naive_recurrent_kda(l2norm(q), l2norm(k), v, g, beta, **kw)
+        pad = -L % 16
+        padded = [torch.nn.functional.pad(t, (0, 0, 0, 0, 0, pad)) for t in (l2norm(q), l2norm(k), v, g)]
+        o, S = kda.naive_chunk_kda(*padded, torch.nn.functional.pad(beta, (0, 0, 0, pad)), chunk_size=16, **kw)
+        return o[:, :L], S
+
+    assert_agree(ours, theirs, x, TOL32)
+

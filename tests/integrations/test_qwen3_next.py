@@ -111,3 +111,17 @@ def test_functions_equal_transformers_reference_functions(T):
         o_ref, S_ref = theirs(q, k, v, g=decay, beta=beta, **kw)
         torch.testing.assert_close(o, o_ref, atol=ATOL, rtol=0)
         torch.testing.assert_close(S, S_ref, atol=ATOL, rtol=0)
+
+
+def test_patched_globals_take_transformers_positional_order():
+    """transformers puts chunk_size sixth, where fla (and qkv.functional) put scale: the patched global
+    binds a call by the signature of the function it replaced (qkv.hf.delta_rule)."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 40, 2, d, generator=g) for d in (8, 8, 6))
+    decay, beta = -torch.rand(1, 40, 2, generator=g), torch.rand(1, 40, 2, generator=g)
+    S0 = torch.randn(1, 2, 8, 6, generator=g)
+    expected = modeling.torch_chunk_gated_delta_rule(q, k, v, decay, beta, 16, S0, True, True)
+    qwen3_next.patch()
+    got = modeling.torch_chunk_gated_delta_rule(q, k, v, decay, beta, 16, S0, True, True)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)

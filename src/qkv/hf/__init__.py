@@ -9,7 +9,8 @@
   beside a checkpoint (written by ``save_pretrained(format="huggingface")`` for a run's model);
 - ``export``: a finished run as a folder transformers' pipelines load (``qkv export``);
 - ``gguf``: llama.cpp's GGUF files read as transformers Llama checkpoints (``qkv data fetch smollm2``);
-- ``qwen3_next``: qkv's gated delta rule in transformers' Qwen3-Next layers (``attention.register()`` patches).
+- ``delta_rule``: qkv's gated delta rule and KDA in transformers' Qwen3-Next and Kimi Linear layers
+  (``attention.register()`` patches; ``qwen3_next`` is its Qwen3-Next row under its old names).
 
 It sits on the top floor with the other faces (``runs``, ``cli``): ``export`` reads runs, and
 ``checkpoints`` builds qkv's models; ``QKVModel.from_pretrained`` finds the checkpoint format in

@@ -28,8 +28,8 @@ attention), ``window``, ``local-1d``, ``strided``, ``fixed`` (softmax restricted
 ``performer`` (random features: an unbiased estimate of softmax), ``linear``, ``efficient`` and
 ``retention`` (other similarity functions; retention's decays are fixed), and ``lsh`` with
 ``shared_qk=False`` (encoders only). Refused: ``gla``, ``deltanet``, ``gated-deltanet`` (their gates
-come from learned projections of the tokens; Qwen3-Next's own layers get qkv's gated delta rule
-through ``register()``, see ``qwen3_next``),
+come from learned projections of the tokens; Qwen3-Next's and Kimi Linear's own layers get qkv's
+gated delta rule and KDA through ``register()``, see ``delta_rule``),
 ``linformer`` (its learned projections ``E``, ``F`` are not in any pretrained checkpoint),
 ``adaptive-span`` and ``relative`` (learned spans, learned position terms), ``linear-window`` (its
 window factors and feature maps are learned by attention transfer), ``lsh`` with shared
@@ -115,12 +115,13 @@ REFUSED: Dict[str, str] = {
     "adaptive-span": "its learned spans are in no pretrained checkpoint",
     "relative": "its learned position terms (u, v, W_kR) are in no pretrained checkpoint",
     "gla": "its gates are computed from the tokens by learned projections that are in no pretrained softmax "
-           "checkpoint (Qwen3-Next's gated delta rule is put in place by register(), qkv.hf.qwen3_next)",
+           "checkpoint (Kimi Linear's KDA, a GLA-like decay in a delta rule, is put in place by register(), "
+           "qkv.hf.delta_rule)",
     "deltanet": "its writing strengths beta are computed from the tokens by learned projections that are in no "
                 "pretrained softmax checkpoint",
     "gated-deltanet": "its gates are computed from the tokens by learned projections that are in no pretrained "
                       "softmax checkpoint; Qwen3-Next's own layers get qkv's gated delta rule from register() "
-                      "(qkv.hf.qwen3_next)",
+                      "(qkv.hf.delta_rule)",
     "linear-window": "its window factors (and Hedgehog feature maps) are learned by attention transfer and are in no "
                      "pretrained softmax checkpoint: linearize the model in qkv (a qkv llama with "
                      "attention='linear-window')",
@@ -234,8 +235,8 @@ def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: 
     kernels that cannot serve under their ``qkv-<kernel>`` names, as functions that raise that reason
     and list the names that exist — a model set to ``attn_implementation="qkv-linformer"`` says why
     at its first call. A kernel with a ``seed`` knob gets :data:`DEFAULT_SEED` unless given one.
-    ``register()`` also puts qkv's gated delta rule in Qwen3-Next's layers (``qkv.hf.qwen3_next.patch``;
-    ``unpatch()`` restores transformers' functions).
+    ``register()`` also puts qkv's gated delta rule in Qwen3-Next's layers and KDA in Kimi Linear's
+    (``qkv.hf.delta_rule.patch``; ``unpatch()`` restores transformers' functions).
     """
     try:
         from transformers import AttentionInterface
@@ -280,9 +281,9 @@ def register(name: Optional[str] = None, kernel: Optional[str] = None, **knobs: 
             AttentionInterface.register(impl, _refusing_function(impl, why))
             AttentionMaskInterface.register(impl, _refusing_function(impl, why))
     if name is None and kernel is None:
-        from . import qwen3_next
+        from . import delta_rule
 
-        qwen3_next.patch()  # Qwen3-Next's gated delta rule on qkv's engine (qwen3_next.unpatch() gives it back)
+        delta_rule.patch()  # Qwen3-Next's gated delta rule, Kimi Linear's KDA on qkv's engine (delta_rule.unpatch())
     _explain_unknown_names()
     _record_in_saved_configs()
     return dict(wanted)
