@@ -38,11 +38,6 @@ def _model():
     return transformers.Qwen3NextForCausalLM(config).eval()
 
 
-def _logits(model, ids, mask=None):
-    with torch.no_grad():
-        return model(input_ids=ids, attention_mask=mask).logits
-
-
 def _ids(B, T, seed=0):
     return torch.randint(3, 50, (B, T), generator=torch.Generator().manual_seed(seed))
 
@@ -58,32 +53,8 @@ def test_register_patches_and_unpatch_restores():
     assert [getattr(modeling, n) for n in NAMES] == originals and qwen3_next.patched() == []
 
 
-def test_logits_equal_transformers_own_with_and_without_padding():
-    model = _model()
-    ids = _ids(2, 70)  # two chunks of 64: the scan over chunks runs
-    mask = torch.ones(2, 70, dtype=torch.long)
-    mask[1, :9] = 0  # left padding
-    expected, expected_padded = _logits(model, ids), _logits(model, ids, mask)
-    qwen3_next.patch()
-    torch.testing.assert_close(_logits(model, ids), expected, atol=ATOL, rtol=0)
-    real = mask.bool()
-    torch.testing.assert_close(_logits(model, ids, mask)[real], expected_padded[real], atol=ATOL, rtol=0)
-
-
-def test_generate_with_its_cache_gives_the_same_tokens():
-    model = _model()
-    ids = _ids(2, 12, seed=1)
-    mask = torch.ones(2, 12, dtype=torch.long)
-    mask[0, :3] = 0
-    kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0, output_logits=True,
-              return_dict_in_generate=True)
-    with torch.no_grad():
-        expected = model.generate(ids, **kw)
-        qwen3_next.patch()
-        got = model.generate(ids, **kw)
-    assert torch.equal(got.sequences, expected.sequences) and got.sequences.shape[1] == 20
-    # each step's logits too (one-token steps: the recurrent function with the cached state)
-    torch.testing.assert_close(torch.stack(got.logits), torch.stack(expected.logits), atol=ATOL, rtol=0)
+def test_logits_and_generation_equal_transformers_own(patch_keeps_the_model):
+    patch_keeps_the_model(_model(), qwen3_next.patch, ATOL)
 
 
 def test_training_gradients_flow_through_the_patched_layer():
