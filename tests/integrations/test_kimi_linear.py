@@ -115,3 +115,20 @@ def test_training_gradients_flow_through_the_patched_layer():
     layer = model.model.layers[0].self_attn
     assert layer.forget_gate.A_log.grad is not None and layer.forget_gate.dt_bias.grad.abs().sum() > 0
     assert layer.b_proj.weight.grad.abs().sum() > 0
+
+
+def test_the_fallbacks_chunk_size_is_not_passed_on(monkeypatch):
+    """transformers calls its KDA with chunks of 64, its own fallback's chunking; qkv's engine runs its
+    faster default (8) instead — the same result to rounding."""
+    from qkv import _chunkwise
+
+    seen = []
+    engine = _chunkwise.chunkwise
+    monkeypatch.setattr(_chunkwise, "chunkwise", lambda *a, **kw: seen.append(kw["chunk_size"]) or engine(*a, **kw))
+    q, k, v, g, beta, S0 = _inputs(70, seed=3)
+    expected = getattr(modeling.chunk_kimi_delta_attention, "__wrapped__")(q, k, v, g, beta, 64, S0, True, True)
+    delta_rule.patch(delta_rule.KIMI_LINEAR)
+    got = modeling.chunk_kimi_delta_attention(q, k, v, g, beta, 64, S0, True, True)
+    assert seen == [8]
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)

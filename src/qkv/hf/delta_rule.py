@@ -19,7 +19,8 @@ The functions (``qkv.functional``) have fla's signatures; the globals they repla
 patched global is therefore called as the one it replaced: its arguments, positional or named, are
 bound by the replaced function's signature, renamed to fla's (``query`` -> ``q``, ...), and, as
 transformers' own wrapper does for its PyTorch functions, those qkv's function does not take (fla's
-Triton-only flags, the layer's other ``**kwargs``) are dropped; every one it takes is honoured.
+Triton-only flags, the layer's other ``**kwargs``) are dropped; every one it takes is honoured, but
+for the chunk sizes of :data:`DROPPED` (a speed knob of transformers' fallback, not of the result).
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ PATCHES: Dict[str, Dict[str, Callable]] = {
 }
 #: transformers' argument names -> fla's (qkv.functional's)
 RENAMED: Dict[str, str] = {"query": "q", "key": "k", "value": "v"}
+#: global -> arguments of transformers' call not passed on: KDA's ``chunk_size`` is the chunking of
+#: transformers' own fallback (64); the result does not depend on it, and qkv's per-channel engine is
+#: fastest with its own (``chunk_kda``'s default, 8: 0.21 of transformers' fallback's forward time and
+#: 0.08 of its forward + backward at T = 2,048, against 0.71 and 0.36 with chunks of 64; docs/benchmarks.md)
+DROPPED: Dict[str, frozenset] = {"chunk_kimi_delta_attention": frozenset({"chunk_size"})}
 _originals: Dict[Tuple[str, str], Callable] = {}  # (module, global) -> what was there
 
 
@@ -55,7 +61,7 @@ def _serving(function: Callable, replaced: Callable, name: str) -> Callable:
     """``function`` called as ``replaced`` is: arguments bound by ``replaced``'s signature, renamed by
     :data:`RENAMED`, those ``function`` does not take dropped."""
     theirs = inspect.signature(replaced)  # through the hub wrapper's __wrapped__: the function it wraps
-    taken = frozenset(inspect.signature(function).parameters)
+    taken = frozenset(inspect.signature(function).parameters) - DROPPED.get(name, frozenset())
 
     @functools.wraps(function)
     def call(*args, **kwargs):
